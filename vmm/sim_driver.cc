@@ -1,0 +1,416 @@
+#include "vmm/sim_driver.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "vmm/log.h"
+#include "vmm/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+struct SimStream {
+  int device;
+};
+
+struct SimEvent {
+  int device;
+  bool timing;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point at{};
+};
+
+SimEvent* AsSimEvent(Event event) { return reinterpret_cast<SimEvent*>(event); }
+
+std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
+
+absl::Status ErrnoStatus(const char* call, int err) {
+  std::string message = absl::StrCat("sim: ", call, " failed: ", std::strerror(err));
+  if (err == ENOMEM || err == EMFILE || err == ENFILE || err == ENOSPC) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::InternalError(message);
+}
+
+void* AsHostPtr(DevicePtr va) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)); }
+
+}  // namespace
+
+SimDriverOptions SimDriverOptions::FromOptions(const Options& options) {
+  SimDriverOptions out;
+  out.devices = options.sim_devices;
+  out.capacity_bytes = options.sim_capacity_bytes;
+  out.granularity_bytes = options.sim_granularity_bytes;
+  out.faults = options.sim_faults;
+  return out;
+}
+
+SimDriver::SimDriver(SimDriverOptions options)
+    : options_(std::move(options)), used_bytes_(new std::atomic<std::size_t>[options_.devices]) {
+  for (int d = 0; d < options_.devices; ++d) used_bytes_[d].store(0);
+  for (const FaultRule& rule : options_.faults) InjectFault(rule);
+}
+
+SimDriver::~SimDriver() {
+  absl::Status leaks = ledger_.CheckNoLeaks();
+  if (!leaks.ok()) VMSTASH_LOG(kWarning, "SimDriver destroyed with live objects: {}", leaks.message());
+}
+
+void SimDriver::InjectFault(FaultRule rule) {
+  absl::MutexLock lock(&fault_mu_);
+  faults_.push_back(ArmedRule{rule, counters_.Snapshot().Calls(rule.op)});
+}
+
+void SimDriver::ClearFaults() {
+  absl::MutexLock lock(&fault_mu_);
+  faults_.clear();
+}
+
+std::size_t SimDriver::UsedBytes(int device) const {
+  return (device >= 0 && device < options_.devices) ? used_bytes_[device].load() : 0;
+}
+
+absl::Status SimDriver::Enter(DriverOp op) {
+  std::uint64_t n = counters_.Count(op);
+  absl::MutexLock lock(&fault_mu_);
+  for (const ArmedRule& armed : faults_) {
+    if (armed.rule.op != op) continue;
+    std::uint64_t k = n - armed.base;
+    if (k >= static_cast<std::uint64_t>(armed.rule.nth) &&
+        k < static_cast<std::uint64_t>(armed.rule.nth) + static_cast<std::uint64_t>(armed.rule.count)) {
+      counters_.CountFailure();
+      return absl::Status(armed.rule.code,
+                          absl::StrCat("sim: injected failure of ", DriverOpName(op), " (call ", k, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SimDriver::FreeChunkMemory(const ChunkRecord& record) {
+  used_bytes_[record.device].fetch_sub(record.size_bytes);
+}
+
+absl::StatusOr<int> SimDriver::DeviceCount() {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kDeviceCount));
+  return options_.devices;
+}
+
+absl::StatusOr<std::size_t> SimDriver::Granularity(int device, GranularityKind kind, ChunkOptions options) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kGranularity));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  return options_.granularity_bytes;
+}
+
+absl::StatusOr<DeviceMemoryInfo> SimDriver::MemoryInfo(int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kMemoryInfo));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  std::size_t used = used_bytes_[device].load();
+  return DeviceMemoryInfo{options_.capacity_bytes - std::min(used, options_.capacity_bytes),
+                          options_.capacity_bytes};
+}
+
+absl::StatusOr<DevicePtr> SimDriver::ReserveAddress(int device, std::size_t size_bytes,
+                                                    std::size_t alignment_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kReserveAddress));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  const std::size_t g = options_.granularity_bytes;
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("ReserveAddress", size_bytes, g));
+  std::size_t align = alignment_bytes == 0 ? g : alignment_bytes;
+  if ((align & (align - 1)) != 0 || align % g != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ReserveAddress: alignment ", alignment_bytes,
+                                                   " is not a power-of-two multiple of the granularity ", g));
+  }
+  if (size_bytes > (std::size_t{1} << 46)) {
+    return absl::ResourceExhaustedError(absl::StrCat("sim: ReserveAddress of ", size_bytes, " bytes: too large"));
+  }
+  const std::size_t span = size_bytes + align;
+  void* raw = ::mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return ErrnoStatus("mmap(reserve)", errno);
+  auto base = reinterpret_cast<std::uintptr_t>(raw);
+  std::uintptr_t aligned = (base + align - 1) & ~(std::uintptr_t{align} - 1);
+  if (aligned > base) ::munmap(raw, aligned - base);
+  std::uintptr_t tail = base + span - (aligned + size_bytes);
+  if (tail > 0) ::munmap(reinterpret_cast<void*>(aligned + size_bytes), tail);
+  absl::Status recorded = ledger_.AddReservation(aligned, size_bytes);
+  if (!recorded.ok()) {
+    ::munmap(reinterpret_cast<void*>(aligned), size_bytes);
+    return recorded;
+  }
+  return static_cast<DevicePtr>(aligned);
+}
+
+absl::Status SimDriver::FreeAddress(int device, DevicePtr va, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kFreeAddress));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.TakeReservation(va, size_bytes));
+  if (::munmap(AsHostPtr(va), size_bytes) != 0) {
+    int err = errno;
+    (void)ledger_.AddReservation(va, size_bytes);
+    return ErrnoStatus("munmap(reservation)", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ChunkHandle> SimDriver::CreateChunk(int device, std::size_t size_bytes, ChunkOptions options) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateChunk));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("CreateChunk", size_bytes, options_.granularity_bytes));
+  std::atomic<std::size_t>& used = used_bytes_[device];
+  std::size_t before = used.load();
+  do {
+    if (size_bytes > options_.capacity_bytes - std::min(before, options_.capacity_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "sim: CreateChunk of ", size_bytes, " bytes on device ", device, ": out of memory (",
+          options_.capacity_bytes - std::min(before, options_.capacity_bytes), " of ",
+          options_.capacity_bytes, " bytes free)"));
+    }
+  } while (!used.compare_exchange_weak(before, before + size_bytes));
+  int fd = ::memfd_create("vmstash-sim-chunk", MFD_CLOEXEC);
+  if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(size_bytes)) != 0) {
+    int err = errno;
+    if (fd >= 0) ::close(fd);
+    used.fetch_sub(size_bytes);
+    return ErrnoStatus("memfd_create/ftruncate", err);
+  }
+  ChunkHandle handle = next_chunk_.fetch_add(1);
+  ChunkRecord record;
+  record.device = device;
+  record.size_bytes = size_bytes;
+  record.options = options;
+  record.backend = fd;
+  ledger_.AddChunk(handle, record);
+  counters_.AddChunkBytes(size_bytes);
+  return handle;
+}
+
+absl::Status SimDriver::ReleaseChunk(ChunkHandle chunk) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kReleaseChunk));
+  VMSTASH_ASSIGN_OR_RETURN(auto released, ledger_.ReleaseChunk(chunk));
+  // Mappings hold their own reference to the memfd; the handle's descriptor goes now.
+  ::close(static_cast<int>(released.first.backend));
+  if (released.second) FreeChunkMemory(released.first);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> SimDriver::ExportChunkFd(ChunkHandle chunk) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kExportChunkFd));
+  VMSTASH_ASSIGN_OR_RETURN(ChunkRecord record, ledger_.GetChunk(chunk));
+  if (!record.options.shareable_fd) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ExportChunkFd: chunk ", Hex(chunk), " was created without shareable_fd"));
+  }
+  int fd = ::fcntl(static_cast<int>(record.backend), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
+  return fd;
+}
+
+absl::Status SimDriver::Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kMap));
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("Map", size_bytes, options_.granularity_bytes));
+  VMSTASH_RETURN_IF_ERROR(ledger_.ClaimMap(va, size_bytes, chunk, options_.granularity_bytes));
+  VMSTASH_ASSIGN_OR_RETURN(ChunkRecord record, ledger_.GetChunk(chunk));
+  void* got = ::mmap(AsHostPtr(va), size_bytes, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                     static_cast<int>(record.backend), 0);
+  if (got == MAP_FAILED) {
+    int err = errno;
+    ledger_.AbortMap(va);
+    return ErrnoStatus("mmap(map)", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::Unmap(int device, DevicePtr va, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kUnmap));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_ASSIGN_OR_RETURN(MappingRecord mapping, ledger_.ClaimUnmap(va, size_bytes));
+  void* got = ::mmap(AsHostPtr(va), size_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                     -1, 0);
+  if (got == MAP_FAILED) {
+    int err = errno;
+    ledger_.AbortUnmap(mapping);
+    return ErrnoStatus("mmap(unmap)", err);
+  }
+  auto [gone, record] = ledger_.CommitUnmap(mapping);
+  if (gone) FreeChunkMemory(record);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::SetAccess(DevicePtr va, std::size_t size_bytes, int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSetAccess));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("SetAccess", size_bytes, options_.granularity_bytes));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckMapped(va, size_bytes));
+  if (::mprotect(AsHostPtr(va), size_bytes, PROT_READ | PROT_WRITE) != 0) return ErrnoStatus("mprotect", errno);
+  return ledger_.GrantAccess(va, size_bytes, device);
+}
+
+absl::StatusOr<void*> SimDriver::HostAlloc(int device, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kHostAlloc));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  if (size_bytes == 0) return absl::InvalidArgumentError("HostAlloc: size 0 is not allowed");
+  void* p = ::mmap(nullptr, size_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return ErrnoStatus("mmap(host)", errno);
+  ledger_.AddHostAlloc(p, size_bytes);
+  return p;
+}
+
+absl::Status SimDriver::HostFree(int device, void* ptr) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kHostFree));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_ASSIGN_OR_RETURN(std::size_t size, ledger_.TakeHostAlloc(ptr));
+  ::munmap(ptr, size);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::HostRegister(int device, void* ptr, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kHostRegister));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  if (ptr == nullptr || size_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("HostRegister: bad range (", Hex(reinterpret_cast<std::uintptr_t>(ptr)), ", ", size_bytes, ")"));
+  }
+  return ledger_.AddHostRegistration(ptr, size_bytes);
+}
+
+absl::Status SimDriver::HostUnregister(int device, void* ptr) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kHostUnregister));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  return ledger_.TakeHostRegistration(ptr).status();
+}
+
+absl::StatusOr<Stream> SimDriver::CreateStream(int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateStream));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  Stream stream = reinterpret_cast<Stream>(new SimStream{device});
+  ledger_.AddStream(stream, device);
+  return stream;
+}
+
+absl::Status SimDriver::DestroyStream(int device, Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kDestroyStream));
+  VMSTASH_RETURN_IF_ERROR(ledger_.TakeStream(stream, device));
+  delete reinterpret_cast<SimStream*>(stream);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Event> SimDriver::CreateEvent(int device, bool timing) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateEvent));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  Event event = reinterpret_cast<Event>(new SimEvent{device, timing});
+  ledger_.AddEvent(event, device);
+  return event;
+}
+
+absl::Status SimDriver::DestroyEvent(int device, Event event) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kDestroyEvent));
+  VMSTASH_RETURN_IF_ERROR(ledger_.TakeEvent(event, device));
+  delete AsSimEvent(event);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kRecordEvent));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  SimEvent* e = AsSimEvent(event);
+  e->recorded = true;
+  e->at = std::chrono::steady_clock::now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SimDriver::QueryEvent(int device, Event event) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kQueryEvent));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  return true;  // eager execution: recorded work is complete
+}
+
+absl::Status SimDriver::SynchronizeEvent(int device, Event event) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeEvent));
+  return ledger_.CheckEvent(event, device);
+}
+
+absl::StatusOr<float> SimDriver::ElapsedMs(int device, Event start, Event end) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kElapsedTime));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(start, device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(end, device));
+  SimEvent* a = AsSimEvent(start);
+  SimEvent* b = AsSimEvent(end);
+  if (!a->timing || !b->timing) return absl::InvalidArgumentError("ElapsedMs: events were created without timing");
+  if (!a->recorded || !b->recorded) return absl::FailedPreconditionError("ElapsedMs: event not recorded");
+  return std::chrono::duration<float, std::milli>(b->at - a->at).count();
+}
+
+absl::Status SimDriver::StreamWaitEvent(int device, Stream stream, Event event) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kStreamWaitEvent));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  return ledger_.CheckEvent(event, device);
+}
+
+absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeStream));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  return ledger_.CheckStream(stream, device);
+}
+
+absl::Status SimDriver::SynchronizeDevice(int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeDevice));
+  return CheckDevice(device);
+}
+
+absl::Status SimDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes,
+                                        Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCopyToHost));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("CopyToHostAsync: null destination");
+  absl::Status ok = ledger_.CheckAccessible(src, size_bytes, device);
+  if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToHostAsync: source ", ok.message()));
+  std::memcpy(dst, AsHostPtr(src), size_bytes);
+  counters_.AddBytesToHost(size_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::CopyToDeviceAsync(int device, DevicePtr dst, const void* src, std::size_t size_bytes,
+                                          Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCopyToDevice));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  if (src == nullptr && size_bytes != 0) return absl::InvalidArgumentError("CopyToDeviceAsync: null source");
+  absl::Status ok = ledger_.CheckAccessible(dst, size_bytes, device);
+  if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToDeviceAsync: destination ", ok.message()));
+  std::memcpy(AsHostPtr(dst), src, size_bytes);
+  counters_.AddBytesToDevice(size_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::CopyDeviceAsync(int device, DevicePtr dst, DevicePtr src, std::size_t size_bytes,
+                                        Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCopyDevice));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  absl::Status ok = ledger_.CheckAccessible(src, size_bytes, device);
+  if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyDeviceAsync: source ", ok.message()));
+  ok = ledger_.CheckAccessible(dst, size_bytes, device);
+  if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyDeviceAsync: destination ", ok.message()));
+  std::memmove(AsHostPtr(dst), AsHostPtr(src), size_bytes);
+  return absl::OkStatus();
+}
+
+absl::Status SimDriver::MemsetAsync(int device, DevicePtr dst, std::uint8_t value, std::size_t size_bytes,
+                                    Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kMemset));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  absl::Status ok = ledger_.CheckAccessible(dst, size_bytes, device);
+  if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("MemsetAsync: destination ", ok.message()));
+  std::memset(AsHostPtr(dst), value, size_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace vmstash

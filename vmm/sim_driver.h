@@ -1,0 +1,121 @@
+// SimDriver: a faithful CPU simulation of the Driver, for CI and for running anywhere
+// (VMSTASH_DRIVER=sim).
+//
+// Memory is real, so tests prove that data survives pause/resume at the same address:
+//   reservation = mmap(PROT_NONE, MAP_NORESERVE) of host VA; a DevicePtr is a host address
+//   chunk       = a memfd of the chunk's size (no RSS until touched)
+//   Map         = mmap(MAP_FIXED | MAP_SHARED) of the memfd over the reservation, PROT_NONE
+//   SetAccess   = mprotect(PROT_READ | PROT_WRITE)
+//   Unmap       = mmap(MAP_FIXED, PROT_NONE, anonymous) back over the range
+//   copies      = memcpy, executed eagerly when enqueued (streams and events complete at
+//                 once; that is a legal schedule of the CUDA semantics)
+// Device capacity is configurable per device, so out-of-memory happens like on a GPU: a
+// chunk's bytes count until its handle is released and its last mapping is gone.
+//
+// Fault injection: "fail the Nth call of operation X with code E" (FaultRule), set at
+// construction (Options.sim_faults, VMSTASH_CONF sim_fail:...) or at run time. An injected
+// failure happens before any state changes, like a real driver error.
+//
+// Misuse the real driver would only catch as a crash is reported: copies from/to ranges
+// that are not mapped with access return InvalidArgument instead of faulting.
+//
+// Thread-safety: all methods are thread-safe.
+#ifndef VMSTASH_VMM_SIM_DRIVER_H_
+#define VMSTASH_VMM_SIM_DRIVER_H_
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "vmm/driver.h"
+#include "vmm/driver_ledger.h"
+#include "vmm/options.h"
+
+namespace vmstash {
+
+struct SimDriverOptions {
+  int devices = 1;
+  std::size_t capacity_bytes = std::size_t{16} << 30;  // per device
+  std::size_t granularity_bytes = std::size_t{2} << 20;
+  std::vector<FaultRule> faults;
+
+  static SimDriverOptions FromOptions(const Options& options);
+};
+
+class SimDriver final : public Driver {
+ public:
+  explicit SimDriver(SimDriverOptions options = {});
+  ~SimDriver() override;
+  SimDriver(const SimDriver&) = delete;
+  SimDriver& operator=(const SimDriver&) = delete;
+
+  // Adds a rule; N counts calls of the rule's operation made after this call.
+  void InjectFault(FaultRule rule);
+  void ClearFaults();
+  // Bytes of device memory in use on `device` (chunks not yet freed).
+  std::size_t UsedBytes(int device) const;
+  const SimDriverOptions& options() const { return options_; }
+
+  absl::string_view Name() const override { return "sim"; }
+  absl::StatusOr<int> DeviceCount() override;
+  absl::StatusOr<std::size_t> Granularity(int device, GranularityKind kind, ChunkOptions options) override;
+  absl::StatusOr<DeviceMemoryInfo> MemoryInfo(int device) override;
+  absl::StatusOr<DevicePtr> ReserveAddress(int device, std::size_t size_bytes, std::size_t alignment_bytes) override;
+  absl::Status FreeAddress(int device, DevicePtr va, std::size_t size_bytes) override;
+  absl::StatusOr<ChunkHandle> CreateChunk(int device, std::size_t size_bytes, ChunkOptions options) override;
+  absl::Status ReleaseChunk(ChunkHandle chunk) override;
+  absl::StatusOr<int> ExportChunkFd(ChunkHandle chunk) override;
+  absl::Status Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) override;
+  absl::Status Unmap(int device, DevicePtr va, std::size_t size_bytes) override;
+  absl::Status SetAccess(DevicePtr va, std::size_t size_bytes, int device) override;
+  absl::StatusOr<void*> HostAlloc(int device, std::size_t size_bytes) override;
+  absl::Status HostFree(int device, void* ptr) override;
+  absl::Status HostRegister(int device, void* ptr, std::size_t size_bytes) override;
+  absl::Status HostUnregister(int device, void* ptr) override;
+  absl::StatusOr<Stream> CreateStream(int device) override;
+  absl::Status DestroyStream(int device, Stream stream) override;
+  absl::StatusOr<Event> CreateEvent(int device, bool timing) override;
+  absl::Status DestroyEvent(int device, Event event) override;
+  absl::Status RecordEvent(int device, Event event, Stream stream) override;
+  absl::StatusOr<bool> QueryEvent(int device, Event event) override;
+  absl::Status SynchronizeEvent(int device, Event event) override;
+  absl::StatusOr<float> ElapsedMs(int device, Event start, Event end) override;
+  absl::Status StreamWaitEvent(int device, Stream stream, Event event) override;
+  absl::Status SynchronizeStream(int device, Stream stream) override;
+  absl::Status SynchronizeDevice(int device) override;
+  absl::Status CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes, Stream stream) override;
+  absl::Status CopyToDeviceAsync(int device, DevicePtr dst, const void* src, std::size_t size_bytes,
+                                 Stream stream) override;
+  absl::Status CopyDeviceAsync(int device, DevicePtr dst, DevicePtr src, std::size_t size_bytes,
+                               Stream stream) override;
+  absl::Status MemsetAsync(int device, DevicePtr dst, std::uint8_t value, std::size_t size_bytes,
+                           Stream stream) override;
+  DriverCounters Counters() const override { return counters_.Snapshot(); }
+  absl::Status CheckNoLeaks() const override { return ledger_.CheckNoLeaks(); }
+
+ private:
+  struct ArmedRule {
+    FaultRule rule;
+    std::uint64_t base = 0;  // calls of rule.op before the rule was armed
+  };
+
+  // Counts the call and applies fault rules; a non-OK result is the injected failure.
+  absl::Status Enter(DriverOp op);
+  absl::Status CheckDevice(int device) const { return CheckDeviceIndex(device, options_.devices); }
+  void FreeChunkMemory(const ChunkRecord& record);
+
+  const SimDriverOptions options_;
+  OpCounters counters_;
+  DriverLedger ledger_{"sim"};
+  std::unique_ptr<std::atomic<std::size_t>[]> used_bytes_;
+  std::atomic<ChunkHandle> next_chunk_{1};
+  mutable absl::Mutex fault_mu_;
+  std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_VMM_SIM_DRIVER_H_
