@@ -1,0 +1,128 @@
+// SimDriver specifics; the behaviour shared with CudaDriver is in the conformance suite.
+#include "vmm/sim_driver.h"
+
+#include <cstring>
+
+#include "gtest/gtest.h"
+#include "vmm/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+constexpr std::size_t kG = 2 << 20;
+
+SimDriverOptions Small() {
+  SimDriverOptions options;
+  options.capacity_bytes = 8 * kG;
+  return options;
+}
+
+TEST(SimDriverTest, CapacityIsEnforcedAndReturned) {
+  SimDriver sim(Small());
+  absl::StatusOr<ChunkHandle> a = sim.CreateChunk(0, 6 * kG, {});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(sim.UsedBytes(0), 6 * kG);
+  absl::StatusOr<ChunkHandle> b = sim.CreateChunk(0, 4 * kG, {});
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("out of memory"), absl::string_view::npos);
+  EXPECT_EQ(sim.MemoryInfo(0)->free_bytes, 2 * kG);
+  ASSERT_TRUE(sim.ReleaseChunk(*a).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 0u);
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
+}
+
+TEST(SimDriverTest, ReleasedButMappedChunkCountsUntilUnmapped) {
+  SimDriver sim(Small());
+  DevicePtr va = sim.ReserveAddress(0, 2 * kG, 0).value();
+  ChunkHandle c = sim.CreateChunk(0, 2 * kG, {}).value();
+  ASSERT_TRUE(sim.Map(va, 2 * kG, c).ok());
+  ASSERT_TRUE(sim.ReleaseChunk(c).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 2 * kG);
+  ASSERT_TRUE(sim.Unmap(0, va, 2 * kG).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 0u);
+  ASSERT_TRUE(sim.FreeAddress(0, va, 2 * kG).ok());
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
+}
+
+TEST(SimDriverTest, MemoryIsRealAndNeedsAccess) {
+  SimDriver sim(Small());
+  DevicePtr va = sim.ReserveAddress(0, kG, 0).value();
+  ChunkHandle c = sim.CreateChunk(0, kG, {}).value();
+  ASSERT_TRUE(sim.Map(va, kG, c).ok());
+  char byte = 0;
+  absl::Status s = sim.CopyToHostAsync(0, &byte, va, 1, nullptr);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "no access granted yet";
+  ASSERT_TRUE(sim.SetAccess(va, kG, 0).ok());
+  std::memset(reinterpret_cast<void*>(va), 42, 16);  // the device pointer is a host address
+  ASSERT_TRUE(sim.CopyToHostAsync(0, &byte, va + 15, 1, nullptr).ok());
+  EXPECT_EQ(byte, 42);
+  EXPECT_EQ(sim.CopyToHostAsync(0, &byte, va + kG - 1, 2, nullptr).code(), absl::StatusCode::kInvalidArgument)
+      << "copy running past the mapping";
+  ASSERT_TRUE(sim.Unmap(0, va, kG).ok());
+  ASSERT_TRUE(sim.ReleaseChunk(c).ok());
+  ASSERT_TRUE(sim.FreeAddress(0, va, kG).ok());
+}
+
+TEST(SimDriverTest, InjectsTheNthCallFailureBeforeAnyChange) {
+  SimDriverOptions options = Small();
+  options.faults = {FaultRule{DriverOp::kCreateChunk, 2, 2, absl::StatusCode::kResourceExhausted}};
+  SimDriver sim(options);
+  ChunkHandle first = sim.CreateChunk(0, kG, {}).value();
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<ChunkHandle> failed = sim.CreateChunk(0, kG, {});
+    EXPECT_EQ(failed.status().code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_NE(failed.status().message().find("injected failure of create_chunk"), absl::string_view::npos);
+  }
+  EXPECT_EQ(sim.UsedBytes(0), kG);
+  ChunkHandle fourth = sim.CreateChunk(0, kG, {}).value();
+  DriverCounters counters = sim.Counters();
+  EXPECT_EQ(counters.Calls(DriverOp::kCreateChunk), 4u);
+  EXPECT_EQ(counters.failed_calls, 2u);
+  EXPECT_EQ(counters.chunk_bytes_created, 2 * kG);
+  // Rules added at run time count from when they are added.
+  sim.InjectFault(FaultRule{DriverOp::kReleaseChunk, 1, 1, absl::StatusCode::kInternal});
+  EXPECT_EQ(sim.ReleaseChunk(first).code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(sim.ReleaseChunk(first).ok());
+  sim.ClearFaults();
+  EXPECT_TRUE(sim.ReleaseChunk(fourth).ok());
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
+}
+
+TEST(SimDriverTest, LeakCheckNamesWhatIsAlive) {
+  SimDriver sim(Small());
+  DevicePtr va = sim.ReserveAddress(0, kG, 0).value();
+  Stream s = sim.CreateStream(0).value();
+  absl::Status leaks = sim.CheckNoLeaks();
+  EXPECT_EQ(leaks.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(leaks.message().find("1 reservation(s)"), absl::string_view::npos) << leaks;
+  EXPECT_NE(leaks.message().find("1 stream(s)"), absl::string_view::npos) << leaks;
+  ASSERT_TRUE(sim.DestroyStream(0, s).ok());
+  ASSERT_TRUE(sim.FreeAddress(0, va, kG).ok());
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
+}
+
+TEST(SimDriverTest, EachDeviceHasItsOwnCapacity) {
+  SimDriverOptions options = Small();
+  options.devices = 2;
+  SimDriver sim(options);
+  ChunkHandle a = sim.CreateChunk(0, 8 * kG, {}).value();
+  ChunkHandle b = sim.CreateChunk(1, 8 * kG, {}).value();
+  EXPECT_EQ(sim.CreateChunk(1, kG, {}).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sim.CreateChunk(2, kG, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(sim.ReleaseChunk(a).ok());
+  ASSERT_TRUE(sim.ReleaseChunk(b).ok());
+}
+
+TEST(SimDriverTest, OptionsFromConf) {
+  Options options;
+  options.sim_devices = 3;
+  options.sim_granularity_bytes = 64 << 10;
+  options.sim_faults = {FaultRule{DriverOp::kMap, 1, 1, absl::StatusCode::kInternal}};
+  SimDriverOptions sim = SimDriverOptions::FromOptions(options);
+  EXPECT_EQ(sim.devices, 3);
+  EXPECT_EQ(sim.granularity_bytes, 64u << 10);
+  EXPECT_EQ(sim.faults.size(), 1u);
+}
+
+}  // namespace
+}  // namespace vmstash
