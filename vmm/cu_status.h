@@ -4,7 +4,8 @@
 //   CUDA_ERROR_NOT_SUPPORTED                      -> Unimplemented
 //   INVALID_VALUE / INVALID_HANDLE / INVALID_DEVICE / NOT_FOUND   -> InvalidArgument
 //   NOT_INITIALIZED / DEINITIALIZED / INVALID_CONTEXT / ALREADY_MAPPED / NOT_MAPPED /
-//   stream-capture errors / NOT_PERMITTED         -> FailedPrecondition
+//   stream-capture errors / NOT_PERMITTED / HOST_MEMORY_(ALREADY|NOT)_REGISTERED
+//                                                 -> FailedPrecondition
 //   NO_DEVICE                                     -> Unavailable
 //   anything else                                 -> Internal
 // Every message names the call and the CUresult: "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)".

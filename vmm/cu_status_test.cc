@@ -14,6 +14,7 @@ TEST(CuStatusTest, MapsTheDocumentedCodes) {
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_INVALID_DEVICE), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_NOT_INITIALIZED), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CuResultToCode(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_NO_DEVICE), absl::StatusCode::kUnavailable);
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_ILLEGAL_ADDRESS), absl::StatusCode::kInternal);
   EXPECT_EQ(CuResultToCode(CUDA_ERROR_UNKNOWN), absl::StatusCode::kInternal);

@@ -351,9 +351,15 @@ absl::Status CudaDriver::HostRegister(int device, void* ptr, std::size_t size_by
   counters_.Count(DriverOp::kHostRegister);
   if (ptr == nullptr || size_bytes == 0) return absl::InvalidArgumentError("HostRegister: null pointer or size 0");
   VMSTASH_WITH_CONTEXT(device);
+  // Claim first (Note [Ledger Claims]): a second registration is refused by the ledger
+  // with FailedPrecondition, the same as on SimDriver.
+  VMSTASH_RETURN_IF_ERROR(ledger_.AddHostRegistration(ptr, size_bytes));
   CUresult r = api_.cuMemHostRegister(ptr, size_bytes, CU_MEMHOSTREGISTER_PORTABLE);
-  if (r != CUDA_SUCCESS) return Fail(r, "cuMemHostRegister", absl::StrCat(size_bytes, " bytes"));
-  return ledger_.AddHostRegistration(ptr, size_bytes);
+  if (r != CUDA_SUCCESS) {
+    (void)ledger_.TakeHostRegistration(ptr);
+    return Fail(r, "cuMemHostRegister", absl::StrCat(size_bytes, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaDriver::HostUnregister(int device, void* ptr) {

@@ -179,6 +179,8 @@ TEST_P(DriverConformanceTest, RemapAtTheSameAddressFollowsThePhysicalChunk) {
     Mapping m = Take(Mapping::Create(&driver(), kDevice, va, absl::MakeConstSpan(&first, 1)));
     FillPattern(host.data(), size, 7);
     ASSERT_OK(driver().CopyToDeviceAsync(kDevice, va, host.data(), size, stream));
+    // Pinned copies are truly asynchronous: the source must not change until they finish.
+    ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
     std::memset(host.data(), 0, size);
     ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), va, size, stream));
     ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
@@ -334,6 +336,7 @@ TEST_P(DriverConformanceTest, RegisteredHostMemoryCopies) {
     Mapping m = Take(Mapping::Create(&driver(), kDevice, r.address(), absl::MakeConstSpan(&chunk, 1)));
     FillPattern(raw, g, 5);
     ASSERT_OK(driver().CopyToDeviceAsync(kDevice, r.address(), raw, g, nullptr));
+    ASSERT_OK(driver().SynchronizeStream(kDevice, nullptr));
     std::memset(raw, 0, g);
     ASSERT_OK(driver().CopyToHostAsync(kDevice, raw, r.address(), g, nullptr));
     ASSERT_OK(driver().SynchronizeStream(kDevice, nullptr));
