@@ -228,9 +228,15 @@ absl::StatusOr<ChunkHandle> CudaDriver::CreateChunk(int device, std::size_t size
   VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
   VMSTASH_WITH_CONTEXT(device);
   CUmemAllocationProp prop = ChunkProperties(device, options);
+  // Plain chunks (the pause/resume hot path) use the cached granularity; others ask.
   std::size_t g = 0;
-  CUresult r = api_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-  if (r != CUDA_SUCCESS) return Fail(r, "cuMemGetAllocationGranularity");
+  CUresult r = CUDA_SUCCESS;
+  if (!options.shareable_fd && !options.gpu_direct_rdma) {
+    VMSTASH_ASSIGN_OR_RETURN(g, MinimumGranularity(device));
+  } else {
+    r = api_.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS) return Fail(r, "cuMemGetAllocationGranularity");
+  }
   VMSTASH_RETURN_IF_ERROR(CheckGranularSize("CreateChunk", size_bytes, g));
   if (options.gpu_direct_rdma) {
     CUdevice dev = 0;
@@ -288,7 +294,7 @@ absl::Status CudaDriver::Map(DevicePtr va, std::size_t size_bytes, ChunkHandle c
   VMSTASH_ASSIGN_OR_RETURN(ChunkRecord record, ledger_.GetChunk(chunk));
   VMSTASH_ASSIGN_OR_RETURN(std::size_t g, MinimumGranularity(record.device));
   VMSTASH_RETURN_IF_ERROR(CheckGranularSize("Map", size_bytes, g));
-  VMSTASH_RETURN_IF_ERROR(ledger_.ClaimMap(va, size_bytes, chunk, g));
+  VMSTASH_RETURN_IF_ERROR(ledger_.ClaimMap(va, size_bytes, chunk, g).status());
   CUresult r = api_.cuMemMap(va, size_bytes, 0, chunk, 0);
   if (r != CUDA_SUCCESS) {
     ledger_.AbortMap(va);

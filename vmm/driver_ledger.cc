@@ -100,8 +100,8 @@ void DriverLedger::UnreleaseChunk(ChunkHandle chunk, const ChunkRecord& record) 
   r.map_count = map_count;
 }
 
-absl::Status DriverLedger::ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk,
-                                    std::size_t granularity) {
+absl::StatusOr<ChunkRecord> DriverLedger::ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk,
+                                                   std::size_t granularity) {
   absl::MutexLock lock(&mu_);
   auto c = chunks_.find(chunk);
   if (c == chunks_.end() || c->second.released) {
@@ -135,7 +135,7 @@ absl::Status DriverLedger::ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkH
   }
   mappings_[va] = MappingRecord{va, size_bytes, chunk, 0};
   ++c->second.map_count;
-  return absl::OkStatus();
+  return c->second;
 }
 
 void DriverLedger::AbortMap(DevicePtr va) {

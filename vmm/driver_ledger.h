@@ -79,7 +79,9 @@ class DriverLedger {
 
   // Mappings. ClaimMap validates the whole Map contract (chunk live, size equals the
   // chunk's size, aligned, inside one reservation, no overlap) and records the mapping.
-  absl::Status ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk, std::size_t granularity);
+  // Returns the chunk's record, so the caller needs no second lookup.
+  absl::StatusOr<ChunkRecord> ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk,
+                                       std::size_t granularity);
   void AbortMap(DevicePtr va);
   // Validates that (va, size) is exactly one mapping and removes it.
   absl::StatusOr<MappingRecord> ClaimUnmap(DevicePtr va, std::size_t size_bytes);

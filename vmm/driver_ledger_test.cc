@@ -24,8 +24,8 @@ TEST(DriverLedgerTest, ClaimsAndUndoesMappings) {
   record.size_bytes = 2 * kG;
   ledger.AddChunk(1, record);
   ledger.AddChunk(2, record);
-  ASSERT_TRUE(ledger.ClaimMap(kBase, 2 * kG, 1, kG).ok());
-  EXPECT_EQ(ledger.ClaimMap(kBase + kG, 2 * kG, 2, kG).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(ledger.ClaimMap(kBase, 2 * kG, 1, kG).value().size_bytes, 2 * kG);
+  EXPECT_EQ(ledger.ClaimMap(kBase + kG, 2 * kG, 2, kG).status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(ledger.ClaimMap(kBase + 2 * kG, 2 * kG, 2, kG).ok());
   EXPECT_TRUE(ledger.CheckMapped(kBase, 4 * kG).ok());
   EXPECT_EQ(ledger.CheckAccessible(kBase, kG, 0).code(), absl::StatusCode::kInvalidArgument);

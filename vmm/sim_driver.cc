@@ -214,8 +214,7 @@ absl::StatusOr<int> SimDriver::ExportChunkFd(ChunkHandle chunk) {
 absl::Status SimDriver::Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kMap));
   VMSTASH_RETURN_IF_ERROR(CheckGranularSize("Map", size_bytes, options_.granularity_bytes));
-  VMSTASH_RETURN_IF_ERROR(ledger_.ClaimMap(va, size_bytes, chunk, options_.granularity_bytes));
-  VMSTASH_ASSIGN_OR_RETURN(ChunkRecord record, ledger_.GetChunk(chunk));
+  VMSTASH_ASSIGN_OR_RETURN(ChunkRecord record, ledger_.ClaimMap(va, size_bytes, chunk, options_.granularity_bytes));
   void* got = ::mmap(AsHostPtr(va), size_bytes, PROT_NONE, MAP_SHARED | MAP_FIXED,
                      static_cast<int>(record.backend), 0);
   if (got == MAP_FAILED) {
