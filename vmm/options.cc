@@ -52,10 +52,27 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     absl::StatusOr<std::vector<FaultRule>> rules = ParseFaultRules(value);
     if (!rules.ok()) return BadValue(key, value, rules.status().message());
     options.sim_faults = *std::move(rules);
+  } else if (key == "bypass") {
+    if (value == "1" || value == "true") options.bypass = true;
+    else if (value == "0" || value == "false") options.bypass = false;
+    else return BadValue(key, value, "expected 0 or 1");
+  } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va") {
+    absl::StatusOr<std::uint64_t> size = ParseSize(value);
+    if (!size.ok()) return BadValue(key, value, size.status().message());
+    if (key == "heap_va") {
+      options.heap_va_bytes = *size;
+    } else if (*size == 0) {
+      return BadValue(key, value, "must be > 0");
+    } else if (key == "min_chunk") {
+      options.min_chunk_bytes = *size;
+    } else {
+      options.max_chunk_bytes = *size;
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "VMSTASH_CONF: unknown key '", key,
-        "' (known: driver, log_level, sim_devices, sim_capacity, sim_granularity, sim_fail)"));
+        "' (known: driver, log_level, sim_devices, sim_capacity, sim_granularity, sim_fail, bypass, "
+        "min_chunk, max_chunk, heap_va)"));
   }
   return absl::OkStatus();
 }
@@ -153,6 +170,9 @@ std::string OptionsToString(const Options& options) {
                                  ",sim_capacity:", SizeToString(options.sim_capacity_bytes),
                                  ",sim_granularity:", SizeToString(options.sim_granularity_bytes));
   if (!options.sim_faults.empty()) absl::StrAppend(&out, ",sim_fail:", FaultRulesToString(options.sim_faults));
+  absl::StrAppend(&out, ",bypass:", options.bypass ? 1 : 0, ",min_chunk:", SizeToString(options.min_chunk_bytes),
+                  ",max_chunk:", SizeToString(options.max_chunk_bytes),
+                  ",heap_va:", SizeToString(options.heap_va_bytes));
   return out;
 }
 

@@ -12,6 +12,13 @@
 //   sim_capacity    device memory of each simulated device
 //   sim_granularity VMM granularity of the simulator (power of two, >= 4K)
 //   sim_fail        fault-injection rules, see ParseFaultRules (driver_op.h)
+//   bypass          0 | 1   allocator: every allocation straight to the driver (no caching),
+//                           for compute-sanitizer and for finding use-after-free
+//   min_chunk       allocator: smallest chunk of a large heap (default 20M, rounded up to
+//                           the granularity)
+//   max_chunk       allocator: largest chunk made by geometric growth (default 2G); a
+//                           single larger request still gets one chunk of its own size
+//   heap_va         allocator: VA reserved per heap at a time (default 0 = 2x device memory)
 //
 // OptionsFromEnvironment() is the only place in the project that reads the environment:
 // VMSTASH_CONF, and VMSTASH_DRIVER (same values as `driver`, overrides it).
@@ -39,6 +46,10 @@ struct Options {
   std::size_t sim_capacity_bytes = std::size_t{16} << 30;
   std::size_t sim_granularity_bytes = std::size_t{2} << 20;
   std::vector<FaultRule> sim_faults;
+  bool bypass = false;
+  std::size_t min_chunk_bytes = std::size_t{20} << 20;
+  std::size_t max_chunk_bytes = std::size_t{2} << 30;
+  std::size_t heap_va_bytes = 0;
 };
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf);

@@ -25,6 +25,10 @@ struct SimEvent {
   bool timing;
   bool recorded = false;
   std::chrono::steady_clock::time_point at{};
+  // Set while the event was recorded on a held stream (guarded by SimDriver::hold_mu_):
+  // the event completes when that hold (generation) ends.
+  Stream held_stream = nullptr;
+  std::uint64_t hold_generation = 0;
 };
 
 SimEvent* AsSimEvent(Event event) { return reinterpret_cast<SimEvent*>(event); }
@@ -320,18 +324,45 @@ absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
   SimEvent* e = AsSimEvent(event);
   e->recorded = true;
   e->at = std::chrono::steady_clock::now();
+  absl::MutexLock lock(&hold_mu_);
+  auto it = held_.find({device, stream});
+  e->held_stream = stream;
+  e->hold_generation = it == held_.end() ? 0 : it->second;
   return absl::OkStatus();
+}
+
+void SimDriver::HoldStream(int device, Stream stream) {
+  absl::MutexLock lock(&hold_mu_);
+  held_.try_emplace({device, stream}, ++hold_generation_);
+}
+
+void SimDriver::ReleaseStream(int device, Stream stream) {
+  absl::MutexLock lock(&hold_mu_);
+  held_.erase({device, stream});
+}
+
+bool SimDriver::EventPending(int device, const void* event_ptr) const {
+  const SimEvent* e = static_cast<const SimEvent*>(event_ptr);
+  if (e->hold_generation == 0) return false;
+  auto it = held_.find({device, e->held_stream});
+  return it != held_.end() && it->second == e->hold_generation;
 }
 
 absl::StatusOr<bool> SimDriver::QueryEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kQueryEvent));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
-  return true;  // eager execution: recorded work is complete
+  // Eager execution: recorded work is complete, unless it was recorded on a held stream.
+  absl::MutexLock lock(&hold_mu_);
+  return !EventPending(device, event);
 }
 
 absl::Status SimDriver::SynchronizeEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeEvent));
-  return ledger_.CheckEvent(event, device);
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  // Waiting lets the held work finish: the hold that kept the event pending ends.
+  absl::MutexLock lock(&hold_mu_);
+  if (EventPending(device, event)) held_.erase({device, AsSimEvent(event)->held_stream});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<float> SimDriver::ElapsedMs(int device, Event start, Event end) {
@@ -354,12 +385,20 @@ absl::Status SimDriver::StreamWaitEvent(int device, Stream stream, Event event) 
 absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeStream));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
-  return ledger_.CheckStream(stream, device);
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
+  ReleaseStream(device, stream);
+  return absl::OkStatus();
 }
 
 absl::Status SimDriver::SynchronizeDevice(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeDevice));
-  return CheckDevice(device);
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  absl::MutexLock lock(&hold_mu_);
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->first.first == device) held_.erase(it++);
+    else ++it;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SimDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes,

@@ -9,6 +9,10 @@
 //   Unmap       = mmap(MAP_FIXED, PROT_NONE, anonymous) back over the range
 //   copies      = memcpy, executed eagerly when enqueued (streams and events complete at
 //                 once; that is a legal schedule of the CUDA semantics)
+//   held stream = HoldStream() makes events recorded on a stream stay pending (QueryEvent
+//                 false) until ReleaseStream(), or until someone waits for them
+//                 (SynchronizeEvent/Stream/Device end the hold, as waiting on a GPU lets the
+//                 work finish). Tests use it to model slow GPU work for stream-ordered reuse.
 // Device capacity is configurable per device, so out-of-memory happens like on a GPU: a
 // chunk's bytes count until its handle is released and its last mapping is gone.
 //
@@ -26,9 +30,11 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
@@ -58,6 +64,9 @@ class SimDriver final : public Driver {
   // Bytes of device memory in use on `device` (chunks not yet freed).
   std::size_t UsedBytes(int device) const;
   const SimDriverOptions& options() const { return options_; }
+  // See "held stream" above. `stream` may be nullptr (the default stream).
+  void HoldStream(int device, Stream stream);
+  void ReleaseStream(int device, Stream stream);
 
   absl::string_view Name() const override { return "sim"; }
   absl::StatusOr<int> DeviceCount() override;
@@ -106,6 +115,8 @@ class SimDriver final : public Driver {
   absl::Status Enter(DriverOp op);
   absl::Status CheckDevice(int device) const { return CheckDeviceIndex(device, options_.devices); }
   void FreeChunkMemory(const ChunkRecord& record);
+  // True while `event` (a SimEvent) waits for a hold that has not ended.
+  bool EventPending(int device, const void* event) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_);
 
   const SimDriverOptions options_;
   OpCounters counters_;
@@ -114,6 +125,9 @@ class SimDriver final : public Driver {
   std::atomic<ChunkHandle> next_chunk_{1};
   mutable absl::Mutex fault_mu_;
   std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);
+  mutable absl::Mutex hold_mu_;
+  absl::flat_hash_map<std::pair<int, Stream>, std::uint64_t> held_ ABSL_GUARDED_BY(hold_mu_);
+  std::uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;
 };
 
 }  // namespace vmstash

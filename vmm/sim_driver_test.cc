@@ -126,3 +126,43 @@ TEST(SimDriverTest, OptionsFromConf) {
 
 }  // namespace
 }  // namespace vmstash
+
+namespace vmstash {
+namespace {
+
+TEST(SimDriverHoldTest, EventOnHeldStreamStaysPendingUntilReleaseOrWait) {
+  SimDriver sim;
+  absl::StatusOr<Stream> s = sim.CreateStream(0);
+  ASSERT_TRUE(s.ok());
+  absl::StatusOr<Event> e = sim.CreateEvent(0, false);
+  ASSERT_TRUE(e.ok());
+  sim.HoldStream(0, *s);
+  ASSERT_TRUE(sim.RecordEvent(0, *e, *s).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *e), false);
+  // An event on another stream is not held.
+  absl::StatusOr<Event> other = sim.CreateEvent(0, false);
+  ASSERT_TRUE(sim.RecordEvent(0, *other, nullptr).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *other), true);
+  sim.ReleaseStream(0, *s);
+  EXPECT_EQ(*sim.QueryEvent(0, *e), true);
+  // A new hold does not make the old record pending again.
+  sim.HoldStream(0, *s);
+  EXPECT_EQ(*sim.QueryEvent(0, *e), true);
+  ASSERT_TRUE(sim.RecordEvent(0, *e, *s).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *e), false);
+  // Waiting ends the hold.
+  ASSERT_TRUE(sim.SynchronizeEvent(0, *e).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *e), true);
+  sim.HoldStream(0, nullptr);
+  ASSERT_TRUE(sim.RecordEvent(0, *e, nullptr).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *e), false);
+  ASSERT_TRUE(sim.SynchronizeDevice(0).ok());
+  EXPECT_EQ(*sim.QueryEvent(0, *e), true);
+  ASSERT_TRUE(sim.DestroyEvent(0, *e).ok());
+  ASSERT_TRUE(sim.DestroyEvent(0, *other).ok());
+  ASSERT_TRUE(sim.DestroyStream(0, *s).ok());
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
+}
+
+}  // namespace
+}  // namespace vmstash

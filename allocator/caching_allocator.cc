@@ -1,0 +1,633 @@
+#include "allocator/caching_allocator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/types/span.h"
+#include "vmm/log.h"
+#include "vmm/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+std::size_t RoundUp(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
+std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
+
+}  // namespace
+
+AllocatorOptions AllocatorOptions::FromOptions(const Options& options) {
+  AllocatorOptions out;
+  out.bypass = options.bypass;
+  out.min_chunk_bytes = options.min_chunk_bytes;
+  out.max_chunk_bytes = options.max_chunk_bytes;
+  out.heap_va_bytes = options.heap_va_bytes;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Driver* driver, int device,
+                                                                         AllocatorOptions options) {
+  if (driver == nullptr) return absl::InvalidArgumentError("CachingAllocator: driver is null");
+  VMSTASH_ASSIGN_OR_RETURN(int count, driver->DeviceCount());
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: device ", device, " does not exist (", count,
+                                                   " device(s) with driver ", driver->Name(), ")"));
+  }
+  if (options.min_chunk_bytes == 0 || options.max_chunk_bytes < options.min_chunk_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: need 0 < min_chunk <= max_chunk, got ",
+                                                   options.min_chunk_bytes, " and ", options.max_chunk_bytes));
+  }
+  VMSTASH_ASSIGN_OR_RETURN(std::size_t gran, driver->Granularity(device, GranularityKind::kMinimum, ChunkOptions{}));
+  VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo info, driver->MemoryInfo(device));
+  return std::unique_ptr<CachingAllocator>(new CachingAllocator(driver, device, options, gran, info.total_bytes));
+}
+
+CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
+                                   std::size_t device_total_bytes)
+    : driver_(driver),
+      device_(device),
+      options_(options),
+      granularity_bytes_(granularity_bytes),
+      device_total_bytes_(device_total_bytes) {
+  counters_.device = device;
+  counters_.driver = std::string(driver->Name());
+  counters_.bypass = options.bypass;
+}
+
+CachingAllocator::~CachingAllocator() {
+  absl::MutexLock lock(&mu_);
+  absl::Status sync = driver_->SynchronizeDevice(device_);
+  if (!sync.ok()) VMSTASH_LOG(kError, "vmstash: device {} sync at allocator shutdown: {}", device_, sync.ToString());
+  if (!live_.empty() || !bypass_live_.empty()) {
+    VMSTASH_LOG(kWarning, "vmstash: device {} allocator destroyed with {} live block(s); their memory is released",
+                device_, live_.size() + bypass_live_.size());
+  }
+  for (PendingFree& p : pending_) {
+    for (Event e : p.events) idle_events_.push_back(e);
+  }
+  pending_.clear();
+  for (Fence& f : fences_) idle_events_.push_back(f.event);
+  fences_.clear();
+  for (Event e : idle_events_) {
+    absl::Status s = driver_->DestroyEvent(device_, e);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a pooled event: {}", s.ToString());
+  }
+  live_.clear();
+  bypass_live_.clear();  // RAII: unmap, release, free VA (errors logged)
+  pools_.clear();        // heaps give back their chunks and reservations
+}
+
+absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId tag, bool create, Policy policy) {
+  if (tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() && pools_[tag] != nullptr) return pools_[tag].get();
+  if (tag < 0 || tag >= TagCount()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag, " (intern the name first)"));
+  }
+  if (!create) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' has no memory on device ", device_));
+  auto pool = std::make_unique<TagPool>();
+  pool->id = tag;
+  pool->stats.name = std::string(TagName(tag));
+  pool->stats.policy = policy;
+  std::size_t va = options_.heap_va_bytes != 0 ? options_.heap_va_bytes : 2 * device_total_bytes_;
+  va = RoundUp(std::max(va, granularity_bytes_), granularity_bytes_);
+  HeapConfig base;
+  base.owner_id = tag;
+  base.driver = driver_;
+  base.device = device_;
+  base.granularity_bytes = granularity_bytes_;
+  base.va_bytes = va;
+  HeapConfig small = base;
+  small.name = absl::StrCat(pool->stats.name, "/small");
+  small.small = true;
+  small.small_chunk_bytes = RoundUp(std::size_t{2} << 20, granularity_bytes_);
+  small.min_split_bytes = kAlignmentBytes;
+  HeapConfig large = base;
+  large.name = absl::StrCat(pool->stats.name, "/large");
+  large.min_chunk_bytes = RoundUp(options_.min_chunk_bytes, granularity_bytes_);
+  large.max_chunk_bytes = RoundUp(options_.max_chunk_bytes, granularity_bytes_);
+  // A remainder no larger than the small limit can never serve a large request.
+  large.min_split_bytes = kSmallMaxBytes + 1;
+  pool->small = std::make_unique<Heap>(std::move(small), &blocks_);
+  pool->large = std::make_unique<Heap>(std::move(large), &blocks_);
+  if (pools_.size() <= static_cast<std::size_t>(tag)) pools_.resize(tag + 1);
+  pools_[tag] = std::move(pool);
+  return pools_[tag].get();
+}
+
+absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<TagPool*> existing = PoolLocked(tag, false, policy);
+  if (existing.ok()) {
+    if ((*existing)->stats.policy == policy) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' already exists on device ", device_,
+                                                      " with policy ", PolicyName((*existing)->stats.policy)));
+  }
+  if (!absl::IsNotFound(existing.status())) return existing.status();
+  return PoolLocked(tag, true, policy).status();
+}
+
+absl::StatusOr<Policy> CachingAllocator::TagPolicy(TagId tag) const {
+  absl::MutexLock lock(&mu_);
+  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tag id ", tag, " is not used on device ", device_));
+  }
+  return pools_[tag]->stats.policy;
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Stream stream, TagId tag) {
+  if (size_bytes == 0) return DevicePtr{0};
+  if (size_bytes > kMaxRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("allocation of ", size_bytes, " bytes is over the 2^48 limit"));
+  }
+  const std::size_t rounded = RoundUp(size_bytes, kAlignmentBytes);
+  absl::MutexLock lock(&mu_);
+  TagPool* pool;
+  if (tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() && pools_[tag] != nullptr) {
+    pool = pools_[tag].get();
+  } else {
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+  }
+  if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
+  if (!pending_.empty()) ProcessPendingLocked(false);
+  Heap* heap = rounded <= kSmallMaxBytes ? pool->small.get() : pool->large.get();
+  Block* block = heap->AllocateCached(rounded, stream);
+  if (block != nullptr) {
+    ++counters_.cache_hits;
+  } else {
+    absl::StatusOr<Block*> slow = AllocateSlowLocked(pool, heap, rounded, stream);
+    if (!slow.ok()) return AfterOpLocked(slow.status());
+    block = *slow;
+  }
+  block->requested_bytes = size_bytes;
+  live_.emplace(block->address, block);
+  TagStats& s = pool->stats;
+  s.allocated_bytes.Add(static_cast<std::int64_t>(block->size_bytes));
+  s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
+  s.active_blocks.Add(1);
+  ++s.allocations;
+  if (options_.validate_each_op) VMSTASH_RETURN_IF_ERROR(AfterOpLocked(absl::OkStatus()));
+  return block->address;
+}
+
+absl::StatusOr<Block*> CachingAllocator::AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes,
+                                                            Stream stream) {
+  // Ladder step 2: fenced blocks of other streams.
+  if (ReuseFencedLocked(heap, stream)) {
+    if (Block* b = heap->AllocateCached(size_bytes, stream)) {
+      ++counters_.fence_reuses;
+      return b;
+    }
+  }
+  // Step 3: new chunk.
+  absl::StatusOr<Block*> grown = heap->AllocateGrow(size_bytes, stream);
+  if (grown.ok()) {
+    ++counters_.grows;
+    NoteReservedLocked(pool);
+    return grown;
+  }
+  if (!absl::IsResourceExhausted(grown.status())) return grown.status();
+  VMSTASH_LOG(kDebug, "vmstash: device {}: {} for {} bytes, synchronizing and retrying", device_,
+              grown.status().ToString(), size_bytes);
+  // Step 4: wait for the device; everything free becomes usable by every stream.
+  absl::Status sync = SynchronizeLocked();
+  if (!sync.ok()) return sync;
+  if (Block* b = heap->AllocateCached(size_bytes, stream)) return b;
+  // Step 5: give back the free chunks of every tag and retry.
+  absl::Status released = ReleaseCachedLocked(-1);
+  if (!released.ok()) VMSTASH_LOG(kWarning, "vmstash: releasing cached chunks: {}", released.ToString());
+  grown = heap->AllocateGrow(size_bytes, stream);
+  if (grown.ok()) {
+    ++counters_.grows;
+    NoteReservedLocked(pool);
+    return grown;
+  }
+  if (!absl::IsResourceExhausted(grown.status())) return grown.status();
+  ++counters_.ooms;
+  return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, grown.status()));
+}
+
+bool CachingAllocator::ReuseFencedLocked(Heap* heap, Stream stream) {
+  std::vector<Stream> owners = heap->StreamsWithFreeBlocks();
+  bool moved = false;
+  for (Stream s : owners) {
+    if (s == stream) continue;
+    auto it = std::find_if(fences_.begin(), fences_.end(), [&](const Fence& f) { return f.stream == s; });
+    if (it == fences_.end()) {
+      absl::StatusOr<Event> event = TakeEventLocked();
+      if (!event.ok()) continue;
+      absl::Status recorded = driver_->RecordEvent(device_, *event, s);
+      if (!recorded.ok()) {
+        idle_events_.push_back(*event);
+        VMSTASH_LOG(kDebug, "vmstash: fence on stream {}: {}", static_cast<void*>(s), recorded.ToString());
+        continue;
+      }
+      fences_.push_back(Fence{s, *event, free_epoch_});
+      it = fences_.end() - 1;
+    }
+    absl::StatusOr<bool> done = driver_->QueryEvent(device_, it->event);
+    if (!done.ok() || !*done) continue;
+    for (auto& pool : pools_) {
+      if (pool == nullptr) continue;
+      moved |= pool->small->ShareFreeBlocks(s, it->epoch) != 0;
+      moved |= pool->large->ShareFreeBlocks(s, it->epoch) != 0;
+    }
+    idle_events_.push_back(it->event);
+    fences_.erase(it);
+  }
+  return moved;
+}
+
+absl::StatusOr<Event> CachingAllocator::TakeEventLocked() {
+  if (!idle_events_.empty()) {
+    Event e = idle_events_.back();
+    idle_events_.pop_back();
+    return e;
+  }
+  return driver_->CreateEvent(device_, false);
+}
+
+void CachingAllocator::ProcessPendingLocked(bool synced) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    bool done = synced;
+    if (!done && !it->needs_device_sync) {
+      done = true;
+      for (Event e : it->events) {
+        absl::StatusOr<bool> q = driver_->QueryEvent(device_, e);
+        if (!q.ok() || !*q) {
+          done = false;
+          break;
+        }
+      }
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    for (Event e : it->events) idle_events_.push_back(e);
+    it->block->heap->Free(it->block, ++free_epoch_);
+    it = pending_.erase(it);
+  }
+}
+
+absl::Status CachingAllocator::SynchronizeLocked() {
+  ++counters_.device_syncs;
+  VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
+  ProcessPendingLocked(true);
+  for (Fence& f : fences_) idle_events_.push_back(f.event);
+  fences_.clear();
+  for (auto& pool : pools_) {
+    if (pool == nullptr) continue;
+    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+      for (Stream s : heap->StreamsWithFreeBlocks()) heap->ShareFreeBlocks(s, ~std::uint64_t{0});
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::ReleaseCachedLocked(TagId tag) {
+  absl::Status first;
+  for (auto& pool : pools_) {
+    if (pool == nullptr || (tag >= 0 && pool->id != tag)) continue;
+    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+      absl::Status error;
+      counters_.released_bytes += heap->ReleaseFreeChunks(&error);
+      if (first.ok()) first = error;
+    }
+    NoteReservedLocked(pool.get());
+  }
+  return first;
+}
+
+void CachingAllocator::NoteReservedLocked(TagPool* pool) {
+  std::int64_t reserved = static_cast<std::int64_t>(pool->small->mapped_bytes() + pool->large->mapped_bytes());
+  pool->stats.reserved_bytes.Add(reserved - pool->stats.reserved_bytes.current);
+  pool->stats.chunks = static_cast<std::int64_t>(pool->small->chunk_count() + pool->large->chunk_count());
+}
+
+absl::Status CachingAllocator::Free(DevicePtr ptr) {
+  if (ptr == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
+    return absl::InvalidArgumentError(
+        absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
+  }
+  Block* block = it->second;
+  live_.erase(it);
+  Heap* heap = block->heap;
+  TagStats& s = pools_[heap->config().owner_id]->stats;
+  s.allocated_bytes.Add(-static_cast<std::int64_t>(block->size_bytes));
+  s.requested_bytes.Add(-static_cast<std::int64_t>(block->requested_bytes));
+  s.active_blocks.Add(-1);
+  ++s.frees;
+  if (block->other_streams.empty()) {
+    heap->Free(block, ++free_epoch_);
+  } else {
+    PendingFree pending;
+    pending.block = block;
+    block->allocated = false;
+    for (Stream other : block->other_streams) {
+      absl::StatusOr<Event> event = TakeEventLocked();
+      absl::Status recorded = event.ok() ? driver_->RecordEvent(device_, *event, other) : event.status();
+      if (!recorded.ok()) {
+        if (event.ok()) idle_events_.push_back(*event);
+        VMSTASH_LOG(kWarning, "vmstash: free of {}: no event on a recorded stream ({}); the block is reused "
+                    "only after the next device synchronization", Hex(ptr), recorded.ToString());
+        pending.needs_device_sync = true;
+        continue;
+      }
+      pending.events.push_back(*event);
+    }
+    block->other_streams.clear();
+    pending_.push_back(std::move(pending));
+  }
+  if (options_.validate_each_op) return AfterOpLocked(absl::OkStatus());
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    if (bypass_live_.contains(ptr)) return absl::OkStatus();  // bypass frees synchronize the device
+    return absl::InvalidArgumentError(
+        absl::StrCat("record_stream on ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
+  }
+  Block* block = it->second;
+  if (stream == block->stream) return absl::OkStatus();
+  if (std::find(block->other_streams.begin(), block->other_streams.end(), stream) == block->other_streams.end()) {
+    block->other_streams.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::EmptyCache() { return EmptyCache(-1); }
+
+absl::Status CachingAllocator::EmptyCache(TagId tag) {
+  absl::MutexLock lock(&mu_);
+  ++counters_.empty_cache_calls;
+  if (tag >= 0 && (static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr)) {
+    if (tag >= TagCount()) return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag));
+    return absl::OkStatus();  // nothing cached for a tag never used here
+  }
+  bool anything = !pending_.empty();
+  for (auto& pool : pools_) {
+    if (pool == nullptr || (tag >= 0 && pool->id != tag)) continue;
+    anything = anything || pool->small->free_bytes() != 0 || pool->large->free_bytes() != 0 ||
+               pool->small->va_bytes() != 0 || pool->large->va_bytes() != 0;
+  }
+  if (!anything) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(SynchronizeLocked());
+  return AfterOpLocked(ReleaseCachedLocked(tag));
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateBypassLocked(TagPool* pool, std::size_t size_bytes,
+                                                                 std::size_t rounded) {
+  std::size_t bytes = RoundUp(rounded, granularity_bytes_);
+  auto a = std::make_unique<BypassAllocation>();
+  absl::Status status;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    absl::StatusOr<Reservation> r = Reservation::Create(driver_, device_, bytes, 0);
+    absl::StatusOr<Chunk> c = r.ok() ? Chunk::Create(driver_, device_, bytes, ChunkOptions{}) : r.status();
+    absl::StatusOr<Mapping> m = c.ok() ? Mapping::Create(driver_, device_, r->address(), absl::MakeConstSpan(&*c, 1))
+                                       : absl::StatusOr<Mapping>(c.status());
+    if (m.ok()) {
+      a->reservation = *std::move(r);
+      a->chunk = *std::move(c);
+      a->mapping = *std::move(m);
+      status = absl::OkStatus();
+      break;
+    }
+    status = m.status();
+    // Out of memory: wait for frees queued on the device to land, then try once more.
+    if (!absl::IsResourceExhausted(status) || attempt == 1) break;
+    VMSTASH_RETURN_IF_ERROR(SynchronizeLocked());
+  }
+  if (!status.ok()) {
+    if (absl::IsResourceExhausted(status)) {
+      ++counters_.ooms;
+      return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, status));
+    }
+    return status;
+  }
+  a->tag = pool->id;
+  a->size_bytes = bytes;
+  a->requested_bytes = size_bytes;
+  DevicePtr ptr = a->reservation.address();
+  TagStats& s = pool->stats;
+  s.allocated_bytes.Add(static_cast<std::int64_t>(bytes));
+  s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
+  s.reserved_bytes.Add(static_cast<std::int64_t>(bytes));
+  s.active_blocks.Add(1);
+  ++s.chunks;
+  ++s.allocations;
+  ++counters_.grows;
+  bypass_live_.emplace(ptr, std::move(a));
+  return ptr;
+}
+
+absl::Status CachingAllocator::FreeBypassLocked(DevicePtr ptr) {
+  auto it = bypass_live_.find(ptr);
+  if (it == bypass_live_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
+  }
+  BypassAllocation& a = *it->second;
+  // Like cudaFree: the memory may still be in use by queued work.
+  ++counters_.device_syncs;
+  VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
+  VMSTASH_RETURN_IF_ERROR(a.mapping.Unmap());
+  VMSTASH_RETURN_IF_ERROR(a.chunk.Release());
+  VMSTASH_RETURN_IF_ERROR(a.reservation.Free());
+  TagStats& s = pools_[a.tag]->stats;
+  s.allocated_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
+  s.requested_bytes.Add(-static_cast<std::int64_t>(a.requested_bytes));
+  s.reserved_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
+  s.active_blocks.Add(-1);
+  --s.chunks;
+  ++s.frees;
+  counters_.released_bytes += a.size_bytes;
+  bypass_live_.erase(it);
+  return absl::OkStatus();
+}
+
+std::string CachingAllocator::OomMessageLocked(const TagPool* pool, std::size_t size_bytes,
+                                               const absl::Status& cause) {
+  std::uint64_t free_bytes = 0, total_bytes = 0;
+  absl::StatusOr<DeviceMemoryInfo> info = driver_->MemoryInfo(device_);
+  if (info.ok()) {
+    free_bytes = info->free_bytes;
+    total_bytes = info->total_bytes;
+  }
+  std::int64_t reserved = 0, paused = 0;
+  std::string per_tag;
+  for (const auto& p : pools_) {
+    if (p == nullptr) continue;
+    reserved += p->stats.reserved_bytes.current;
+    paused += p->stats.paused_bytes;
+    absl::StrAppend(&per_tag, per_tag.empty() ? "" : "; ", p->stats.name, " (", PolicyName(p->stats.policy),
+                    "): allocated ", HumanBytes(p->stats.allocated_bytes.current), ", reserved ",
+                    HumanBytes(p->stats.reserved_bytes.current), ", paused ", HumanBytes(p->stats.paused_bytes));
+  }
+  return absl::StrCat("vmstash: out of memory on device ", device_, ": tried to allocate ", HumanBytes(size_bytes),
+                      " in tag '", pool->stats.name, "'; device has ", HumanBytes(free_bytes), " free of ",
+                      HumanBytes(total_bytes), "; vmstash reserves ", HumanBytes(reserved), " (paused ",
+                      HumanBytes(paused), "); per tag: ", per_tag, ". Driver said: ", cause.message());
+}
+
+void CachingAllocator::FillTagStatsLocked(const TagPool& pool, TagStats* out) const {
+  *out = pool.stats;
+  out->cached_bytes = static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
+}
+
+AllocatorStats CachingAllocator::Stats() const {
+  AllocatorStats out;
+  {
+    absl::MutexLock lock(&mu_);
+    out = counters_;
+    out.total = TagStats();
+    out.total.name = "total";
+    for (const auto& pool : pools_) {
+      if (pool == nullptr) continue;
+      TagStats t;
+      FillTagStatsLocked(*pool, &t);
+      TagStats& sum = out.total;
+      sum.allocated_bytes.current += t.allocated_bytes.current;
+      sum.allocated_bytes.peak += t.allocated_bytes.peak;  // sum of tag peaks (an upper bound)
+      sum.requested_bytes.current += t.requested_bytes.current;
+      sum.requested_bytes.peak += t.requested_bytes.peak;
+      sum.reserved_bytes.current += t.reserved_bytes.current;
+      sum.reserved_bytes.peak += t.reserved_bytes.peak;
+      sum.active_blocks.current += t.active_blocks.current;
+      sum.active_blocks.peak += t.active_blocks.peak;
+      sum.allocations += t.allocations;
+      sum.frees += t.frees;
+      sum.chunks += t.chunks;
+      sum.cached_bytes += t.cached_bytes;
+      sum.paused_bytes += t.paused_bytes;
+      sum.backed_up_bytes += t.backed_up_bytes;
+      out.tags.push_back(std::move(t));
+    }
+    out.pending_frees = pending_.size();
+  }
+  out.driver_calls = driver_->Counters();
+  absl::StatusOr<DeviceMemoryInfo> info = driver_->MemoryInfo(device_);
+  if (info.ok()) {
+    out.device_free_bytes = info->free_bytes;
+    out.device_total_bytes = info->total_bytes;
+  }
+  return out;
+}
+
+void CachingAllocator::ResetPeaks() {
+  absl::MutexLock lock(&mu_);
+  for (auto& pool : pools_) {
+    if (pool == nullptr) continue;
+    pool->stats.allocated_bytes.ResetPeak();
+    pool->stats.requested_bytes.ResetPeak();
+    pool->stats.reserved_bytes.ResetPeak();
+    pool->stats.active_blocks.ResetPeak();
+  }
+}
+
+Snapshot CachingAllocator::TakeSnapshot() const {
+  absl::MutexLock lock(&mu_);
+  Snapshot snap;
+  snap.device = device_;
+  snap.driver = std::string(driver_->Name());
+  snap.granularity_bytes = granularity_bytes_;
+  for (const auto& pool : pools_) {
+    if (pool == nullptr) continue;
+    snap.tags.push_back(TagSnapshot{pool->stats.name, pool->stats.policy, "active"});
+    for (const Heap* heap : {pool->small.get(), pool->large.get()}) {
+      for (const Heap::SegmentView& view : heap->Segments()) {
+        SegmentSnapshot seg;
+        seg.tag = pool->stats.name;
+        seg.heap = heap->config().small ? "small" : "large";
+        seg.address = view.address;
+        seg.va_bytes = view.va_bytes;
+        DevicePtr cursor = view.address;
+        DevicePtr last_end = view.address;
+        for (const ChunkView& c : view.chunks) {
+          if (c.address > cursor) seg.chunks.push_back({cursor, c.address - cursor, false});
+          seg.chunks.push_back({c.address, c.size_bytes, true});
+          seg.mapped_bytes += c.size_bytes;
+          cursor = last_end = c.address + c.size_bytes;
+        }
+        (void)last_end;
+        for (const Block* b : view.blocks) {
+          seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
+                                             reinterpret_cast<std::uint64_t>(b->stream)});
+        }
+        snap.segments.push_back(std::move(seg));
+      }
+    }
+  }
+  for (const auto& [ptr, a] : bypass_live_) {
+    SegmentSnapshot seg;
+    seg.tag = std::string(TagName(a->tag));
+    seg.heap = "bypass";
+    seg.address = ptr;
+    seg.va_bytes = seg.mapped_bytes = a->size_bytes;
+    seg.chunks.push_back({ptr, a->size_bytes, true});
+    seg.blocks.push_back(BlockSnapshot{ptr, a->size_bytes, a->requested_bytes, true, 0});
+    snap.segments.push_back(std::move(seg));
+  }
+  return snap;
+}
+
+absl::Status CachingAllocator::Validate() const {
+  absl::MutexLock lock(&mu_);
+  return ValidateLocked();
+}
+
+absl::Status CachingAllocator::AfterOpLocked(absl::Status status) const {
+  if (!options_.validate_each_op) return status;
+  absl::Status valid = ValidateLocked();
+  if (!valid.ok()) {
+    VMSTASH_LOG(kError, "vmstash: {}", valid.ToString());
+    return valid;
+  }
+  return status;
+}
+
+absl::Status CachingAllocator::ValidateLocked() const {
+  std::size_t live_bytes_in_heaps = 0, pending = 0;
+  for (const auto& pool : pools_) {
+    if (pool == nullptr) continue;
+    std::size_t allocated = 0;
+    VMSTASH_RETURN_IF_ERROR(pool->small->Validate(&allocated, &pending));
+    VMSTASH_RETURN_IF_ERROR(pool->large->Validate(&allocated, &pending));
+    std::size_t bypass = 0;
+    for (const auto& [ptr, a] : bypass_live_) {
+      if (a->tag == pool->id) bypass += a->size_bytes;
+    }
+    if (static_cast<std::int64_t>(allocated + bypass) != pool->stats.allocated_bytes.current) {
+      return absl::InternalError(absl::StrCat("tag ", pool->stats.name, ": allocated stat ",
+                                              pool->stats.allocated_bytes.current, " but blocks hold ",
+                                              allocated + bypass));
+    }
+    std::size_t mapped = pool->small->mapped_bytes() + pool->large->mapped_bytes() + bypass;
+    if (static_cast<std::int64_t>(mapped) != pool->stats.reserved_bytes.current) {
+      return absl::InternalError(absl::StrCat("tag ", pool->stats.name, ": reserved stat ",
+                                              pool->stats.reserved_bytes.current, " but ", mapped, " mapped"));
+    }
+    live_bytes_in_heaps += allocated;
+  }
+  std::size_t live_bytes = 0;
+  for (const auto& [ptr, b] : live_) {
+    if (!b->allocated || b->address != ptr) return absl::InternalError(absl::StrCat("live map entry ", Hex(ptr)));
+    live_bytes += b->size_bytes;
+  }
+  if (live_bytes != live_bytes_in_heaps) {
+    return absl::InternalError(absl::StrCat("live map holds ", live_bytes, " bytes, heaps ", live_bytes_in_heaps));
+  }
+  if (pending != pending_.size()) {
+    return absl::InternalError(absl::StrCat(pending, " blocks neither free nor live, ", pending_.size(), " pending"));
+  }
+  if (blocks_.live() < live_.size()) return absl::InternalError("block pool count below live blocks");
+  return absl::OkStatus();
+}
+
+}  // namespace vmstash

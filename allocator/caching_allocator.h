@@ -1,0 +1,202 @@
+// CachingAllocator: the per-device caching allocator with tags (DESIGN §5).
+//
+// Layout: one TagPool per tag in use on this device; each pool has a small heap (requests
+// up to kSmallMaxBytes, rounded to 512 B, carved from 2 MiB chunks) and a large heap
+// (geometric chunk growth, see heap.h), each with its own VA reservations, so blocks of
+// different tags never share a chunk. Live blocks are found by address in one hash map.
+// Sizes are rounded up to kAlignmentBytes (512 B), which is also the minimum alignment of
+// every returned address.
+//
+// Note [Stream-Ordered Reuse]
+//   A block is allocated on a stream S. When it is freed, the memory is reusable at once by
+//   later allocations on S (S orders them after the user's last use), so it goes into
+//   heap index "S". Another stream T may only take it once an event recorded on S after
+//   the free has completed. Recording an event on every free would cost a driver call per
+//   free, so fences are lazy: when an allocation on T misses, the allocator records one
+//   fence event on each other stream that owns free blocks (an event recorded later than
+//   the free is later in S's order, so it is a correct, conservative fence), and the
+//   blocks freed before a completed fence move to the heap's shared index, which every
+//   stream may use. RecordStream(ptr, U) adds streams that use a block besides its
+//   allocation stream; freeing such a block records one pooled event per added stream,
+//   and the block is cached (in index "S") only when all of them have completed.
+//   Synchronizing the device (OOM ladder, EmptyCache) completes everything at once.
+//
+// Note [OOM Ladder] (PyTorch's is the model)
+//   1. a cached free block usable on the stream (own index, shared index);
+//   2. fences on other streams (Note [Stream-Ordered Reuse]) that have completed;
+//   3. map a new chunk (growth size; on ResourceExhausted, only what the request needs);
+//   4. synchronize the device: every free and pending block becomes usable; retry 1;
+//   5. release the free chunks of every tag of this device (EmptyCache); retry 3;
+//   6. ResourceExhausted whose message gives the request, the tag, device free/total,
+//      reserved and paused bytes, and per-tag usage. Never aborts.
+//
+// Note [Allocator Locking]
+//   One absl::Mutex per device allocator guards all of its state. Driver calls on the slow
+//   paths (chunk create/map, events, synchronize) are made holding it; nothing else is
+//   called out (no callbacks, no Python, logs only at debug level on slow paths).
+//   Lock order: CachingAllocator::mu_ is a leaf except for the driver's own locks.
+//
+// bypass (Options.bypass): every allocation gets its own reservation and chunk straight
+// from the driver, and every free synchronizes the device and releases them: slow, but
+// every byte is the user's, for compute-sanitizer and use-after-free hunts.
+//
+// Validate() walks every invariant (block.h, heap.h, stats); tests turn on
+// validate_each_op so it runs after every public operation.
+//
+// Thread-safety: all public methods are thread-safe.
+#ifndef VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
+#define VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/block.h"
+#include "allocator/heap.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+#include "allocator/tag.h"
+#include "vmm/chunk.h"
+#include "vmm/driver.h"
+#include "vmm/mapping.h"
+#include "vmm/options.h"
+#include "vmm/reservation.h"
+
+namespace vmstash {
+
+struct AllocatorOptions {
+  bool bypass = false;
+  std::size_t min_chunk_bytes = std::size_t{20} << 20;
+  std::size_t max_chunk_bytes = std::size_t{2} << 30;
+  std::size_t heap_va_bytes = 0;  // 0: twice the device memory
+  bool validate_each_op = false;  // run Validate() after every operation (tests)
+
+  static AllocatorOptions FromOptions(const Options& options);
+};
+
+class CachingAllocator {
+ public:
+  static constexpr std::size_t kAlignmentBytes = 512;
+  static constexpr std::size_t kSmallMaxBytes = std::size_t{1} << 20;
+  static constexpr std::size_t kMaxRequestBytes = std::size_t{1} << 48;
+
+  // `driver` must outlive the allocator.
+  static absl::StatusOr<std::unique_ptr<CachingAllocator>> Create(Driver* driver, int device,
+                                                                  AllocatorOptions options);
+  // Synchronizes the device and gives everything back to the driver. Live blocks are
+  // reported in the log (their memory is unmapped too).
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Allocates size_bytes for use on `stream` in the calling thread's current tag (or
+  // `tag`). Size 0 returns 0 (a null pointer). InvalidArgument for a size over 2^48 or an
+  // unknown tag id, ResourceExhausted after the OOM ladder.
+  absl::StatusOr<DevicePtr> Allocate(std::size_t size_bytes, Stream stream) {
+    return Allocate(size_bytes, stream, CurrentTag());
+  }
+  absl::StatusOr<DevicePtr> Allocate(std::size_t size_bytes, Stream stream, TagId tag);
+  // Frees a block (0 is a no-op). InvalidArgument for an address this allocator did not
+  // return (or already freed).
+  absl::Status Free(DevicePtr ptr);
+  // Marks the block at `ptr` as used by `stream` too (see Note [Stream-Ordered Reuse]).
+  absl::Status RecordStream(DevicePtr ptr, Stream stream);
+
+  // Creates `tag` with `policy` on this device. OK if it exists with the same policy;
+  // FailedPrecondition if it exists with another one. Tags used before being created are
+  // created with policy discard.
+  absl::Status CreateTag(TagId tag, Policy policy);
+  absl::StatusOr<Policy> TagPolicy(TagId tag) const;
+
+  // Synchronizes the device and unmaps/releases every chunk lying entirely in free
+  // blocks, of all tags or of one.
+  absl::Status EmptyCache();
+  absl::Status EmptyCache(TagId tag);
+
+  AllocatorStats Stats() const;
+  Snapshot TakeSnapshot() const;
+  absl::Status Validate() const;
+  // Resets the peaks of every Stat to the current values.
+  void ResetPeaks();
+
+  int device() const { return device_; }
+  Driver* driver() const { return driver_; }
+  std::size_t granularity_bytes() const { return granularity_bytes_; }
+
+ private:
+  struct TagPool {
+    TagId id = kDefaultTag;
+    std::unique_ptr<Heap> small;
+    std::unique_ptr<Heap> large;
+    TagStats stats;
+  };
+  struct Fence {
+    Stream stream = nullptr;
+    Event event = nullptr;
+    std::uint64_t epoch = 0;
+  };
+  struct PendingFree {
+    Block* block = nullptr;
+    std::vector<Event> events;
+    bool needs_device_sync = false;  // an event could not be recorded
+  };
+  struct BypassAllocation {
+    Reservation reservation;
+    Chunk chunk;
+    Mapping mapping;
+    TagId tag = kDefaultTag;
+    std::size_t size_bytes = 0;
+    std::size_t requested_bytes = 0;
+  };
+
+  CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
+                   std::size_t device_total_bytes);
+
+  absl::StatusOr<TagPool*> PoolLocked(TagId tag, bool create, Policy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<DevicePtr> AllocateBypassLocked(TagPool* pool, std::size_t size_bytes, std::size_t rounded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FreeBypassLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 2 of the ladder; true when blocks moved to a shared index.
+  bool ReuseFencedLocked(Heap* heap, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pending frees whose events completed (all of them when `synced`).
+  void ProcessPendingLocked(bool synced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases free chunks of one tag (or all when tag < 0); first error returned.
+  absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteReservedLocked(TagPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string OomMessageLocked(const TagPool* pool, std::size_t size_bytes, const absl::Status& cause)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillTagStatsLocked(const TagPool& pool, TagStats* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Driver* const driver_;
+  const int device_;
+  const AllocatorOptions options_;
+  const std::size_t granularity_bytes_;
+  const std::size_t device_total_bytes_;
+
+  mutable absl::Mutex mu_;
+  BlockPool blocks_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<TagPool>> pools_ ABSL_GUARDED_BY(mu_);  // by TagId
+  absl::flat_hash_map<DevicePtr, Block*> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DevicePtr, std::unique_ptr<BypassAllocation>> bypass_live_ ABSL_GUARDED_BY(mu_);
+  std::vector<Event> idle_events_ ABSL_GUARDED_BY(mu_);
+  std::vector<Fence> fences_ ABSL_GUARDED_BY(mu_);
+  std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  AllocatorStats counters_ ABSL_GUARDED_BY(mu_);  // device-wide counters (tags filled on read)
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_

@@ -1,0 +1,158 @@
+// Heap: the memory of one tag of one size class (small or large) on one device.
+//
+// A heap owns one or more segments. A segment is a large VA reservation (heap_va bytes,
+// default twice the device memory) into which chunks are mapped on demand; VA is cheap,
+// physical memory is what counts. Holes left by ReleaseFreeChunks are reused before the
+// reservation's unused tail; when no gap fits, a new segment is reserved.
+//
+// Chunk sizing (DESIGN §5; "the number of chunks decides pause/resume cost"):
+//   small heap: every chunk is small_chunk bytes (2 MiB rounded up to the granularity);
+//   large heap: a new chunk is as large as the heap already is (geometric growth), at
+//   least min_chunk and at most max_chunk, and at least the part of the request that the
+//   free tail before the gap does not cover; a single larger request gets one chunk of its
+//   own size. If the device refuses the growth size, the heap retries with what the
+//   request needs.
+//
+// Blocks tile the runs of mapped chunks (see block.h). Free blocks sit in one FreeIndex
+// per stream plus a shared index (see Note [Stream-Ordered Reuse] in caching_allocator.h).
+//
+// Failure: a failed Grow leaves the heap exactly as it was (Chunk, Mapping and Reservation
+// roll back by RAII). ReleaseFreeChunks stops at a refused unmap, leaving that chunk
+// mapped and the heap valid; a refused release keeps the handle and retries it later.
+//
+// Thread-safety: none; the owning CachingAllocator's mutex guards every call.
+#ifndef VMSTASH_ALLOCATOR_HEAP_H_
+#define VMSTASH_ALLOCATOR_HEAP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/block.h"
+#include "allocator/free_index.h"
+#include "vmm/chunk.h"
+#include "vmm/driver.h"
+#include "vmm/mapping.h"
+#include "vmm/reservation.h"
+
+namespace vmstash {
+
+struct HeapConfig {
+  Driver* driver = nullptr;
+  int device = 0;
+  std::string name;                  // for messages and snapshots, e.g. "kv_cache/large"
+  int owner_id = 0;                  // the owner's key for this heap (the allocator: its tag id)
+  std::size_t granularity_bytes = 0;
+  bool small = false;
+  std::size_t small_chunk_bytes = 0;  // small heaps
+  std::size_t min_chunk_bytes = 0;    // large heaps
+  std::size_t max_chunk_bytes = 0;
+  std::size_t va_bytes = 0;           // per reservation
+  std::size_t min_split_bytes = 512;  // a remainder smaller than this is not split off
+};
+
+// One mapped chunk, as snapshots and Validate see it.
+struct ChunkView {
+  DevicePtr address = 0;
+  std::size_t size_bytes = 0;
+};
+
+class Heap {
+ public:
+  Heap(HeapConfig config, BlockPool* blocks);
+  ~Heap();  // unmaps and releases everything (errors are logged, never thrown)
+  Heap(const Heap&) = delete;
+  Heap& operator=(const Heap&) = delete;
+
+  const HeapConfig& config() const { return config_; }
+
+  // A cached free block of >= size_bytes usable on `stream` (its own index or the shared
+  // one), split to size and marked allocated on `stream`; nullptr when there is none.
+  Block* AllocateCached(std::size_t size_bytes, Stream stream);
+  // Maps new memory so that a block of size_bytes exists, and allocates it. On failure
+  // nothing changed (ResourceExhausted when the device is full).
+  absl::StatusOr<Block*> AllocateGrow(std::size_t size_bytes, Stream stream);
+  // Returns an allocated (or pending) block to the index of block->stream, merging it
+  // with free neighbours of that index. `epoch` stamps the free.
+  void Free(Block* block, std::uint64_t epoch);
+  // Moves the free blocks of `stream` freed at or before `epoch` into the shared index.
+  // Returns how many moved.
+  std::size_t ShareFreeBlocks(Stream stream, std::uint64_t epoch);
+  // True when a free block of stream `stream` (not shared) exists.
+  bool HasFreeBlocksOf(Stream stream) const;
+  // Streams that own free blocks (excluding the shared index).
+  std::vector<Stream> StreamsWithFreeBlocks() const;
+
+  // Unmaps and releases every chunk lying entirely inside a free block; frees
+  // reservations left empty. The caller has synchronized the device. Returns the bytes
+  // released; the first error (if any) goes to *error and the heap stays valid.
+  std::size_t ReleaseFreeChunks(absl::Status* error);
+
+  std::size_t mapped_bytes() const { return mapped_bytes_; }
+  std::size_t chunk_count() const { return chunk_count_; }
+  std::size_t free_bytes() const;
+  std::size_t va_bytes() const;
+
+  // Invariant walker (see block.h); InvalidArgument/Internal naming the first violation.
+  // `pending` counts blocks that are neither allocated nor in an index.
+  absl::Status Validate(std::size_t* allocated_bytes, std::size_t* pending_blocks) const;
+
+  // For snapshots: segments in address order, each with its chunks and blocks.
+  struct SegmentView {
+    DevicePtr address = 0;
+    std::size_t va_bytes = 0;
+    std::vector<ChunkView> chunks;
+    std::vector<const Block*> blocks;
+  };
+  std::vector<SegmentView> Segments() const;
+
+ private:
+  struct MappedChunk {
+    Chunk chunk;
+    Mapping mapping;  // destroyed first: unmaps before the chunk is released
+  };
+  struct Segment {
+    Reservation reservation;
+    std::map<DevicePtr, MappedChunk> chunks;  // by address
+    std::map<DevicePtr, Block*> run_heads;    // first block of each run, by address
+  };
+  struct Gap {
+    Segment* segment = nullptr;
+    DevicePtr address = 0;
+    std::size_t size_bytes = 0;
+    Block* left = nullptr;  // last block of the run ending at `address`, if any
+    std::size_t need_bytes = 0;
+  };
+
+  FreeIndex* IndexFor(Stream stream);
+  FreeIndex* FindIndex(Stream stream) const;
+  // Inserts a free block into `index`, merging with neighbours in the same index.
+  Block* InsertFree(Block* block, FreeIndex* index);
+  // Takes `block` out of its index, splits it to size and marks it allocated.
+  Block* Take(Block* block, std::size_t size_bytes, Stream stream);
+  Block* LastBlockEndingAt(const Segment& segment, DevicePtr address) const;
+  bool FindGap(std::size_t size_bytes, Stream stream, Gap* gap);
+  std::size_t GrowthBytes(std::size_t need_bytes) const;
+  void CutFree(Segment& segment, Block* block, DevicePtr from, DevicePtr to);
+  void RetryOrphans(absl::Status* error);
+
+  const HeapConfig config_;
+  BlockPool* const blocks_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  std::vector<std::unique_ptr<FreeIndex>> indexes_;  // one per stream
+  std::unique_ptr<FreeIndex> shared_;                // blocks any stream may take
+  Stream cached_stream_ = nullptr;  // one-entry cache of IndexFor
+  FreeIndex* cached_index_ = nullptr;
+  std::vector<Chunk> orphans_;  // unmapped chunks whose release was refused
+  std::size_t mapped_bytes_ = 0;
+  std::size_t chunk_count_ = 0;
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_HEAP_H_

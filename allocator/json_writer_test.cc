@@ -1,0 +1,35 @@
+#include "allocator/json_writer.h"
+
+#include "allocator/stats.h"
+#include "gtest/gtest.h"
+
+namespace vmstash {
+namespace {
+
+TEST(JsonWriterTest, NestedContainersAndEscapes) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("a", 1);
+  w.Key("list");
+  w.BeginArray();
+  w.Uint(18446744073709551615u);
+  w.String("q\"\\\n\x01");
+  w.Bool(false);
+  w.Null();
+  w.BeginObject();
+  w.EndObject();
+  w.EndArray();
+  w.Field("d", 0.5);
+  w.EndObject();
+  EXPECT_EQ(w.str(), R"({"a":1,"list":[18446744073709551615,"q\"\\\n\u0001",false,null,{}],"d":0.5})");
+}
+
+TEST(JsonWriterTest, HumanBytes) {
+  EXPECT_EQ(HumanBytes(0), "0 B");
+  EXPECT_EQ(HumanBytes(1023), "1023 B");
+  EXPECT_EQ(HumanBytes(1536), "1.50 KiB");
+  EXPECT_EQ(HumanBytes(std::uint64_t{80} << 30), "80.00 GiB");
+}
+
+}  // namespace
+}  // namespace vmstash

@@ -1,0 +1,81 @@
+#include "allocator/stats.h"
+
+#include "absl/strings/str_format.h"
+#include "allocator/json_writer.h"
+
+namespace vmstash {
+namespace {
+
+void WriteStat(JsonWriter& w, absl::string_view key, const Stat& stat) {
+  w.Key(key);
+  w.BeginObject();
+  w.Field("current", stat.current);
+  w.Field("peak", stat.peak);
+  w.EndObject();
+}
+
+void WriteTag(JsonWriter& w, const TagStats& t) {
+  w.BeginObject();
+  w.Field("name", t.name);
+  w.Field("policy", PolicyName(t.policy));
+  WriteStat(w, "allocated_bytes", t.allocated_bytes);
+  WriteStat(w, "requested_bytes", t.requested_bytes);
+  WriteStat(w, "reserved_bytes", t.reserved_bytes);
+  WriteStat(w, "active_blocks", t.active_blocks);
+  w.Field("allocations", t.allocations);
+  w.Field("frees", t.frees);
+  w.Field("chunks", t.chunks);
+  w.Field("cached_bytes", t.cached_bytes);
+  w.Field("paused_bytes", t.paused_bytes);
+  w.Field("backed_up_bytes", t.backed_up_bytes);
+  w.EndObject();
+}
+
+}  // namespace
+
+std::string HumanBytes(std::uint64_t bytes) {
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  if (bytes < 1024) return absl::StrFormat("%d B", bytes);
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024 && unit < 4) {
+    v /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.2f %s", v, kUnits[unit]);
+}
+
+std::string StatsToJson(const AllocatorStats& s) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("device", s.device);
+  w.Field("driver", s.driver);
+  w.Field("bypass", s.bypass);
+  w.Field("device_free_bytes", s.device_free_bytes);
+  w.Field("device_total_bytes", s.device_total_bytes);
+  w.Key("total");
+  WriteTag(w, s.total);
+  w.Key("tags");
+  w.BeginArray();
+  for (const TagStats& t : s.tags) WriteTag(w, t);
+  w.EndArray();
+  w.Field("cache_hits", s.cache_hits);
+  w.Field("grows", s.grows);
+  w.Field("fence_reuses", s.fence_reuses);
+  w.Field("device_syncs", s.device_syncs);
+  w.Field("empty_cache_calls", s.empty_cache_calls);
+  w.Field("released_bytes", s.released_bytes);
+  w.Field("ooms", s.ooms);
+  w.Field("pending_frees", s.pending_frees);
+  w.Key("driver_calls");
+  w.BeginObject();
+  for (int i = 0; i < kNumDriverOps; ++i) {
+    if (s.driver_calls.calls[i] != 0) w.Field(DriverOpName(static_cast<DriverOp>(i)), s.driver_calls.calls[i]);
+  }
+  w.Field("failed", s.driver_calls.failed_calls);
+  w.EndObject();
+  w.EndObject();
+  return w.str();
+}
+
+}  // namespace vmstash

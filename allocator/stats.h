@@ -1,0 +1,74 @@
+// Statistics: counters the allocator keeps per tag and per device, and their JSON form.
+//
+// A Stat is a current value with its peak since creation (or the last ResetPeaks). The
+// allocator updates them under its mutex; Stats() returns a copy, so readers never hold
+// allocator state. Byte meanings:
+//   allocated  bytes of live blocks (rounded sizes); requested: what users asked for
+//   reserved   bytes of mapped chunks (physical memory this tag holds)
+//   cached     reserved bytes in free blocks (what EmptyCache can give back)
+//   paused / backed_up  bytes released by pause / held in the backup arena (pause/resume)
+//
+// Thread-safety: plain values; copy freely.
+#ifndef VMSTASH_ALLOCATOR_STATS_H_
+#define VMSTASH_ALLOCATOR_STATS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "allocator/tag.h"
+#include "vmm/driver_op.h"
+
+namespace vmstash {
+
+struct Stat {
+  std::int64_t current = 0;
+  std::int64_t peak = 0;
+  void Add(std::int64_t delta) {
+    current += delta;
+    if (current > peak) peak = current;
+  }
+  void ResetPeak() { peak = current; }
+};
+
+struct TagStats {
+  std::string name;
+  Policy policy = Policy::kDiscard;
+  Stat allocated_bytes;
+  Stat requested_bytes;
+  Stat reserved_bytes;
+  Stat active_blocks;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::int64_t chunks = 0;
+  std::int64_t cached_bytes = 0;  // filled in by Stats()
+  std::int64_t paused_bytes = 0;
+  std::int64_t backed_up_bytes = 0;
+};
+
+struct AllocatorStats {
+  int device = 0;
+  std::string driver;
+  bool bypass = false;
+  TagStats total;  // name "total"
+  std::vector<TagStats> tags;
+  std::uint64_t cache_hits = 0;      // served from free blocks
+  std::uint64_t grows = 0;           // served by mapping new chunks
+  std::uint64_t fence_reuses = 0;    // blocks of other streams reused after an event
+  std::uint64_t device_syncs = 0;    // OOM ladder / EmptyCache synchronizations
+  std::uint64_t empty_cache_calls = 0;
+  std::uint64_t released_bytes = 0;  // given back by EmptyCache and the OOM ladder
+  std::uint64_t ooms = 0;            // ResourceExhausted returned to a caller
+  std::uint64_t pending_frees = 0;   // blocks waiting for RecordStream events
+  DriverCounters driver_calls;
+  std::uint64_t device_free_bytes = 0;
+  std::uint64_t device_total_bytes = 0;
+};
+
+std::string StatsToJson(const AllocatorStats& stats);
+// "1.50 GiB", "512 B".
+std::string HumanBytes(std::uint64_t bytes);
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_STATS_H_
