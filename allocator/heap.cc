@@ -56,9 +56,14 @@ FreeIndex* Heap::IndexFor(Stream stream) {
 
 Block* Heap::InsertFree(Block* block, FreeIndex* index) {
   block->allocated = false;
+  // A neighbour in the same index merges; so does one in the shared index when `index`
+  // belongs to a stream (shared memory may always be restricted to one stream).
+  auto mergeable = [&](const Block* n) {
+    return n != nullptr && n->index != nullptr && (n->index == index || n->index == shared_.get());
+  };
   Block* prev = block->prev;
-  if (prev != nullptr && prev->index == index) {
-    index->Remove(prev);
+  if (mergeable(prev)) {
+    prev->index->Remove(prev);
     prev->size_bytes += block->size_bytes;
     prev->next = block->next;
     if (block->next != nullptr) block->next->prev = prev;
@@ -67,8 +72,8 @@ Block* Heap::InsertFree(Block* block, FreeIndex* index) {
     block = prev;
   }
   Block* next = block->next;
-  if (next != nullptr && next->index == index) {
-    index->Remove(next);
+  if (mergeable(next)) {
+    next->index->Remove(next);
     block->size_bytes += next->size_bytes;
     block->next = next->next;
     if (next->next != nullptr) next->next->prev = block;
