@@ -56,7 +56,7 @@ CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions 
 }
 
 CachingAllocator::~CachingAllocator() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::Status sync = driver_->SynchronizeDevice(device_);
   if (!sync.ok()) VMSTASH_LOG(kError, "vmstash: device {} sync at allocator shutdown: {}", device_, sync.ToString());
   if (!live_.empty() || !bypass_live_.empty()) {
@@ -115,7 +115,7 @@ absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId ta
 }
 
 absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::StatusOr<TagPool*> existing = PoolLocked(tag, false, policy);
   if (existing.ok()) {
     if ((*existing)->stats.policy == policy) return absl::OkStatus();
@@ -127,7 +127,7 @@ absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
 }
 
 absl::StatusOr<Policy> CachingAllocator::TagPolicy(TagId tag) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
     return absl::NotFoundError(absl::StrCat("tag id ", tag, " is not used on device ", device_));
   }
@@ -140,7 +140,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
     return absl::InvalidArgumentError(absl::StrCat("allocation of ", size_bytes, " bytes is over the 2^48 limit"));
   }
   const std::size_t rounded = RoundUp(size_bytes, kAlignmentBytes);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   TagPool* pool;
   if (tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() && pools_[tag] != nullptr) {
     pool = pools_[tag].get();
@@ -306,7 +306,7 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(ptr);
   if (it == live_.end()) {
     if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
@@ -347,7 +347,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(ptr);
   if (it == live_.end()) {
     if (bypass_live_.contains(ptr)) return absl::OkStatus();  // bypass frees synchronize the device
@@ -365,7 +365,7 @@ absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
 absl::Status CachingAllocator::EmptyCache() { return EmptyCache(-1); }
 
 absl::Status CachingAllocator::EmptyCache(TagId tag) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ++counters_.empty_cache_calls;
   if (tag >= 0 && (static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr)) {
     if (tag >= TagCount()) return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag));
@@ -484,7 +484,7 @@ void CachingAllocator::FillTagStatsLocked(const TagPool& pool, TagStats* out) co
 AllocatorStats CachingAllocator::Stats() const {
   AllocatorStats out;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     out = counters_;
     out.total = TagStats();
     out.total.name = "total";
@@ -521,7 +521,7 @@ AllocatorStats CachingAllocator::Stats() const {
 }
 
 void CachingAllocator::ResetPeaks() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& pool : pools_) {
     if (pool == nullptr) continue;
     pool->stats.allocated_bytes.ResetPeak();
@@ -532,7 +532,7 @@ void CachingAllocator::ResetPeaks() {
 }
 
 Snapshot CachingAllocator::TakeSnapshot() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Snapshot snap;
   snap.device = device_;
   snap.driver = std::string(driver_->Name());
@@ -578,7 +578,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
 }
 
 absl::Status CachingAllocator::Validate() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return ValidateLocked();
 }
 

@@ -31,7 +31,7 @@
 //      reserved and paused bytes, and per-tag usage. Never aborts.
 //
 // Note [Allocator Locking]
-//   One absl::Mutex per device allocator guards all of its state. Driver calls on the slow
+//   One Mutex per device allocator guards all of its state. Driver calls on the slow
 //   paths (chunk create/map, events, synchronize) are made holding it; nothing else is
 //   called out (no callbacks, no Python, logs only at debug level on slow paths).
 //   Lock order: CachingAllocator::mu_ is a leaf except for the driver's own locks.
@@ -56,7 +56,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "vmm/mutex.h"
 #include "allocator/block.h"
 #include "allocator/heap.h"
 #include "allocator/snapshot.h"
@@ -185,7 +185,7 @@ class CachingAllocator {
   const std::size_t granularity_bytes_;
   const std::size_t device_total_bytes_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   BlockPool blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<TagPool>> pools_ ABSL_GUARDED_BY(mu_);  // by TagId
   absl::flat_hash_map<DevicePtr, Block*> live_ ABSL_GUARDED_BY(mu_);

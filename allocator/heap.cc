@@ -61,8 +61,9 @@ Block* Heap::InsertFree(Block* block, FreeIndex* index) {
   auto mergeable = [&](const Block* n) {
     return n != nullptr && n->index != nullptr && (n->index == index || n->index == shared_.get());
   };
-  Block* prev = block->prev;
-  if (mergeable(prev)) {
+  // Loops: absorbing a shared neighbour can bring a block of `index` next to this one.
+  while (mergeable(block->prev)) {
+    Block* prev = block->prev;
     prev->index->Remove(prev);
     prev->size_bytes += block->size_bytes;
     prev->next = block->next;
@@ -71,8 +72,8 @@ Block* Heap::InsertFree(Block* block, FreeIndex* index) {
     blocks_->Delete(block);
     block = prev;
   }
-  Block* next = block->next;
-  if (mergeable(next)) {
+  while (mergeable(block->next)) {
+    Block* next = block->next;
     next->index->Remove(next);
     block->size_bytes += next->size_bytes;
     block->next = next->next;
@@ -404,7 +405,9 @@ absl::Status Heap::Validate(std::size_t* allocated_bytes, std::size_t* pending_b
         if (b->index != nullptr) {
           ++free_count;
           if (b->next != nullptr && b->next->index == b->index) {
-            return fail(absl::StrCat("unmerged free neighbours at ", Hex(cursor)));
+            return fail(absl::StrCat("unmerged free neighbours at ", Hex(cursor), " (sizes ", b->size_bytes, " and ",
+                                     b->next->size_bytes, ", epochs ", b->free_epoch, "/", b->next->free_epoch,
+                                     b->index->shared() ? ", shared" : ", per stream", ")"));
           }
           bool known = b->index == shared_.get();
           for (const auto& index : indexes_) known = known || b->index == index.get();

@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "vmm/mutex.h"
 
 namespace vmstash {
 namespace {
@@ -15,7 +15,7 @@ namespace {
 // Process-wide intern table. Names are published through atomics so TagName() does not
 // lock; entries are never removed, so the storage lives as long as the process.
 struct InternTable {
-  absl::Mutex mu;
+  Mutex mu;
   absl::flat_hash_map<std::string, TagId> ids ABSL_GUARDED_BY(mu);
   std::array<std::atomic<const std::string*>, kMaxTags> names{};
   std::atomic<int> count{0};
@@ -65,7 +65,7 @@ absl::StatusOr<TagId> InternTag(absl::string_view name) {
   absl::Status valid = ValidateTagName(name);
   if (!valid.ok()) return valid;
   InternTable& table = Table();
-  absl::MutexLock lock(&table.mu);
+  MutexLock lock(&table.mu);
   auto it = table.ids.find(name);
   if (it != table.ids.end()) return it->second;
   int id = table.count.load(std::memory_order_relaxed);

@@ -116,7 +116,7 @@ CudaDriver::CudaDriver(void* library, const Api& api, int device_count, int driv
 CudaDriver::~CudaDriver() {
   absl::Status leaks = ledger_.CheckNoLeaks();
   if (!leaks.ok()) VMSTASH_LOG(kWarning, "CudaDriver destroyed with live objects: {}", leaks.message());
-  absl::MutexLock lock(&context_mu_);
+  MutexLock lock(&context_mu_);
   for (int d = 0; d < device_count_; ++d) {
     if (contexts_[d] == nullptr) continue;
     CUdevice dev = 0;
@@ -133,7 +133,7 @@ absl::Status CudaDriver::Fail(CUresult result, const char* call, absl::string_vi
 
 absl::StatusOr<CUcontext> CudaDriver::Context(int device) {
   VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
-  absl::MutexLock lock(&context_mu_);
+  MutexLock lock(&context_mu_);
   if (contexts_[device] != nullptr) return contexts_[device];
   CUdevice dev = 0;
   CUresult r = api_.cuDeviceGet(&dev, device);

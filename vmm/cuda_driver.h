@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "vmm/mutex.h"
 #include "vmm/cu_entry_points.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
@@ -99,7 +99,7 @@ class CudaDriver final : public Driver {
   const int driver_version_;
   OpCounters counters_;
   DriverLedger ledger_{"cuda"};
-  absl::Mutex context_mu_;
+  Mutex context_mu_;
   std::vector<CUcontext> contexts_ ABSL_GUARDED_BY(context_mu_);
   std::unique_ptr<std::atomic<std::size_t>[]> granularity_;  // minimum, 0 until queried
 };

@@ -38,7 +38,7 @@ absl::Status CheckDeviceIndex(int device, int device_count) {
 }
 
 absl::Status DriverLedger::AddReservation(DevicePtr va, std::size_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!reservations_.emplace(va, size_bytes).second) {
     return absl::InternalError(absl::StrCat(driver_name_, ": reservation ", Hex(va), " recorded twice"));
   }
@@ -46,7 +46,7 @@ absl::Status DriverLedger::AddReservation(DevicePtr va, std::size_t size_bytes) 
 }
 
 absl::Status DriverLedger::TakeReservation(DevicePtr va, std::size_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = reservations_.find(va);
   if (it == reservations_.end() || it->second != size_bytes) {
     return absl::InvalidArgumentError(
@@ -62,12 +62,12 @@ absl::Status DriverLedger::TakeReservation(DevicePtr va, std::size_t size_bytes)
 }
 
 void DriverLedger::AddChunk(ChunkHandle chunk, const ChunkRecord& record) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   chunks_[chunk] = record;
 }
 
 absl::StatusOr<ChunkRecord> DriverLedger::GetChunk(ChunkHandle chunk) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = chunks_.find(chunk);
   if (it == chunks_.end() || it->second.released) {
     return absl::InvalidArgumentError(absl::StrCat("unknown chunk handle ", Hex(chunk)));
@@ -76,7 +76,7 @@ absl::StatusOr<ChunkRecord> DriverLedger::GetChunk(ChunkHandle chunk) const {
 }
 
 absl::StatusOr<std::pair<ChunkRecord, bool>> DriverLedger::ReleaseChunk(ChunkHandle chunk) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = chunks_.find(chunk);
   if (it == chunks_.end() || it->second.released) {
     return absl::InvalidArgumentError(absl::StrCat("ReleaseChunk: unknown chunk handle ", Hex(chunk)));
@@ -92,7 +92,7 @@ absl::StatusOr<std::pair<ChunkRecord, bool>> DriverLedger::ReleaseChunk(ChunkHan
 }
 
 void DriverLedger::UnreleaseChunk(ChunkHandle chunk, const ChunkRecord& record) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ChunkRecord& r = chunks_[chunk];
   int map_count = r.map_count;
   r = record;
@@ -102,7 +102,7 @@ void DriverLedger::UnreleaseChunk(ChunkHandle chunk, const ChunkRecord& record) 
 
 absl::StatusOr<ChunkRecord> DriverLedger::ClaimMap(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk,
                                                    std::size_t granularity) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto c = chunks_.find(chunk);
   if (c == chunks_.end() || c->second.released) {
     return absl::InvalidArgumentError(absl::StrCat("Map: unknown chunk handle ", Hex(chunk)));
@@ -139,7 +139,7 @@ absl::StatusOr<ChunkRecord> DriverLedger::ClaimMap(DevicePtr va, std::size_t siz
 }
 
 void DriverLedger::AbortMap(DevicePtr va) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = mappings_.find(va);
   if (it == mappings_.end()) return;
   auto c = chunks_.find(it->second.chunk);
@@ -148,7 +148,7 @@ void DriverLedger::AbortMap(DevicePtr va) {
 }
 
 absl::StatusOr<MappingRecord> DriverLedger::ClaimUnmap(DevicePtr va, std::size_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = mappings_.find(va);
   if (it == mappings_.end() || it->second.size_bytes != size_bytes) {
     return absl::InvalidArgumentError(
@@ -160,12 +160,12 @@ absl::StatusOr<MappingRecord> DriverLedger::ClaimUnmap(DevicePtr va, std::size_t
 }
 
 void DriverLedger::AbortUnmap(const MappingRecord& record) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   mappings_[record.va] = record;
 }
 
 std::pair<bool, ChunkRecord> DriverLedger::CommitUnmap(const MappingRecord& record) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto c = chunks_.find(record.chunk);
   if (c == chunks_.end()) return {false, ChunkRecord{}};
   --c->second.map_count;
@@ -202,12 +202,12 @@ absl::Status DriverLedger::CheckMappedLocked(DevicePtr va, std::size_t size_byte
 }
 
 absl::Status DriverLedger::CheckMapped(DevicePtr va, std::size_t size_bytes) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return CheckMappedLocked(va, size_bytes, -1);
 }
 
 absl::Status DriverLedger::GrantAccess(DevicePtr va, std::size_t size_bytes, int device) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   absl::Status status = CheckMappedLocked(va, size_bytes, -1);
   if (!status.ok()) return absl::InvalidArgumentError(absl::StrCat("SetAccess: ", status.message()));
   for (auto it = mappings_.find(va); it != mappings_.end() && it->first < va + size_bytes; ++it) {
@@ -217,17 +217,17 @@ absl::Status DriverLedger::GrantAccess(DevicePtr va, std::size_t size_bytes, int
 }
 
 absl::Status DriverLedger::CheckAccessible(DevicePtr va, std::size_t size_bytes, int device) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return CheckMappedLocked(va, size_bytes, device);
 }
 
 void DriverLedger::AddHostAlloc(void* ptr, std::size_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   host_allocs_[ptr] = size_bytes;
 }
 
 absl::StatusOr<std::size_t> DriverLedger::TakeHostAlloc(void* ptr) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = host_allocs_.find(ptr);
   if (it == host_allocs_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("HostFree: ", Hex(reinterpret_cast<std::uintptr_t>(ptr)),
@@ -239,7 +239,7 @@ absl::StatusOr<std::size_t> DriverLedger::TakeHostAlloc(void* ptr) {
 }
 
 absl::Status DriverLedger::AddHostRegistration(void* ptr, std::size_t size_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!host_registrations_.emplace(ptr, size_bytes).second) {
     return absl::FailedPreconditionError(absl::StrCat(
         "HostRegister: ", Hex(reinterpret_cast<std::uintptr_t>(ptr)), " is already registered"));
@@ -248,7 +248,7 @@ absl::Status DriverLedger::AddHostRegistration(void* ptr, std::size_t size_bytes
 }
 
 absl::StatusOr<std::size_t> DriverLedger::TakeHostRegistration(void* ptr) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = host_registrations_.find(ptr);
   if (it == host_registrations_.end()) {
     return absl::InvalidArgumentError(
@@ -260,12 +260,12 @@ absl::StatusOr<std::size_t> DriverLedger::TakeHostRegistration(void* ptr) {
 }
 
 void DriverLedger::AddStream(Stream stream, int device) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   streams_[stream] = device;
 }
 
 absl::Status DriverLedger::TakeStream(Stream stream, int device) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(stream);
   if (it == streams_.end() || it->second != device) {
     return absl::InvalidArgumentError(absl::StrCat("DestroyStream: unknown stream ",
@@ -278,7 +278,7 @@ absl::Status DriverLedger::TakeStream(Stream stream, int device) {
 
 absl::Status DriverLedger::CheckStream(Stream stream, int device) const {
   if (stream == nullptr) return absl::OkStatus();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = streams_.find(stream);
   if (it == streams_.end() || it->second != device) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -288,12 +288,12 @@ absl::Status DriverLedger::CheckStream(Stream stream, int device) const {
 }
 
 void DriverLedger::AddEvent(Event event, int device) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   events_[event] = device;
 }
 
 absl::Status DriverLedger::TakeEvent(Event event, int device) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = events_.find(event);
   if (it == events_.end() || it->second != device) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -304,7 +304,7 @@ absl::Status DriverLedger::TakeEvent(Event event, int device) {
 }
 
 absl::Status DriverLedger::CheckEvent(Event event, int device) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = events_.find(event);
   if (it == events_.end() || it->second != device) {
     return absl::InvalidArgumentError(
@@ -314,7 +314,7 @@ absl::Status DriverLedger::CheckEvent(Event event, int device) const {
 }
 
 std::size_t DriverLedger::ChunkBytes(int device) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::size_t total = 0;
   for (const auto& [handle, record] : chunks_) {
     if (record.device == device) total += record.size_bytes;
@@ -323,7 +323,7 @@ std::size_t DriverLedger::ChunkBytes(int device) const {
 }
 
 absl::Status DriverLedger::CheckNoLeaks() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::string report;
   auto add = [&](absl::string_view what, std::size_t n) {
     if (n != 0) absl::StrAppend(&report, report.empty() ? "" : ", ", n, " ", what);

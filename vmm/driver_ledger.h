@@ -30,7 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "vmm/mutex.h"
 #include "vmm/driver.h"
 
 namespace vmstash {
@@ -116,7 +116,7 @@ class DriverLedger {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string driver_name_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::map<DevicePtr, std::size_t> reservations_ ABSL_GUARDED_BY(mu_);
   std::map<DevicePtr, MappingRecord> mappings_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ChunkHandle, ChunkRecord> chunks_ ABSL_GUARDED_BY(mu_);

@@ -68,12 +68,12 @@ SimDriver::~SimDriver() {
 }
 
 void SimDriver::InjectFault(FaultRule rule) {
-  absl::MutexLock lock(&fault_mu_);
+  MutexLock lock(&fault_mu_);
   faults_.push_back(ArmedRule{rule, counters_.Snapshot().Calls(rule.op)});
 }
 
 void SimDriver::ClearFaults() {
-  absl::MutexLock lock(&fault_mu_);
+  MutexLock lock(&fault_mu_);
   faults_.clear();
 }
 
@@ -83,7 +83,7 @@ std::size_t SimDriver::UsedBytes(int device) const {
 
 absl::Status SimDriver::Enter(DriverOp op) {
   std::uint64_t n = counters_.Count(op);
-  absl::MutexLock lock(&fault_mu_);
+  MutexLock lock(&fault_mu_);
   for (const ArmedRule& armed : faults_) {
     if (armed.rule.op != op) continue;
     std::uint64_t k = n - armed.base;
@@ -324,7 +324,7 @@ absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
   SimEvent* e = AsSimEvent(event);
   e->recorded = true;
   e->at = std::chrono::steady_clock::now();
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   auto it = held_.find({device, stream});
   e->held_stream = stream;
   e->hold_generation = it == held_.end() ? 0 : it->second;
@@ -332,12 +332,12 @@ absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
 }
 
 void SimDriver::HoldStream(int device, Stream stream) {
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   held_.try_emplace({device, stream}, ++hold_generation_);
 }
 
 void SimDriver::ReleaseStream(int device, Stream stream) {
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   held_.erase({device, stream});
 }
 
@@ -352,7 +352,7 @@ absl::StatusOr<bool> SimDriver::QueryEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kQueryEvent));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
   // Eager execution: recorded work is complete, unless it was recorded on a held stream.
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   return !EventPending(device, event);
 }
 
@@ -360,7 +360,7 @@ absl::Status SimDriver::SynchronizeEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeEvent));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
   // Waiting lets the held work finish: the hold that kept the event pending ends.
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   if (EventPending(device, event)) held_.erase({device, AsSimEvent(event)->held_stream});
   return absl::OkStatus();
 }
@@ -393,7 +393,7 @@ absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
 absl::Status SimDriver::SynchronizeDevice(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeDevice));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
-  absl::MutexLock lock(&hold_mu_);
+  MutexLock lock(&hold_mu_);
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->first.first == device) held_.erase(it++);
     else ++it;

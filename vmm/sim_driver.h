@@ -35,7 +35,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "vmm/mutex.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
 #include "vmm/options.h"
@@ -123,9 +123,9 @@ class SimDriver final : public Driver {
   DriverLedger ledger_{"sim"};
   std::unique_ptr<std::atomic<std::size_t>[]> used_bytes_;
   std::atomic<ChunkHandle> next_chunk_{1};
-  mutable absl::Mutex fault_mu_;
+  mutable Mutex fault_mu_;
   std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);
-  mutable absl::Mutex hold_mu_;
+  mutable Mutex hold_mu_;
   absl::flat_hash_map<std::pair<int, Stream>, std::uint64_t> held_ ABSL_GUARDED_BY(hold_mu_);
   std::uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;
 };
