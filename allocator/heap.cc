@@ -14,6 +14,8 @@ namespace {
 
 std::size_t RoundUp(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
 std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
+// A large heap grows by 1/kGrowthDivisor of its mapped bytes (see heap.h).
+constexpr std::size_t kGrowthDivisor = 16;
 
 }  // namespace
 
@@ -176,7 +178,7 @@ Block* Heap::LastBlockEndingAt(const Segment& segment, DevicePtr address) const 
 
 std::size_t Heap::GrowthBytes(std::size_t need_bytes) const {
   if (config_.small) return std::max(need_bytes, config_.small_chunk_bytes);
-  std::size_t growth = std::min(std::max(mapped_bytes_, config_.min_chunk_bytes), config_.max_chunk_bytes);
+  std::size_t growth = std::min(std::max(mapped_bytes_ / kGrowthDivisor, config_.min_chunk_bytes), config_.max_chunk_bytes);
   return std::max(need_bytes, RoundUp(growth, config_.granularity_bytes));
 }
 

@@ -7,11 +7,14 @@
 //
 // Chunk sizing (DESIGN §5; "the number of chunks decides pause/resume cost"):
 //   small heap: every chunk is small_chunk bytes (2 MiB rounded up to the granularity);
-//   large heap: a new chunk is as large as the heap already is (geometric growth), at
-//   least min_chunk and at most max_chunk, and at least the part of the request that the
-//   free tail before the gap does not cover; a single larger request gets one chunk of its
-//   own size. If the device refuses the growth size, the heap retries with what the
-//   request needs.
+//   large heap: a new chunk is 1/16 of what the heap already maps (geometric growth by
+//   6.25%), at least min_chunk and at most max_chunk, and at least the part of the
+//   request that the free tail before the gap does not cover; a single larger request
+//   gets one chunk of its own size. If the device refuses the growth size, the heap
+//   retries with what the request needs. 1/16 keeps the over-reservation at the peak
+//   small (trace replay: peak reserved / peak allocated 1.05 vs 1.13 at 1/8 and 1.21 at
+//   1/1) while a 64 GiB pool grown in small steps stays near a hundred chunks (about
+//   0.2 ms each to map on an H200), and resume re-chunks anyway.
 //
 // Blocks tile the runs of mapped chunks (see block.h). Free blocks sit in one FreeIndex
 // per stream plus a shared index (see Note [Stream-Ordered Reuse] in caching_allocator.h).
