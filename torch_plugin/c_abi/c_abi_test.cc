@@ -1,0 +1,115 @@
+// The C ABI on the simulator: linked directly, and loaded with dlopen as PyTorch and
+// ctypes load it (only vmstash_* symbols exported, entry points usable by name).
+#include <dlfcn.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+class CAbiTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G"), VMSTASH_OK); }
+  void TearDown() override { ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK); }
+};
+
+TEST_F(CAbiTest, MallocFreeWithPyTorchSignatures) {
+  EXPECT_EQ(vmstash_is_initialized(), 1);
+  void* p = vmstash_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr) << vmstash_last_error();
+  std::memset(p, 1, 1000);  // simulator memory is real host memory
+  vmstash_free(p, 1000, 0, nullptr);
+  EXPECT_EQ(vmstash_malloc(1000, 0, nullptr), p);  // cached
+  vmstash_free(p, 1000, 0, nullptr);
+  void* q = vmstash_malloc(64 << 20, 1, nullptr);  // second device
+  ASSERT_NE(q, nullptr);
+  vmstash_free(q, 64 << 20, 1, nullptr);
+  EXPECT_EQ(vmstash_malloc(0, 0, nullptr), nullptr);
+  vmstash_free(nullptr, 0, 0, nullptr);
+}
+
+TEST_F(CAbiTest, ErrorsAreCodesAndThreadLocalMessages) {
+  EXPECT_EQ(vmstash_malloc(512, 7, nullptr), nullptr);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("device 7 does not exist"));
+  std::string other_thread;
+  std::thread([&] { other_thread = vmstash_last_error(); }).join();
+  EXPECT_EQ(other_thread, "");
+  EXPECT_EQ(vmstash_malloc(std::size_t{2} << 30, 0, nullptr), nullptr);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("out of memory on device 0"));
+  int x = 0;
+  vmstash_free(&x, 4, 0, nullptr);  // not ours: reported, not fatal
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("not a live allocation"));
+  EXPECT_EQ(vmstash_set_current_tag(""), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_set_current_tag(nullptr), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_create_tag("t", "keep"), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_record_stream(&x, 0, nullptr), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_init("driver:cuda"), VMSTASH_FAILED_PRECONDITION);
+  EXPECT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G"), VMSTASH_OK);  // same options
+  EXPECT_EQ(vmstash_init("bogus:1"), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("unknown key 'bogus'"));
+}
+
+TEST_F(CAbiTest, TagsRouteAllocationsAndShowInStats) {
+  ASSERT_EQ(vmstash_create_tag("weights", "backup"), VMSTASH_OK);
+  EXPECT_EQ(vmstash_create_tag("weights", "backup"), VMSTASH_OK);
+  EXPECT_EQ(vmstash_create_tag("weights", "discard"), VMSTASH_FAILED_PRECONDITION);
+  EXPECT_STREQ(vmstash_get_current_tag(), "default");
+  ASSERT_EQ(vmstash_set_current_tag("weights"), VMSTASH_OK);
+  void* w = vmstash_malloc(4096, 0, nullptr);
+  ASSERT_EQ(vmstash_set_current_tag("kv_cache"), VMSTASH_OK);
+  void* kv = vmstash_malloc(8192, 0, nullptr);
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(w, nullptr);
+  ASSERT_NE(kv, nullptr);
+  char* stats = vmstash_stats_json(0);
+  ASSERT_NE(stats, nullptr);
+  std::string s(stats);
+  vmstash_string_free(stats);
+  EXPECT_THAT(s, HasSubstr("\"name\":\"weights\",\"policy\":\"backup\",\"allocated_bytes\":{\"current\":4096"));
+  EXPECT_THAT(s, HasSubstr("\"name\":\"kv_cache\",\"policy\":\"discard\",\"allocated_bytes\":{\"current\":8192"));
+  char* snap = vmstash_snapshot_json(-1);
+  ASSERT_NE(snap, nullptr);
+  EXPECT_EQ(snap[0], '[');
+  EXPECT_THAT(std::string(snap), HasSubstr("\"tag\":\"weights\""));
+  vmstash_string_free(snap);
+  EXPECT_EQ(vmstash_record_stream(kv, 0, reinterpret_cast<cudaStream_t>(0)), VMSTASH_OK);
+  vmstash_free(w, 4096, 0, nullptr);
+  vmstash_free(kv, 8192, 0, nullptr);
+  EXPECT_EQ(vmstash_empty_cache(0, "kv_cache"), VMSTASH_OK);
+  EXPECT_EQ(vmstash_empty_cache(-1, nullptr), VMSTASH_OK);
+  stats = vmstash_stats_json(0);
+  EXPECT_THAT(std::string(stats), HasSubstr("\"total\":{\"name\":\"total\",\"policy\":\"discard\","
+                                            "\"allocated_bytes\":{\"current\":0"));
+  EXPECT_THAT(std::string(stats), HasSubstr("\"reserved_bytes\":{\"current\":0"));
+  vmstash_string_free(stats);
+}
+
+TEST(CAbiSharedLibraryTest, LoadsWithDlopenAndExportsOnlyTheCAbi) {
+  void* lib = dlopen("torch_plugin/libvmstash.so", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  using InitFn = int (*)(const char*);
+  using MallocFn = void* (*)(size_t, int, cudaStream_t);
+  using FreeFn = void (*)(void*, size_t, int, cudaStream_t);
+  using ShutdownFn = int (*)();
+  auto init = reinterpret_cast<InitFn>(dlsym(lib, "vmstash_init"));
+  auto malloc_fn = reinterpret_cast<MallocFn>(dlsym(lib, "vmstash_malloc"));
+  auto free_fn = reinterpret_cast<FreeFn>(dlsym(lib, "vmstash_free"));
+  auto shutdown = reinterpret_cast<ShutdownFn>(dlsym(lib, "vmstash_shutdown"));
+  ASSERT_TRUE(init && malloc_fn && free_fn && shutdown);
+  EXPECT_EQ(dlsym(lib, "_ZN7vmstash16CachingAllocator6CreateEPNS_6DriverEiNS_16AllocatorOptionsE"), nullptr);
+  ASSERT_EQ(init("driver:sim"), 0);
+  void* p = malloc_fn(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  free_fn(p, 4096, 0, nullptr);
+  EXPECT_EQ(shutdown(), 0);
+  dlclose(lib);
+}
+
+}  // namespace

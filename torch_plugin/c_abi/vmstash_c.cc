@@ -1,0 +1,301 @@
+// The C ABI (torch_plugin/include/vmstash/vmstash.h) over one process-wide Runtime:
+// the driver, the options and one CachingAllocator per device, created on first use.
+//
+// Fast path: vmstash_malloc/vmstash_free read the device's allocator from an atomic
+// array (no lock besides the allocator's own). Creation and shutdown take the runtime
+// mutex. Every entry point catches everything (std::bad_alloc included), records the
+// message in a thread-local string and returns a code or NULL.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/tag.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
+#include "vmm/driver_factory.h"
+#include "vmm/log.h"
+#include "vmm/mutex.h"
+#include "vmm/options.h"
+
+namespace vmstash {
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+thread_local std::string last_error;
+
+int Fail(const absl::Status& status) {
+  last_error = status.ToString();
+  return static_cast<int>(status.code());
+}
+
+struct Runtime {
+  Mutex mu;
+  bool initialized ABSL_GUARDED_BY(mu) = false;
+  std::string conf ABSL_GUARDED_BY(mu);
+  Options options ABSL_GUARDED_BY(mu);
+  std::unique_ptr<Driver> driver ABSL_GUARDED_BY(mu);
+  int device_count ABSL_GUARDED_BY(mu) = 0;
+  std::unique_ptr<CachingAllocator> owned[kMaxDevices] ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<TagId, Policy>> tag_policies ABSL_GUARDED_BY(mu);
+  std::atomic<CachingAllocator*> allocators[kMaxDevices] = {};
+  std::atomic<bool> ready{false};
+};
+
+// Never destroyed: nothing runs at exit while CUDA may be tearing down.
+Runtime& TheRuntime() {
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu) {
+  absl::StatusOr<Options> options = conf == nullptr ? OptionsFromEnvironment() : ParseOptions(conf);
+  if (!options.ok()) return options.status();
+  std::string canonical = OptionsToString(*options);
+  if (rt.initialized) {
+    if (conf == nullptr || canonical == rt.conf) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("vmstash is already initialized with '", rt.conf,
+                                                      "'; cannot re-initialize with '", canonical, "'"));
+  }
+  SetLogLevel(options->log_level);
+  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(*options);
+  if (!driver.ok()) return driver.status();
+  absl::StatusOr<int> count = (*driver)->DeviceCount();
+  if (!count.ok()) return count.status();
+  rt.driver = *std::move(driver);
+  rt.device_count = std::min(*count, kMaxDevices);
+  rt.options = *options;
+  rt.conf = canonical;
+  rt.initialized = true;
+  rt.ready.store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
+  Runtime& rt = TheRuntime();
+  if (device >= 0 && device < kMaxDevices) {
+    CachingAllocator* a = rt.allocators[device].load(std::memory_order_acquire);
+    if (a != nullptr) return a;
+  }
+  MutexLock lock(&rt.mu);
+  if (!rt.initialized) {
+    absl::Status s = InitLocked(rt, nullptr);
+    if (!s.ok()) return s;
+  }
+  if (device < 0 || device >= rt.device_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device ", device, " does not exist (", rt.device_count, " device(s), driver ", rt.driver->Name(), ")"));
+  }
+  if (rt.owned[device] == nullptr) {
+    absl::StatusOr<std::unique_ptr<CachingAllocator>> a =
+        CachingAllocator::Create(rt.driver.get(), device, AllocatorOptions::FromOptions(rt.options));
+    if (!a.ok()) return a.status();
+    for (const auto& [tag, policy] : rt.tag_policies) {
+      absl::Status s = (*a)->CreateTag(tag, policy);
+      if (!s.ok()) return s;
+    }
+    rt.owned[device] = *std::move(a);
+    rt.allocators[device].store(rt.owned[device].get(), std::memory_order_release);
+  }
+  return rt.owned[device].get();
+}
+
+// Allocators in use, for calls over all devices.
+std::vector<CachingAllocator*> AllocatorsInUse() {
+  Runtime& rt = TheRuntime();
+  std::vector<CachingAllocator*> out;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (CachingAllocator* a = rt.allocators[d].load(std::memory_order_acquire)) out.push_back(a);
+  }
+  return out;
+}
+
+char* CopyString(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out == nullptr) return nullptr;
+  std::memcpy(out, s.data(), s.size() + 1);
+  return out;
+}
+
+template <typename Fn>
+int Guard(Fn fn) noexcept {
+  try {
+    return fn();
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash: unexpected exception"));
+  }
+}
+
+}  // namespace
+}  // namespace vmstash
+
+using namespace vmstash;  // NOLINT: the C entry points below are thin
+
+extern "C" {
+
+int vmstash_init(const char* options) noexcept {
+  return Guard([&] {
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    absl::Status s = InitLocked(rt, options == nullptr ? nullptr : options);
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int vmstash_is_initialized(void) noexcept { return TheRuntime().ready.load(std::memory_order_acquire) ? 1 : 0; }
+
+int vmstash_shutdown(void) noexcept {
+  return Guard([&] {
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    rt.ready.store(false, std::memory_order_release);
+    for (int d = 0; d < kMaxDevices; ++d) rt.allocators[d].store(nullptr, std::memory_order_release);
+    for (auto& a : rt.owned) a.reset();
+    rt.driver.reset();
+    rt.initialized = false;
+    rt.tag_policies.clear();
+    rt.device_count = 0;
+    return 0;
+  });
+}
+
+const char* vmstash_version(void) noexcept { return "0.3.0"; }
+
+void* vmstash_malloc(size_t size, int device, cudaStream_t stream) noexcept {
+  void* out = nullptr;
+  Guard([&] {
+    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+    if (!a.ok()) return Fail(a.status());
+    absl::StatusOr<DevicePtr> p = (*a)->Allocate(size, reinterpret_cast<Stream>(stream));
+    if (!p.ok()) return Fail(p.status());
+    out = reinterpret_cast<void*>(*p);
+    return 0;
+  });
+  return out;
+}
+
+void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexcept {
+  (void)size;
+  (void)stream;  // the block's own stream orders its reuse; see Note [Stream-Ordered Reuse]
+  Guard([&] {
+    if (ptr == nullptr) return 0;
+    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+    if (!a.ok()) return Fail(a.status());
+    absl::Status s = (*a)->Free(reinterpret_cast<DevicePtr>(ptr));
+    if (!s.ok()) {
+      VMSTASH_LOG(kError, "vmstash_free: {}", s.ToString());
+      return Fail(s);
+    }
+    return 0;
+  });
+}
+
+int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) noexcept {
+  return Guard([&] {
+    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+    if (!a.ok()) return Fail(a.status());
+    absl::Status s = (*a)->RecordStream(reinterpret_cast<DevicePtr>(ptr), reinterpret_cast<Stream>(stream));
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int vmstash_create_tag(const char* tag, const char* policy) noexcept {
+  return Guard([&] {
+    if (tag == nullptr || policy == nullptr) return Fail(absl::InvalidArgumentError("tag and policy must not be NULL"));
+    absl::StatusOr<TagId> id = InternTag(tag);
+    if (!id.ok()) return Fail(id.status());
+    absl::StatusOr<Policy> p = ParsePolicy(policy);
+    if (!p.ok()) return Fail(p.status());
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    for (const auto& [known, known_policy] : rt.tag_policies) {
+      if (known == *id && known_policy != *p) {
+        return Fail(absl::FailedPreconditionError(
+            absl::StrCat("tag '", tag, "' already exists with policy ", PolicyName(known_policy))));
+      }
+    }
+    for (auto& a : rt.owned) {
+      if (a == nullptr) continue;
+      absl::Status s = a->CreateTag(*id, *p);
+      if (!s.ok()) return Fail(s);
+    }
+    rt.tag_policies.emplace_back(*id, *p);
+    return 0;
+  });
+}
+
+int vmstash_set_current_tag(const char* tag) noexcept {
+  return Guard([&] {
+    if (tag == nullptr) return Fail(absl::InvalidArgumentError("tag must not be NULL"));
+    absl::StatusOr<TagId> id = InternTag(tag);
+    if (!id.ok()) return Fail(id.status());
+    SetCurrentTag(*id);
+    return 0;
+  });
+}
+
+const char* vmstash_get_current_tag(void) noexcept { return TagName(CurrentTag()).data(); }
+
+int vmstash_empty_cache(int device, const char* tag) noexcept {
+  return Guard([&] {
+    TagId id = -1;
+    if (tag != nullptr) {
+      absl::StatusOr<TagId> t = InternTag(tag);
+      if (!t.ok()) return Fail(t.status());
+      id = *t;
+    }
+    std::vector<CachingAllocator*> targets;
+    if (device == -1) {
+      targets = AllocatorsInUse();
+    } else {
+      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+      if (!a.ok()) return Fail(a.status());
+      targets.push_back(*a);
+    }
+    for (CachingAllocator* a : targets) {
+      absl::Status s = id < 0 ? a->EmptyCache() : a->EmptyCache(id);
+      if (!s.ok()) return Fail(s);
+    }
+    return 0;
+  });
+}
+
+static char* JsonFor(int device, bool snapshot) noexcept {
+  char* out = nullptr;
+  Guard([&] {
+    std::vector<CachingAllocator*> targets;
+    if (device == -1) {
+      targets = AllocatorsInUse();
+    } else {
+      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+      if (!a.ok()) return Fail(a.status());
+      targets.push_back(*a);
+    }
+    std::string json;
+    for (CachingAllocator* a : targets) {
+      if (!json.empty()) json += ",";
+      json += snapshot ? SnapshotToJson(a->TakeSnapshot()) : StatsToJson(a->Stats());
+    }
+    if (device == -1) json = "[" + json + "]";
+    out = CopyString(json);
+    if (out == nullptr) return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+    return 0;
+  });
+  return out;
+}
+
+char* vmstash_stats_json(int device) noexcept { return JsonFor(device, false); }
+char* vmstash_snapshot_json(int device) noexcept { return JsonFor(device, true); }
+void vmstash_string_free(char* s) noexcept { std::free(s); }
+const char* vmstash_last_error(void) noexcept { return vmstash::last_error.c_str(); }
+
+}  // extern "C"

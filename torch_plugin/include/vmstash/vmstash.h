@@ -1,0 +1,85 @@
+/* vmstash C ABI (libvmstash.so): the allocator for PyTorch's CUDAPluggableAllocator,
+ * ctypes, LD_PRELOAD shims and C programs.
+ *
+ * Entry points PyTorch calls (exact pluggable-allocator signatures):
+ *   void* vmstash_malloc(size_t size, int device, cudaStream_t stream);
+ *   void  vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream);
+ *
+ * Contract:
+ *   - Every function is noexcept, never exits or aborts, and reports failure by its
+ *     return value (a vmstash_code, or NULL); vmstash_last_error() then gives this
+ *     thread's message for the last failed call.
+ *   - vmstash_init(options) starts the library with a VMSTASH_CONF-style string (NULL:
+ *     read VMSTASH_CONF/VMSTASH_DRIVER). Any other call initializes from the environment
+ *     on first use. Initializing again with different options fails (FAILED_PRECONDITION).
+ *   - Tags are per thread: vmstash_set_current_tag() routes this thread's later
+ *     allocations. vmstash_create_tag() fixes a tag's policy on every device.
+ *   - Strings returned as char* are owned by the caller: release them with
+ *     vmstash_string_free().
+ *   - Thread-safe. The library state lives until the process ends (no teardown at exit,
+ *     so nothing runs while CUDA is being torn down); vmstash_shutdown() releases
+ *     everything explicitly.
+ */
+#ifndef VMSTASH_VMSTASH_H_
+#define VMSTASH_VMSTASH_H_
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#define VMSTASH_NOEXCEPT noexcept
+#else
+#define VMSTASH_NOEXCEPT
+#endif
+
+/* Same type as the CUDA runtime's cudaStream_t (an identical typedef is legal). */
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;
+
+/* Return codes: the absl::StatusCode values. */
+enum vmstash_code {
+  VMSTASH_OK = 0,
+  VMSTASH_INVALID_ARGUMENT = 3,
+  VMSTASH_NOT_FOUND = 5,
+  VMSTASH_RESOURCE_EXHAUSTED = 8,
+  VMSTASH_FAILED_PRECONDITION = 9,
+  VMSTASH_UNIMPLEMENTED = 12,
+  VMSTASH_INTERNAL = 13,
+  VMSTASH_UNAVAILABLE = 14
+};
+
+int vmstash_init(const char* options) VMSTASH_NOEXCEPT;
+/* 1 when initialized, else 0. */
+int vmstash_is_initialized(void) VMSTASH_NOEXCEPT;
+/* Releases every device's memory and the driver; a later call initializes again. */
+int vmstash_shutdown(void) VMSTASH_NOEXCEPT;
+/* "1.0.0"-style version of the library. */
+const char* vmstash_version(void) VMSTASH_NOEXCEPT;
+
+void* vmstash_malloc(size_t size, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
+void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
+/* The block at ptr is also used by `stream` (like Tensor.record_stream). */
+int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
+
+/* Tag names: 1..64 printable ASCII characters. policy: "discard" or "backup". */
+int vmstash_create_tag(const char* tag, const char* policy) VMSTASH_NOEXCEPT;
+int vmstash_set_current_tag(const char* tag) VMSTASH_NOEXCEPT;
+/* This thread's current tag ("default" until set); valid until the process ends. */
+const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
+
+/* Releases cached free chunks. device -1: all devices; tag NULL: all tags. */
+int vmstash_empty_cache(int device, const char* tag) VMSTASH_NOEXCEPT;
+/* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
+ * device -1: a JSON array with one entry per device in use. */
+char* vmstash_stats_json(int device) VMSTASH_NOEXCEPT;
+char* vmstash_snapshot_json(int device) VMSTASH_NOEXCEPT;
+void vmstash_string_free(char* s) VMSTASH_NOEXCEPT;
+
+/* This thread's message for its last failed call ("" if none). */
+const char* vmstash_last_error(void) VMSTASH_NOEXCEPT;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VMSTASH_VMSTASH_H_ */
