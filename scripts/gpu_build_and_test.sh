@@ -5,7 +5,8 @@
 #
 #   scripts/gpu_build_and_test.sh [--all] [--bench]
 #     --all    also run the CPU tests with ctest
-#     --bench  then run bench/vmm_bench (16 GiB chunk-size sweep, pinned copy bandwidth)
+#     --bench  then run bench/vmm_bench (16 GiB chunk-size sweep, pinned copy bandwidth) and
+#              bench/allocator_bench (vs PyTorch's caching allocator when torch is importable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -27,7 +28,9 @@ for deb in "$debs"/*.deb; do dpkg -x "$deb" "$prefix"; done
 # The Debian shared libraries find each other through the library path (RUNPATH is not
 # transitive), so point the loader at the prefix for the tests and tools.
 export LD_LIBRARY_PATH="$prefix/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr"
+torch_dir=$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null || true)
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix/usr" \
+  -DVMSTASH_TORCH_DIR="$torch_dir"
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
@@ -40,4 +43,5 @@ fi
 VMSTASH_TEST_REQUIRE_GPU=1 ./tests/gpu/cuda_driver_conformance_test --gtest_brief=0 | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) '
 if [ "$run_bench" = 1 ]; then
   ./bench/vmm_bench
+  VMSTASH_DRIVER=cuda ./bench/allocator_bench
 fi
