@@ -75,7 +75,13 @@ struct AllocatorOptions {
   std::size_t min_chunk_bytes = std::size_t{20} << 20;
   std::size_t max_chunk_bytes = std::size_t{2} << 30;
   std::size_t heap_va_bytes = 0;  // 0: twice the device memory
-  bool validate_each_op = false;  // run Validate() after every operation (tests)
+  // Run Validate() after every operation; on by default in debug builds (no NDEBUG),
+  // so every test built that way walks the invariants after each call.
+#ifdef NDEBUG
+  bool validate_each_op = false;
+#else
+  bool validate_each_op = true;
+#endif
 
   static AllocatorOptions FromOptions(const Options& options);
 };

@@ -53,7 +53,7 @@ bool Check(const Live& b) {
 
 TEST(CachingAllocatorStressTest, ThreadsWithCookiesAndCrossThreadFrees) {
   constexpr int kThreads = 4;
-  constexpr int kOpsPerThread = 20000;
+  constexpr int kOpsPerThread = 10000;
   SimDriver sim(SimDriverOptions{1, std::size_t{3} << 30, 2 * kMiB, {}});
   std::vector<Stream> streams = {nullptr, *sim.CreateStream(0), *sim.CreateStream(0)};
   AllocatorOptions options;
