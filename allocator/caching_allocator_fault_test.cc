@@ -131,3 +131,47 @@ TEST(CachingAllocatorFaultTest, EveryDriverCallSiteFailsCleanly) {
 
 }  // namespace
 }  // namespace vmstash
+
+namespace vmstash {
+namespace {
+
+TEST(CachingAllocatorFaultTest, CreateFailsCleanlyWhenTheDriverRefusesTheQueries) {
+  for (DriverOp op : {DriverOp::kDeviceCount, DriverOp::kGranularity, DriverOp::kMemoryInfo}) {
+    SimDriver sim;
+    sim.InjectFault(FaultRule{op, 1, 1, absl::StatusCode::kInternal});
+    absl::StatusOr<std::unique_ptr<CachingAllocator>> a = CachingAllocator::Create(&sim, 0, {});
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kInternal) << DriverOpName(op);
+    EXPECT_TRUE(sim.CheckNoLeaks().ok());
+  }
+}
+
+TEST(CachingAllocatorFaultTest, OomMessageSurvivesAFailingMemoryInfo) {
+  SimDriver sim(SimDriverOptions{1, 64 * kMiB, 2 * kMiB, {}});
+  auto alloc = *CachingAllocator::Create(&sim, 0, {});
+  sim.InjectFault(FaultRule{DriverOp::kMemoryInfo, 1, 100, absl::StatusCode::kInternal});
+  absl::StatusOr<DevicePtr> p = alloc->Allocate(128 * kMiB, nullptr);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(p.status().message().find("tried to allocate 128.00 MiB"), absl::string_view::npos);
+}
+
+TEST(CachingAllocatorFaultTest, DestructorNeverFailsWhenTheDriverRefusesTeardown) {
+  SimDriver sim;
+  Stream s = *sim.CreateStream(0);
+  {
+    auto alloc = *CachingAllocator::Create(&sim, 0, {});
+    DevicePtr p = *alloc->Allocate(4096, s);
+    ASSERT_TRUE(alloc->Free(p).ok());
+    ASSERT_TRUE(alloc->Allocate(4096, nullptr).ok());  // fence event on s goes to the pool
+    sim.InjectFault(FaultRule{DriverOp::kDestroyEvent, 1, 100, absl::StatusCode::kInternal});
+    sim.InjectFault(FaultRule{DriverOp::kSynchronizeDevice, 1, 100, absl::StatusCode::kInternal});
+  }  // logged, not thrown, not aborted
+  sim.ClearFaults();
+  // The refused event is the only thing left behind, and the leak check names it.
+  absl::Status leaks = sim.CheckNoLeaks();
+  EXPECT_EQ(leaks.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(leaks.message().find("event"), absl::string_view::npos) << leaks;
+  EXPECT_EQ(sim.UsedBytes(0), 0u);
+}
+
+}  // namespace
+}  // namespace vmstash
