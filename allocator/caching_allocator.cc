@@ -23,6 +23,7 @@ AllocatorOptions AllocatorOptions::FromOptions(const Options& options) {
   out.min_chunk_bytes = options.min_chunk_bytes;
   out.max_chunk_bytes = options.max_chunk_bytes;
   out.heap_va_bytes = options.heap_va_bytes;
+  out.backup_kind = options.backup_pageable ? BackupArena::Kind::kPageable : BackupArena::Kind::kPinned;
   return out;
 }
 
@@ -69,6 +70,11 @@ CachingAllocator::~CachingAllocator() {
   pending_.clear();
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
+  for (auto& pool : pools_) {
+    if (pool == nullptr || pool->copy_stream == nullptr) continue;
+    absl::Status s = driver_->DestroyStream(device_, pool->copy_stream);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a tag's copy stream: {}", s.ToString());
+  }
   for (Event e : idle_events_) {
     absl::Status s = driver_->DestroyEvent(device_, e);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a pooled event: {}", s.ToString());
@@ -146,6 +152,10 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
     pool = pools_[tag].get();
   } else {
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+  }
+  if (pool->state != TagState::kActive) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", pool->stats.name, "' is ", StateName(pool->state),
+                                                      " on device ", device_, ": resume it before allocating"));
   }
   if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
   if (!pending_.empty()) ProcessPendingLocked(false);
@@ -227,7 +237,7 @@ bool CachingAllocator::ReuseFencedLocked(Heap* heap, Stream stream) {
     absl::StatusOr<bool> done = driver_->QueryEvent(device_, it->event);
     if (!done.ok() || !*done) continue;
     for (auto& pool : pools_) {
-      if (pool == nullptr) continue;
+      if (pool == nullptr || pool->busy()) continue;
       moved |= pool->small->ShareFreeBlocks(s, it->epoch) != 0;
       moved |= pool->large->ShareFreeBlocks(s, it->epoch) != 0;
     }
@@ -246,8 +256,13 @@ absl::StatusOr<Event> CachingAllocator::TakeEventLocked() {
   return driver_->CreateEvent(device_, false);
 }
 
-void CachingAllocator::ProcessPendingLocked(bool synced) {
+void CachingAllocator::ProcessPendingLocked(bool synced, TagId in_transition) {
   for (auto it = pending_.begin(); it != pending_.end();) {
+    TagPool* owner = PoolOf(it->block);
+    if (owner->busy() && owner->id != in_transition) {
+      ++it;
+      continue;
+    }
     bool done = synced;
     if (!done && !it->needs_device_sync) {
       done = true;
@@ -276,7 +291,7 @@ absl::Status CachingAllocator::SynchronizeLocked() {
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
   for (auto& pool : pools_) {
-    if (pool == nullptr) continue;
+    if (pool == nullptr || pool->busy()) continue;
     for (Heap* heap : {pool->small.get(), pool->large.get()}) {
       for (Stream s : heap->StreamsWithFreeBlocks()) heap->ShareFreeBlocks(s, ~std::uint64_t{0});
     }
@@ -287,7 +302,7 @@ absl::Status CachingAllocator::SynchronizeLocked() {
 absl::Status CachingAllocator::ReleaseCachedLocked(TagId tag) {
   absl::Status first;
   for (auto& pool : pools_) {
-    if (pool == nullptr || (tag >= 0 && pool->id != tag)) continue;
+    if (pool == nullptr || pool->busy() || (tag >= 0 && pool->id != tag)) continue;
     for (Heap* heap : {pool->small.get(), pool->large.get()}) {
       absl::Status error;
       counters_.released_bytes += heap->ReleaseFreeChunks(&error);
@@ -306,7 +321,22 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
-  MutexLock lock(&mu_);
+  for (;;) {
+    Mutex* wait_for = nullptr;
+    {
+      MutexLock lock(&mu_);
+      auto it = live_.find(ptr);
+      if (it != live_.end() && PoolOf(it->second)->busy()) {
+        wait_for = PoolOf(it->second)->transition_mu.get();
+      } else {
+        return FreeLocked(ptr);
+      }
+    }
+    MutexLock wait(wait_for);  // the pause or resume of the block's tag finishes first
+  }
+}
+
+absl::Status CachingAllocator::FreeLocked(DevicePtr ptr) {
   auto it = live_.find(ptr);
   if (it == live_.end()) {
     if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
@@ -316,7 +346,17 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
   Block* block = it->second;
   live_.erase(it);
   Heap* heap = block->heap;
-  TagStats& s = pools_[heap->config().owner_id]->stats;
+  TagPool* pool = PoolOf(block);
+  TagStats& s = pool->stats;
+  if (pool->state == TagState::kPaused) {
+    // Its bytes were released with the pause; its backup bytes are dropped.
+    auto off = pool->backup_offsets.find(block);
+    if (off != pool->backup_offsets.end()) {
+      s.backed_up_bytes -= static_cast<std::int64_t>(block->requested_bytes);
+      pool->backup_offsets.erase(off);
+    }
+    block->other_streams.clear();
+  }
   s.allocated_bytes.Add(-static_cast<std::int64_t>(block->size_bytes));
   s.requested_bytes.Add(-static_cast<std::int64_t>(block->requested_bytes));
   s.active_blocks.Add(-1);
@@ -373,7 +413,7 @@ absl::Status CachingAllocator::EmptyCache(TagId tag) {
   }
   bool anything = !pending_.empty();
   for (auto& pool : pools_) {
-    if (pool == nullptr || (tag >= 0 && pool->id != tag)) continue;
+    if (pool == nullptr || pool->busy() || (tag >= 0 && pool->id != tag)) continue;
     anything = anything || pool->small->free_bytes() != 0 || pool->large->free_bytes() != 0 ||
                pool->small->va_bytes() != 0 || pool->large->va_bytes() != 0;
   }
@@ -478,7 +518,10 @@ std::string CachingAllocator::OomMessageLocked(const TagPool* pool, std::size_t 
 
 void CachingAllocator::FillTagStatsLocked(const TagPool& pool, TagStats* out) const {
   *out = pool.stats;
-  out->cached_bytes = static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
+  out->state = StateName(pool.state);
+  // A pool in transition is being changed by its pauser/resumer without mu_: not read.
+  out->cached_bytes =
+      pool.busy() ? 0 : static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
 }
 
 AllocatorStats CachingAllocator::Stats() const {
@@ -539,7 +582,8 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   snap.granularity_bytes = granularity_bytes_;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
-    snap.tags.push_back(TagSnapshot{pool->stats.name, pool->stats.policy, "active"});
+    snap.tags.push_back(TagSnapshot{pool->stats.name, pool->stats.policy, StateName(pool->state)});
+    if (pool->busy()) continue;
     for (const Heap* heap : {pool->small.get(), pool->large.get()}) {
       for (const Heap::SegmentView& view : heap->Segments()) {
         SegmentSnapshot seg;
@@ -559,6 +603,13 @@ Snapshot CachingAllocator::TakeSnapshot() const {
         for (const Block* b : view.blocks) {
           seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
                                              reinterpret_cast<std::uint64_t>(b->stream)});
+        }
+        if (heap->paused()) {  // live blocks keep their addresses without chunks
+          for (const Block* b : heap->LiveBlocks()) {
+            if (b->address < seg.address || b->address >= seg.address + seg.va_bytes) continue;
+            seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
+                                               reinterpret_cast<std::uint64_t>(b->stream)});
+          }
         }
         snap.segments.push_back(std::move(seg));
       }
@@ -594,8 +645,13 @@ absl::Status CachingAllocator::AfterOpLocked(absl::Status status) const {
 
 absl::Status CachingAllocator::ValidateLocked() const {
   std::size_t live_bytes_in_heaps = 0, pending = 0;
+  std::size_t busy_live_bytes = 0;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
+    if (pool->busy()) {
+      busy_live_bytes += static_cast<std::size_t>(pool->stats.allocated_bytes.current);
+      continue;
+    }
     std::size_t allocated = 0;
     VMSTASH_RETURN_IF_ERROR(pool->small->Validate(&allocated, &pending));
     VMSTASH_RETURN_IF_ERROR(pool->large->Validate(&allocated, &pending));
@@ -620,10 +676,12 @@ absl::Status CachingAllocator::ValidateLocked() const {
     if (!b->allocated || b->address != ptr) return absl::InternalError(absl::StrCat("live map entry ", Hex(ptr)));
     live_bytes += b->size_bytes;
   }
-  if (live_bytes != live_bytes_in_heaps) {
+  if (live_bytes != live_bytes_in_heaps + busy_live_bytes) {
     return absl::InternalError(absl::StrCat("live map holds ", live_bytes, " bytes, heaps ", live_bytes_in_heaps));
   }
-  if (pending != pending_.size()) {
+  std::size_t busy_pending = 0;
+  for (const PendingFree& p : pending_) busy_pending += pools_[p.block->heap->config().owner_id]->busy() ? 1 : 0;
+  if (pending + busy_pending != pending_.size()) {
     return absl::InternalError(absl::StrCat(pending, " blocks neither free nor live, ", pending_.size(), " pending"));
   }
   if (blocks_.live() < live_.size()) return absl::InternalError("block pool count below live blocks");

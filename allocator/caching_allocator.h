@@ -36,6 +36,28 @@
 //   called out (no callbacks, no Python, logs only at debug level on slow paths).
 //   Lock order: CachingAllocator::mu_ is a leaf except for the driver's own locks.
 //
+// Note [Pause/Resume Protocol] (DESIGN §5; implemented in pause_resume.cc)
+//   Pause(tag): the tag's transition lock is taken (pause/resume of one tag are serial;
+//   other tags and devices proceed), the state becomes "pausing" (allocations into the tag
+//   fail with FailedPrecondition, frees of its blocks wait), before-pause hooks run, then
+//   (1) the device is synchronized: simple and certain, and a pause is rare; (2) for a
+//   `backup` tag the requested bytes of each live block — never free cached blocks — are
+//   copied into the tag's backup arena with async copies on the tag's own stream, and the
+//   stream is synchronized; (3) every chunk is unmapped (a refused unmap re-maps what was
+//   unmapped: the tag is as it was), then released; the reservations stay. Failure in
+//   (1)-(3) leaves the tag active and intact.
+//   Resume(tag): one chunk per granule-aligned cover of the live blocks (re-chunked, so a
+//   tag grown in many chunks comes back in few), mapped at the same VA; each cover's
+//   restore copies are queued as soon as it is mapped, so creating and mapping the next
+//   cover overlaps them. Any failure (ResourceExhausted included) undoes what this resume
+//   made; the tag stays paused with its backup intact and a later retry can succeed. Then
+//   after-resume hooks run.
+//   Pausing a paused tag or resuming an active one is a no-op reported as
+//   kAlreadyInState. Freeing a block of a paused tag drops its backup bytes. The driver
+//   calls of a transition are made without mu_ (only the tag's transition lock): other
+//   code skips pools whose state is pausing/resuming, so nobody else touches them.
+//   Lock order: a tag's transition lock, then mu_.
+//
 // bypass (Options.bypass): every allocation gets its own reservation and chunk straight
 // from the driver, and every free synchronizes the device and releases them: slow, but
 // every byte is the user's, for compute-sanitizer and use-after-free hunts.
@@ -49,7 +71,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +81,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vmm/mutex.h"
+#include "allocator/backup_arena.h"
 #include "allocator/block.h"
 #include "allocator/heap.h"
 #include "allocator/snapshot.h"
@@ -82,6 +107,7 @@ struct AllocatorOptions {
 #else
   bool validate_each_op = true;
 #endif
+  BackupArena::Kind backup_kind = BackupArena::Kind::kPinned;
 
   static AllocatorOptions FromOptions(const Options& options);
 };
@@ -125,6 +151,20 @@ class CachingAllocator {
   absl::Status EmptyCache();
   absl::Status EmptyCache(TagId tag);
 
+  // --- Pause/resume: Note [Pause/Resume Protocol] ----------------------------------
+  enum class Transition { kDone, kAlreadyInState };
+  absl::StatusOr<Transition> Pause(TagId tag);
+  absl::StatusOr<Transition> Resume(TagId tag);
+  // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
+  // tag's allocated bytes when 0.
+  absl::Status Prepare(TagId tag, std::size_t bytes = 0);
+  // Gives the tag's backup arena host memory back. FailedPrecondition while paused.
+  absl::Status ReleaseBackup(TagId tag);
+  // Callbacks for one tag, run without allocator locks: before_pause may veto the pause by
+  // returning an error; after_resume errors are returned by Resume (the tag is resumed).
+  using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
+  absl::Status AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume);
+
   AllocatorStats Stats() const;
   Snapshot TakeSnapshot() const;
   absl::Status Validate() const;
@@ -136,11 +176,20 @@ class CachingAllocator {
   std::size_t granularity_bytes() const { return granularity_bytes_; }
 
  private:
+  enum class TagState { kActive, kPausing, kPaused, kResuming };
   struct TagPool {
     TagId id = kDefaultTag;
     std::unique_ptr<Heap> small;
     std::unique_ptr<Heap> large;
     TagStats stats;
+    TagState state = TagState::kActive;
+    // Held for a whole pause or resume; see Note [Pause/Resume Protocol].
+    std::unique_ptr<Mutex> transition_mu = std::make_unique<Mutex>();
+    std::unique_ptr<BackupArena> arena;         // guarded by transition_mu
+    Stream copy_stream = nullptr;               // guarded by transition_mu
+    absl::flat_hash_map<const Block*, std::size_t> backup_offsets;  // while paused
+    std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
+    bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
   };
   struct Fence {
     Stream stream = nullptr;
@@ -170,10 +219,16 @@ class CachingAllocator {
   absl::StatusOr<DevicePtr> AllocateBypassLocked(TagPool* pool, std::size_t size_bytes, std::size_t rounded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status FreeBypassLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status FreeLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 2 of the ladder; true when blocks moved to a shared index.
   bool ReuseFencedLocked(Heap* heap, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns pending frees whose events completed (all of them when `synced`).
-  void ProcessPendingLocked(bool synced) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pending frees whose events completed (all of them when `synced`), skipping
+  // blocks of tags in transition except `in_transition`.
+  void ProcessPendingLocked(bool synced, TagId in_transition = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TagPool* PoolOf(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return pools_[block->heap->config().owner_id].get();
+  }
+  static const char* StateName(TagState state);
   absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases free chunks of one tag (or all when tag < 0); first error returned.
   absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

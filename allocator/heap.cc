@@ -121,6 +121,11 @@ Block* Heap::AllocateCached(std::size_t size_bytes, Stream stream) {
 }
 
 void Heap::Free(Block* block, std::uint64_t epoch) {
+  if (paused_) {  // its bytes are gone with the pause; only the record goes
+    paused_live_.erase(std::find(paused_live_.begin(), paused_live_.end(), block));
+    blocks_->Delete(block);
+    return;
+  }
   block->free_epoch = epoch;
   block->requested_bytes = 0;
   InsertFree(block, IndexFor(block->stream));
@@ -306,6 +311,7 @@ void Heap::RetryOrphans(absl::Status* error) {
 
 std::size_t Heap::ReleaseFreeChunks(absl::Status* error) {
   RetryOrphans(error);
+  if (paused_) return 0;  // nothing cached, and the reservations must stay
   std::size_t released = 0;
   for (auto& segment_ptr : segments_) {
     Segment& segment = *segment_ptr;
@@ -369,6 +375,16 @@ absl::Status Heap::Validate(std::size_t* allocated_bytes, std::size_t* pending_b
   auto fail = [&](const std::string& what) {
     return absl::InternalError(absl::StrCat("heap ", config_.name, ": invariant broken: ", what));
   };
+  if (paused_) {
+    for (const auto& segment : segments_) {
+      if (!segment->chunks.empty() || !segment->run_heads.empty()) return fail("paused heap with chunks or runs");
+    }
+    for (const Block* b : paused_live_) {
+      if (b->allocated) *allocated_bytes += b->size_bytes;
+      else ++*pending_blocks;
+    }
+    return mapped_bytes_ == 0 ? absl::OkStatus() : fail("paused heap with mapped bytes");
+  }
   std::size_t mapped = 0, chunks = 0;
   std::size_t free_count = 0;
   for (const auto& segment : segments_) {

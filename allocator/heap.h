@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -96,6 +97,40 @@ class Heap {
   // released; the first error (if any) goes to *error and the heap stays valid.
   std::size_t ReleaseFreeChunks(absl::Status* error);
 
+  // --- Pause and resume (Note [Pause/Resume Protocol] in caching_allocator.h) -----------
+  // While paused the heap has no chunks and no free blocks; its live blocks keep their
+  // addresses (the reservations stay) and Free() of one just drops the record.
+  bool paused() const { return paused_; }
+  // Allocated blocks in address order (paused or not).
+  std::vector<Block*> LiveBlocks() const;
+  // Step 1 of a pause: unmaps every chunk, keeping the handles. On failure re-maps what it
+  // unmapped and returns the error: the heap is as it was.
+  absl::Status UnmapAll();
+  // Undoes a successful UnmapAll (used when a later step of the pause fails).
+  absl::Status RemapAll();
+  // Step 2: releases the handles (a refused release keeps the handle for a later retry and
+  // goes to *error), drops free blocks and runs; the heap is paused. Returns the bytes.
+  std::size_t ReleaseAllAndPause(absl::Status* error);
+  // Resume, in two steps. PrepareResume creates one chunk per maximal granule-aligned
+  // cover of the live blocks and maps it at the same VA; `on_mapped(va, size)` runs after
+  // each cover is mapped (to queue its restore copies, overlapping the next create/map).
+  // Destroying the ResumeTxn without CommitResume undoes everything it made.
+  class ResumeTxn {
+   public:
+    struct Cover {
+      void* segment = nullptr;  // the Segment it lies in
+      DevicePtr address = 0;
+      std::size_t size_bytes = 0;
+      Chunk chunk;
+      Mapping mapping;  // declared after the chunk: unmapped before it is released
+    };
+    std::vector<Cover> covers;  // address order
+  };
+  absl::StatusOr<std::unique_ptr<ResumeTxn>> PrepareResume(
+      const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped);
+  // Rebuilds chunks, runs and free filler blocks from the transaction; never fails.
+  void CommitResume(std::unique_ptr<ResumeTxn> txn);
+
   std::size_t mapped_bytes() const { return mapped_bytes_; }
   std::size_t chunk_count() const { return chunk_count_; }
   std::size_t free_bytes() const;
@@ -152,6 +187,8 @@ class Heap {
   Stream cached_stream_ = nullptr;  // one-entry cache of IndexFor
   FreeIndex* cached_index_ = nullptr;
   std::vector<Chunk> orphans_;  // unmapped chunks whose release was refused
+  bool paused_ = false;
+  std::vector<Block*> paused_live_;  // live blocks while paused, in address order
   std::size_t mapped_bytes_ = 0;
   std::size_t chunk_count_ = 0;
 };

@@ -28,6 +28,14 @@ void WriteTag(JsonWriter& w, const TagStats& t) {
   w.Field("cached_bytes", t.cached_bytes);
   w.Field("paused_bytes", t.paused_bytes);
   w.Field("backed_up_bytes", t.backed_up_bytes);
+  w.Field("state", t.state);
+  w.Field("backup_arena_bytes", t.backup_arena_bytes);
+  w.Field("pauses", t.pauses);
+  w.Field("resumes", t.resumes);
+  w.Field("last_pause_ms", t.last_pause_ms);
+  w.Field("last_resume_ms", t.last_resume_ms);
+  w.Field("last_pause_gib_per_s", t.last_pause_gib_per_s);
+  w.Field("last_resume_gib_per_s", t.last_resume_gib_per_s);
   w.EndObject();
 }
 

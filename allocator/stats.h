@@ -44,6 +44,15 @@ struct TagStats {
   std::int64_t cached_bytes = 0;  // filled in by Stats()
   std::int64_t paused_bytes = 0;
   std::int64_t backed_up_bytes = 0;
+  // Pause/resume (see Note [Pause/Resume Protocol] in caching_allocator.h).
+  std::string state = "active";  // active | pausing | paused | resuming
+  std::int64_t backup_arena_bytes = 0;
+  std::uint64_t pauses = 0;
+  std::uint64_t resumes = 0;
+  double last_pause_ms = 0;
+  double last_resume_ms = 0;
+  double last_pause_gib_per_s = 0;   // backed-up bytes / pause time (0 for discard)
+  double last_resume_gib_per_s = 0;  // restored bytes / resume time
 };
 
 struct AllocatorStats {

@@ -56,6 +56,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     if (value == "1" || value == "true") options.bypass = true;
     else if (value == "0" || value == "false") options.bypass = false;
     else return BadValue(key, value, "expected 0 or 1");
+  } else if (key == "backup") {
+    if (value == "pinned") options.backup_pageable = false;
+    else if (value == "pageable") options.backup_pageable = true;
+    else return BadValue(key, value, "expected pinned or pageable");
   } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va") {
     absl::StatusOr<std::uint64_t> size = ParseSize(value);
     if (!size.ok()) return BadValue(key, value, size.status().message());
@@ -72,7 +76,7 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     return absl::InvalidArgumentError(absl::StrCat(
         "VMSTASH_CONF: unknown key '", key,
         "' (known: driver, log_level, sim_devices, sim_capacity, sim_granularity, sim_fail, bypass, "
-        "min_chunk, max_chunk, heap_va)"));
+        "min_chunk, max_chunk, heap_va, backup)"));
   }
   return absl::OkStatus();
 }
@@ -172,7 +176,8 @@ std::string OptionsToString(const Options& options) {
   if (!options.sim_faults.empty()) absl::StrAppend(&out, ",sim_fail:", FaultRulesToString(options.sim_faults));
   absl::StrAppend(&out, ",bypass:", options.bypass ? 1 : 0, ",min_chunk:", SizeToString(options.min_chunk_bytes),
                   ",max_chunk:", SizeToString(options.max_chunk_bytes),
-                  ",heap_va:", SizeToString(options.heap_va_bytes));
+                  ",heap_va:", SizeToString(options.heap_va_bytes),
+                  ",backup:", options.backup_pageable ? "pageable" : "pinned");
   return out;
 }
 

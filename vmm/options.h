@@ -19,6 +19,8 @@
 //   max_chunk       allocator: largest chunk made by geometric growth (default 2G); a
 //                           single larger request still gets one chunk of its own size
 //   heap_va         allocator: VA reserved per heap at a time (default 0 = 2x device memory)
+//   backup          pinned | pageable   where paused `backup` bytes go: pinned host memory
+//                           (default; link speed) or pageable mmap (RSS given back after resume)
 //
 // OptionsFromEnvironment() is the only place in the project that reads the environment:
 // VMSTASH_CONF, and VMSTASH_DRIVER (same values as `driver`, overrides it).
@@ -50,6 +52,7 @@ struct Options {
   std::size_t min_chunk_bytes = std::size_t{20} << 20;
   std::size_t max_chunk_bytes = std::size_t{2} << 30;
   std::size_t heap_va_bytes = 0;
+  bool backup_pageable = false;
 };
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf);

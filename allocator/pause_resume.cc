@@ -1,0 +1,284 @@
+// CachingAllocator: pause and resume of tags. See Note [Pause/Resume Protocol] in
+// caching_allocator.h.
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/caching_allocator.h"
+#include "vmm/log.h"
+#include "vmm/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kBackupAlign = 4096;  // page-aligned pieces copy fastest
+
+std::size_t AlignUp(std::size_t v) { return (v + kBackupAlign - 1) / kBackupAlign * kBackupAlign; }
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+}  // namespace
+
+const char* CachingAllocator::StateName(TagState state) {
+  switch (state) {
+    case TagState::kActive: return "active";
+    case TagState::kPausing: return "pausing";
+    case TagState::kPaused: return "paused";
+    case TagState::kResuming: return "resuming";
+  }
+  return "active";
+}
+
+absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {
+  MutexLock lock(&mu_);
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, true, Policy::kDiscard));
+  pool->hooks.emplace_back(std::move(before_pause), std::move(after_resume));
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
+  Mutex* transition;
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+    transition = pool->transition_mu.get();
+  }
+  MutexLock t(transition);
+  std::size_t want = bytes;
+  {
+    MutexLock lock(&mu_);
+    if (pool->stats.policy != Policy::kBackup) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tag '", pool->stats.name, "' has policy discard: it has no backup arena to prepare"));
+    }
+    if (want == 0) want = static_cast<std::size_t>(pool->stats.requested_bytes.current);
+    if (pool->state == TagState::kPaused && want > (pool->arena ? pool->arena->capacity_bytes() : 0)) {
+      return absl::FailedPreconditionError("cannot grow the backup arena of a paused tag");
+    }
+  }
+  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+  // Every live block rounds up to a page in the arena; leave room for that.
+  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(want + want / 64 + kBackupAlign));
+  MutexLock lock(&mu_);
+  pool->stats.backup_arena_bytes = static_cast<std::int64_t>(pool->arena->capacity_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
+  Mutex* transition;
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, false, Policy::kDiscard));
+    transition = pool->transition_mu.get();
+  }
+  MutexLock t(transition);
+  {
+    MutexLock lock(&mu_);
+    if (pool->state == TagState::kPaused) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tag '", pool->stats.name, "' is paused: its backup arena holds its bytes"));
+    }
+  }
+  if (pool->arena != nullptr) VMSTASH_RETURN_IF_ERROR(pool->arena->Release());
+  MutexLock lock(&mu_);
+  pool->stats.backup_arena_bytes = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) {
+  const Clock::time_point start = Clock::now();
+  TagPool* pool;
+  Mutex* transition;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+    transition = pool->transition_mu.get();
+  }
+  MutexLock t(transition);
+  std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
+  {
+    MutexLock lock(&mu_);
+    if (pool->state == TagState::kPaused) return Transition::kAlreadyInState;
+    pool->state = TagState::kPausing;
+    hooks = pool->hooks;
+  }
+  auto fail = [&](const absl::Status& status) {
+    MutexLock lock(&mu_);
+    pool->state = TagState::kActive;
+    return status;
+  };
+  for (auto& [before, after] : hooks) {
+    if (!before) continue;
+    absl::Status s = before(tag, device_);
+    if (!s.ok()) {
+      return fail(absl::Status(s.code(), absl::StrCat("pause of tag '", TagName(tag), "': before-pause hook: ",
+                                                      s.message())));
+    }
+  }
+  // (1) No queued work may touch the tag.
+  absl::Status sync = driver_->SynchronizeDevice(device_);
+  if (!sync.ok()) return fail(sync);
+  std::vector<Block*> live;
+  Policy policy;
+  {
+    MutexLock lock(&mu_);
+    ProcessPendingLocked(true, tag);
+    live = pool->small->LiveBlocks();
+    std::vector<Block*> large = pool->large->LiveBlocks();
+    live.insert(live.end(), large.begin(), large.end());
+    policy = pool->stats.policy;
+  }
+  // (2) Backup of live bytes only.
+  absl::flat_hash_map<const Block*, std::size_t> offsets;
+  std::size_t backed_up = 0, arena_bytes = 0;
+  for (const Block* b : live) arena_bytes += AlignUp(b->requested_bytes);
+  if (policy == Policy::kBackup && arena_bytes != 0) {
+    if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+    absl::Status reserved = pool->arena->Reserve(arena_bytes);
+    if (!reserved.ok()) return fail(reserved);
+    if (pool->copy_stream == nullptr) {
+      absl::StatusOr<Stream> s = driver_->CreateStream(device_);
+      if (!s.ok()) return fail(s.status());
+      pool->copy_stream = *s;
+    }
+    std::size_t offset = 0;
+    absl::Status copied;
+    for (const Block* b : live) {
+      copied = driver_->CopyToHostAsync(device_, pool->arena->data() + offset, b->address, b->requested_bytes,
+                                        pool->copy_stream);
+      if (!copied.ok()) break;
+      offsets.emplace(b, offset);
+      offset += AlignUp(b->requested_bytes);
+      backed_up += b->requested_bytes;
+    }
+    absl::Status drained = driver_->SynchronizeStream(device_, pool->copy_stream);
+    if (!copied.ok()) return fail(copied);
+    if (!drained.ok()) return fail(drained);
+  }
+  // (3) Unmap everything (reversible), then release.
+  absl::Status unmapped = pool->small->UnmapAll();
+  if (!unmapped.ok()) return fail(unmapped);
+  unmapped = pool->large->UnmapAll();
+  if (!unmapped.ok()) {
+    absl::Status undo = pool->small->RemapAll();
+    if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", TagName(tag), undo.ToString());
+    return fail(unmapped);
+  }
+  absl::Status release_error;
+  std::size_t released = pool->small->ReleaseAllAndPause(&release_error);
+  released += pool->large->ReleaseAllAndPause(&release_error);
+  if (!release_error.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: pause of tag '{}': a chunk release was refused ({}); it is retried later",
+                TagName(tag), release_error.ToString());
+  }
+  const double ms = Ms(Clock::now() - start);
+  MutexLock lock(&mu_);
+  pool->state = TagState::kPaused;
+  pool->backup_offsets = std::move(offsets);
+  TagStats& s = pool->stats;
+  s.reserved_bytes.Add(-s.reserved_bytes.current);
+  s.chunks = 0;
+  s.paused_bytes = static_cast<std::int64_t>(released);
+  s.backed_up_bytes = static_cast<std::int64_t>(backed_up);
+  s.backup_arena_bytes = pool->arena ? static_cast<std::int64_t>(pool->arena->capacity_bytes()) : 0;
+  ++s.pauses;
+  s.last_pause_ms = ms;
+  s.last_pause_gib_per_s = ms > 0 ? backed_up / (ms / 1000.0) / (1 << 30) : 0;
+  return Transition::kDone;
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag) {
+  const Clock::time_point start = Clock::now();
+  TagPool* pool;
+  Mutex* transition;
+  {
+    MutexLock lock(&mu_);
+    absl::StatusOr<TagPool*> found = PoolLocked(tag, false, Policy::kDiscard);
+    if (absl::IsNotFound(found.status())) return Transition::kAlreadyInState;  // never paused here
+    if (!found.ok()) return found.status();
+    pool = *found;
+    transition = pool->transition_mu.get();
+  }
+  MutexLock t(transition);
+  std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
+  Policy policy;
+  {
+    MutexLock lock(&mu_);
+    if (pool->state == TagState::kActive) return Transition::kAlreadyInState;
+    pool->state = TagState::kResuming;
+    hooks = pool->hooks;
+    policy = pool->stats.policy;
+  }
+  auto fail = [&](const absl::Status& status) {
+    MutexLock lock(&mu_);
+    pool->state = TagState::kPaused;
+    return status;
+  };
+  const bool restore = policy == Policy::kBackup && !pool->backup_offsets.empty();
+  if (restore && pool->copy_stream == nullptr) {
+    absl::StatusOr<Stream> s = driver_->CreateStream(device_);
+    if (!s.ok()) return fail(s.status());
+    pool->copy_stream = *s;
+  }
+  std::size_t restored = 0;
+  // Queues the restore copies of the live blocks inside a freshly mapped cover.
+  auto restorer = [&](const std::vector<Block*>& blocks) {
+    auto cursor = std::make_shared<std::size_t>(0);
+    return [&, blocks, cursor](DevicePtr va, std::size_t size) -> absl::Status {
+      if (!restore) return absl::OkStatus();
+      while (*cursor < blocks.size() && blocks[*cursor]->address < va + size) {
+        const Block* b = blocks[(*cursor)++];
+        auto off = pool->backup_offsets.find(b);
+        if (off == pool->backup_offsets.end()) continue;
+        VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, b->address, pool->arena->data() + off->second,
+                                                           b->requested_bytes, pool->copy_stream));
+        restored += b->requested_bytes;
+      }
+      return absl::OkStatus();
+    };
+  };
+  absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> small =
+      pool->small->PrepareResume(restorer(pool->small->LiveBlocks()));
+  if (!small.ok()) return fail(small.status());
+  absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> large =
+      pool->large->PrepareResume(restorer(pool->large->LiveBlocks()));
+  if (!large.ok()) {
+    if (restore) (void)driver_->SynchronizeStream(device_, pool->copy_stream);  // copies into what is undone
+    return fail(large.status());
+  }
+  if (restore) {
+    absl::Status drained = driver_->SynchronizeStream(device_, pool->copy_stream);
+    if (!drained.ok()) return fail(drained);
+  }
+  pool->small->CommitResume(*std::move(small));
+  pool->large->CommitResume(*std::move(large));
+  if (pool->arena != nullptr) pool->arena->DropContents();
+  {
+    const double ms = Ms(Clock::now() - start);
+    MutexLock lock(&mu_);
+    pool->state = TagState::kActive;
+    pool->backup_offsets.clear();
+    TagStats& s = pool->stats;
+    NoteReservedLocked(pool);
+    s.paused_bytes = 0;
+    s.backed_up_bytes = 0;
+    ++s.resumes;
+    s.last_resume_ms = ms;
+    s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
+  }
+  for (auto& [before, after] : hooks) {
+    if (!after) continue;
+    absl::Status s = after(tag, device_);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tag '", TagName(tag), "' resumed, but an after-resume hook failed: ",
+                                                 s.message()));
+    }
+  }
+  return Transition::kDone;
+}
+
+}  // namespace vmstash
