@@ -1,0 +1,246 @@
+#include <cstring>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vmm/sim_driver.h"
+
+namespace vmstash {
+namespace {
+
+using ::testing::HasSubstr;
+using Transition = CachingAllocator::Transition;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+void FillPattern(DevicePtr p, std::size_t n, std::uint8_t seed) {
+  auto* b = reinterpret_cast<std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; i += 4093) b[i] = static_cast<std::uint8_t>(seed + i / 4093);
+  b[n - 1] = static_cast<std::uint8_t>(seed ^ 0x5a);
+}
+bool HasPattern(DevicePtr p, std::size_t n, std::uint8_t seed) {
+  auto* b = reinterpret_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; i += 4093) {
+    if (b[i] != static_cast<std::uint8_t>(seed + i / 4093)) return false;
+  }
+  return b[n - 1] == static_cast<std::uint8_t>(seed ^ 0x5a);
+}
+
+class PauseResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}); }
+  void TearDown() override {
+    alloc_.reset();
+    absl::Status leaks = sim_->CheckNoLeaks();
+    EXPECT_TRUE(leaks.ok()) << leaks;
+  }
+  void Make(SimDriverOptions sim_options, AllocatorOptions options = {}) {
+    alloc_.reset();
+    sim_ = std::make_unique<SimDriver>(sim_options);
+    options.validate_each_op = true;
+    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    weights_ = *InternTag("weights");
+    kv_ = *InternTag("kv_cache");
+    ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
+    ASSERT_TRUE(alloc_->CreateTag(kv_, Policy::kDiscard).ok());
+  }
+  DevicePtr Alloc(std::size_t n, TagId tag) {
+    absl::StatusOr<DevicePtr> p = alloc_->Allocate(n, nullptr, tag);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *p : 0;
+  }
+  const TagStats& Stats(TagId tag) {
+    stats_ = alloc_->Stats();
+    for (const TagStats& t : stats_.tags) {
+      if (t.name == TagName(tag)) return t;
+    }
+    static TagStats none;
+    return none;
+  }
+  std::unique_ptr<SimDriver> sim_;
+  std::unique_ptr<CachingAllocator> alloc_;
+  AllocatorStats stats_;
+  TagId weights_ = 0, kv_ = 0;
+};
+
+TEST_F(PauseResumeTest, BackupRoundTripsAtTheSameAddressAndReleasesMemory) {
+  std::vector<std::pair<DevicePtr, std::size_t>> blocks;
+  std::size_t sizes[] = {512, 3000, kMiB, 5 * kMiB, 40 * kMiB, 700 * kMiB};
+  for (std::size_t i = 0; i < 6; ++i) {
+    DevicePtr p = Alloc(sizes[i], weights_);
+    FillPattern(p, sizes[i], static_cast<std::uint8_t>(i * 17));
+    blocks.emplace_back(p, sizes[i]);
+  }
+  DevicePtr other = Alloc(3 * kMiB, kDefaultTag);  // another tag stays untouched
+  FillPattern(other, 3 * kMiB, 99);
+  std::size_t used_before = sim_->UsedBytes(0);
+  std::int64_t reserved = Stats(weights_).reserved_bytes.current;
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->UsedBytes(0), used_before - static_cast<std::size_t>(reserved));
+  const TagStats& paused = Stats(weights_);
+  EXPECT_EQ(paused.state, "paused");
+  EXPECT_EQ(paused.paused_bytes, reserved);
+  EXPECT_EQ(paused.reserved_bytes.current, 0);
+  EXPECT_EQ(paused.backed_up_bytes, static_cast<std::int64_t>(512 + 3000 + kMiB + 5 * kMiB + 40 * kMiB + 700 * kMiB));
+  EXPECT_GT(paused.backup_arena_bytes, 0);
+  EXPECT_TRUE(HasPattern(other, 3 * kMiB, 99));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_TRUE(HasPattern(blocks[i].first, blocks[i].second, static_cast<std::uint8_t>(i * 17))) << i;
+  }
+  const TagStats& resumed = Stats(weights_);
+  EXPECT_EQ(resumed.state, "active");
+  EXPECT_EQ(resumed.paused_bytes, 0);
+  EXPECT_EQ(resumed.pauses, 1u);
+  EXPECT_EQ(resumed.resumes, 1u);
+  // Re-chunked: one chunk per contiguous cover of live blocks (here: small heap, large heap).
+  EXPECT_EQ(resumed.chunks, 2);
+  for (auto [p, n] : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->Free(other).ok());
+}
+
+TEST_F(PauseResumeTest, DiscardContentsAreNotKeptAndMemoryIsReleased) {
+  DevicePtr p = Alloc(64 * kMiB, kv_);
+  FillPattern(p, 64 * kMiB, 7);
+  ASSERT_EQ(*alloc_->Pause(kv_), Transition::kDone);
+  EXPECT_EQ(sim_->UsedBytes(0), 0u);
+  EXPECT_EQ(Stats(kv_).backed_up_bytes, 0);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kCopyToHost), 0u);
+  ASSERT_EQ(*alloc_->Resume(kv_), Transition::kDone);
+  EXPECT_FALSE(HasPattern(p, 64 * kMiB, 7));  // fresh physical memory: the old bytes are gone
+  std::memset(reinterpret_cast<void*>(p), 1, 64 * kMiB);  // and it is usable at the same address
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 20; ++i) blocks.push_back(Alloc(10 * kMiB, weights_));
+  for (int i = 0; i < 20; i += 2) ASSERT_TRUE(alloc_->Free(blocks[i]).ok());
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().bytes_to_host, 10 * 10 * kMiB);
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(100 * kMiB));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().bytes_to_device, 10 * 10 * kMiB);
+  // Resumed memory covers the live blocks only (10 separate covers of 10 MiB).
+  EXPECT_EQ(Stats(weights_).reserved_bytes.current, static_cast<std::int64_t>(100 * kMiB));
+  for (int i = 1; i < 20; i += 2) ASSERT_TRUE(alloc_->Free(blocks[i]).ok());
+  // The holes are usable again after resume.
+  DevicePtr again = Alloc(10 * kMiB, weights_);
+  ASSERT_TRUE(alloc_->Free(again).ok());
+}
+
+TEST_F(PauseResumeTest, NoOpsAllocationIntoPausedTagAndFreeWhilePaused) {
+  DevicePtr a = Alloc(4 * kMiB, weights_);
+  DevicePtr b = Alloc(4 * kMiB, weights_);
+  FillPattern(a, 4 * kMiB, 1);
+  EXPECT_EQ(*alloc_->Resume(weights_), Transition::kAlreadyInState);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(*alloc_->Pause(weights_), Transition::kAlreadyInState);
+  absl::StatusOr<DevicePtr> refused = alloc_->Allocate(512, nullptr, weights_);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("'weights' is paused"));
+  ASSERT_TRUE(alloc_->Free(b).ok());  // drops its backup bytes
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(4 * kMiB));
+  EXPECT_EQ(alloc_->ReleaseBackup(weights_).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_EQ(*alloc_->Resume(weights_), Transition::kAlreadyInState);
+  EXPECT_TRUE(HasPattern(a, 4 * kMiB, 1));
+  EXPECT_EQ(Stats(weights_).reserved_bytes.current, static_cast<std::int64_t>(4 * kMiB));
+  ASSERT_TRUE(alloc_->Free(a).ok());
+  ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+  EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
+  // Pausing a tag never used on this device pauses it (nothing to release).
+  TagId fresh = *InternTag("never_used");
+  EXPECT_EQ(*alloc_->Pause(fresh), Transition::kDone);
+  EXPECT_EQ(alloc_->Allocate(512, nullptr, fresh).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*alloc_->Resume(fresh), Transition::kDone);
+}
+
+TEST_F(PauseResumeTest, ResumeOutOfMemoryRollsBackAndARetrySucceeds) {
+  DevicePtr w = Alloc(800 * kMiB, weights_);
+  FillPattern(w, 800 * kMiB, 3);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  DevicePtr hog = Alloc(1500 * kMiB, kDefaultTag);  // the device is now too full to resume
+  std::size_t used = sim_->UsedBytes(0);
+  absl::StatusOr<Transition> r = alloc_->Resume(weights_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sim_->UsedBytes(0), used);  // nothing kept from the failed attempt
+  EXPECT_EQ(Stats(weights_).state, "paused");
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(800 * kMiB));
+  ASSERT_TRUE(alloc_->Free(hog).ok());
+  ASSERT_TRUE(alloc_->EmptyCache().ok());
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(HasPattern(w, 800 * kMiB, 3));
+  ASSERT_TRUE(alloc_->Free(w).ok());
+}
+
+TEST_F(PauseResumeTest, HooksRunAroundTransitionsAndCanVetoAPause) {
+  std::vector<std::string> calls;
+  bool veto = true;
+  ASSERT_TRUE(alloc_
+                  ->AddHooks(
+                      weights_,
+                      [&](TagId t, int d) {
+                        calls.push_back("before " + std::string(TagName(t)) + " " + std::to_string(d));
+                        return veto ? absl::UnavailableError("NCCL busy") : absl::OkStatus();
+                      },
+                      [&](TagId t, int) {
+                        calls.push_back("after " + std::string(TagName(t)));
+                        return absl::OkStatus();
+                      })
+                  .ok());
+  DevicePtr p = Alloc(kMiB, weights_);
+  absl::StatusOr<Transition> vetoed = alloc_->Pause(weights_);
+  EXPECT_EQ(vetoed.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(vetoed.status().message()), HasSubstr("NCCL busy"));
+  EXPECT_EQ(Stats(weights_).state, "active");
+  veto = false;
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_EQ(calls, (std::vector<std::string>{"before weights 0", "before weights 0", "after weights"}));
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, PrepareMakesTheFirstPausePinNothing) {
+  DevicePtr p = Alloc(300 * kMiB, weights_);
+  ASSERT_TRUE(alloc_->Prepare(weights_).ok());
+  EXPECT_GE(Stats(weights_).backup_arena_bytes, static_cast<std::int64_t>(300 * kMiB));
+  std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);  // later cycles reuse the arena too
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins);
+  EXPECT_EQ(alloc_->Prepare(kv_).code(), absl::StatusCode::kFailedPrecondition);  // discard: no arena
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, PageableBackupRoundTrips) {
+  AllocatorOptions options;
+  options.backup_kind = BackupArena::Kind::kPageable;
+  Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options);
+  DevicePtr p = Alloc(50 * kMiB, weights_);
+  FillPattern(p, 50 * kMiB, 11);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), 0u);
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(HasPattern(p, 50 * kMiB, 11));
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, SnapshotAndStatsShowThePausedTag) {
+  DevicePtr p = Alloc(8 * kMiB, weights_);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  std::string snap = SnapshotToJson(alloc_->TakeSnapshot());
+  EXPECT_THAT(snap, HasSubstr("\"name\":\"weights\",\"policy\":\"backup\",\"state\":\"paused\""));
+  EXPECT_THAT(snap, HasSubstr("\"live\":true"));
+  std::string stats = StatsToJson(alloc_->Stats());
+  EXPECT_THAT(stats, HasSubstr("\"state\":\"paused\""));
+  EXPECT_THAT(stats, HasSubstr("\"backed_up_bytes\":8388608"));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+}  // namespace
+}  // namespace vmstash
