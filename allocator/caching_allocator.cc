@@ -113,8 +113,8 @@ absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId ta
   large.max_chunk_bytes = RoundUp(options_.max_chunk_bytes, granularity_bytes_);
   // A remainder no larger than the small limit can never serve a large request.
   large.min_split_bytes = kSmallMaxBytes + 1;
-  pool->small = std::make_unique<Heap>(std::move(small), &blocks_);
-  pool->large = std::make_unique<Heap>(std::move(large), &blocks_);
+  pool->small = std::make_unique<Heap>(std::move(small), pool->blocks.get());
+  pool->large = std::make_unique<Heap>(std::move(large), pool->blocks.get());
   if (pools_.size() <= static_cast<std::size_t>(tag)) pools_.resize(tag + 1);
   pools_[tag] = std::move(pool);
   return pools_[tag].get();
@@ -684,7 +684,10 @@ absl::Status CachingAllocator::ValidateLocked() const {
   if (pending + busy_pending != pending_.size()) {
     return absl::InternalError(absl::StrCat(pending, " blocks neither free nor live, ", pending_.size(), " pending"));
   }
-  if (blocks_.live() < live_.size()) return absl::InternalError("block pool count below live blocks");
+  std::size_t records = 0, live_here = 0;
+  for (const auto& pool : pools_) records += pool == nullptr || pool->busy() ? 0 : pool->blocks->live();
+  for (const auto& [ptr, b] : live_) live_here += PoolOf(b)->busy() ? 0 : 1;
+  if (records < live_here) return absl::InternalError("block records fewer than live blocks");
   return absl::OkStatus();
 }
 

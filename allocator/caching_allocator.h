@@ -179,6 +179,9 @@ class CachingAllocator {
   enum class TagState { kActive, kPausing, kPaused, kResuming };
   struct TagPool {
     TagId id = kDefaultTag;
+    // Block records of this tag's heaps: per tag, so a pause or resume (which runs
+    // without mu_) never shares a free list with other tags' allocations.
+    std::unique_ptr<BlockPool> blocks = std::make_unique<BlockPool>();
     std::unique_ptr<Heap> small;
     std::unique_ptr<Heap> large;
     TagStats stats;
@@ -225,7 +228,7 @@ class CachingAllocator {
   // Returns pending frees whose events completed (all of them when `synced`), skipping
   // blocks of tags in transition except `in_transition`.
   void ProcessPendingLocked(bool synced, TagId in_transition = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  TagPool* PoolOf(const Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pools_[block->heap->config().owner_id].get();
   }
   static const char* StateName(TagState state);
@@ -247,7 +250,6 @@ class CachingAllocator {
   const std::size_t device_total_bytes_;
 
   mutable Mutex mu_;
-  BlockPool blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<TagPool>> pools_ ABSL_GUARDED_BY(mu_);  // by TagId
   absl::flat_hash_map<DevicePtr, Block*> live_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DevicePtr, std::unique_ptr<BypassAllocation>> bypass_live_ ABSL_GUARDED_BY(mu_);

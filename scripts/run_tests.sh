@@ -8,6 +8,7 @@ bazel test //... "$@"
 # The allocator's stress and fault-injection tests again under AddressSanitizer and
 # ThreadSanitizer (DESIGN §9).
 if [[ $# -eq 0 ]]; then
-  bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test
-  bazel test --config=tsan //allocator:caching_allocator_stress_test
+  bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test \
+    //allocator:pause_resume_stress_test //allocator:pause_resume_test
+  bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test
 fi
