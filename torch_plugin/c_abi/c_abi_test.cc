@@ -113,3 +113,49 @@ TEST(CAbiSharedLibraryTest, LoadsWithDlopenAndExportsOnlyTheCAbi) {
 }
 
 }  // namespace
+
+namespace {
+
+int hook_calls = 0;
+int VetoOnce(const char* tag, int device, void* user) {
+  ++hook_calls;
+  int* veto = static_cast<int*>(user);
+  return (*veto)-- > 0 ? 7 : 0;
+}
+int AfterResume(const char* tag, int, void*) { return std::string(tag) == "ckpt" ? 0 : 1; }
+
+TEST_F(CAbiTest, PauseResumeThroughTheCAbi) {
+  ASSERT_EQ(vmstash_create_tag("ckpt", "backup"), VMSTASH_OK);
+  int veto = 1;
+  ASSERT_EQ(vmstash_register_hooks("ckpt", VetoOnce, AfterResume, &veto), VMSTASH_OK);
+  ASSERT_EQ(vmstash_set_current_tag("ckpt"), VMSTASH_OK);
+  auto* p = static_cast<unsigned char*>(vmstash_malloc(3 << 20, 0, nullptr));
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(p, nullptr);
+  p[0] = 42;
+  p[(3 << 20) - 1] = 43;
+  ASSERT_EQ(vmstash_prepare("ckpt", 0, 0), VMSTASH_OK);
+  EXPECT_EQ(vmstash_pause("ckpt", 0), 10);  // ABORTED: the hook vetoed
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("before-pause hook returned 7"));
+  ASSERT_EQ(vmstash_pause("ckpt", 0), VMSTASH_OK);
+  EXPECT_EQ(vmstash_pause("ckpt", -1), VMSTASH_NOOP);
+  ASSERT_EQ(vmstash_set_current_tag("ckpt"), VMSTASH_OK);
+  EXPECT_EQ(vmstash_malloc(512, 0, nullptr), nullptr);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("'ckpt' is paused"));
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  char* stats = vmstash_stats_json(0);
+  EXPECT_THAT(std::string(stats), HasSubstr("\"state\":\"paused\""));
+  vmstash_string_free(stats);
+  EXPECT_EQ(vmstash_release_backup("ckpt", 0), VMSTASH_FAILED_PRECONDITION);
+  ASSERT_EQ(vmstash_resume("ckpt", -1), VMSTASH_OK);
+  EXPECT_EQ(vmstash_resume("ckpt", 0), VMSTASH_NOOP);
+  EXPECT_EQ(p[0], 42);
+  EXPECT_EQ(p[(3 << 20) - 1], 43);
+  EXPECT_EQ(hook_calls, 2);
+  vmstash_free(p, 3 << 20, 0, nullptr);
+  EXPECT_EQ(vmstash_release_backup("ckpt", -1), VMSTASH_OK);
+  EXPECT_EQ(vmstash_pause(nullptr, 0), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_pause("bad tag", 0), VMSTASH_INVALID_ARGUMENT);
+}
+
+}  // namespace

@@ -23,6 +23,7 @@
 #include "vmm/log.h"
 #include "vmm/mutex.h"
 #include "vmm/options.h"
+#include "vmm/status_macros.h"
 
 namespace vmstash {
 namespace {
@@ -45,6 +46,13 @@ struct Runtime {
   int device_count ABSL_GUARDED_BY(mu) = 0;
   std::unique_ptr<CachingAllocator> owned[kMaxDevices] ABSL_GUARDED_BY(mu);
   std::vector<std::pair<TagId, Policy>> tag_policies ABSL_GUARDED_BY(mu);
+  struct Hooks {
+    TagId tag;
+    vmstash_hook_fn before;
+    vmstash_hook_fn after;
+    void* user;
+  };
+  std::vector<Hooks> hooks ABSL_GUARDED_BY(mu);
   std::atomic<CachingAllocator*> allocators[kMaxDevices] = {};
   std::atomic<bool> ready{false};
 };
@@ -78,6 +86,26 @@ absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQU
   return absl::OkStatus();
 }
 
+absl::Status HookStatus(int code, const char* which) {
+  return code == 0 ? absl::OkStatus()
+                   : absl::AbortedError(absl::StrCat(which, " hook returned ", code));
+}
+
+absl::Status AddHooksTo(CachingAllocator& a, const Runtime::Hooks& h) {
+  CachingAllocator::TransitionHook before, after;
+  if (h.before != nullptr) {
+    before = [h](TagId tag, int device) {
+      return HookStatus(h.before(TagName(tag).data(), device, h.user), "before-pause");
+    };
+  }
+  if (h.after != nullptr) {
+    after = [h](TagId tag, int device) {
+      return HookStatus(h.after(TagName(tag).data(), device, h.user), "after-resume");
+    };
+  }
+  return a.AddHooks(h.tag, std::move(before), std::move(after));
+}
+
 absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
   Runtime& rt = TheRuntime();
   if (device >= 0 && device < kMaxDevices) {
@@ -99,6 +127,10 @@ absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
     if (!a.ok()) return a.status();
     for (const auto& [tag, policy] : rt.tag_policies) {
       absl::Status s = (*a)->CreateTag(tag, policy);
+      if (!s.ok()) return s;
+    }
+    for (const Runtime::Hooks& h : rt.hooks) {
+      absl::Status s = AddHooksTo(**a, h);
       if (!s.ok()) return s;
     }
     rt.owned[device] = *std::move(a);
@@ -135,6 +167,33 @@ int Guard(Fn fn) noexcept {
   }
 }
 
+// Runs `fn` on the allocator of `device`, or of every device in use (-1).
+template <typename Fn>
+int OnDevices(int device, Fn fn) noexcept {
+  return Guard([&] {
+    std::vector<CachingAllocator*> targets;
+    if (device == -1) {
+      targets = AllocatorsInUse();
+    } else {
+      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+      if (!a.ok()) return Fail(a.status());
+      targets.push_back(*a);
+    }
+    bool changed = false;
+    for (CachingAllocator* a : targets) {
+      absl::StatusOr<bool> r = fn(*a);
+      if (!r.ok()) return Fail(r.status());
+      changed = changed || *r;
+    }
+    return changed || targets.empty() ? 0 : VMSTASH_NOOP;
+  });
+}
+
+absl::StatusOr<TagId> TagArg(const char* tag) {
+  if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
+  return InternTag(tag);
+}
+
 }  // namespace
 }  // namespace vmstash
 
@@ -163,6 +222,7 @@ int vmstash_shutdown(void) noexcept {
     rt.driver.reset();
     rt.initialized = false;
     rt.tag_policies.clear();
+    rt.hooks.clear();
     rt.device_count = 0;
     return 0;
   });
@@ -244,6 +304,64 @@ int vmstash_set_current_tag(const char* tag) noexcept {
 }
 
 const char* vmstash_get_current_tag(void) noexcept { return TagName(CurrentTag()).data(); }
+
+int vmstash_pause(const char* tag, int device) noexcept {
+  absl::StatusOr<TagId> id = TagArg(tag);
+  if (!id.ok()) return Fail(id.status());
+  return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
+    VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id));
+    return t == CachingAllocator::Transition::kDone;
+  });
+}
+
+int vmstash_resume(const char* tag, int device) noexcept {
+  absl::StatusOr<TagId> id = TagArg(tag);
+  if (!id.ok()) return Fail(id.status());
+  return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
+    VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Resume(*id));
+    return t == CachingAllocator::Transition::kDone;
+  });
+}
+
+int vmstash_prepare(const char* tag, int device, size_t bytes) noexcept {
+  absl::StatusOr<TagId> id = TagArg(tag);
+  if (!id.ok()) return Fail(id.status());
+  int rc = OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
+    VMSTASH_RETURN_IF_ERROR(a.Prepare(*id, bytes));
+    return true;
+  });
+  return rc == VMSTASH_NOOP ? 0 : rc;
+}
+
+int vmstash_release_backup(const char* tag, int device) noexcept {
+  absl::StatusOr<TagId> id = TagArg(tag);
+  if (!id.ok()) return Fail(id.status());
+  int rc = OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
+    absl::Status s = a.ReleaseBackup(*id);
+    if (absl::IsNotFound(s)) return true;  // never used on that device: nothing to release
+    VMSTASH_RETURN_IF_ERROR(s);
+    return true;
+  });
+  return rc == VMSTASH_NOOP ? 0 : rc;
+}
+
+int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
+                           void* user) noexcept {
+  return Guard([&] {
+    absl::StatusOr<TagId> id = TagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    Runtime::Hooks h{*id, before_pause, after_resume, user};
+    for (auto& a : rt.owned) {
+      if (a == nullptr) continue;
+      absl::Status s = AddHooksTo(*a, h);
+      if (!s.ok()) return Fail(s);
+    }
+    rt.hooks.push_back(h);
+    return 0;
+  });
+}
 
 int vmstash_empty_cache(int device, const char* tag) noexcept {
   return Guard([&] {

@@ -67,6 +67,27 @@ int vmstash_set_current_tag(const char* tag) VMSTASH_NOEXCEPT;
 /* This thread's current tag ("default" until set); valid until the process ends. */
 const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
 
+/* Pause and resume a tag (allocator/caching_allocator.h, Note [Pause/Resume Protocol]):
+ * pause releases the tag's physical memory after copying its live bytes to host memory
+ * when its policy is "backup"; resume maps memory at the same addresses and restores.
+ * device -1: every device in use. Returns 0 when done, VMSTASH_NOOP when the tag was
+ * already paused (resp. active) everywhere, else an error code; a failed pause leaves the
+ * tag active and intact, a failed resume leaves it paused with its backup. */
+#define VMSTASH_NOOP (-1)
+int vmstash_pause(const char* tag, int device) VMSTASH_NOEXCEPT;
+int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
+/* Pins the tag's backup arena ahead of the first pause: `bytes`, or (0) the tag's
+ * allocated bytes. vmstash_release_backup gives that host memory back (not while paused). */
+int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
+int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
+/* Callbacks around transitions of `tag` on every device (e.g. NCCL/RDMA re-registration),
+ * called without vmstash locks. A non-zero return from before_pause vetoes the pause;
+ * one from after_resume is reported by vmstash_resume (the tag is resumed). Either may be
+ * NULL. */
+typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
+int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
+                           void* user) VMSTASH_NOEXCEPT;
+
 /* Releases cached free chunks. device -1: all devices; tag NULL: all tags. */
 int vmstash_empty_cache(int device, const char* tag) VMSTASH_NOEXCEPT;
 /* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
