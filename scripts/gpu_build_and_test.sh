@@ -7,6 +7,7 @@
 #     --all    also run the CPU tests with ctest
 #     --bench  then run bench/vmm_bench (16 GiB chunk-size sweep, pinned copy bandwidth) and
 #              bench/allocator_bench (vs PyTorch's caching allocator when torch is importable)
+#              and bench/pause_bench (pause/resume of 16 GiB vs pinned copies)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -44,4 +45,7 @@ VMSTASH_TEST_REQUIRE_GPU=1 ./tests/gpu/cuda_driver_conformance_test --gtest_brie
 if [ "$run_bench" = 1 ]; then
   ./bench/vmm_bench
   VMSTASH_DRIVER=cuda ./bench/allocator_bench
+  VMSTASH_DRIVER=cuda ./bench/pause_bench 16
+  python3 -c 'import torch_memory_saver' 2>/dev/null && echo "torch_memory_saver: importable" \
+    || echo "torch_memory_saver: not importable here (no comparison run)"
 fi

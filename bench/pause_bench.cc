@@ -1,0 +1,173 @@
+// pause_bench: pause/resume of tags against the physical limit, in one run on one GPU.
+//
+//   limit     pinned D2H and H2D copies of the same size through the driver
+//             (cuMemcpyAsync with page-locked host memory, what cudaMemcpyAsync does)
+//   backup    pause+resume of SIZE in 1 block and in 1024 blocks: first cycle with the
+//             arena prepared, later cycles; and a first cycle without Prepare (pins then)
+//   discard   pause+resume of SIZE in 1024 blocks
+//   half-free a tag of SIZE with every other block freed: pause time follows live bytes
+//
+// Usage: pause_bench [SIZE_GIB=16]. Driver from VMSTASH_CONF/VMSTASH_DRIVER.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "vmm/driver_factory.h"
+#include "vmm/options.h"
+#include "vmm/pinned_host_buffer.h"
+
+namespace vmstash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double GBps(std::size_t bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0; }
+
+#define BENCH_CHECK(expr)                                                    \
+  do {                                                                       \
+    absl::Status _s = (expr);                                                \
+    if (!_s.ok()) {                                                          \
+      std::fprintf(stderr, "%s: %s\n", #expr, _s.ToString().c_str());     \
+      return 1;                                                              \
+    }                                                                        \
+  } while (0)
+
+struct Cycle {
+  double pause_s = 0, resume_s = 0;
+};
+
+absl::StatusOr<Cycle> PauseResume(CachingAllocator& a, TagId tag) {
+  Cycle c;
+  auto t0 = Clock::now();
+  absl::StatusOr<CachingAllocator::Transition> p = a.Pause(tag);
+  auto t1 = Clock::now();
+  if (!p.ok()) return p.status();
+  absl::StatusOr<CachingAllocator::Transition> r = a.Resume(tag);
+  auto t2 = Clock::now();
+  if (!r.ok()) return r.status();
+  c.pause_s = Seconds(t0, t1);
+  c.resume_s = Seconds(t1, t2);
+  return c;
+}
+
+int Run(int argc, char** argv) {
+  const std::size_t gib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16;
+  const std::size_t size = gib << 30;
+  absl::StatusOr<Options> options = OptionsFromEnvironment();
+  if (!options.ok()) return std::fprintf(stderr, "%s\n", options.status().ToString().c_str()), 1;
+  absl::StatusOr<std::unique_ptr<Driver>> made = CreateDriver(*options);
+  if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().ToString().c_str()), 1;
+  Driver& driver = **made;
+  auto alloc_or = CachingAllocator::Create(&driver, 0, AllocatorOptions::FromOptions(*options));
+  if (!alloc_or.ok()) return std::fprintf(stderr, "%s\n", alloc_or.status().ToString().c_str()), 1;
+  CachingAllocator& alloc = **alloc_or;
+  std::printf("pause_bench: driver %s, %zu GiB\n", std::string(driver.Name()).c_str(), gib);
+
+  // The limit: pinned copies of the same size.
+  double d2h = 0, h2d = 0;
+  {
+    absl::StatusOr<PinnedHostBuffer> host = PinnedHostBuffer::Allocate(&driver, 0, size);
+    if (!host.ok()) return std::fprintf(stderr, "%s\n", host.status().ToString().c_str()), 1;
+    absl::StatusOr<DevicePtr> dev = alloc.Allocate(size, nullptr);
+    if (!dev.ok()) return std::fprintf(stderr, "%s\n", dev.status().ToString().c_str()), 1;
+    absl::StatusOr<Stream> stream = driver.CreateStream(0);
+    for (int rep = 0; rep < 3; ++rep) {
+      auto t0 = Clock::now();
+      BENCH_CHECK(driver.CopyToHostAsync(0, host->data(), *dev, size, *stream));
+      BENCH_CHECK(driver.SynchronizeStream(0, *stream));
+      auto t1 = Clock::now();
+      BENCH_CHECK(driver.CopyToDeviceAsync(0, *dev, host->data(), size, *stream));
+      BENCH_CHECK(driver.SynchronizeStream(0, *stream));
+      auto t2 = Clock::now();
+      d2h = std::max(d2h, GBps(size, Seconds(t0, t1)));
+      h2d = std::max(h2d, GBps(size, Seconds(t1, t2)));
+    }
+    BENCH_CHECK(driver.DestroyStream(0, *stream));
+    BENCH_CHECK(alloc.Free(*dev));
+    BENCH_CHECK(alloc.EmptyCache());
+  }
+  std::printf("limit: pinned D2H %.1f GB/s, H2D %.1f GB/s (best of 3, GB = 1e9 B)\n", d2h, h2d);
+  std::printf("%-44s %10s %9s %7s %10s %9s %7s\n", "case", "pause ms", "GB/s", "%limit", "resume ms", "GB/s",
+              "%limit");
+  auto report = [&](const char* name, const Cycle& c, std::size_t bytes) {
+    double pg = GBps(bytes, c.pause_s), rg = GBps(bytes, c.resume_s);
+    std::printf("%-44s %10.1f %9.1f %6.1f%% %10.1f %9.1f %6.1f%%\n", name, c.pause_s * 1e3, pg,
+                bytes ? 100 * pg / d2h : 0.0, c.resume_s * 1e3, rg, bytes ? 100 * rg / h2d : 0.0);
+  };
+
+  TagId backup = *InternTag("bench_backup"), cold = *InternTag("bench_cold"), discard = *InternTag("bench_discard");
+  BENCH_CHECK(alloc.CreateTag(backup, Policy::kBackup));
+  BENCH_CHECK(alloc.CreateTag(cold, Policy::kBackup));
+  BENCH_CHECK(alloc.CreateTag(discard, Policy::kDiscard));
+
+  // Backup, 1 block, arena prepared.
+  {
+    DevicePtr p = *alloc.Allocate(size, nullptr, backup);
+    auto t0 = Clock::now();
+    BENCH_CHECK(alloc.Prepare(backup, size));
+    std::printf("Prepare (pin the %zu GiB arena, ahead of time): %.2f s\n", gib, Seconds(t0, Clock::now()));
+    for (int cycle = 1; cycle <= 3; ++cycle) {
+      absl::StatusOr<Cycle> c = PauseResume(alloc, backup);
+      BENCH_CHECK(c.status());
+      report(cycle == 1 ? "backup, 1 block, cycle 1 (prepared)" : "backup, 1 block, later cycle", *c, size);
+    }
+    BENCH_CHECK(alloc.Free(p));
+    BENCH_CHECK(alloc.EmptyCache());
+  }
+  // Backup, 1024 blocks (same tag: the arena is reused).
+  {
+    std::vector<DevicePtr> blocks;
+    for (int i = 0; i < 1024; ++i) blocks.push_back(*alloc.Allocate(size / 1024, nullptr, backup));
+    for (int cycle = 1; cycle <= 3; ++cycle) {
+      absl::StatusOr<Cycle> c = PauseResume(alloc, backup);
+      BENCH_CHECK(c.status());
+      report(cycle == 1 ? "backup, 1024 blocks, cycle 1 (prepared)" : "backup, 1024 blocks, later cycle", *c, size);
+    }
+    // Half of the blocks freed (cached, not live): pause copies only the live half.
+    for (int i = 0; i < 1024; i += 2) BENCH_CHECK(alloc.Free(blocks[i]));
+    absl::StatusOr<Cycle> c = PauseResume(alloc, backup);
+    BENCH_CHECK(c.status());
+    report("backup, 1024 blocks, half free (live bytes)", *c, size / 2);
+    for (int i = 1; i < 1024; i += 2) BENCH_CHECK(alloc.Free(blocks[i]));
+    BENCH_CHECK(alloc.ReleaseBackup(backup));
+    BENCH_CHECK(alloc.EmptyCache());
+  }
+  // Backup, 1 block, first cycle without Prepare: the pause pins its arena.
+  {
+    DevicePtr p = *alloc.Allocate(size, nullptr, cold);
+    absl::StatusOr<Cycle> c = PauseResume(alloc, cold);
+    BENCH_CHECK(c.status());
+    report("backup, 1 block, cycle 1 (not prepared)", *c, size);
+    BENCH_CHECK(alloc.Free(p));
+    BENCH_CHECK(alloc.ReleaseBackup(cold));
+    BENCH_CHECK(alloc.EmptyCache());
+  }
+  // Discard, 1024 blocks.
+  {
+    std::vector<DevicePtr> blocks;
+    for (int i = 0; i < 1024; ++i) blocks.push_back(*alloc.Allocate(size / 1024, nullptr, discard));
+    for (int cycle = 1; cycle <= 3; ++cycle) {
+      absl::StatusOr<Cycle> c = PauseResume(alloc, discard);
+      BENCH_CHECK(c.status());
+      std::printf("discard, 1024 blocks, cycle %d: pause %.2f ms + resume %.2f ms = %.2f ms\n", cycle,
+                  c->pause_s * 1e3, c->resume_s * 1e3, (c->pause_s + c->resume_s) * 1e3);
+    }
+    for (DevicePtr p : blocks) BENCH_CHECK(alloc.Free(p));
+  }
+  for (const TagStats& t : alloc.Stats().tags) {
+    if (t.pauses == 0) continue;
+    std::printf("stats %s: pauses %llu, last pause %.1f ms (%.1f GiB/s), last resume %.1f ms (%.1f GiB/s)\n",
+                t.name.c_str(), static_cast<unsigned long long>(t.pauses), t.last_pause_ms, t.last_pause_gib_per_s,
+                t.last_resume_ms, t.last_resume_gib_per_s);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace vmstash
+
+int main(int argc, char** argv) { return vmstash::Run(argc, argv); }
