@@ -68,13 +68,20 @@ int Run(int argc, char** argv) {
   std::printf("pause_bench: driver %s, %zu GiB\n", std::string(driver.Name()).c_str(), gib);
 
   // The limit: pinned copies of the same size.
-  double d2h = 0, h2d = 0;
+  double d2h = 0, h2d = 0, h2d_fresh = 0;
   {
     absl::StatusOr<PinnedHostBuffer> host = PinnedHostBuffer::Allocate(&driver, 0, size);
     if (!host.ok()) return std::fprintf(stderr, "%s\n", host.status().ToString().c_str()), 1;
     absl::StatusOr<DevicePtr> dev = alloc.Allocate(size, nullptr);
     if (!dev.ok()) return std::fprintf(stderr, "%s\n", dev.status().ToString().c_str()), 1;
     absl::StatusOr<Stream> stream = driver.CreateStream(0);
+    {
+      // Into physical memory never written since it was created (what a resume writes).
+      auto t0 = Clock::now();
+      BENCH_CHECK(driver.CopyToDeviceAsync(0, *dev, host->data(), size, *stream));
+      BENCH_CHECK(driver.SynchronizeStream(0, *stream));
+      h2d_fresh = GBps(size, Seconds(t0, Clock::now()));
+    }
     for (int rep = 0; rep < 3; ++rep) {
       auto t0 = Clock::now();
       BENCH_CHECK(driver.CopyToHostAsync(0, host->data(), *dev, size, *stream));
@@ -90,7 +97,8 @@ int Run(int argc, char** argv) {
     BENCH_CHECK(alloc.Free(*dev));
     BENCH_CHECK(alloc.EmptyCache());
   }
-  std::printf("limit: pinned D2H %.1f GB/s, H2D %.1f GB/s (best of 3, GB = 1e9 B)\n", d2h, h2d);
+  std::printf("limit: pinned D2H %.1f GB/s, H2D %.1f GB/s (best of 3, GB = 1e9 B); H2D into freshly created "
+              "memory %.1f GB/s\n", d2h, h2d, h2d_fresh);
   std::printf("%-44s %10s %9s %7s %10s %9s %7s\n", "case", "pause ms", "GB/s", "%limit", "resume ms", "GB/s",
               "%limit");
   auto report = [&](const char* name, const Cycle& c, std::size_t bytes) {
