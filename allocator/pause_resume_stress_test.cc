@@ -5,6 +5,7 @@
 // and allocations refused with FailedPrecondition are part of the mix. Backup-tag cookies
 // must survive every cycle; discard-tag cookies are only checked within one cycle.
 #include <atomic>
+#include <functional>
 #include <random>
 #include <shared_mutex>
 #include <thread>
@@ -103,26 +104,33 @@ TEST(PauseResumeStressTest, RandomCyclesWithConcurrentAllocAndFree) {
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) threads.emplace_back(worker, w);
 
-  std::mt19937_64 rng(7);
-  int cycles = 0;
-  for (; cycles < kCycles; ++cycles) {
-    TagCtl& t = tags[rng() % 2];
-    {
-      std::unique_lock<std::shared_mutex> lock(t.touch);
-      absl::StatusOr<Transition> p = alloc->Pause(t.id);
-      if (!p.ok() || *p != Transition::kDone) errors.fetch_add(1);
-      t.paused = true;
-      t.epoch.fetch_add(1);
+  // Two pausers, one per tag, run at the same time: transitions of different tags proceed
+  // in parallel (each holds only its tag's transition lock during copies).
+  std::atomic<int> total_cycles{0};
+  auto pauser = [&](TagCtl& t, int cycles_to_run) {
+    for (int cycle = 0; cycle < cycles_to_run; ++cycle) {
+      {
+        std::unique_lock<std::shared_mutex> lock(t.touch);
+        absl::StatusOr<Transition> p = alloc->Pause(t.id);
+        if (!p.ok() || *p != Transition::kDone) errors.fetch_add(1);
+        t.paused = true;
+        t.epoch.fetch_add(1);
+      }
+      std::this_thread::yield();  // workers free paused blocks and get refused meanwhile
+      {
+        std::unique_lock<std::shared_mutex> lock(t.touch);
+        absl::StatusOr<Transition> r = alloc->Resume(t.id);
+        if (!r.ok() || *r != Transition::kDone) errors.fetch_add(1);
+        t.paused = false;
+      }
+      if (cycle % 50 == 0 && !alloc->Validate().ok()) errors.fetch_add(1);
+      total_cycles.fetch_add(1);
     }
-    std::this_thread::yield();  // workers free paused blocks and get refused meanwhile
-    {
-      std::unique_lock<std::shared_mutex> lock(t.touch);
-      absl::StatusOr<Transition> r = alloc->Resume(t.id);
-      if (!r.ok() || *r != Transition::kDone) errors.fetch_add(1);
-      t.paused = false;
-    }
-    if (cycles % 50 == 0 && !alloc->Validate().ok()) errors.fetch_add(1);
-  }
+  };
+  std::thread p0(pauser, std::ref(tags[0]), kCycles / 2), p1(pauser, std::ref(tags[1]), kCycles / 2);
+  p0.join();
+  p1.join();
+  const int cycles = total_cycles.load();
   stop = true;
   for (auto& th : threads) th.join();
   EXPECT_EQ(cycles, kCycles);
