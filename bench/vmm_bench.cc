@@ -9,9 +9,11 @@
 // Uses the driver VMSTASH_DRIVER/VMSTASH_CONF select (auto: the GPU when present).
 // This is a benchmark, not a test: it prints figures and fails only on driver errors.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -87,6 +89,36 @@ absl::Status Run(Driver& d, int dev, std::size_t total, std::size_t copy, int re
     std::printf("%8zuMiB %8zu %10.2f %12.2f %10.2f %10.2f %10.2f %10.3f\n", chunk >> 20, total / chunk,
                 Median(t.create), Median(t.map), Median(t.unmap), Median(t.release), Median(t.total),
                 Median(t.total) / (total / 1073741824.0));
+  }
+
+  std::printf("\n== release of %.1f GiB after use (map, memset, unmap; then time cuMemRelease) ==\n",
+              total / 1073741824.0);
+  for (auto [pieces, threads] : {std::pair<int, int>{1, 1}, {8, 1}, {8, 8}, {64, 8}}) {
+    std::vector<double> ms;
+    for (int rep = 0; rep < reps; ++rep) {
+      std::vector<Chunk> cs(pieces);
+      const std::size_t piece = total / pieces;
+      for (auto& c : cs) {
+        VMSTASH_ASSIGN_OR_RETURN(c, Chunk::Create(&d, dev, piece));
+      }
+      {
+        VMSTASH_ASSIGN_OR_RETURN(Mapping mm, Mapping::Create(&d, dev, r.address(), cs));
+        VMSTASH_RETURN_IF_ERROR(d.MemsetAsync(dev, r.address(), 1, total, nullptr));
+        VMSTASH_RETURN_IF_ERROR(d.SynchronizeDevice(dev));
+        VMSTASH_RETURN_IF_ERROR(mm.Unmap());
+      }
+      auto t0 = Clock::now();
+      std::vector<std::thread> pool;
+      std::atomic<int> next{0};
+      for (int t = 0; t < threads; ++t) {
+        pool.emplace_back([&] {
+          for (int i = next++; i < pieces; i = next++) (void)cs[i].Release();
+        });
+      }
+      for (auto& th : pool) th.join();
+      ms.push_back(Ms(t0, Clock::now()));
+    }
+    std::printf("%3d chunk(s), %d thread(s): release %.2f ms (median of %d)\n", pieces, threads, Median(ms), reps);
   }
 
   std::printf("\n== pinned host memory and copies, %.1f GiB ==\n", copy / 1073741824.0);
