@@ -322,6 +322,22 @@ std::size_t DriverLedger::ChunkBytes(int device) const {
   return total;
 }
 
+std::vector<Stream> DriverLedger::TakeAllStreams() {
+  MutexLock lock(&mu_);
+  std::vector<Stream> out;
+  for (const auto& [s, device] : streams_) out.push_back(s);
+  streams_.clear();
+  return out;
+}
+
+std::vector<Event> DriverLedger::TakeAllEvents() {
+  MutexLock lock(&mu_);
+  std::vector<Event> out;
+  for (const auto& [e, device] : events_) out.push_back(e);
+  events_.clear();
+  return out;
+}
+
 absl::Status DriverLedger::CheckNoLeaks() const {
   MutexLock lock(&mu_);
   std::string report;

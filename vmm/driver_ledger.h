@@ -110,6 +110,10 @@ class DriverLedger {
   // Bytes of chunks alive on `device` (released-but-mapped included).
   std::size_t ChunkBytes(int device) const;
   absl::Status CheckNoLeaks() const;
+  // Streams and events still alive, taken out of the ledger (a driver's teardown frees
+  // them, as destroying a CUDA context does).
+  std::vector<Stream> TakeAllStreams();
+  std::vector<Event> TakeAllEvents();
 
  private:
   absl::Status CheckMappedLocked(DevicePtr va, std::size_t size_bytes, int device) const

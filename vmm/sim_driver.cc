@@ -65,6 +65,9 @@ SimDriver::SimDriver(SimDriverOptions options)
 SimDriver::~SimDriver() {
   absl::Status leaks = ledger_.CheckNoLeaks();
   if (!leaks.ok()) VMSTASH_LOG(kWarning, "SimDriver destroyed with live objects: {}", leaks.message());
+  // Like a context teardown: streams and events left alive are freed with the driver.
+  for (Stream s : ledger_.TakeAllStreams()) delete reinterpret_cast<SimStream*>(s);
+  for (Event e : ledger_.TakeAllEvents()) delete AsSimEvent(e);
 }
 
 void SimDriver::InjectFault(FaultRule rule) {
