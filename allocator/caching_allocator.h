@@ -80,7 +80,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "vmm/mutex.h"
 #include "allocator/backup_arena.h"
 #include "allocator/block.h"
 #include "allocator/heap.h"
@@ -90,6 +89,7 @@
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
 #include "vmm/mapping.h"
+#include "vmm/mutex.h"
 #include "vmm/options.h"
 #include "vmm/reservation.h"
 

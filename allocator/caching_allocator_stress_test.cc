@@ -9,9 +9,9 @@
 #include <thread>
 #include <vector>
 
-#include "vmm/mutex.h"
 #include "allocator/caching_allocator.h"
 #include "gtest/gtest.h"
+#include "vmm/mutex.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {

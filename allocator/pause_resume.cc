@@ -39,14 +39,12 @@ absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, 
 }
 
 absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
-  Mutex* transition;
   TagPool* pool;
   {
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
-    transition = pool->transition_mu.get();
   }
-  MutexLock t(transition);
+  MutexLock t(pool->transition_mu.get());
   std::size_t want = bytes;
   {
     MutexLock lock(&mu_);
@@ -68,14 +66,12 @@ absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
 }
 
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
-  Mutex* transition;
   TagPool* pool;
   {
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, false, Policy::kDiscard));
-    transition = pool->transition_mu.get();
   }
-  MutexLock t(transition);
+  MutexLock t(pool->transition_mu.get());
   {
     MutexLock lock(&mu_);
     if (pool->state == TagState::kPaused) {
@@ -92,13 +88,11 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) {
   const Clock::time_point start = Clock::now();
   TagPool* pool;
-  Mutex* transition;
   {
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
-    transition = pool->transition_mu.get();
   }
-  MutexLock t(transition);
+  MutexLock t(pool->transition_mu.get());
   std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
   {
     MutexLock lock(&mu_);

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "vmm/mutex.h"
 #include "vmm/cu_entry_points.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
+#include "vmm/mutex.h"
 
 namespace vmstash {
 

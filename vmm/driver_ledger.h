@@ -30,8 +30,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "vmm/mutex.h"
 #include "vmm/driver.h"
+#include "vmm/mutex.h"
 
 namespace vmstash {
 

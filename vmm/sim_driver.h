@@ -35,9 +35,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
-#include "vmm/mutex.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
+#include "vmm/mutex.h"
 #include "vmm/options.h"
 
 namespace vmstash {

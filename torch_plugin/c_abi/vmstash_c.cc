@@ -149,6 +149,14 @@ std::vector<CachingAllocator*> AllocatorsInUse() {
   return out;
 }
 
+// The allocator of `device`, or of every device in use (-1).
+absl::StatusOr<std::vector<CachingAllocator*>> Targets(int device) {
+  if (device == -1) return AllocatorsInUse();
+  absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+  if (!a.ok()) return a.status();
+  return std::vector<CachingAllocator*>{*a};
+}
+
 char* CopyString(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out == nullptr) return nullptr;
@@ -171,21 +179,15 @@ int Guard(Fn fn) noexcept {
 template <typename Fn>
 int OnDevices(int device, Fn fn) noexcept {
   return Guard([&] {
-    std::vector<CachingAllocator*> targets;
-    if (device == -1) {
-      targets = AllocatorsInUse();
-    } else {
-      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
-      if (!a.ok()) return Fail(a.status());
-      targets.push_back(*a);
-    }
+    absl::StatusOr<std::vector<CachingAllocator*>> targets = Targets(device);
+    if (!targets.ok()) return Fail(targets.status());
     bool changed = false;
-    for (CachingAllocator* a : targets) {
+    for (CachingAllocator* a : *targets) {
       absl::StatusOr<bool> r = fn(*a);
       if (!r.ok()) return Fail(r.status());
       changed = changed || *r;
     }
-    return changed || targets.empty() ? 0 : VMSTASH_NOOP;
+    return changed || targets->empty() ? 0 : VMSTASH_NOOP;
   });
 }
 
@@ -371,15 +373,9 @@ int vmstash_empty_cache(int device, const char* tag) noexcept {
       if (!t.ok()) return Fail(t.status());
       id = *t;
     }
-    std::vector<CachingAllocator*> targets;
-    if (device == -1) {
-      targets = AllocatorsInUse();
-    } else {
-      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
-      if (!a.ok()) return Fail(a.status());
-      targets.push_back(*a);
-    }
-    for (CachingAllocator* a : targets) {
+    absl::StatusOr<std::vector<CachingAllocator*>> targets = Targets(device);
+    if (!targets.ok()) return Fail(targets.status());
+    for (CachingAllocator* a : *targets) {
       absl::Status s = id < 0 ? a->EmptyCache() : a->EmptyCache(id);
       if (!s.ok()) return Fail(s);
     }
@@ -390,16 +386,10 @@ int vmstash_empty_cache(int device, const char* tag) noexcept {
 static char* JsonFor(int device, bool snapshot) noexcept {
   char* out = nullptr;
   Guard([&] {
-    std::vector<CachingAllocator*> targets;
-    if (device == -1) {
-      targets = AllocatorsInUse();
-    } else {
-      absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
-      if (!a.ok()) return Fail(a.status());
-      targets.push_back(*a);
-    }
+    absl::StatusOr<std::vector<CachingAllocator*>> targets = Targets(device);
+    if (!targets.ok()) return Fail(targets.status());
     std::string json;
-    for (CachingAllocator* a : targets) {
+    for (CachingAllocator* a : *targets) {
       if (!json.empty()) json += ",";
       json += snapshot ? SnapshotToJson(a->TakeSnapshot()) : StatsToJson(a->Stats());
     }
