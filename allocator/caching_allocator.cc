@@ -6,17 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "vmm/bytes.h"
 #include "vmm/log.h"
 #include "vmm/status_macros.h"
 
 namespace vmstash {
-namespace {
-
-std::size_t RoundUp(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
-std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
-
-}  // namespace
-
 AllocatorOptions AllocatorOptions::FromOptions(const Options& options) {
   AllocatorOptions out;
   out.bypass = options.bypass;
@@ -592,14 +586,12 @@ Snapshot CachingAllocator::TakeSnapshot() const {
         seg.address = view.address;
         seg.va_bytes = view.va_bytes;
         DevicePtr cursor = view.address;
-        DevicePtr last_end = view.address;
         for (const ChunkView& c : view.chunks) {
           if (c.address > cursor) seg.chunks.push_back({cursor, c.address - cursor, false});
           seg.chunks.push_back({c.address, c.size_bytes, true});
           seg.mapped_bytes += c.size_bytes;
-          cursor = last_end = c.address + c.size_bytes;
+          cursor = c.address + c.size_bytes;
         }
-        (void)last_end;
         for (const Block* b : view.blocks) {
           seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
                                              reinterpret_cast<std::uint64_t>(b->stream)});

@@ -6,14 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "vmm/bytes.h"
 #include "vmm/log.h"
 #include "vmm/status_macros.h"
 
 namespace vmstash {
 namespace {
 
-std::size_t RoundUp(std::size_t v, std::size_t unit) { return (v + unit - 1) / unit * unit; }
-std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
 // A large heap grows by 1/kGrowthDivisor of its mapped bytes (see heap.h).
 constexpr std::size_t kGrowthDivisor = 16;
 

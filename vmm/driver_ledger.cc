@@ -4,14 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "vmm/bytes.h"
 
 namespace vmstash {
-namespace {
-
-std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
-
-}  // namespace
-
 absl::Status CheckGranularSize(const char* what, std::size_t size_bytes, std::size_t granularity) {
   if (size_bytes == 0) return absl::InvalidArgumentError(absl::StrCat(what, ": size 0 is not allowed"));
   if (granularity == 0 || size_bytes % granularity != 0) {

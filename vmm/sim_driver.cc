@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "vmm/bytes.h"
 #include "vmm/log.h"
 #include "vmm/status_macros.h"
 
@@ -33,7 +34,6 @@ struct SimEvent {
 
 SimEvent* AsSimEvent(Event event) { return reinterpret_cast<SimEvent*>(event); }
 
-std::string Hex(std::uint64_t v) { return absl::StrFormat("%#x", v); }
 
 absl::Status ErrnoStatus(const char* call, int err) {
   std::string message = absl::StrCat("sim: ", call, " failed: ", std::strerror(err));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "vmm/bytes.h"
 #include "vmm/chunk.h"
 #include "vmm/log.h"
 #include "vmm/mapping.h"
@@ -17,7 +18,6 @@
 namespace vmstash {
 namespace {
 
-std::size_t RoundUp(std::size_t n, std::size_t unit) { return (n + unit - 1) / unit * unit; }
 
 double MsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
