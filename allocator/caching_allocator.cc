@@ -319,28 +319,26 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
     Mutex* wait_for = nullptr;
     {
       MutexLock lock(&mu_);
-      auto it = live_.find(ptr);
-      if (it != live_.end() && PoolOf(it->second)->busy()) {
-        wait_for = PoolOf(it->second)->transition_mu.get();
-      } else {
-        return FreeLocked(ptr);
+      auto it = live_.find(ptr);  // the one lookup of the free path
+      if (it == live_.end()) {
+        if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
+        return absl::InvalidArgumentError(
+            absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
       }
+      TagPool* pool = PoolOf(it->second);
+      if (!pool->busy()) {
+        Block* block = it->second;
+        live_.erase(it);
+        return FreeBlockLocked(pool, block);
+      }
+      wait_for = pool->transition_mu.get();
     }
     MutexLock wait(wait_for);  // the pause or resume of the block's tag finishes first
   }
 }
 
-absl::Status CachingAllocator::FreeLocked(DevicePtr ptr) {
-  auto it = live_.find(ptr);
-  if (it == live_.end()) {
-    if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
-    return absl::InvalidArgumentError(
-        absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
-  }
-  Block* block = it->second;
-  live_.erase(it);
+absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   Heap* heap = block->heap;
-  TagPool* pool = PoolOf(block);
   TagStats& s = pool->stats;
   if (pool->state == TagState::kPaused) {
     // Its bytes were released with the pause; its backup bytes are dropped.
@@ -367,7 +365,7 @@ absl::Status CachingAllocator::FreeLocked(DevicePtr ptr) {
       if (!recorded.ok()) {
         if (event.ok()) idle_events_.push_back(*event);
         VMSTASH_LOG(kWarning, "vmstash: free of {}: no event on a recorded stream ({}); the block is reused "
-                    "only after the next device synchronization", Hex(ptr), recorded.ToString());
+                    "only after the next device synchronization", Hex(block->address), recorded.ToString());
         pending.needs_device_sync = true;
         continue;
       }
