@@ -65,7 +65,10 @@ CachingAllocator::~CachingAllocator() {
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->copy_stream == nullptr) continue;
+    if (pool == nullptr) continue;
+    for (Event e : pool->copy_events) idle_events_.push_back(e);
+    pool->copy_events.clear();
+    if (pool->copy_stream == nullptr) continue;
     absl::Status s = driver_->DestroyStream(device_, pool->copy_stream);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a tag's copy stream: {}", s.ToString());
   }

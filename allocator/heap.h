@@ -103,31 +103,43 @@ class Heap {
   bool paused() const { return paused_; }
   // Allocated blocks in address order (paused or not).
   std::vector<Block*> LiveBlocks() const;
-  // Step 1 of a pause: unmaps every chunk, keeping the handles. On failure re-maps what it
-  // unmapped and returns the error: the heap is as it was.
+  // Mapped chunks in address order (all segments), for planning a pipelined pause.
+  std::vector<ChunkView> Chunks() const;
+  // Step 1 of a pause, one chunk at a time (pipelined with the backup copies): unmaps the
+  // chunk at `address`, keeping its handle. RemapAll undoes it.
+  absl::Status UnmapChunk(DevicePtr address);
+  // Step 1 of a pause, all at once: unmaps every chunk, keeping the handles. On failure
+  // re-maps what it unmapped and returns the error: the heap is as it was.
   absl::Status UnmapAll();
-  // Undoes a successful UnmapAll (used when a later step of the pause fails).
+  // Undoes UnmapChunk/UnmapAll (used when a later step of the pause fails).
   absl::Status RemapAll();
   // Step 2: releases the handles (a refused release keeps the handle for a later retry and
   // goes to *error), drops free blocks and runs; the heap is paused. Returns the bytes.
   std::size_t ReleaseAllAndPause(absl::Status* error);
-  // Resume, in two steps. PrepareResume creates one chunk per maximal granule-aligned
-  // cover of the live blocks and maps it at the same VA; `on_mapped(va, size)` runs after
-  // each cover is mapped (to queue its restore copies, overlapping the next create/map).
+  // Resume, in two steps. PrepareResume covers the live blocks with maximal granule-aligned
+  // runs and maps each at the same VA, one chunk per run, or, when first_piece_bytes > 0,
+  // in pieces growing geometrically from first_piece_bytes to max_chunk_bytes, so that
+  // creating and mapping piece k+1 overlaps the restore copies of piece k.
+  // `on_mapped(va, size)` runs after each piece is mapped (to queue its restore copies).
   // Destroying the ResumeTxn without CommitResume undoes everything it made.
   class ResumeTxn {
    public:
-    struct Cover {
-      void* segment = nullptr;  // the Segment it lies in
+    struct Piece {
       DevicePtr address = 0;
       std::size_t size_bytes = 0;
       Chunk chunk;
       Mapping mapping;  // declared after the chunk: unmapped before it is released
     };
+    struct Cover {
+      void* segment = nullptr;  // the Segment it lies in
+      DevicePtr address = 0;
+      std::size_t size_bytes = 0;
+      std::vector<Piece> pieces;  // address order, tiling the cover
+    };
     std::vector<Cover> covers;  // address order
   };
   absl::StatusOr<std::unique_ptr<ResumeTxn>> PrepareResume(
-      const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped);
+      const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped, std::size_t first_piece_bytes = 0);
   // Rebuilds chunks, runs and free filler blocks from the transaction; never fails.
   void CommitResume(std::unique_ptr<ResumeTxn> txn);
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "allocator/heap.h"
+#include "vmm/bytes.h"
 #include "vmm/log.h"
 #include "vmm/status_macros.h"
 
@@ -23,6 +24,22 @@ std::vector<Block*> Heap::LiveBlocks() const {
     }
   }
   return out;
+}
+
+std::vector<ChunkView> Heap::Chunks() const {
+  std::vector<ChunkView> out;
+  for (const auto& segment : segments_) {
+    for (const auto& [start, mc] : segment->chunks) out.push_back({start, mc.chunk.size_bytes()});
+  }
+  return out;
+}
+
+absl::Status Heap::UnmapChunk(DevicePtr address) {
+  for (auto& segment : segments_) {
+    auto it = segment->chunks.find(address);
+    if (it != segment->chunks.end()) return it->second.mapping.Unmap();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(config_.name, ": no chunk at ", Hex(address)));
 }
 
 absl::Status Heap::UnmapAll() {
@@ -92,7 +109,7 @@ std::size_t Heap::ReleaseAllAndPause(absl::Status* error) {
 }
 
 absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> Heap::PrepareResume(
-    const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped) {
+    const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped, std::size_t first_piece_bytes) {
   auto txn = std::make_unique<ResumeTxn>();
   const std::size_t gran = config_.granularity_bytes;
   // Covers: granule-aligned extents of the live blocks, merged when they touch.
@@ -117,11 +134,24 @@ absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> Heap::PrepareResume(
       ++i;
     }
   }
+  const std::size_t max_piece = std::max(RoundUp(config_.max_chunk_bytes, gran), gran);
   for (CoverChunk& c : txn->covers) {
-    VMSTASH_ASSIGN_OR_RETURN(c.chunk, Chunk::Create(config_.driver, config_.device, c.size_bytes, ChunkOptions{}));
-    VMSTASH_ASSIGN_OR_RETURN(c.mapping, Mapping::Create(config_.driver, config_.device, c.address,
-                                                        absl::MakeConstSpan(&c.chunk, 1)));
-    VMSTASH_RETURN_IF_ERROR(on_mapped(c.address, c.size_bytes));
+    std::size_t piece = first_piece_bytes == 0 ? c.size_bytes : std::min(RoundUp(first_piece_bytes, gran), max_piece);
+    for (std::size_t done = 0; done < c.size_bytes;) {
+      std::size_t size = std::min(piece, c.size_bytes - done);
+      // A short last piece joins the one before it (fewer chunks; nothing left to overlap).
+      if (c.size_bytes - done - size < piece / 2) size = c.size_bytes - done;
+      ResumeTxn::Piece p;
+      p.address = c.address + done;
+      p.size_bytes = size;
+      VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size, ChunkOptions{}));
+      VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, p.address,
+                                                          absl::MakeConstSpan(&p.chunk, 1)));
+      c.pieces.push_back(std::move(p));
+      VMSTASH_RETURN_IF_ERROR(on_mapped(c.address + done, size));
+      done += size;
+      piece = std::min(piece * 2, max_piece);
+    }
   }
   return txn;
 }
@@ -158,9 +188,11 @@ void Heap::CommitResume(std::unique_ptr<ResumeTxn> txn) {
     }
     filler(cursor, end);
     segment->run_heads[c.address] = first;
-    segment->chunks.emplace(c.address, MappedChunk{std::move(c.chunk), std::move(c.mapping)});
-    mapped_bytes_ += c.size_bytes;
-    ++chunk_count_;
+    for (ResumeTxn::Piece& p : c.pieces) {
+      segment->chunks.emplace(p.address, MappedChunk{std::move(p.chunk), std::move(p.mapping)});
+      mapped_bytes_ += p.size_bytes;
+      ++chunk_count_;
+    }
   }
   paused_live_.clear();
   paused_ = false;

@@ -14,6 +14,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kBackupAlign = 4096;  // page-aligned pieces copy fastest
+// Pipelined pause: at most kMaxStages stages (AllocatorOptions::pause_stage_bytes).
+constexpr std::size_t kMaxStages = 16;
 
 std::size_t AlignUp(std::size_t v) { return (v + kBackupAlign - 1) / kBackupAlign * kBackupAlign; }
 
@@ -85,6 +87,112 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   return absl::OkStatus();
 }
 
+absl::Status CachingAllocator::UnmapHeaps(TagPool* pool) {
+  VMSTASH_RETURN_IF_ERROR(pool->small->UnmapAll());
+  absl::Status unmapped = pool->large->UnmapAll();
+  if (!unmapped.ok()) {
+    absl::Status undo = pool->small->RemapAll();
+    if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, undo.ToString());
+  }
+  return unmapped;
+}
+
+absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live,
+                                              absl::flat_hash_map<const Block*, std::size_t>* offsets,
+                                              std::size_t* backed_up) {
+  // Arena layout: each live block at a page-aligned offset, in address order.
+  std::vector<const Block*> blocks(live.begin(), live.end());
+  std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->address < b->address; });
+  std::size_t arena_bytes = 0;
+  for (const Block* b : blocks) {
+    offsets->emplace(b, arena_bytes);
+    arena_bytes += AlignUp(b->requested_bytes);
+  }
+  if (arena_bytes == 0) return UnmapHeaps(pool);
+
+  // Stages: runs of whole chunks (address order) holding about 1/kMaxStages of the live
+  // bytes each, at least pause_stage_bytes. All copies are queued at once with an event after
+  // each stage; while the copy engine works on stage k, the chunks of the stages before
+  // it (whose copies are done) are unmapped. Unmapping keeps the handles, so a failure
+  // re-maps and the tag is as it was; the release waits until every copy succeeded.
+  struct Copy {
+    std::size_t arena_offset;
+    DevicePtr src;
+    std::size_t size_bytes;
+  };
+  struct Stage {
+    std::vector<std::pair<Heap*, DevicePtr>> chunks;
+    std::vector<Copy> copies;
+    std::size_t bytes = 0;
+  };
+  std::vector<std::pair<Heap*, ChunkView>> chunks;
+  for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+    for (const ChunkView& c : heap->Chunks()) chunks.emplace_back(heap, c);
+  }
+  std::sort(chunks.begin(), chunks.end(),
+            [](const auto& a, const auto& b) { return a.second.address < b.second.address; });
+  const std::size_t stage_target = std::max<std::size_t>({options_.pause_stage_bytes, arena_bytes / kMaxStages, 1});
+  std::vector<Stage> stages(1);
+  std::size_t next = 0;
+  for (const auto& [heap, c] : chunks) {
+    const DevicePtr end = c.address + c.size_bytes;
+    while (next < blocks.size() && blocks[next]->address + blocks[next]->requested_bytes <= c.address) ++next;
+    Stage& stage = stages.back();
+    // The part of every live block that lies in this chunk (a block may span chunks).
+    for (std::size_t i = next; i < blocks.size() && blocks[i]->address < end; ++i) {
+      const Block* b = blocks[i];
+      const DevicePtr from = std::max<DevicePtr>(b->address, c.address);
+      const DevicePtr to = std::min<DevicePtr>(b->address + b->requested_bytes, end);
+      if (to <= from) continue;
+      stage.copies.push_back({offsets->at(b) + (from - b->address), from, to - from});
+      stage.bytes += to - from;
+    }
+    stage.chunks.emplace_back(heap, c.address);
+    if (stage.bytes >= stage_target) stages.emplace_back();
+  }
+  if (stages.back().chunks.empty()) stages.pop_back();
+
+  // Everything that can fail before the first copy: arena, stream, events.
+  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(arena_bytes));
+  if (pool->copy_stream == nullptr) {
+    VMSTASH_ASSIGN_OR_RETURN(pool->copy_stream, driver_->CreateStream(device_));
+  }
+  while (pool->copy_events.size() < stages.size()) {
+    VMSTASH_ASSIGN_OR_RETURN(Event e, driver_->CreateEvent(device_, false));
+    pool->copy_events.push_back(e);
+  }
+
+  absl::Status status;
+  for (std::size_t k = 0; k < stages.size() && status.ok(); ++k) {
+    for (const Copy& c : stages[k].copies) {
+      status = driver_->CopyToHostAsync(device_, pool->arena->data() + c.arena_offset, c.src, c.size_bytes,
+                                        pool->copy_stream);
+      if (!status.ok()) break;
+    }
+    if (status.ok()) status = driver_->RecordEvent(device_, pool->copy_events[k], pool->copy_stream);
+  }
+  for (std::size_t k = 0; k < stages.size() && status.ok(); ++k) {
+    status = driver_->SynchronizeEvent(device_, pool->copy_events[k]);
+    for (const auto& [heap, address] : stages[k].chunks) {
+      if (!status.ok()) break;
+      status = heap->UnmapChunk(address);
+    }
+    if (status.ok()) *backed_up += stages[k].bytes;
+  }
+  if (status.ok()) status = driver_->SynchronizeStream(device_, pool->copy_stream);
+  if (!status.ok()) {
+    // Nothing was released: wait for the queued copies, then map back what was unmapped.
+    (void)driver_->SynchronizeStream(device_, pool->copy_stream);
+    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+      absl::Status undo = heap->RemapAll();
+      if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, undo.ToString());
+    }
+    *backed_up = 0;
+  }
+  return status;
+}
+
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) {
   const Clock::time_point start = Clock::now();
   TagPool* pool;
@@ -126,42 +234,13 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) 
     live.insert(live.end(), large.begin(), large.end());
     policy = pool->stats.policy;
   }
-  // (2) Backup of live bytes only.
+  // (2)+(3a) Backup of live bytes only, pipelined with the unmapping (BackupAndUnmap).
   absl::flat_hash_map<const Block*, std::size_t> offsets;
-  std::size_t backed_up = 0, arena_bytes = 0;
-  for (const Block* b : live) arena_bytes += AlignUp(b->requested_bytes);
-  if (policy == Policy::kBackup && arena_bytes != 0) {
-    if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
-    absl::Status reserved = pool->arena->Reserve(arena_bytes);
-    if (!reserved.ok()) return fail(reserved);
-    if (pool->copy_stream == nullptr) {
-      absl::StatusOr<Stream> s = driver_->CreateStream(device_);
-      if (!s.ok()) return fail(s.status());
-      pool->copy_stream = *s;
-    }
-    std::size_t offset = 0;
-    absl::Status copied;
-    for (const Block* b : live) {
-      copied = driver_->CopyToHostAsync(device_, pool->arena->data() + offset, b->address, b->requested_bytes,
-                                        pool->copy_stream);
-      if (!copied.ok()) break;
-      offsets.emplace(b, offset);
-      offset += AlignUp(b->requested_bytes);
-      backed_up += b->requested_bytes;
-    }
-    absl::Status drained = driver_->SynchronizeStream(device_, pool->copy_stream);
-    if (!copied.ok()) return fail(copied);
-    if (!drained.ok()) return fail(drained);
-  }
-  // (3) Unmap everything (reversible), then release.
-  absl::Status unmapped = pool->small->UnmapAll();
-  if (!unmapped.ok()) return fail(unmapped);
-  unmapped = pool->large->UnmapAll();
-  if (!unmapped.ok()) {
-    absl::Status undo = pool->small->RemapAll();
-    if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", TagName(tag), undo.ToString());
-    return fail(unmapped);
-  }
+  std::size_t backed_up = 0;
+  absl::Status staged = policy == Policy::kBackup ? BackupAndUnmap(pool, live, &offsets, &backed_up)
+                                                  : UnmapHeaps(pool);
+  if (!staged.ok()) return fail(staged);
+  // (3b) Every copy succeeded and every chunk is unmapped: release.
   absl::Status release_error;
   std::size_t released = pool->small->ReleaseAllAndPause(&release_error);
   released += pool->large->ReleaseAllAndPause(&release_error);
@@ -219,18 +298,23 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
     pool->copy_stream = *s;
   }
   std::size_t restored = 0;
-  // Queues the restore copies of the live blocks inside a freshly mapped cover.
+  // Queues the restore copies of the parts of live blocks inside a freshly mapped piece
+  // (a block may span pieces: each part is copied once its piece is mapped).
   auto restorer = [&](const std::vector<Block*>& blocks) {
     auto cursor = std::make_shared<std::size_t>(0);
     return [&, blocks, cursor](DevicePtr va, std::size_t size) -> absl::Status {
       if (!restore) return absl::OkStatus();
-      while (*cursor < blocks.size() && blocks[*cursor]->address < va + size) {
-        const Block* b = blocks[(*cursor)++];
+      const DevicePtr end = va + size;
+      for (std::size_t i = *cursor; i < blocks.size() && blocks[i]->address < end; ++i) {
+        const Block* b = blocks[i];
+        const DevicePtr b_end = b->address + b->requested_bytes;
+        if (b_end <= end && i == *cursor) ++*cursor;  // done with it after this piece
         auto off = pool->backup_offsets.find(b);
-        if (off == pool->backup_offsets.end()) continue;
-        VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, b->address, pool->arena->data() + off->second,
-                                                           b->requested_bytes, pool->copy_stream));
-        restored += b->requested_bytes;
+        const DevicePtr from = std::max<DevicePtr>(b->address, va), to = std::min<DevicePtr>(b_end, end);
+        if (off == pool->backup_offsets.end() || to <= from) continue;
+        VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(
+            device_, from, pool->arena->data() + off->second + (from - b->address), to - from, pool->copy_stream));
+        restored += to - from;
       }
       return absl::OkStatus();
     };
@@ -238,8 +322,11 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
   absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> small =
       pool->small->PrepareResume(restorer(pool->small->LiveBlocks()));
   if (!small.ok()) return fail(small.status());
+  // The large heap comes back in pieces when there is something to copy, so that creating
+  // and mapping piece k+1 overlaps the copies of piece k; with nothing to copy, one chunk
+  // per cover is fastest.
   absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> large =
-      pool->large->PrepareResume(restorer(pool->large->LiveBlocks()));
+      pool->large->PrepareResume(restorer(pool->large->LiveBlocks()), restore ? options_.resume_first_piece_bytes : 0);
   if (!large.ok()) {
     if (restore) (void)driver_->SynchronizeStream(device_, pool->copy_stream);  // copies into what is undone
     return fail(large.status());

@@ -38,6 +38,9 @@ Fixture Make(Policy policy) {
   f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
   AllocatorOptions options;
   options.validate_each_op = true;
+  // Small stages and pieces, so the pipelined pause and resume have several of each.
+  options.pause_stage_bytes = 8 * kMiB;
+  options.resume_first_piece_bytes = 4 * kMiB;
   f.alloc = *CachingAllocator::Create(f.sim.get(), 0, options);
   f.tag = *InternTag(policy == Policy::kBackup ? "fault_backup" : "fault_discard");
   EXPECT_TRUE(f.alloc->CreateTag(f.tag, policy).ok());
@@ -79,7 +82,8 @@ TEST(PauseResumeFaultTest, EveryCallOfPauseAndResumeFailsCleanly) {
   const DriverOp ops[] = {DriverOp::kSynchronizeDevice, DriverOp::kHostAlloc,     DriverOp::kCreateStream,
                           DriverOp::kCopyToHost,        DriverOp::kSynchronizeStream, DriverOp::kUnmap,
                           DriverOp::kReleaseChunk,      DriverOp::kCreateChunk,   DriverOp::kMap,
-                          DriverOp::kSetAccess,         DriverOp::kCopyToDevice};
+                          DriverOp::kSetAccess,         DriverOp::kCopyToDevice,  DriverOp::kCreateEvent,
+                          DriverOp::kRecordEvent,       DriverOp::kSynchronizeEvent};
   int cases = 0, pause_failures = 0, resume_failures = 0;
   for (Policy policy : {Policy::kBackup, Policy::kDiscard}) {
     // Calls of each op made by one pause + resume without faults.

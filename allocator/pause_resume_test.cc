@@ -94,8 +94,10 @@ TEST_F(PauseResumeTest, BackupRoundTripsAtTheSameAddressAndReleasesMemory) {
   EXPECT_EQ(resumed.paused_bytes, 0);
   EXPECT_EQ(resumed.pauses, 1u);
   EXPECT_EQ(resumed.resumes, 1u);
-  // Re-chunked: one chunk per contiguous cover of live blocks (here: small heap, large heap).
-  EXPECT_EQ(resumed.chunks, 2);
+  // Re-chunked: one chunk for the small heap's cover; the large heap's 746 MiB cover comes
+  // back in pipelined pieces of 64, 128, 256 MiB and the rest (a piece of 512 would leave
+  // nothing after it).
+  EXPECT_EQ(resumed.chunks, 5);
   for (auto [p, n] : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
   ASSERT_TRUE(alloc_->Free(other).ok());
 }
@@ -111,6 +113,46 @@ TEST_F(PauseResumeTest, DiscardContentsAreNotKeptAndMemoryIsReleased) {
   EXPECT_FALSE(HasPattern(p, 64 * kMiB, 7));  // fresh physical memory: the old bytes are gone
   std::memset(reinterpret_cast<void*>(p), 1, 64 * kMiB);  // and it is usable at the same address
   ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, PausePipelinesInStagesAndResumeMapsInPieces) {
+  AllocatorOptions options;
+  options.min_chunk_bytes = 20 * kMiB;
+  options.max_chunk_bytes = 64 * kMiB;
+  options.pause_stage_bytes = 32 * kMiB;
+  options.resume_first_piece_bytes = 8 * kMiB;
+  Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options);
+  // 30 blocks of 9 MiB grow the large heap in 20 MiB chunks; blocks straddle chunk ends.
+  std::vector<DevicePtr> blocks;
+  for (int i = 0; i < 30; ++i) {
+    blocks.push_back(Alloc(9 * kMiB, weights_));
+    FillPattern(blocks.back(), 9 * kMiB, static_cast<std::uint8_t>(i));
+  }
+  const std::int64_t chunks_before = Stats(weights_).chunks;
+  ASSERT_GT(chunks_before, 4);
+  DriverCounters before = sim_->Counters();
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  DriverCounters after = sim_->Counters();
+  auto calls = [&](DriverOp op) { return after.Calls(op) - before.Calls(op); };
+  // 270 MiB of live bytes in stages of >= 32 MiB of whole chunks: several stages, one
+  // event each, every chunk unmapped once and released once.
+  EXPECT_GE(calls(DriverOp::kRecordEvent), 5u);
+  EXPECT_LE(calls(DriverOp::kRecordEvent), 9u);
+  EXPECT_EQ(calls(DriverOp::kSynchronizeEvent), calls(DriverOp::kRecordEvent));
+  EXPECT_EQ(calls(DriverOp::kUnmap), static_cast<std::uint64_t>(chunks_before));
+  EXPECT_EQ(calls(DriverOp::kReleaseChunk), static_cast<std::uint64_t>(chunks_before));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  for (int i = 0; i < 30; ++i) EXPECT_TRUE(HasPattern(blocks[i], 9 * kMiB, static_cast<std::uint8_t>(i))) << i;
+  // One 270 MiB cover in pieces of 8, 16, 32, 64, 64 MiB and the 86 MiB rest (a 22 MiB
+  // tail joins the piece before it).
+  EXPECT_EQ(Stats(weights_).chunks, 6);
+  for (DevicePtr p : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
+  // A discard tag has nothing to copy: one chunk per cover.
+  DevicePtr kv = Alloc(300 * kMiB, kv_);
+  ASSERT_EQ(*alloc_->Pause(kv_), Transition::kDone);
+  ASSERT_EQ(*alloc_->Resume(kv_), Transition::kDone);
+  EXPECT_EQ(Stats(kv_).chunks, 1);
+  ASSERT_TRUE(alloc_->Free(kv).ok());
 }
 
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {
