@@ -18,6 +18,7 @@ AllocatorOptions AllocatorOptions::FromOptions(const Options& options) {
   out.max_chunk_bytes = options.max_chunk_bytes;
   out.heap_va_bytes = options.heap_va_bytes;
   out.backup_kind = options.backup_pageable ? BackupArena::Kind::kPageable : BackupArena::Kind::kPinned;
+  out.auto_prepare = options.auto_prepare;
   return out;
 }
 
@@ -48,9 +49,13 @@ CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions 
   counters_.device = device;
   counters_.driver = std::string(driver->Name());
   counters_.bypass = options.bypass;
+  if (options.auto_prepare) {
+    preparer_ = std::make_unique<AutoPreparer>([this](TagId tag, std::size_t bytes) { return Prepare(tag, bytes); });
+  }
 }
 
 CachingAllocator::~CachingAllocator() {
+  preparer_.reset();  // its thread calls Prepare(): stop it before anything goes away
   MutexLock lock(&mu_);
   absl::Status sync = driver_->SynchronizeDevice(device_);
   if (!sync.ok()) VMSTASH_LOG(kError, "vmstash: device {} sync at allocator shutdown: {}", device_, sync.ToString());
@@ -314,6 +319,18 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
   std::int64_t reserved = static_cast<std::int64_t>(pool->small->mapped_bytes() + pool->large->mapped_bytes());
   pool->stats.reserved_bytes.Add(reserved - pool->stats.reserved_bytes.current);
   pool->stats.chunks = static_cast<std::int64_t>(pool->small->chunk_count() + pool->large->chunk_count());
+  // A `backup` tag outgrowing its prepared arena: pin ahead of the first pause, with 25%
+  // headroom (see auto_preparer.h).
+  const auto bytes = static_cast<std::size_t>(reserved);
+  if (preparer_ != nullptr && pool->stats.policy == Policy::kBackup && pool->state == TagState::kActive &&
+      bytes > pool->auto_prepared_bytes) {
+    pool->auto_prepared_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
+    preparer_->Request(pool->id, pool->auto_prepared_bytes);
+  }
+}
+
+void CachingAllocator::WaitForBackgroundPrepare() {
+  if (preparer_ != nullptr) preparer_->WaitIdle();
 }
 
 absl::Status CachingAllocator::Free(DevicePtr ptr) {

@@ -86,6 +86,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/auto_preparer.h"
 #include "allocator/backup_arena.h"
 #include "allocator/block.h"
 #include "allocator/heap.h"
@@ -119,6 +120,9 @@ struct AllocatorOptions {
   // from resume_first_piece_bytes to max_chunk_bytes (0: one chunk per cover).
   std::size_t pause_stage_bytes = std::size_t{64} << 20;
   std::size_t resume_first_piece_bytes = std::size_t{64} << 20;
+  // A background thread prepares the backup arena of a `backup` tag as it grows (see
+  // auto_preparer.h). Tests that count driver calls turn it off.
+  bool auto_prepare = true;
 
   static AllocatorOptions FromOptions(const Options& options);
 };
@@ -169,7 +173,10 @@ class CachingAllocator {
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0.
   absl::Status Prepare(TagId tag, std::size_t bytes = 0);
-  // Gives the tag's backup arena host memory back. FailedPrecondition while paused.
+  // Waits until background preparations (AllocatorOptions::auto_prepare) are done.
+  void WaitForBackgroundPrepare();
+  // Gives the tag's backup arena host memory back (and stops preparing it automatically
+  // until it grows again). FailedPrecondition while paused.
   absl::Status ReleaseBackup(TagId tag);
   // Callbacks for one tag, run without allocator locks: before_pause may veto the pause by
   // returning an error; after_resume errors are returned by Resume (the tag is resumed).
@@ -202,6 +209,7 @@ class CachingAllocator {
     std::unique_ptr<BackupArena> arena;         // guarded by transition_mu
     Stream copy_stream = nullptr;               // guarded by transition_mu
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
+    std::size_t auto_prepared_bytes = 0;        // last background request (mu_)
     absl::flat_hash_map<const Block*, std::size_t> backup_offsets;  // while paused
     std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
     bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
@@ -276,6 +284,8 @@ class CachingAllocator {
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   AllocatorStats counters_ ABSL_GUARDED_BY(mu_);  // device-wide counters (tags filled on read)
+  // Set at construction when options_.auto_prepare; its thread calls Prepare().
+  std::unique_ptr<AutoPreparer> preparer_;
 };
 
 }  // namespace vmstash

@@ -84,6 +84,7 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   if (pool->arena != nullptr) VMSTASH_RETURN_IF_ERROR(pool->arena->Release());
   MutexLock lock(&mu_);
   pool->stats.backup_arena_bytes = 0;
+  pool->auto_prepared_bytes = 0;
   return absl::OkStatus();
 }
 

@@ -38,6 +38,7 @@ Fixture Make(Policy policy) {
   f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
   AllocatorOptions options;
   options.validate_each_op = true;
+  options.auto_prepare = false;  // the test counts driver calls
   // Small stages and pieces, so the pipelined pause and resume have several of each.
   options.pause_stage_bytes = 8 * kMiB;
   options.resume_first_piece_bytes = 4 * kMiB;

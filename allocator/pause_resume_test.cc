@@ -35,10 +35,12 @@ class PauseResumeTest : public ::testing::Test {
     absl::Status leaks = sim_->CheckNoLeaks();
     EXPECT_TRUE(leaks.ok()) << leaks;
   }
-  void Make(SimDriverOptions sim_options, AllocatorOptions options = {}) {
+  // Background preparation is off unless a test asks: the others count driver calls.
+  void Make(SimDriverOptions sim_options, AllocatorOptions options = {}, bool auto_prepare = false) {
     alloc_.reset();
     sim_ = std::make_unique<SimDriver>(sim_options);
     options.validate_each_op = true;
+    options.auto_prepare = auto_prepare;
     alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
     weights_ = *InternTag("weights");
     kv_ = *InternTag("kv_cache");
@@ -153,6 +155,35 @@ TEST_F(PauseResumeTest, PausePipelinesInStagesAndResumeMapsInPieces) {
   ASSERT_EQ(*alloc_->Resume(kv_), Transition::kDone);
   EXPECT_EQ(Stats(kv_).chunks, 1);
   ASSERT_TRUE(alloc_->Free(kv).ok());
+}
+
+TEST_F(PauseResumeTest, BackgroundThreadPreparesTheArenaAsTheTagGrows) {
+  Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, AllocatorOptions{}, /*auto_prepare=*/true);
+  DevicePtr a = Alloc(100 * kMiB, weights_);
+  FillPattern(a, 100 * kMiB, 3);
+  DevicePtr kv = Alloc(100 * kMiB, kv_);  // discard tags get no arena
+  alloc_->WaitForBackgroundPrepare();
+  const std::int64_t first = Stats(weights_).backup_arena_bytes;
+  EXPECT_GE(first, Stats(weights_).reserved_bytes.current * 5 / 4);
+  EXPECT_EQ(Stats(kv_).backup_arena_bytes, 0);
+  // The tag grows past the headroom: prepared again, larger.
+  DevicePtr b = Alloc(300 * kMiB, weights_);
+  FillPattern(b, 300 * kMiB, 4);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_GE(Stats(weights_).backup_arena_bytes, Stats(weights_).reserved_bytes.current * 5 / 4);
+  EXPECT_GT(Stats(weights_).backup_arena_bytes, first);
+  // The pause pins nothing: the arena was ready.
+  const std::uint64_t host_allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), host_allocs);
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(HasPattern(a, 100 * kMiB, 3));
+  EXPECT_TRUE(HasPattern(b, 300 * kMiB, 4));
+  // Released on request; not prepared again until the tag grows.
+  ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
+  for (DevicePtr p : {a, b, kv}) ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {

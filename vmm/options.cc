@@ -52,9 +52,10 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     absl::StatusOr<std::vector<FaultRule>> rules = ParseFaultRules(value);
     if (!rules.ok()) return BadValue(key, value, rules.status().message());
     options.sim_faults = *std::move(rules);
-  } else if (key == "bypass") {
-    if (value == "1" || value == "true") options.bypass = true;
-    else if (value == "0" || value == "false") options.bypass = false;
+  } else if (key == "bypass" || key == "auto_prepare") {
+    bool* flag = key == "bypass" ? &options.bypass : &options.auto_prepare;
+    if (value == "1" || value == "true") *flag = true;
+    else if (value == "0" || value == "false") *flag = false;
     else return BadValue(key, value, "expected 0 or 1");
   } else if (key == "backup") {
     if (value == "pinned") options.backup_pageable = false;
@@ -76,7 +77,7 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     return absl::InvalidArgumentError(absl::StrCat(
         "VMSTASH_CONF: unknown key '", key,
         "' (known: driver, log_level, sim_devices, sim_capacity, sim_granularity, sim_fail, bypass, "
-        "min_chunk, max_chunk, heap_va, backup)"));
+        "min_chunk, max_chunk, heap_va, backup, auto_prepare)"));
   }
   return absl::OkStatus();
 }
@@ -177,7 +178,8 @@ std::string OptionsToString(const Options& options) {
   absl::StrAppend(&out, ",bypass:", options.bypass ? 1 : 0, ",min_chunk:", SizeToString(options.min_chunk_bytes),
                   ",max_chunk:", SizeToString(options.max_chunk_bytes),
                   ",heap_va:", SizeToString(options.heap_va_bytes),
-                  ",backup:", options.backup_pageable ? "pageable" : "pinned");
+                  ",backup:", options.backup_pageable ? "pageable" : "pinned",
+                  ",auto_prepare:", options.auto_prepare ? 1 : 0);
   return out;
 }
 

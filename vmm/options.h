@@ -21,6 +21,9 @@
 //   heap_va         allocator: VA reserved per heap at a time (default 0 = 2x device memory)
 //   backup          pinned | pageable   where paused `backup` bytes go: pinned host memory
 //                           (default; link speed) or pageable mmap (RSS given back after resume)
+//   auto_prepare    1 | 0   allocator: a background thread sizes the backup arena of a
+//                           `backup` tag as the tag grows, so even the first pause runs at
+//                           link speed (default 1; 0: only explicit Prepare)
 //
 // OptionsFromEnvironment() is the only place in the project that reads the environment:
 // VMSTASH_CONF, and VMSTASH_DRIVER (same values as `driver`, overrides it).
@@ -53,6 +56,7 @@ struct Options {
   std::size_t max_chunk_bytes = std::size_t{2} << 30;
   std::size_t heap_va_bytes = 0;
   bool backup_pageable = false;
+  bool auto_prepare = true;
 };
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf);

@@ -17,7 +17,7 @@ TEST(OptionsTest, EmptyGivesDefaults) {
 TEST(OptionsTest, ParsesEveryKey) {
   absl::StatusOr<Options> options = ParseOptions(
       " driver:sim, log_level:debug,sim_devices:3,sim_capacity:1536M,sim_granularity:64K,"
-      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,");
+      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,");
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->driver, DriverKind::kSim);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
@@ -30,6 +30,7 @@ TEST(OptionsTest, ParsesEveryKey) {
   EXPECT_EQ(options->max_chunk_bytes, std::size_t{1} << 30);
   EXPECT_EQ(options->heap_va_bytes, std::size_t{64} << 30);
   EXPECT_TRUE(options->backup_pageable);
+  EXPECT_FALSE(options->auto_prepare);
   // The canonical string parses back to the same options.
   absl::StatusOr<Options> again = ParseOptions(OptionsToString(*options));
   ASSERT_TRUE(again.ok()) << again.status() << " for " << OptionsToString(*options);
@@ -45,7 +46,7 @@ TEST(OptionsTest, UnknownKeyIsAnErrorNamingIt) {
 TEST(OptionsTest, BadValuesAndDuplicatesAreErrors) {
   for (const char* bad : {"driver:gpu", "log_level:loud", "sim_devices:0", "sim_devices:65", "sim_capacity:12Q",
                           "sim_granularity:3000", "sim_granularity:1K", "sim_fail:map", "driver", "driver:sim,driver:cuda",
-                          "sim_capacity:99999999999T", "bypass:yes", "min_chunk:0", "max_chunk:big", "backup:disk"}) {
+                          "sim_capacity:99999999999T", "bypass:yes", "min_chunk:0", "max_chunk:big", "backup:disk", "auto_prepare:2"}) {
     absl::StatusOr<Options> options = ParseOptions(bad);
     EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }

@@ -1,0 +1,63 @@
+// AutoPreparer: see auto_preparer.h.
+#include "allocator/auto_preparer.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "vmm/log.h"
+
+namespace vmstash {
+
+AutoPreparer::~AutoPreparer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void AutoPreparer::Request(TagId tag, std::size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    std::size_t& want = queue_[tag];
+    want = std::max(want, bytes);
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  }
+  cv_.notify_all();
+}
+
+void AutoPreparer::WaitIdle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
+}
+
+std::size_t AutoPreparer::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return completed_;
+}
+
+void AutoPreparer::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    auto [tag, bytes] = *queue_.begin();
+    queue_.erase(queue_.begin());
+    busy_ = true;
+    lock.unlock();
+    absl::Status s = prepare_(tag, bytes);
+    if (!s.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: preparing the backup arena of tag '{}' ({} bytes) in the background: {}",
+                  TagName(tag), bytes, s.ToString());
+    }
+    lock.lock();
+    busy_ = false;
+    ++completed_;
+    cv_.notify_all();
+  }
+}
+
+}  // namespace vmstash

@@ -1,0 +1,63 @@
+// AutoPreparer: one background thread that sizes backup arenas ahead of the first pause
+// (DESIGN §5: "pinned ahead of time ... or in a background thread").
+//
+// Pinning host memory costs ~0.4 s/GiB. A tag that pays it inside Pause() pauses at a
+// few GiB/s instead of link speed, so the allocator asks this thread to Prepare a
+// `backup` tag whenever the tag's reserved bytes outgrow what was last prepared (with 25%
+// headroom, so a growing tag re-pins a logarithmic number of times). The work function is
+// the allocator's Prepare(tag, bytes); it runs without allocator locks, under the tag's
+// transition lock, so allocations proceed while the thread pins and a Pause simply waits
+// for a preparation in progress (it would have had to pin anyway).
+//
+// Requests for one tag coalesce (the largest wins). The thread starts on the first
+// request, so allocators without `backup` tags never start it. Failures are logged (the
+// pause then pins what it needs itself, or reports the host's refusal).
+//
+// Thread-safety: Request() is thread-safe and never blocks on the work; the destructor
+// stops the thread after the preparation in progress (if any) and drops queued ones.
+#ifndef VMSTASH_ALLOCATOR_AUTO_PREPARER_H_
+#define VMSTASH_ALLOCATOR_AUTO_PREPARER_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "allocator/tag.h"
+
+namespace vmstash {
+
+class AutoPreparer {
+ public:
+  using PrepareFn = std::function<absl::Status(TagId tag, std::size_t bytes)>;
+  explicit AutoPreparer(PrepareFn prepare) : prepare_(std::move(prepare)) {}
+  ~AutoPreparer();
+  AutoPreparer(const AutoPreparer&) = delete;
+  AutoPreparer& operator=(const AutoPreparer&) = delete;
+
+  // Queues Prepare(tag, bytes).
+  void Request(TagId tag, std::size_t bytes);
+  // Blocks until nothing is queued or in progress (for tests and benchmarks).
+  void WaitIdle();
+  // Preparations completed (successful or not).
+  std::size_t completed() const;
+
+ private:
+  void Loop();
+
+  const PrepareFn prepare_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<TagId, std::size_t> queue_;  // guarded by mu_
+  bool busy_ = false;                   // guarded by mu_
+  bool stop_ = false;                   // guarded by mu_
+  std::size_t completed_ = 0;           // guarded by mu_
+  std::thread thread_;                  // started by the first Request
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_AUTO_PREPARER_H_
