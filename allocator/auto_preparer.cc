@@ -22,8 +22,9 @@ void AutoPreparer::Request(TagId tag, std::size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return;
-    std::size_t& want = queue_[tag];
-    want = std::max(want, bytes);
+    Pending& p = queue_[tag];
+    p.bytes = std::max(p.bytes, bytes);
+    p.due = std::chrono::steady_clock::now() + settle_;
     if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   }
   cv_.notify_all();
@@ -44,8 +45,15 @@ void AutoPreparer::Loop() {
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    auto [tag, bytes] = *queue_.begin();
-    queue_.erase(queue_.begin());
+    auto next = std::min_element(queue_.begin(), queue_.end(),
+                                 [](const auto& a, const auto& b) { return a.second.due < b.second.due; });
+    if (next->second.due > std::chrono::steady_clock::now()) {
+      cv_.wait_until(lock, next->second.due);  // a new request may move it; look again
+      continue;
+    }
+    const TagId tag = next->first;
+    const std::size_t bytes = next->second.bytes;
+    queue_.erase(next);
     busy_ = true;
     lock.unlock();
     absl::Status s = prepare_(tag, bytes);

@@ -9,15 +9,19 @@
 // transition lock, so allocations proceed while the thread pins and a Pause simply waits
 // for a preparation in progress (it would have had to pin anyway).
 //
-// Requests for one tag coalesce (the largest wins). The thread starts on the first
-// request, so allocators without `backup` tags never start it. Failures are logged (the
-// pause then pins what it needs itself, or reports the host's refusal).
+// Requests for one tag coalesce (the largest wins) and wait until the tag has stopped
+// growing for `settle` (each request restarts the wait): a tag filled in a burst (loading
+// weights, sizing a KV cache) is pinned once at its final size instead of re-pinned at
+// every growth step, since a larger arena replaces the smaller one. The thread starts on
+// the first request, so allocators without `backup` tags never start it. Failures are
+// logged (the pause then pins what it needs itself, or reports the host's refusal).
 //
 // Thread-safety: Request() is thread-safe and never blocks on the work; the destructor
 // stops the thread after the preparation in progress (if any) and drops queued ones.
 #ifndef VMSTASH_ALLOCATOR_AUTO_PREPARER_H_
 #define VMSTASH_ALLOCATOR_AUTO_PREPARER_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -33,12 +37,13 @@ namespace vmstash {
 class AutoPreparer {
  public:
   using PrepareFn = std::function<absl::Status(TagId tag, std::size_t bytes)>;
-  explicit AutoPreparer(PrepareFn prepare) : prepare_(std::move(prepare)) {}
+  AutoPreparer(PrepareFn prepare, std::chrono::milliseconds settle)
+      : prepare_(std::move(prepare)), settle_(settle) {}
   ~AutoPreparer();
   AutoPreparer(const AutoPreparer&) = delete;
   AutoPreparer& operator=(const AutoPreparer&) = delete;
 
-  // Queues Prepare(tag, bytes).
+  // Queues Prepare(tag, bytes), due `settle` from now.
   void Request(TagId tag, std::size_t bytes);
   // Blocks until nothing is queued or in progress (for tests and benchmarks).
   void WaitIdle();
@@ -48,10 +53,15 @@ class AutoPreparer {
  private:
   void Loop();
 
+  struct Pending {
+    std::size_t bytes = 0;
+    std::chrono::steady_clock::time_point due;
+  };
   const PrepareFn prepare_;
+  const std::chrono::milliseconds settle_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::map<TagId, std::size_t> queue_;  // guarded by mu_
+  std::map<TagId, Pending> queue_;      // guarded by mu_
   bool busy_ = false;                   // guarded by mu_
   bool stop_ = false;                   // guarded by mu_
   std::size_t completed_ = 0;           // guarded by mu_

@@ -1,6 +1,7 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,7 +51,9 @@ CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions 
   counters_.driver = std::string(driver->Name());
   counters_.bypass = options.bypass;
   if (options.auto_prepare) {
-    preparer_ = std::make_unique<AutoPreparer>([this](TagId tag, std::size_t bytes) { return Prepare(tag, bytes); });
+    preparer_ = std::make_unique<AutoPreparer>(
+        [this](TagId tag, std::size_t bytes) { return PrepareInBackground(tag, bytes); },
+        std::chrono::milliseconds(std::max(options.auto_prepare_settle_ms, 0)));
   }
 }
 

@@ -121,8 +121,10 @@ struct AllocatorOptions {
   std::size_t pause_stage_bytes = std::size_t{64} << 20;
   std::size_t resume_first_piece_bytes = std::size_t{64} << 20;
   // A background thread prepares the backup arena of a `backup` tag as it grows (see
-  // auto_preparer.h). Tests that count driver calls turn it off.
+  // auto_preparer.h), once the tag has not grown for auto_prepare_settle_ms. Tests that
+  // count driver calls turn it off.
   bool auto_prepare = true;
+  int auto_prepare_settle_ms = 250;
 
   static AllocatorOptions FromOptions(const Options& options);
 };
@@ -252,6 +254,9 @@ class CachingAllocator {
   // Pause steps (pause_resume.cc), called with the tag's transition lock and without mu_.
   // Both leave every chunk unmapped (handles kept) or, on failure, the tag as it was.
   absl::Status UnmapHeaps(TagPool* pool);
+  // The background preparer's work: Prepare() for an active tag whose arena is smaller
+  // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
+  absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
   absl::Status BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live,
                               absl::flat_hash_map<const Block*, std::size_t>* offsets, std::size_t* backed_up);
   TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -67,6 +67,16 @@ absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
   return absl::OkStatus();
 }
 
+absl::Status CachingAllocator::PrepareInBackground(TagId tag, std::size_t bytes) {
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, false, Policy::kDiscard));
+    // Paused, being paused, or released since the request (which reset the target).
+    if (pool->state != TagState::kActive || pool->auto_prepared_bytes == 0) return absl::OkStatus();
+  }
+  return Prepare(tag, bytes);
+}
+
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   TagPool* pool;
   {

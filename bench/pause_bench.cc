@@ -3,7 +3,9 @@
 //   limit     pinned D2H and H2D copies of the same size through the driver
 //             (cuMemcpyAsync with page-locked host memory, what cudaMemcpyAsync does)
 //   backup    pause+resume of SIZE in 1 block and in 1024 blocks: first cycle with the
-//             arena prepared, later cycles; and a first cycle without Prepare (pins then)
+//             arena prepared by the background thread (auto_prepare), later cycles; a
+//             first cycle with nothing prepared (the pause pins); and cycles with the
+//             pipelining off (one stage, one chunk per cover) to show what it buys
 //   discard   pause+resume of SIZE in 1024 blocks
 //   half-free a tag of SIZE with every other block freed: pause time follows live bytes
 //
@@ -111,15 +113,21 @@ int Run(int argc, char** argv) {
 
   TagId backup = *InternTag("bench_backup"), cold = *InternTag("bench_cold"), discard = *InternTag("bench_discard");
   BENCH_CHECK(alloc.CreateTag(backup, Policy::kBackup));
-  BENCH_CHECK(alloc.CreateTag(cold, Policy::kBackup));
   BENCH_CHECK(alloc.CreateTag(discard, Policy::kDiscard));
 
   // Backup, 1 block, arena prepared.
   {
-    DevicePtr p = *alloc.Allocate(size, nullptr, backup);
     auto t0 = Clock::now();
-    BENCH_CHECK(alloc.Prepare(backup, size));
-    std::printf("Prepare (pin the %zu GiB arena, ahead of time): %.2f s\n", gib, Seconds(t0, Clock::now()));
+    DevicePtr p = *alloc.Allocate(size, nullptr, backup);
+    alloc.WaitForBackgroundPrepare();  // what a phase of real work would hide
+    std::printf("background preparation of the arena (%.1f GiB pinned, ahead of the first pause): %.2f s\n",
+                [&] {
+                  for (const TagStats& t : alloc.Stats().tags) {
+                    if (t.name == "bench_backup") return t.backup_arena_bytes / double(1 << 30);
+                  }
+                  return 0.0;
+                }(),
+                Seconds(t0, Clock::now()));
     for (int cycle = 1; cycle <= 3; ++cycle) {
       absl::StatusOr<Cycle> c = PauseResume(alloc, backup);
       BENCH_CHECK(c.status());
@@ -151,15 +159,36 @@ int Run(int argc, char** argv) {
     BENCH_CHECK(alloc.ReleaseBackup(backup));
     BENCH_CHECK(alloc.EmptyCache());
   }
-  // Backup, 1 block, first cycle without Prepare: the pause pins its arena.
+  // Without auto_prepare or pipelining: a second allocator on the same device.
   {
-    DevicePtr p = *alloc.Allocate(size, nullptr, cold);
-    absl::StatusOr<Cycle> c = PauseResume(alloc, cold);
+    AllocatorOptions plain = AllocatorOptions::FromOptions(*options);
+    plain.auto_prepare = false;
+    plain.pause_stage_bytes = ~std::size_t{0};  // one stage: unmap after all copies
+    plain.resume_first_piece_bytes = 0;         // one chunk per cover
+    auto other = CachingAllocator::Create(&driver, 0, plain);
+    BENCH_CHECK(other.status());
+    CachingAllocator& b = **other;
+    BENCH_CHECK(b.CreateTag(cold, Policy::kBackup));
+    DevicePtr p = *b.Allocate(size, nullptr, cold);
+    absl::StatusOr<Cycle> c = PauseResume(b, cold);
     BENCH_CHECK(c.status());
     report("backup, 1 block, cycle 1 (not prepared)", *c, size);
-    BENCH_CHECK(alloc.Free(p));
-    BENCH_CHECK(alloc.ReleaseBackup(cold));
-    BENCH_CHECK(alloc.EmptyCache());
+    for (int cycle = 2; cycle <= 3; ++cycle) {
+      c = PauseResume(b, cold);
+      BENCH_CHECK(c.status());
+      report("backup, 1 block, no pipelining", *c, size);
+    }
+    BENCH_CHECK(b.Free(p));
+    std::vector<DevicePtr> blocks;
+    for (int i = 0; i < 1024; ++i) blocks.push_back(*b.Allocate(size / 1024, nullptr, cold));
+    for (int cycle = 1; cycle <= 2; ++cycle) {
+      c = PauseResume(b, cold);
+      BENCH_CHECK(c.status());
+      report("backup, 1024 blocks, no pipelining", *c, size);
+    }
+    for (DevicePtr q : blocks) BENCH_CHECK(b.Free(q));
+    BENCH_CHECK(b.ReleaseBackup(cold));
+    BENCH_CHECK(b.EmptyCache());
   }
   // Discard, 1024 blocks.
   {
