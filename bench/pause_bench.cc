@@ -138,6 +138,14 @@ int Run(int argc, char** argv) {
     absl::StatusOr<Cycle> idle = PauseResume(alloc, backup, 2.0);
     BENCH_CHECK(idle.status());
     report("backup, 1 block, resume 2 s after the pause", *idle, size);
+    // How long after a pause a resume runs at link speed: the driver is still busy with
+    // the memory the pause gave back (see README).
+    for (int delay_ms : {0, 10, 20, 40, 80, 160}) {
+      absl::StatusOr<Cycle> c = PauseResume(alloc, backup, delay_ms / 1000.0);
+      BENCH_CHECK(c.status());
+      std::printf("backup, 1 block, resume %3d ms after the pause: resume %.1f ms (%.1f%% of H2D)\n", delay_ms,
+                  c->resume_s * 1e3, 100 * GBps(size, c->resume_s) / h2d);
+    }
     BENCH_CHECK(alloc.Free(p));
     BENCH_CHECK(alloc.EmptyCache());
   }

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/types/span.h"
 #include "vmm/chunk.h"
 #include "vmm/driver_factory.h"
 #include "vmm/mapping.h"
@@ -119,6 +120,31 @@ absl::Status Run(Driver& d, int dev, std::size_t total, std::size_t copy, int re
       ms.push_back(Ms(t0, Clock::now()));
     }
     std::printf("%3d chunk(s), %d thread(s): release %.2f ms (median of %d)\n", pieces, threads, Median(ms), reps);
+  }
+
+  std::printf("\n== create+map of %.1f GiB right after releasing %.1f GiB of used memory ==\n",
+              total / 1073741824.0, total / 1073741824.0);
+  for (int delay_ms : {0, 20, 50, 200}) {
+    {
+      VMSTASH_ASSIGN_OR_RETURN(Chunk used, Chunk::Create(&d, dev, total));
+      VMSTASH_ASSIGN_OR_RETURN(Mapping mm, Mapping::Create(&d, dev, r.address(), absl::MakeConstSpan(&used, 1)));
+      VMSTASH_RETURN_IF_ERROR(d.MemsetAsync(dev, r.address(), 1, total, nullptr));
+      VMSTASH_RETURN_IF_ERROR(d.SynchronizeDevice(dev));
+    }  // unmapped, then released
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    auto t0 = Clock::now();
+    VMSTASH_ASSIGN_OR_RETURN(Chunk fresh, Chunk::Create(&d, dev, total));
+    auto t1 = Clock::now();
+    VMSTASH_ASSIGN_OR_RETURN(Mapping mm, Mapping::Create(&d, dev, r.address(), absl::MakeConstSpan(&fresh, 1)));
+    auto t2 = Clock::now();
+    VMSTASH_RETURN_IF_ERROR(d.MemsetAsync(dev, r.address(), 2, total, nullptr));
+    VMSTASH_RETURN_IF_ERROR(d.SynchronizeDevice(dev));
+    auto t3 = Clock::now();
+    VMSTASH_RETURN_IF_ERROR(d.MemsetAsync(dev, r.address(), 3, total, nullptr));
+    VMSTASH_RETURN_IF_ERROR(d.SynchronizeDevice(dev));
+    auto t4 = Clock::now();
+    std::printf("after %3d ms: create %.2f ms, map %.2f ms, first memset %.2f ms, second memset %.2f ms\n", delay_ms,
+                Ms(t0, t1), Ms(t1, t2), Ms(t2, t3), Ms(t3, t4));
   }
 
   std::printf("\n== pinned host memory and copies, %.1f GiB ==\n", copy / 1073741824.0);
