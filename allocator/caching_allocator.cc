@@ -365,10 +365,10 @@ absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   TagStats& s = pool->stats;
   if (pool->state == TagState::kPaused) {
     // Its bytes were released with the pause; its backup bytes are dropped.
-    auto off = pool->backup_offsets.find(block);
-    if (off != pool->backup_offsets.end()) {
-      s.backed_up_bytes -= static_cast<std::int64_t>(block->requested_bytes);
-      pool->backup_offsets.erase(off);
+    auto found = pool->backup_extents.find(block);
+    if (found != pool->backup_extents.end()) {
+      for (const BackupExtent& e : found->second) s.backed_up_bytes -= static_cast<std::int64_t>(e.size_bytes);
+      pool->backup_extents.erase(found);
     }
     block->other_streams.clear();
   }

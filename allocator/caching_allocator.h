@@ -170,7 +170,12 @@ class CachingAllocator {
 
   // --- Pause/resume: Note [Pause/Resume Protocol] ----------------------------------
   enum class Transition { kDone, kAlreadyInState };
-  absl::StatusOr<Transition> Pause(TagId tag);
+  // `live` (optional): the byte ranges of the tag that hold data, from a layer that
+  // caches inside our blocks (PyTorch's MemPool: its active blocks inside our segments).
+  // A `backup` pause then copies only the parts of live blocks inside these ranges; the
+  // other bytes of those blocks are not preserved. Ranges may be unsorted or overlap.
+  using LiveRanges = std::vector<std::pair<DevicePtr, std::size_t>>;
+  absl::StatusOr<Transition> Pause(TagId tag, const LiveRanges* live = nullptr);
   absl::StatusOr<Transition> Resume(TagId tag);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0.
@@ -197,6 +202,11 @@ class CachingAllocator {
 
  private:
   enum class TagState { kActive, kPausing, kPaused, kResuming };
+  struct BackupExtent {  // bytes [address, address + size) are at arena offset arena_offset
+    DevicePtr address = 0;
+    std::size_t size_bytes = 0;
+    std::size_t arena_offset = 0;
+  };
   struct TagPool {
     TagId id = kDefaultTag;
     // Block records of this tag's heaps: per tag, so a pause or resume (which runs
@@ -212,7 +222,8 @@ class CachingAllocator {
     Stream copy_stream = nullptr;               // guarded by transition_mu
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
     std::size_t auto_prepared_bytes = 0;        // last background request (mu_)
-    absl::flat_hash_map<const Block*, std::size_t> backup_offsets;  // while paused
+    // While paused: where each live block's backed-up bytes are in the arena.
+    absl::flat_hash_map<const Block*, std::vector<BackupExtent>> backup_extents;
     std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
     bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
   };
@@ -257,8 +268,9 @@ class CachingAllocator {
   // The background preparer's work: Prepare() for an active tag whose arena is smaller
   // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
-  absl::Status BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live,
-                              absl::flat_hash_map<const Block*, std::size_t>* offsets, std::size_t* backed_up);
+  absl::Status BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
+                              absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
+                              std::size_t* backed_up);
   TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pools_[block->heap->config().owner_id].get();
   }

@@ -108,16 +108,48 @@ absl::Status CachingAllocator::UnmapHeaps(TagPool* pool) {
   return unmapped;
 }
 
-absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live,
-                                              absl::flat_hash_map<const Block*, std::size_t>* offsets,
+absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
+                                              absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
                                               std::size_t* backed_up) {
-  // Arena layout: each live block at a page-aligned offset, in address order.
   std::vector<const Block*> blocks(live.begin(), live.end());
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->address < b->address; });
-  std::size_t arena_bytes = 0;
+  // The hint, sorted and merged.
+  LiveRanges hint;
+  if (ranges != nullptr) {
+    hint = *ranges;
+    std::sort(hint.begin(), hint.end());
+    LiveRanges merged;
+    for (const auto& [a, n] : hint) {
+      if (n == 0) continue;
+      if (!merged.empty() && merged.back().first + merged.back().second >= a) {
+        merged.back().second = std::max(merged.back().first + merged.back().second, a + n) - merged.back().first;
+      } else {
+        merged.emplace_back(a, n);
+      }
+    }
+    hint = std::move(merged);
+  }
+  // Extents: the requested bytes of each live block (within the hint, if any), each at a
+  // page-aligned arena offset, in address order.
+  std::vector<BackupExtent> all;
+  std::size_t arena_bytes = 0, h = 0;
   for (const Block* b : blocks) {
-    offsets->emplace(b, arena_bytes);
-    arena_bytes += AlignUp(b->requested_bytes);
+    const DevicePtr b_end = b->address + b->requested_bytes;
+    std::vector<BackupExtent>& mine = (*extents)[b];
+    auto add = [&](DevicePtr from, DevicePtr to) {
+      if (to <= from) return;
+      mine.push_back({from, to - from, arena_bytes});
+      all.push_back(mine.back());
+      arena_bytes += AlignUp(to - from);
+    };
+    if (ranges == nullptr) {
+      add(b->address, b_end);
+      continue;
+    }
+    while (h < hint.size() && hint[h].first + hint[h].second <= b->address) ++h;
+    for (std::size_t i = h; i < hint.size() && hint[i].first < b_end; ++i) {
+      add(std::max<DevicePtr>(hint[i].first, b->address), std::min<DevicePtr>(hint[i].first + hint[i].second, b_end));
+    }
   }
   if (arena_bytes == 0) return UnmapHeaps(pool);
 
@@ -147,15 +179,15 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
   std::size_t next = 0;
   for (const auto& [heap, c] : chunks) {
     const DevicePtr end = c.address + c.size_bytes;
-    while (next < blocks.size() && blocks[next]->address + blocks[next]->requested_bytes <= c.address) ++next;
+    while (next < all.size() && all[next].address + all[next].size_bytes <= c.address) ++next;
     Stage& stage = stages.back();
-    // The part of every live block that lies in this chunk (a block may span chunks).
-    for (std::size_t i = next; i < blocks.size() && blocks[i]->address < end; ++i) {
-      const Block* b = blocks[i];
-      const DevicePtr from = std::max<DevicePtr>(b->address, c.address);
-      const DevicePtr to = std::min<DevicePtr>(b->address + b->requested_bytes, end);
+    // The part of every extent that lies in this chunk (a block may span chunks).
+    for (std::size_t i = next; i < all.size() && all[i].address < end; ++i) {
+      const BackupExtent& e = all[i];
+      const DevicePtr from = std::max<DevicePtr>(e.address, c.address);
+      const DevicePtr to = std::min<DevicePtr>(e.address + e.size_bytes, end);
       if (to <= from) continue;
-      stage.copies.push_back({offsets->at(b) + (from - b->address), from, to - from});
+      stage.copies.push_back({e.arena_offset + (from - e.address), from, to - from});
       stage.bytes += to - from;
     }
     stage.chunks.emplace_back(heap, c.address);
@@ -204,7 +236,7 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
   return status;
 }
 
-absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) {
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, const LiveRanges* live_ranges) {
   const Clock::time_point start = Clock::now();
   TagPool* pool;
   {
@@ -246,9 +278,9 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) 
     policy = pool->stats.policy;
   }
   // (2)+(3a) Backup of live bytes only, pipelined with the unmapping (BackupAndUnmap).
-  absl::flat_hash_map<const Block*, std::size_t> offsets;
+  absl::flat_hash_map<const Block*, std::vector<BackupExtent>> extents;
   std::size_t backed_up = 0;
-  absl::Status staged = policy == Policy::kBackup ? BackupAndUnmap(pool, live, &offsets, &backed_up)
+  absl::Status staged = policy == Policy::kBackup ? BackupAndUnmap(pool, live, live_ranges, &extents, &backed_up)
                                                   : UnmapHeaps(pool);
   if (!staged.ok()) return fail(staged);
   // (3b) Every copy succeeded and every chunk is unmapped: release.
@@ -262,7 +294,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag) 
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(&mu_);
   pool->state = TagState::kPaused;
-  pool->backup_offsets = std::move(offsets);
+  pool->backup_extents = std::move(extents);
   TagStats& s = pool->stats;
   s.reserved_bytes.Add(-s.reserved_bytes.current);
   s.chunks = 0;
@@ -302,7 +334,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
     pool->state = TagState::kPaused;
     return status;
   };
-  const bool restore = policy == Policy::kBackup && !pool->backup_offsets.empty();
+  const bool restore = policy == Policy::kBackup && !pool->backup_extents.empty();
   if (restore && pool->copy_stream == nullptr) {
     absl::StatusOr<Stream> s = driver_->CreateStream(device_);
     if (!s.ok()) return fail(s.status());
@@ -320,12 +352,16 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
         const Block* b = blocks[i];
         const DevicePtr b_end = b->address + b->requested_bytes;
         if (b_end <= end && i == *cursor) ++*cursor;  // done with it after this piece
-        auto off = pool->backup_offsets.find(b);
-        const DevicePtr from = std::max<DevicePtr>(b->address, va), to = std::min<DevicePtr>(b_end, end);
-        if (off == pool->backup_offsets.end() || to <= from) continue;
-        VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(
-            device_, from, pool->arena->data() + off->second + (from - b->address), to - from, pool->copy_stream));
-        restored += to - from;
+        auto found = pool->backup_extents.find(b);
+        if (found == pool->backup_extents.end()) continue;
+        for (const BackupExtent& e : found->second) {
+          const DevicePtr from = std::max<DevicePtr>(e.address, va);
+          const DevicePtr to = std::min<DevicePtr>(e.address + e.size_bytes, end);
+          if (to <= from) continue;
+          VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(
+              device_, from, pool->arena->data() + e.arena_offset + (from - e.address), to - from, pool->copy_stream));
+          restored += to - from;
+        }
       }
       return absl::OkStatus();
     };
@@ -353,7 +389,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
     const double ms = Ms(Clock::now() - start);
     MutexLock lock(&mu_);
     pool->state = TagState::kActive;
-    pool->backup_offsets.clear();
+    pool->backup_extents.clear();
     TagStats& s = pool->stats;
     NoteReservedLocked(pool);
     s.paused_bytes = 0;

@@ -172,14 +172,16 @@ TEST_F(PauseResumeTest, BackgroundThreadPreparesTheArenaAsTheTagGrows) {
   FillPattern(a, 100 * kMiB, 3);
   DevicePtr kv = Alloc(100 * kMiB, kv_);  // discard tags get no arena
   alloc_->WaitForBackgroundPrepare();
-  const std::int64_t first = Stats(weights_).backup_arena_bytes;
-  EXPECT_GE(first, Stats(weights_).reserved_bytes.current);
+  const TagStats prepared = Stats(weights_);
+  const std::int64_t first = prepared.backup_arena_bytes;
+  EXPECT_GE(first, prepared.reserved_bytes.current);
   EXPECT_EQ(Stats(kv_).backup_arena_bytes, 0);
   // The tag grows past the headroom: prepared again, larger.
   DevicePtr b = Alloc(300 * kMiB, weights_);
   FillPattern(b, 300 * kMiB, 4);
   alloc_->WaitForBackgroundPrepare();
-  EXPECT_GE(Stats(weights_).backup_arena_bytes, Stats(weights_).reserved_bytes.current);
+  const TagStats grown = Stats(weights_);  // a copy: Stats() reuses its buffer
+  EXPECT_GE(grown.backup_arena_bytes, grown.reserved_bytes.current);
   EXPECT_GT(Stats(weights_).backup_arena_bytes, first);
   // The pause pins nothing: the arena was ready.
   const std::uint64_t host_allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
@@ -193,6 +195,31 @@ TEST_F(PauseResumeTest, BackgroundThreadPreparesTheArenaAsTheTagGrows) {
   alloc_->WaitForBackgroundPrepare();
   EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
   for (DevicePtr p : {a, b, kv}) ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, LiveRangeHintCopiesOnlyTheBytesInsideIt) {
+  // Like PyTorch's MemPool: a 20 MiB "segment" of ours with tensors at 1..3 MiB and
+  // 10..11 MiB inside it, and a second segment with nothing live in it.
+  DevicePtr seg = Alloc(20 * kMiB, weights_);
+  DevicePtr empty = Alloc(20 * kMiB, weights_);
+  FillPattern(seg + 1 * kMiB, 2 * kMiB, 5);
+  FillPattern(seg + 10 * kMiB, 1 * kMiB, 6);
+  CachingAllocator::LiveRanges live = {{seg + 10 * kMiB, kMiB}, {seg + 1 * kMiB, kMiB}, {seg + 2 * kMiB, kMiB}};
+  ASSERT_EQ(*alloc_->Pause(weights_, &live), Transition::kDone);
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(3 * kMiB));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(HasPattern(seg + 1 * kMiB, 2 * kMiB, 5));
+  EXPECT_TRUE(HasPattern(seg + 10 * kMiB, 1 * kMiB, 6));
+  // Without a hint the whole requested bytes of each block are kept again.
+  FillPattern(empty, 20 * kMiB, 7);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(40 * kMiB));
+  // Freeing a paused block drops its backup bytes.
+  ASSERT_TRUE(alloc_->Free(seg).ok());
+  EXPECT_EQ(Stats(weights_).backed_up_bytes, static_cast<std::int64_t>(20 * kMiB));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(HasPattern(empty, 20 * kMiB, 7));
+  ASSERT_TRUE(alloc_->Free(empty).ok());
 }
 
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {

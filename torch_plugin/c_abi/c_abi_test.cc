@@ -158,4 +158,47 @@ TEST_F(CAbiTest, PauseResumeThroughTheCAbi) {
   EXPECT_EQ(vmstash_pause("bad tag", 0), VMSTASH_INVALID_ARGUMENT);
 }
 
+TEST_F(CAbiTest, TagSlotsAllocateInTheirTagFromAnyThreadAndPauseTakesALiveHint) {
+  ASSERT_EQ(vmstash_create_tag("slotted", "backup"), VMSTASH_OK);
+  const int slot = vmstash_bind_tag_slot("slotted");
+  ASSERT_GE(slot, 0);
+  EXPECT_EQ(vmstash_bind_tag_slot("slotted"), slot);  // stable
+  const int other = vmstash_bind_tag_slot("slotted_other");
+  ASSERT_GE(other, 0);
+  EXPECT_NE(other, slot);
+  using MallocFn = void* (*)(size_t, int, cudaStream_t);
+  void* self = dlopen(nullptr, RTLD_NOW);
+  auto fn = reinterpret_cast<MallocFn>(dlsym(self, ("vmstash_malloc_slot" + std::to_string(slot)).c_str()));
+  ASSERT_NE(fn, nullptr);
+  // The current tag of the calling thread does not matter.
+  unsigned char* p = nullptr;
+  std::thread([&] { p = static_cast<unsigned char*>(fn(20 << 20, 0, nullptr)); }).join();
+  ASSERT_NE(p, nullptr);
+  char* stats = vmstash_stats_json(0);
+  EXPECT_THAT(std::string(stats), HasSubstr("\"name\":\"slotted\""));
+  vmstash_string_free(stats);
+  p[(1 << 20)] = 11;
+  p[(2 << 20) - 1] = 12;
+  p[(5 << 20)] = 13;  // outside the hint: not preserved
+  const uint64_t starts[] = {reinterpret_cast<uint64_t>(p) + (1 << 20)};
+  const uint64_t sizes[] = {1 << 20};
+  ASSERT_EQ(vmstash_pause_live("slotted", 0, starts, sizes, 1), VMSTASH_OK);
+  stats = vmstash_stats_json(0);
+  EXPECT_THAT(std::string(stats), HasSubstr("\"backed_up_bytes\":1048576"));
+  vmstash_string_free(stats);
+  ASSERT_EQ(vmstash_resume("slotted", 0), VMSTASH_OK);
+  EXPECT_EQ(p[1 << 20], 11);
+  EXPECT_EQ(p[(2 << 20) - 1], 12);
+  vmstash_free(p, 20 << 20, 0, nullptr);
+  EXPECT_EQ(vmstash_pause_live("slotted", 0, nullptr, sizes, 1), VMSTASH_INVALID_ARGUMENT);
+  // An unbound slot refuses.
+  auto unbound = reinterpret_cast<MallocFn>(dlsym(self, "vmstash_malloc_slot31"));
+  ASSERT_NE(unbound, nullptr);
+  if (vmstash_bind_tag_slot("slotted") != 31 && other != 31) {
+    EXPECT_EQ(unbound(512, 0, nullptr), nullptr);
+    EXPECT_THAT(vmstash_last_error(), HasSubstr("not bound"));
+  }
+  dlclose(self);
+}
+
 }  // namespace

@@ -54,6 +54,11 @@ struct Runtime {
   };
   std::vector<Hooks> hooks ABSL_GUARDED_BY(mu);
   std::atomic<CachingAllocator*> allocators[kMaxDevices] = {};
+  // Tag bound to each vmstash_malloc_slot<s> (-1: free slot); bound once, never unbound.
+  std::atomic<TagId> slot_tags[VMSTASH_TAG_SLOTS];
+  Runtime() {
+    for (auto& t : slot_tags) t.store(-1, std::memory_order_relaxed);
+  }
   std::atomic<bool> ready{false};
 };
 
@@ -191,6 +196,29 @@ int OnDevices(int device, Fn fn) noexcept {
   });
 }
 
+void* MallocIn(size_t size, int device, cudaStream_t stream, TagId tag) noexcept {
+  void* out = nullptr;
+  Guard([&] {
+    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+    if (!a.ok()) return Fail(a.status());
+    absl::StatusOr<DevicePtr> p = (*a)->Allocate(size, reinterpret_cast<Stream>(stream), tag);
+    if (!p.ok()) return Fail(p.status());
+    out = reinterpret_cast<void*>(*p);
+    return 0;
+  });
+  return out;
+}
+
+template <int kSlot>
+void* SlotMalloc(size_t size, int device, cudaStream_t stream) noexcept {
+  const TagId tag = TheRuntime().slot_tags[kSlot].load(std::memory_order_acquire);
+  if (tag < 0) {
+    Fail(absl::FailedPreconditionError(absl::StrCat("vmstash_malloc_slot", kSlot, " is not bound to a tag")));
+    return nullptr;
+  }
+  return MallocIn(size, device, stream, tag);
+}
+
 absl::StatusOr<TagId> TagArg(const char* tag) {
   if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
   return InternTag(tag);
@@ -233,16 +261,40 @@ int vmstash_shutdown(void) noexcept {
 const char* vmstash_version(void) noexcept { return "0.3.0"; }
 
 void* vmstash_malloc(size_t size, int device, cudaStream_t stream) noexcept {
-  void* out = nullptr;
+  return MallocIn(size, device, stream, CurrentTag());
+}
+
+#define VMSTASH_SLOT(s) \
+  void* vmstash_malloc_slot##s(size_t size, int device, cudaStream_t stream) noexcept { \
+    return SlotMalloc<s>(size, device, stream);                                       \
+  }
+VMSTASH_SLOT(0) VMSTASH_SLOT(1) VMSTASH_SLOT(2) VMSTASH_SLOT(3) VMSTASH_SLOT(4) VMSTASH_SLOT(5) VMSTASH_SLOT(6)
+VMSTASH_SLOT(7) VMSTASH_SLOT(8) VMSTASH_SLOT(9) VMSTASH_SLOT(10) VMSTASH_SLOT(11) VMSTASH_SLOT(12) VMSTASH_SLOT(13)
+VMSTASH_SLOT(14) VMSTASH_SLOT(15) VMSTASH_SLOT(16) VMSTASH_SLOT(17) VMSTASH_SLOT(18) VMSTASH_SLOT(19)
+VMSTASH_SLOT(20) VMSTASH_SLOT(21) VMSTASH_SLOT(22) VMSTASH_SLOT(23) VMSTASH_SLOT(24) VMSTASH_SLOT(25)
+VMSTASH_SLOT(26) VMSTASH_SLOT(27) VMSTASH_SLOT(28) VMSTASH_SLOT(29) VMSTASH_SLOT(30) VMSTASH_SLOT(31)
+#undef VMSTASH_SLOT
+static_assert(VMSTASH_TAG_SLOTS == 32, "one VMSTASH_SLOT line per slot");
+
+int vmstash_bind_tag_slot(const char* tag) noexcept {
+  int slot = -1;
   Guard([&] {
-    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
-    if (!a.ok()) return Fail(a.status());
-    absl::StatusOr<DevicePtr> p = (*a)->Allocate(size, reinterpret_cast<Stream>(stream));
-    if (!p.ok()) return Fail(p.status());
-    out = reinterpret_cast<void*>(*p);
-    return 0;
+    absl::StatusOr<TagId> id = TagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    for (int s = 0; s < VMSTASH_TAG_SLOTS; ++s) {
+      TagId bound = rt.slot_tags[s].load(std::memory_order_relaxed);
+      if (bound == *id) return slot = s, 0;
+      if (bound < 0) {
+        rt.slot_tags[s].store(*id, std::memory_order_release);
+        return slot = s, 0;
+      }
+    }
+    return Fail(absl::ResourceExhaustedError(
+        absl::StrCat("all ", VMSTASH_TAG_SLOTS, " tag slots are bound; tag '", tag, "' gets none")));
   });
-  return out;
+  return slot;
 }
 
 void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexcept {
@@ -313,6 +365,24 @@ int vmstash_pause(const char* tag, int device) noexcept {
   return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
     VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id));
     return t == CachingAllocator::Transition::kDone;
+  });
+}
+
+int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
+                       size_t n) noexcept {
+  absl::StatusOr<TagId> id = TagArg(tag);
+  if (!id.ok()) return Fail(id.status());
+  if (n != 0 && (starts == nullptr || sizes == nullptr)) {
+    return Fail(absl::InvalidArgumentError("vmstash_pause_live: NULL range arrays with n > 0"));
+  }
+  return Guard([&] {
+    auto live = std::make_shared<CachingAllocator::LiveRanges>();
+    live->reserve(n);
+    for (size_t i = 0; i < n; ++i) live->emplace_back(starts[i], sizes[i]);
+    return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
+      VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id, live.get()));
+      return t == CachingAllocator::Transition::kDone;
+    });
   });
 }
 

@@ -24,6 +24,7 @@
 #define VMSTASH_VMSTASH_H_
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -61,6 +62,16 @@ void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) VMSTA
 /* The block at ptr is also used by `stream` (like Tensor.record_stream). */
 int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
 
+/* Per-tag allocation entry points, for one CUDAPluggableAllocator (and MemPool) per tag:
+ * vmstash_bind_tag_slot(tag) returns a slot number s in [0, VMSTASH_TAG_SLOTS) bound to
+ * the tag (the same slot on every call for that tag), or -1 (see vmstash_last_error) when
+ * all slots are taken. The exported function vmstash_malloc_slot<s> (e.g.
+ * "vmstash_malloc_slot3") has vmstash_malloc's signature and allocates in that tag
+ * whatever thread calls it (autograd's backward threads included); vmstash_free frees
+ * blocks of every tag. */
+#define VMSTASH_TAG_SLOTS 32
+int vmstash_bind_tag_slot(const char* tag) VMSTASH_NOEXCEPT;
+
 /* Tag names: 1..64 printable ASCII characters. policy: "discard" or "backup". */
 int vmstash_create_tag(const char* tag, const char* policy) VMSTASH_NOEXCEPT;
 int vmstash_set_current_tag(const char* tag) VMSTASH_NOEXCEPT;
@@ -76,6 +87,12 @@ const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
 #define VMSTASH_NOOP (-1)
 int vmstash_pause(const char* tag, int device) VMSTASH_NOEXCEPT;
 int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
+/* Pause with a liveness hint: `n` byte ranges [starts[i], starts[i] + sizes[i]) that hold
+ * data (e.g. PyTorch's active blocks inside our segments, from MemPool.snapshot()). A
+ * backup pause copies only the parts of the tag's blocks inside them; other bytes of the
+ * tag are not preserved. n == 0 with NULL arrays: nothing is preserved. */
+int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
+                       size_t n) VMSTASH_NOEXCEPT;
 /* Pins the tag's backup arena ahead of the first pause: `bytes`, or (0) the tag's
  * allocated bytes. vmstash_release_backup gives that host memory back (not while paused). */
 int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
