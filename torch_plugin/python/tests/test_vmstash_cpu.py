@@ -1,0 +1,155 @@
+"""The vmstash package without a GPU: the C ABI through ctypes on the simulated driver.
+
+Run with VMSTASH_LIBRARY pointing at libvmstash.so (bazel test sets it up through
+run_python_test.sh).
+The simulator's device memory is host memory, so tests read and write it with ctypes.
+"""
+import ctypes
+import os
+import unittest
+
+os.environ.setdefault("VMSTASH_CONF", "driver:sim,sim_capacity:1G,auto_prepare:0")
+
+import vmstash  # noqa: E402
+from vmstash import _api, _lib  # noqa: E402
+
+MiB = 1 << 20
+
+
+def malloc(tag, size):
+    vmstash.set_current_tag(tag)
+    try:
+        p = _lib.lib().vmstash_malloc(size, 0, None)
+    finally:
+        vmstash.set_current_tag("default")
+    if not p:
+        raise vmstash.Error(_lib.last_error())
+    return p
+
+
+def free(p, size):
+    _lib.lib().vmstash_free(p, size, 0, None)
+
+
+def fill(p, n, byte):
+    ctypes.memset(p, byte, n)
+
+
+def holds(p, n, byte):
+    return ctypes.string_at(p, n) == bytes([byte]) * n
+
+
+class VmstashCpuTest(unittest.TestCase):
+    def test_version_and_bad_options(self):
+        self.assertRegex(vmstash.version(), r"^\d+\.\d+\.\d+$")
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.init("no_such_key:1")
+        self.assertEqual(e.exception.code_name, "INVALID_ARGUMENT")
+        self.assertIn("no_such_key", str(e.exception))
+
+    def test_tags_and_policies(self):
+        vmstash.create_tag("cpu_w", "backup")
+        vmstash.create_tag("cpu_w", "backup")  # idempotent
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.create_tag("cpu_w", "discard")
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+        with self.assertRaises(ValueError):
+            vmstash.create_tag("cpu_x", "disk")
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.create_tag("bad tag", "discard")
+        self.assertEqual(e.exception.code_name, "INVALID_ARGUMENT")
+        with self.assertRaises(TypeError):
+            vmstash.pause(3)
+        self.assertEqual(vmstash.tags()["cpu_w"], "backup")
+
+    def test_backup_round_trip_and_discard_drops_contents(self):
+        vmstash.create_tag("cpu_keep", "backup")
+        vmstash.create_tag("cpu_drop", "discard")
+        keep, drop = malloc("cpu_keep", 3 * MiB), malloc("cpu_drop", 3 * MiB)
+        fill(keep, 3 * MiB, 0x5A)
+        fill(drop, 3 * MiB, 0x5A)
+        self.assertTrue(vmstash.pause("cpu_keep"))
+        self.assertTrue(vmstash.pause("cpu_drop"))
+        self.assertFalse(vmstash.pause("cpu_keep"))  # already paused: a no-op, said so
+        t = vmstash.tag_stats("cpu_keep")
+        self.assertEqual(t["state"], "paused")
+        self.assertEqual(t["backed_up_bytes"], 3 * MiB)
+        with self.assertRaises(vmstash.Error):
+            malloc("cpu_keep", 4096)  # allocation into a paused tag
+        self.assertIn("paused", _lib.last_error())
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.release_backup("cpu_keep")
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+        self.assertTrue(vmstash.resume("cpu_keep"))
+        self.assertTrue(vmstash.resume("cpu_drop"))
+        self.assertFalse(vmstash.resume("cpu_drop"))
+        self.assertTrue(holds(keep, 3 * MiB, 0x5A))
+        self.assertFalse(holds(drop, 3 * MiB, 0x5A))  # discard does not keep memory silently
+        free(keep, 3 * MiB)
+        free(drop, 3 * MiB)
+        vmstash.release_backup("cpu_keep")
+
+    def test_live_range_hint_copies_only_pytorch_active_blocks(self):
+        # What vmstash.region does: a provider reports PyTorch's active blocks in our segment.
+        vmstash.create_tag("cpu_pool", "backup")
+        seg = malloc("cpu_pool", 20 * MiB)
+        fill(seg, 20 * MiB, 0x11)
+        saved = (_api.live_ranges_provider, _api.pool_devices_provider)
+        _api.live_ranges_provider = lambda tag, dev: [(seg + 2 * MiB, MiB), (seg + 8 * MiB, 2 * MiB)]
+        _api.pool_devices_provider = lambda tag: [0] if tag == "cpu_pool" else []
+        try:
+            self.assertTrue(vmstash.pause("cpu_pool"))
+        finally:
+            _api.live_ranges_provider, _api.pool_devices_provider = saved
+        self.assertEqual(vmstash.tag_stats("cpu_pool")["backed_up_bytes"], 3 * MiB)
+        self.assertTrue(vmstash.resume("cpu_pool"))
+        self.assertTrue(holds(seg + 2 * MiB, MiB, 0x11))
+        self.assertTrue(holds(seg + 8 * MiB, 2 * MiB, 0x11))
+        free(seg, 20 * MiB)
+
+    def test_resume_out_of_memory_raises_keeps_tag_paused_and_retry_succeeds(self):
+        vmstash.create_tag("cpu_big", "backup")
+        big = malloc("cpu_big", 300 * MiB)
+        fill(big, 300 * MiB, 0x77)
+        self.assertTrue(vmstash.pause("cpu_big"))
+        vmstash.create_tag("cpu_hog", "discard")
+        hog = malloc("cpu_hog", 900 * MiB)  # the 1 GiB device is now nearly full
+        with self.assertRaises(vmstash.OutOfMemoryError) as e:
+            vmstash.resume("cpu_big")
+        self.assertIsInstance(e.exception, _lib._oom_base())  # torch.OutOfMemoryError with torch
+        self.assertEqual(e.exception.code_name, "RESOURCE_EXHAUSTED")
+        self.assertEqual(vmstash.tag_stats("cpu_big")["state"], "paused")
+        free(hog, 900 * MiB)
+        vmstash.empty_cache(tag="cpu_hog")
+        self.assertTrue(vmstash.resume("cpu_big"))
+        self.assertTrue(holds(big, 300 * MiB, 0x77))
+        free(big, 300 * MiB)
+        vmstash.release_backup("cpu_big")
+
+    def test_stats_and_snapshot_are_dicts(self):
+        vmstash.create_tag("cpu_s", "discard")
+        p = malloc("cpu_s", MiB)
+        s = vmstash.stats(0)
+        self.assertIn("total", s)
+        self.assertIn("cpu_s", [t["name"] for t in s["tags"]])
+        everything = vmstash.stats()
+        self.assertIsInstance(everything, list)
+        snap = vmstash.snapshot(0)
+        self.assertTrue(any(seg["tag"] == "cpu_s" for seg in snap["segments"]))
+        free(p, MiB)
+        vmstash.empty_cache()
+
+    def test_torch_functions_without_torch_raise_clearly(self):
+        try:
+            import torch  # noqa: F401
+            self.skipTest("torch is importable here")
+        except ImportError:
+            pass
+        with self.assertRaises(vmstash.Error) as e:
+            with vmstash.region("cpu_r"):
+                pass
+        self.assertIn("needs PyTorch", str(e.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

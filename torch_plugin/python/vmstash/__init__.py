@@ -1,0 +1,24 @@
+"""vmstash: pausable, tagged GPU memory for PyTorch.
+
+    import vmstash
+    with vmstash.region("kv_cache"):                  # policy "discard"
+        kv = torch.empty(n, device="cuda")
+    with vmstash.region("weights", policy="backup"):
+        model = Model().cuda()
+    vmstash.pause("kv_cache"); vmstash.pause("weights")   # physical memory released
+    ...                                                   # another phase uses the GPU
+    vmstash.resume("weights"); vmstash.resume("kv_cache") # same addresses: graphs replay
+
+Errors raise vmstash.Error (OutOfMemoryError, also a torch.OutOfMemoryError, when memory
+runs out); nothing in vmstash exits the process. See torch_plugin/README.md.
+"""
+from ._api import (create_tag, current_tag, empty_cache, init, pause, prepare, release_backup, resume,
+                   set_current_tag, snapshot, stats, tag_stats, tags, version)
+from ._lib import Error, OutOfMemoryError, library_path
+from ._torch import cuda_graph, install, pool, region
+
+__all__ = [
+    "Error", "OutOfMemoryError", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
+    "library_path", "pause", "pool", "prepare", "region", "release_backup", "resume", "set_current_tag",
+    "snapshot", "stats", "tag_stats", "tags", "version",
+]

@@ -1,0 +1,158 @@
+"""The control calls of vmstash that need no torch: tags, pause/resume, stats.
+
+pause/resume act on one tag or (tag=None) on every tag created through this package, on
+one device or (device=None) on every device the allocator uses. When PyTorch MemPools
+cache tensors inside our segments (vmstash.region), pause asks PyTorch which of their
+blocks are in use so that free cached blocks are not copied (see _torch.live_ranges).
+"""
+import ctypes
+import threading
+
+from . import _lib
+
+_POLICIES = ("discard", "backup")
+_tags_lock = threading.Lock()
+_tags = {}  # tag -> policy, in creation order
+
+# Set by vmstash._torch when torch is in use: (tag, device) -> list of (address, size) or None.
+live_ranges_provider = None
+# Set by vmstash._torch: devices that have a MemPool of `tag`.
+pool_devices_provider = None
+
+
+def init(options=None):
+    """Initializes the library with a VMSTASH_CONF-style string (None: the environment).
+    Optional: the first allocation initializes from VMSTASH_CONF. Raises on bad options or
+    when already initialized with different ones."""
+    _lib.check(_lib.lib().vmstash_init(None if options is None else _lib.encode(options, "options")), "vmstash.init")
+
+
+def version():
+    return _lib.lib().vmstash_version().decode()
+
+
+def create_tag(tag, policy="discard"):
+    """Declares `tag` with `policy` ("discard" or "backup"). Idempotent for the same policy;
+    a different policy for an existing tag raises (FAILED_PRECONDITION)."""
+    if policy not in _POLICIES:
+        raise ValueError(f"policy must be one of {_POLICIES}, got {policy!r}")
+    with _tags_lock:
+        known = _tags.get(tag)
+        if known == policy:
+            return
+        _lib.check(_lib.lib().vmstash_create_tag(_lib.encode(tag), policy.encode()), f"create_tag({tag!r}, {policy!r})")
+        _tags[tag] = policy
+
+
+def tags():
+    """Tags created through this package: {tag: policy}."""
+    with _tags_lock:
+        return dict(_tags)
+
+
+def set_current_tag(tag):
+    """Routes this thread's allocations through vmstash_malloc (global mode, install()) to `tag`."""
+    _lib.check(_lib.lib().vmstash_set_current_tag(_lib.encode(tag)), f"set_current_tag({tag!r})")
+
+
+def current_tag():
+    return _lib.lib().vmstash_get_current_tag().decode()
+
+
+def _targets(tag):
+    if tag is not None:
+        return [tag]
+    return list(tags())
+
+
+def _device_arg(device):
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)  # torch.device
+    if index is None:
+        raise ValueError(f"device must be an int or a torch.device with an index, got {device!r}")
+    return index
+
+
+def pause(tag=None, device=None):
+    """Pauses `tag` (None: every tag of this package) on `device` (None: all in use).
+    Returns True if anything was paused, False if all were already paused. Raises
+    vmstash.Error on failure; the failing tag is left as it was."""
+    dev = _device_arg(device)
+    changed = False
+    for t in _targets(tag):
+        changed |= _pause_one(t, dev)
+    return changed
+
+
+def _pause_one(tag, dev):
+    l = _lib.lib()
+    name = _lib.encode(tag)
+    hinted_done = False
+    if live_ranges_provider is not None and pool_devices_provider is not None:
+        for d in pool_devices_provider(tag):
+            if dev != -1 and d != dev:
+                continue
+            ranges = live_ranges_provider(tag, d)
+            n = len(ranges)
+            starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
+            sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
+            done = _lib.raise_for(l.vmstash_pause_live(name, d, starts, sizes, n), f"pause({tag!r}, device={d})")
+            if dev != -1:
+                return done
+            hinted_done |= done
+    if dev != -1:
+        return _lib.raise_for(l.vmstash_pause(name, dev), f"pause({tag!r}, device={dev})")
+    # Devices without a MemPool of this tag (global mode, C++ users): no hint needed.
+    return _lib.raise_for(l.vmstash_pause(name, -1), f"pause({tag!r})") or hinted_done
+
+
+def resume(tag=None, device=None):
+    """Resumes `tag` (None: every tag of this package) at the same addresses. Returns True
+    if anything was resumed. Out of memory raises vmstash.OutOfMemoryError and leaves the
+    tag paused with its backup; retry after freeing memory."""
+    dev = _device_arg(device)
+    changed = False
+    for t in _targets(tag):
+        changed |= _lib.raise_for(_lib.lib().vmstash_resume(_lib.encode(t), dev), f"resume({t!r})")
+    return changed
+
+
+def prepare(tag, device=None, nbytes=0):
+    """Pins the backup arena of a `backup` tag ahead of its first pause (nbytes=0: the tag's
+    current bytes). Done automatically in the background unless auto_prepare:0."""
+    _lib.check(_lib.lib().vmstash_prepare(_lib.encode(tag), _device_arg(device), nbytes), f"prepare({tag!r})")
+
+
+def release_backup(tag, device=None):
+    """Gives the pinned host memory of a tag's backup arena back (not while paused)."""
+    _lib.check(_lib.lib().vmstash_release_backup(_lib.encode(tag), _device_arg(device)), f"release_backup({tag!r})")
+
+
+def empty_cache(device=None, tag=None):
+    """Returns cached free chunks of vmstash to the driver (all tags, or one)."""
+    _lib.check(_lib.lib().vmstash_empty_cache(_device_arg(device), None if tag is None else _lib.encode(tag)),
+               "empty_cache")
+
+
+def stats(device=None):
+    """Per-tag and total statistics (allocator/stats.h) as a dict; device=None: a list with
+    one dict per device in use."""
+    l = _lib.lib()
+    return _lib.json_call(l.vmstash_stats_json, _device_arg(device), "stats")
+
+
+def snapshot(device=None):
+    """Segments, chunks and blocks (allocator/snapshot.h) as a dict; device=None: a list."""
+    l = _lib.lib()
+    return _lib.json_call(l.vmstash_snapshot_json, _device_arg(device), "snapshot")
+
+
+def tag_stats(tag, device=0):
+    """The stats dict of one tag on one device, or None when it has no memory there."""
+    for t in stats(device)["tags"]:
+        if t["name"] == tag:
+            return t
+    return None

@@ -1,0 +1,147 @@
+"""ctypes binding of libvmstash.so (torch_plugin/include/vmstash/vmstash.h).
+
+Only control calls go through Python: tensors are allocated and freed by PyTorch calling
+the library's C entry points directly. Every call that fails raises vmstash.Error (or
+vmstash.OutOfMemoryError) with the library's message; nothing here exits the process.
+
+The library is found through VMSTASH_LIBRARY, else next to this package (pip install
+puts it in vmstash/lib/).
+"""
+import ctypes
+import json
+import os
+import threading
+
+OK = 0
+NOOP = -1
+INVALID_ARGUMENT = 3
+NOT_FOUND = 5
+RESOURCE_EXHAUSTED = 8
+FAILED_PRECONDITION = 9
+
+_CODE_NAMES = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+
+
+def _oom_base():
+    try:
+        import torch  # noqa: F401  (only for the exception type)
+        return torch.OutOfMemoryError
+    except Exception:  # torch absent (CPU-only installs, CI): a plain MemoryError
+        return MemoryError
+
+
+class Error(RuntimeError):
+    """A vmstash call failed. `code` is the absl::StatusCode number, `code_name` its name."""
+
+    def __init__(self, message, code=2):
+        super().__init__(message)
+        self.code = code
+        self.code_name = _CODE_NAMES.get(code, str(code))
+
+
+class OutOfMemoryError(Error, _oom_base()):
+    """Device (or pinned host) memory ran out: RESOURCE_EXHAUSTED. Also a torch.OutOfMemoryError."""
+
+
+def library_path():
+    env = os.environ.get("VMSTASH_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "lib", "libvmstash.so"), os.path.join(here, "libvmstash.so")):
+        if os.path.exists(candidate):
+            return candidate
+    raise Error("libvmstash.so not found: install the package (pip install .) or set VMSTASH_LIBRARY", 5)
+
+
+_lock = threading.Lock()
+_lib = None
+
+
+def lib():
+    """The loaded library with its prototypes (loaded once)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    with _lock:
+        if _lib is None:
+            path = library_path()
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                raise Error(f"cannot load {path}: {e}", 14) from e
+            _declare(handle)
+            _lib = handle
+    return _lib
+
+
+def _declare(l):
+    c_char_p, c_int, c_size_t, c_void_p = ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+    u64p = ctypes.POINTER(ctypes.c_uint64)
+    protos = {
+        "vmstash_init": (c_int, [c_char_p]),
+        "vmstash_is_initialized": (c_int, []),
+        "vmstash_version": (c_char_p, []),
+        "vmstash_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
+        "vmstash_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+        "vmstash_create_tag": (c_int, [c_char_p, c_char_p]),
+        "vmstash_set_current_tag": (c_int, [c_char_p]),
+        "vmstash_get_current_tag": (c_char_p, []),
+        "vmstash_bind_tag_slot": (c_int, [c_char_p]),
+        "vmstash_pause": (c_int, [c_char_p, c_int]),
+        "vmstash_pause_live": (c_int, [c_char_p, c_int, u64p, u64p, c_size_t]),
+        "vmstash_resume": (c_int, [c_char_p, c_int]),
+        "vmstash_prepare": (c_int, [c_char_p, c_int, c_size_t]),
+        "vmstash_release_backup": (c_int, [c_char_p, c_int]),
+        "vmstash_empty_cache": (c_int, [c_int, c_char_p]),
+        "vmstash_stats_json": (c_void_p, [c_int]),
+        "vmstash_snapshot_json": (c_void_p, [c_int]),
+        "vmstash_string_free": (None, [c_void_p]),
+        "vmstash_last_error": (c_char_p, []),
+    }
+    for name, (restype, argtypes) in protos.items():
+        fn = getattr(l, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+def last_error():
+    msg = lib().vmstash_last_error()
+    return msg.decode(errors="replace") if msg else ""
+
+
+def raise_for(code, what):
+    """Raises for a failed call; returns True when done, False for VMSTASH_NOOP."""
+    if code == OK:
+        return True
+    if code == NOOP:
+        return False
+    message = f"{what}: {last_error()}"
+    if code == RESOURCE_EXHAUSTED:
+        raise OutOfMemoryError(message, code)
+    raise Error(message, code)
+
+
+def check(code, what):
+    raise_for(code, what)
+
+
+def json_call(fn, device, what):
+    raw = fn(device)
+    if not raw:
+        raise Error(f"{what}: {last_error()}", 13)
+    try:
+        return json.loads(ctypes.string_at(raw).decode())
+    finally:
+        lib().vmstash_string_free(raw)
+
+
+def encode(s, what="tag"):
+    if not isinstance(s, str):
+        raise TypeError(f"{what} must be a str, got {type(s).__name__}")
+    return s.encode()

@@ -1,0 +1,164 @@
+"""PyTorch integration: tagged MemPools (region), graph pools (cuda_graph), install().
+
+One torch.cuda.MemPool per (tag, device), whose allocator is a CUDAPluggableAllocator
+over the tag's own entry point vmstash_malloc_slot<N> (vmstash_bind_tag_slot), so every
+segment PyTorch asks for lands in the tag whatever thread asks. PyTorch caches tensors
+inside those segments; vmstash.pause swaps the physical memory under them (same
+addresses) and copies only PyTorch's active blocks (MemPool.snapshot()).
+
+Pools and their allocator objects live until interpreter exit, where the pools are
+dropped first (PyTorch documents crashes when an allocator wrapper dies before its pools).
+"""
+import atexit
+import contextlib
+import threading
+
+from . import _api, _lib
+
+_lock = threading.RLock()
+_allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
+_pools = {}  # (tag, device) -> torch.cuda.MemPool
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise _lib.Error("this vmstash function needs PyTorch (import torch failed)", 9) from e
+    if not torch.cuda.is_available():
+        raise _lib.Error("this vmstash function needs a CUDA device (torch.cuda.is_available() is False)", 9)
+    return torch
+
+
+def _device_index(torch, device):
+    if device is None:
+        return torch.cuda.current_device()
+    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+
+
+def pool(tag, policy="discard", device=None):
+    """The MemPool of `tag` on `device` (created on first use, with the tag)."""
+    torch = _torch()
+    _api.create_tag(tag, policy)
+    dev = _device_index(torch, device)
+    with _lock:
+        found = _pools.get((tag, dev))
+        if found is not None:
+            return found
+        alloc = _allocators.get(tag)
+        if alloc is None:
+            slot = _lib.lib().vmstash_bind_tag_slot(_lib.encode(tag))
+            if slot < 0:
+                raise _lib.Error(f"vmstash.region({tag!r}): {_lib.last_error()}", 8)
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), f"vmstash_malloc_slot{slot}",
+                                                               "vmstash_free")
+            _allocators[tag] = alloc
+        with torch.cuda.device(dev):
+            mp = torch.cuda.MemPool(alloc.allocator())
+        _pools[(tag, dev)] = mp
+        return mp
+
+
+@contextlib.contextmanager
+def region(tag, policy="discard", *, all_threads=False, device=None):
+    """Allocations of this thread inside go to `tag`'s MemPool (policy "discard" or
+    "backup"). all_threads=True routes every thread and stream of the process (autograd's
+    backward threads included) while inside. Nests; the innermost region wins."""
+    torch = _torch()
+    dev = _device_index(torch, device)
+    mp = pool(tag, policy, dev)
+    previous = _api.current_tag()
+    _api.set_current_tag(tag)  # global mode and C++ callers route by the thread's tag
+    try:
+        if all_threads:
+            torch._C._cuda_beginAllocateToPool(dev, mp.id)
+            try:
+                yield mp
+            finally:
+                torch._C._cuda_endAllocateToPool(dev, mp.id)
+                torch._C._cuda_releasePool(dev, mp.id)
+        else:
+            with torch.cuda.use_mem_pool(mp, device=dev):
+                yield mp
+    finally:
+        _api.set_current_tag(previous)
+
+
+@contextlib.contextmanager
+def cuda_graph(graph, tag="cuda_graph", policy="backup", *, device=None, **graph_kwargs):
+    """torch.cuda.graph(graph, pool=<tag's MemPool>): the graph's private memory is in
+    `tag` and pauses with it, no LD_PRELOAD needed. Extra keyword arguments go to
+    torch.cuda.graph (stream, capture_error_mode)."""
+    torch = _torch()
+    if "pool" in graph_kwargs:
+        raise ValueError("vmstash.cuda_graph chooses the pool (the tag's MemPool); do not pass pool=")
+    mp = pool(tag, policy, device)
+    with torch.cuda.graph(graph, pool=mp.id, **graph_kwargs):
+        yield graph
+
+
+def install(tag="default"):
+    """Makes vmstash PyTorch's CUDA allocator for the whole process (global mode). Must run
+    before the first CUDA allocation. torch.cuda.memory_stats() and snapshots stop working
+    in this mode (PyTorch's rule); use vmstash.stats() / vmstash.snapshot()."""
+    torch = _torch()
+    with _lock:
+        if _allocators.get(None) is not None:
+            return
+        alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), "vmstash_malloc", "vmstash_free")
+        try:
+            torch.cuda.memory.change_current_allocator(alloc)
+        except RuntimeError as e:
+            raise _lib.Error("vmstash.install() must run before the process's first CUDA allocation "
+                             f"(PyTorch: {e})", 9) from e
+        _allocators[None] = alloc
+    if tag != "default":
+        _api.set_current_tag(tag)
+
+
+def live_ranges(tag, device):
+    """PyTorch's active blocks in the tag's MemPool on `device`, plus the whole requested
+    range of every live vmstash block of the tag that is not one of that pool's segments
+    (global-mode tensors, C++ users)."""
+    mp = _pools.get((tag, device))
+    ranges = []
+    segment_starts = set()
+    if mp is not None:
+        try:
+            segments = mp.snapshot(include_traces=False)
+        except TypeError:
+            segments = mp.snapshot()
+        for seg in segments:
+            segment_starts.add(seg["address"])
+            for b in seg["blocks"]:
+                if b["state"] != "inactive":
+                    ranges.append((b["address"], b["size"]))
+    snap = _api.snapshot(device)
+    for seg in snap["segments"]:
+        if seg["tag"] != tag:
+            continue
+        for b in seg["blocks"]:
+            if b["live"] and b["address"] not in segment_starts:
+                ranges.append((b["address"], b["requested"]))
+    return ranges
+
+
+def pool_devices(tag):
+    with _lock:
+        return [d for (t, d) in _pools if t == tag]
+
+
+def _release_pools():
+    # Pools before their allocators; errors at exit are not worth a traceback.
+    with _lock:
+        _pools.clear()
+    try:
+        import gc
+        gc.collect()
+    except Exception:
+        pass
+
+
+atexit.register(_release_pools)
+_api.live_ranges_provider = live_ranges
+_api.pool_devices_provider = pool_devices
