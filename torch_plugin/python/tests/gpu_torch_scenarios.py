@@ -1,0 +1,223 @@
+"""GPU scenarios of the vmstash package with PyTorch (label gpu), each in a fresh process.
+
+    python3 gpu_torch_scenarios.py            # every scenario, one subprocess each
+    python3 gpu_torch_scenarios.py NAME...    # the named ones, in this process
+
+Needs VMSTASH_LIBRARY (or an installed package), torch with CUDA and one GPU. Exits
+non-zero if any scenario fails. Also collected by pytest (test_* functions).
+"""
+import os
+import subprocess
+import sys
+import time
+
+GiB = 1 << 30
+
+
+def _tag_reserved(vmstash, tags, device=0):
+    total = 0
+    for t in vmstash.stats(device)["tags"]:
+        if t["name"] in tags:
+            total += t["reserved_bytes"]["current"]
+    return total
+
+
+def inference_graph():
+    """A decode-style graph reading weights (backup) and a KV cache (discard) survives a
+    pause, a training phase using >= 50% of the GPU, and a resume: bit-exact, same addresses."""
+    import torch
+    import vmstash
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda", 0)
+    with vmstash.region("weights", policy="backup"):
+        w1 = torch.randn(8192, 8192, device=dev) / 90  # 256 MiB each
+        w2 = torch.randn(8192, 8192, device=dev) / 90
+        norm = torch.rand(8192, device=dev) + 0.5
+    with vmstash.region("kv_cache"):
+        kv = torch.empty(2 * GiB // 4 // 8192, 8192, device=dev)  # 2 GiB
+    kv_init = lambda: kv.copy_(torch.arange(kv.numel(), device=dev, dtype=torch.float32).view_as(kv) % 977 / 977)
+    kv_init()
+    x = torch.randn(16, 8192, device=dev)
+    rows = torch.arange(0, kv.shape[0], kv.shape[0] // 16, device=dev)[:16]
+
+    def step():
+        h = (x @ w1).relu() * norm
+        return h @ w2 + kv.index_select(0, rows)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with vmstash.cuda_graph(graph, tag="cuda_graph"):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = out.clone()
+    eager = step()
+    assert torch.allclose(expected, eager, rtol=1e-3, atol=1e-3), (expected - eager).abs().max()
+    w1_host = w1.cpu()
+    addresses = (w1.data_ptr(), w2.data_ptr(), kv.data_ptr(), out.data_ptr())
+
+    tags = ("weights", "kv_cache", "cuda_graph")
+    reserved = _tag_reserved(vmstash, tags)
+    torch.cuda.synchronize()
+    free_before, total = torch.cuda.mem_get_info()
+    t0 = time.perf_counter()
+    for t in tags:
+        assert vmstash.pause(t), t
+    t1 = time.perf_counter()
+    free_paused, _ = torch.cuda.mem_get_info()
+    released = free_paused - free_before
+    assert released >= 0.95 * reserved, (released, reserved)
+    # "Training": PyTorch's own allocator takes >= 50% of the GPU and computes with it.
+    n = int(0.55 * total) // 4
+    big = torch.ones(n, device=dev)
+    big.mul_(2)
+    assert big[-1].item() == 2.0
+    del big
+    torch.cuda.empty_cache()
+    t2 = time.perf_counter()
+    for t in reversed(tags):
+        assert vmstash.resume(t), t
+    t3 = time.perf_counter()
+    kv_init()  # discard: the KV cache is refilled after resume
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected), (out - expected).abs().max()
+    assert torch.equal(w1.cpu(), w1_host)
+    assert addresses == (w1.data_ptr(), w2.data_ptr(), kv.data_ptr(), out.data_ptr())
+    s = {t["name"]: t for t in vmstash.stats(0)["tags"]}
+    print(f"inference_graph: paused {reserved / GiB:.2f} GiB reserved, device free rose {released / GiB:.2f} GiB; "
+          f"pause {1e3 * (t1 - t0):.1f} ms, resume {1e3 * (t3 - t2):.1f} ms; weights backed up "
+          f"{s['weights']['last_pause_gib_per_s']:.1f} GiB/s pause, {s['weights']['last_resume_gib_per_s']:.1f} "
+          f"GiB/s resume; cuda_graph tag {s['cuda_graph']['reserved_bytes']['current'] / (1 << 20):.0f} MiB")
+
+
+def resume_out_of_memory():
+    """OOM during resume raises (a torch.OutOfMemoryError), the process lives, the tag
+    stays paused, and resume succeeds once memory is freed."""
+    import torch
+    import vmstash
+
+    dev = torch.device("cuda", 0)
+    with vmstash.region("oom_weights", policy="backup"):
+        w = torch.randn(4 * GiB // 4, device=dev)
+    w_sum = w.sum().item()
+    assert vmstash.pause("oom_weights")
+    free, _ = torch.cuda.mem_get_info()
+    hog = torch.empty(free - 1 * GiB, dtype=torch.uint8, device=dev)
+    try:
+        vmstash.resume("oom_weights")
+        raise AssertionError("resume should have run out of memory")
+    except vmstash.OutOfMemoryError as e:
+        assert isinstance(e, torch.OutOfMemoryError)
+        print(f"resume_out_of_memory: raised as expected: {str(e)[:120]}...")
+    assert vmstash.tag_stats("oom_weights")["state"] == "paused"
+    del hog
+    torch.cuda.empty_cache()
+    assert vmstash.resume("oom_weights")
+    assert w.sum().item() == w_sum
+    print("resume_out_of_memory: retry after freeing memory succeeded, data intact")
+
+
+def all_threads_region_backward():
+    """region(all_threads=True) also routes autograd's backward-thread allocations."""
+    import torch
+    import vmstash
+
+    dev = torch.device("cuda", 0)
+    model = torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048)).to(dev)
+    before = (vmstash.tag_stats("grads") or {"allocated_bytes": {"current": 0}})["allocated_bytes"]["current"]
+    with vmstash.region("grads", policy="backup", all_threads=True):
+        loss = model(torch.randn(64, 2048, device=dev)).square().mean()
+        loss.backward()
+    grads = sum(p.grad.numel() * 4 for p in model.parameters())
+    used = vmstash.tag_stats("grads")["allocated_bytes"]["current"] - before
+    assert used >= grads, (used, grads)
+    g0 = model[0].weight.grad.clone()
+    assert vmstash.pause("grads") and vmstash.resume("grads")
+    assert torch.equal(model[0].weight.grad, g0)
+    print(f"all_threads_region_backward: {used / (1 << 20):.0f} MiB in tag 'grads' (gradients {grads >> 20} MiB)")
+
+
+def install_global_mode():
+    """vmstash.install() before the first CUDA allocation: every tensor comes from vmstash;
+    tags route by the thread's current tag; pause/resume works."""
+    import torch
+    import vmstash
+
+    vmstash.install()
+    a = torch.randn(1024, 1024, device="cuda")
+    vmstash.create_tag("g_weights", "backup")
+    vmstash.set_current_tag("g_weights")
+    w = torch.randn(4096, 4096, device="cuda")
+    vmstash.set_current_tag("default")
+    w_host = w.cpu()
+    assert vmstash.tag_stats("g_weights")["allocated_bytes"]["current"] >= w.numel() * 4
+    assert vmstash.tag_stats("default")["allocated_bytes"]["current"] >= a.numel() * 4
+    assert vmstash.pause("g_weights") and vmstash.resume("g_weights")
+    assert torch.equal(w.cpu(), w_host)
+    del a, w
+    print("install_global_mode: OK")
+
+
+def install_too_late():
+    """install() after a CUDA allocation raises a clear vmstash.Error (no exit)."""
+    import torch
+    import vmstash
+
+    x = torch.ones(10, device="cuda")
+    try:
+        vmstash.install()
+        raise AssertionError("install() after an allocation should fail")
+    except vmstash.Error as e:
+        assert "before the process's first CUDA allocation" in str(e), e
+    assert x.sum().item() == 10
+    print("install_too_late: raised as expected")
+
+
+SCENARIOS = [inference_graph, resume_out_of_memory, all_threads_region_backward, install_global_mode,
+             install_too_late]
+
+
+def _run_fresh(name):
+    return subprocess.run([sys.executable, os.path.abspath(__file__), name]).returncode
+
+
+def test_inference_graph():
+    assert _run_fresh("inference_graph") == 0
+
+
+def test_resume_out_of_memory():
+    assert _run_fresh("resume_out_of_memory") == 0
+
+
+def test_all_threads_region_backward():
+    assert _run_fresh("all_threads_region_backward") == 0
+
+
+def test_install_global_mode():
+    assert _run_fresh("install_global_mode") == 0
+
+
+def test_install_too_late():
+    assert _run_fresh("install_too_late") == 0
+
+
+def main(names):
+    by_name = {f.__name__: f for f in SCENARIOS}
+    if names:
+        for n in names:
+            by_name[n]()
+        return 0
+    failed = [f.__name__ for f in SCENARIOS if _run_fresh(f.__name__) != 0]
+    print(f"{len(SCENARIOS) - len(failed)}/{len(SCENARIOS)} scenarios passed" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
