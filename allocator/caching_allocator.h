@@ -265,6 +265,9 @@ class CachingAllocator {
   // Pause steps (pause_resume.cc), called with the tag's transition lock and without mu_.
   // Both leave every chunk unmapped (handles kept) or, on failure, the tag as it was.
   absl::Status UnmapHeaps(TagPool* pool);
+  // Waits for the tag's copy stream (the device, if that wait fails) before a rollback
+  // unmaps memory the copies may still touch.
+  void DrainCopyStream(TagPool* pool);
   // The background preparer's work: Prepare() for an active tag whose arena is smaller
   // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);

@@ -138,8 +138,10 @@ class Heap {
     };
     std::vector<Cover> covers;  // address order
   };
-  absl::StatusOr<std::unique_ptr<ResumeTxn>> PrepareResume(
-      const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped, std::size_t first_piece_bytes = 0);
+  // On failure *txn holds what was made so far: the caller waits for the copies it queued
+  // into those pieces, then destroys *txn (which unmaps and releases them).
+  absl::Status PrepareResume(ResumeTxn* txn, const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
+                             std::size_t first_piece_bytes = 0);
   // Rebuilds chunks, runs and free filler blocks from the transaction; never fails.
   void CommitResume(std::unique_ptr<ResumeTxn> txn);
 

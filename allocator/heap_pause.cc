@@ -108,9 +108,8 @@ std::size_t Heap::ReleaseAllAndPause(absl::Status* error) {
   return released;
 }
 
-absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> Heap::PrepareResume(
-    const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped, std::size_t first_piece_bytes) {
-  auto txn = std::make_unique<ResumeTxn>();
+absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
+                                 std::size_t first_piece_bytes) {
   const std::size_t gran = config_.granularity_bytes;
   // Covers: granule-aligned extents of the live blocks, merged when they touch.
   std::size_t i = 0;
@@ -148,12 +147,14 @@ absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> Heap::PrepareResume(
       VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, p.address,
                                                           absl::MakeConstSpan(&p.chunk, 1)));
       c.pieces.push_back(std::move(p));
+      // Copies queued into this piece may still run if a later step fails: the caller
+      // drains them before *txn is destroyed.
       VMSTASH_RETURN_IF_ERROR(on_mapped(c.address + done, size));
       done += size;
       piece = std::min(piece * 2, max_piece);
     }
   }
-  return txn;
+  return absl::OkStatus();
 }
 
 void Heap::CommitResume(std::unique_ptr<ResumeTxn> txn) {

@@ -98,6 +98,13 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   return absl::OkStatus();
 }
 
+void CachingAllocator::DrainCopyStream(TagPool* pool) {
+  absl::Status s = driver_->SynchronizeStream(device_, pool->copy_stream);
+  if (s.ok()) return;
+  s = driver_->SynchronizeDevice(device_);  // the stream sync itself failed: wait for everything
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: tag '{}': cannot wait for its copies: {}", pool->stats.name, s.ToString());
+}
+
 absl::Status CachingAllocator::UnmapHeaps(TagPool* pool) {
   VMSTASH_RETURN_IF_ERROR(pool->small->UnmapAll());
   absl::Status unmapped = pool->large->UnmapAll();
@@ -226,7 +233,7 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
   if (status.ok()) status = driver_->SynchronizeStream(device_, pool->copy_stream);
   if (!status.ok()) {
     // Nothing was released: wait for the queued copies, then map back what was unmapped.
-    (void)driver_->SynchronizeStream(device_, pool->copy_stream);
+    DrainCopyStream(pool);
     for (Heap* heap : {pool->small.get(), pool->large.get()}) {
       absl::Status undo = heap->RemapAll();
       if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, undo.ToString());
@@ -366,24 +373,30 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
       return absl::OkStatus();
     };
   };
-  absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> small =
-      pool->small->PrepareResume(restorer(pool->small->LiveBlocks()));
-  if (!small.ok()) return fail(small.status());
+  // On failure: wait for the copies queued into pieces already mapped, then the
+  // transactions' destructors unmap and release those pieces.
+  auto small = std::make_unique<Heap::ResumeTxn>();
+  auto large = std::make_unique<Heap::ResumeTxn>();
+  auto undo = [&](const absl::Status& status) {
+    if (restore) DrainCopyStream(pool);
+    small.reset();
+    large.reset();
+    return fail(status);
+  };
+  absl::Status made = pool->small->PrepareResume(small.get(), restorer(pool->small->LiveBlocks()));
+  if (!made.ok()) return undo(made);
   // The large heap comes back in pieces when there is something to copy, so that creating
   // and mapping piece k+1 overlaps the copies of piece k; with nothing to copy, one chunk
   // per cover is fastest.
-  absl::StatusOr<std::unique_ptr<Heap::ResumeTxn>> large =
-      pool->large->PrepareResume(restorer(pool->large->LiveBlocks()), restore ? options_.resume_first_piece_bytes : 0);
-  if (!large.ok()) {
-    if (restore) (void)driver_->SynchronizeStream(device_, pool->copy_stream);  // copies into what is undone
-    return fail(large.status());
-  }
+  made = pool->large->PrepareResume(large.get(), restorer(pool->large->LiveBlocks()),
+                                    restore ? options_.resume_first_piece_bytes : 0);
+  if (!made.ok()) return undo(made);
   if (restore) {
     absl::Status drained = driver_->SynchronizeStream(device_, pool->copy_stream);
-    if (!drained.ok()) return fail(drained);
+    if (!drained.ok()) return undo(drained);
   }
-  pool->small->CommitResume(*std::move(small));
-  pool->large->CommitResume(*std::move(large));
+  pool->small->CommitResume(std::move(small));
+  pool->large->CommitResume(std::move(large));
   if (pool->arena != nullptr) pool->arena->DropContents();
   {
     const double ms = Ms(Clock::now() - start);

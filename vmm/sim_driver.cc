@@ -1,9 +1,11 @@
 #include "vmm/sim_driver.h"
 
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -30,6 +32,7 @@ struct SimEvent {
   // the event completes when that hold (generation) ends.
   Stream held_stream = nullptr;
   std::uint64_t hold_generation = 0;
+  std::uint64_t seq = 0;  // in-flight work of held_stream up to seq is done when this is
 };
 
 SimEvent* AsSimEvent(Event event) { return reinterpret_cast<SimEvent*>(event); }
@@ -236,6 +239,20 @@ absl::Status SimDriver::Unmap(int device, DevicePtr va, std::size_t size_bytes) 
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kUnmap));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   VMSTASH_ASSIGN_OR_RETURN(MappingRecord mapping, ledger_.ClaimUnmap(va, size_bytes));
+  {
+    MutexLock lock(&hold_mu_);
+    for (const auto& [key, work] : in_flight_) {
+      if (key.first != device) continue;
+      for (const InFlight& f : work) {
+        if (f.va < va + size_bytes && va < f.va + f.size_bytes) {
+          ordering_violations_.push_back(absl::StrCat("Unmap(", Hex(va), ", ", size_bytes, ") while ",
+                                                      f.size_bytes, " bytes at ", Hex(f.va),
+                                                      " are in flight on stream ", Hex(reinterpret_cast<std::uintptr_t>(key.second))));
+          break;
+        }
+      }
+    }
+  }
   void* got = ::mmap(AsHostPtr(va), size_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                      -1, 0);
   if (got == MAP_FAILED) {
@@ -331,7 +348,35 @@ absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
   auto it = held_.find({device, stream});
   e->held_stream = stream;
   e->hold_generation = it == held_.end() ? 0 : it->second;
+  e->seq = seq_;
   return absl::OkStatus();
+}
+
+void SimDriver::NoteInFlight(int device, Stream stream, DevicePtr va, std::size_t size_bytes) {
+  if (size_bytes == 0) return;
+  MutexLock lock(&hold_mu_);
+  in_flight_[{device, stream}].push_back({va, size_bytes, ++seq_});
+}
+
+void SimDriver::Synchronized(int device, Stream stream, std::uint64_t up_to_seq) {
+  auto it = in_flight_.find({device, stream});
+  if (it == in_flight_.end()) return;
+  auto& v = it->second;
+  v.erase(std::remove_if(v.begin(), v.end(), [&](const InFlight& f) { return f.seq <= up_to_seq; }), v.end());
+  if (v.empty()) in_flight_.erase(it);
+}
+
+absl::Status SimDriver::CheckNoLeaks() const {
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckNoLeaks());
+  return CheckOrdering();
+}
+
+absl::Status SimDriver::CheckOrdering() const {
+  MutexLock lock(&hold_mu_);
+  if (ordering_violations_.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("sim: ", ordering_violations_.size(),
+                                          " unmap(s) of memory with unsynchronized async work; first: ",
+                                          ordering_violations_.front()));
 }
 
 void SimDriver::HoldStream(int device, Stream stream) {
@@ -356,7 +401,9 @@ absl::StatusOr<bool> SimDriver::QueryEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
   // Eager execution: recorded work is complete, unless it was recorded on a held stream.
   MutexLock lock(&hold_mu_);
-  return !EventPending(device, event);
+  if (EventPending(device, event)) return false;
+  Synchronized(device, AsSimEvent(event)->held_stream, AsSimEvent(event)->seq);
+  return true;
 }
 
 absl::Status SimDriver::SynchronizeEvent(int device, Event event) {
@@ -365,6 +412,7 @@ absl::Status SimDriver::SynchronizeEvent(int device, Event event) {
   // Waiting lets the held work finish: the hold that kept the event pending ends.
   MutexLock lock(&hold_mu_);
   if (EventPending(device, event)) held_.erase({device, AsSimEvent(event)->held_stream});
+  Synchronized(device, AsSimEvent(event)->held_stream, AsSimEvent(event)->seq);
   return absl::OkStatus();
 }
 
@@ -390,6 +438,8 @@ absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
   ReleaseStream(device, stream);
+  MutexLock lock(&hold_mu_);
+  in_flight_.erase({device, stream});
   return absl::OkStatus();
 }
 
@@ -399,6 +449,10 @@ absl::Status SimDriver::SynchronizeDevice(int device) {
   MutexLock lock(&hold_mu_);
   for (auto it = held_.begin(); it != held_.end();) {
     if (it->first.first == device) held_.erase(it++);
+    else ++it;
+  }
+  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+    if (it->first.first == device) in_flight_.erase(it++);
     else ++it;
   }
   return absl::OkStatus();
@@ -413,6 +467,7 @@ absl::Status SimDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, st
   absl::Status ok = ledger_.CheckAccessible(src, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToHostAsync: source ", ok.message()));
   std::memcpy(dst, AsHostPtr(src), size_bytes);
+  NoteInFlight(device, stream, src, size_bytes);
   counters_.AddBytesToHost(size_bytes);
   return absl::OkStatus();
 }
@@ -426,6 +481,7 @@ absl::Status SimDriver::CopyToDeviceAsync(int device, DevicePtr dst, const void*
   absl::Status ok = ledger_.CheckAccessible(dst, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToDeviceAsync: destination ", ok.message()));
   std::memcpy(AsHostPtr(dst), src, size_bytes);
+  NoteInFlight(device, stream, dst, size_bytes);
   counters_.AddBytesToDevice(size_bytes);
   return absl::OkStatus();
 }
@@ -440,6 +496,8 @@ absl::Status SimDriver::CopyDeviceAsync(int device, DevicePtr dst, DevicePtr src
   ok = ledger_.CheckAccessible(dst, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyDeviceAsync: destination ", ok.message()));
   std::memmove(AsHostPtr(dst), AsHostPtr(src), size_bytes);
+  NoteInFlight(device, stream, src, size_bytes);
+  NoteInFlight(device, stream, dst, size_bytes);
   return absl::OkStatus();
 }
 
@@ -451,6 +509,7 @@ absl::Status SimDriver::MemsetAsync(int device, DevicePtr dst, std::uint8_t valu
   absl::Status ok = ledger_.CheckAccessible(dst, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("MemsetAsync: destination ", ok.message()));
   std::memset(AsHostPtr(dst), value, size_bytes);
+  NoteInFlight(device, stream, dst, size_bytes);
   return absl::OkStatus();
 }
 

@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <memory>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -103,7 +104,13 @@ class SimDriver final : public Driver {
   absl::Status MemsetAsync(int device, DevicePtr dst, std::uint8_t value, std::size_t size_bytes,
                            Stream stream) override;
   DriverCounters Counters() const override { return counters_.Snapshot(); }
-  absl::Status CheckNoLeaks() const override { return ledger_.CheckNoLeaks(); }
+  // Leaks, and ordering violations: an Unmap of memory that an async copy or memset
+  // queued on some stream may still touch, because nothing synchronized with it (the
+  // stream, the device, or an event recorded after it). The simulator executes work
+  // eagerly, so it cannot fault like a GPU would; it remembers instead.
+  absl::Status CheckNoLeaks() const override;
+  // The ordering part of CheckNoLeaks alone.
+  absl::Status CheckOrdering() const;
 
  private:
   struct ArmedRule {
@@ -128,6 +135,17 @@ class SimDriver final : public Driver {
   mutable Mutex hold_mu_;
   absl::flat_hash_map<std::pair<int, Stream>, std::uint64_t> held_ ABSL_GUARDED_BY(hold_mu_);
   std::uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;
+  // Work queued per (device, stream) and not yet synchronized with.
+  struct InFlight {
+    DevicePtr va;
+    std::size_t size_bytes;
+    std::uint64_t seq;
+  };
+  void NoteInFlight(int device, Stream stream, DevicePtr va, std::size_t size_bytes);
+  void Synchronized(int device, Stream stream, std::uint64_t up_to_seq) ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_);
+  absl::flat_hash_map<std::pair<int, Stream>, std::vector<InFlight>> in_flight_ ABSL_GUARDED_BY(hold_mu_);
+  std::uint64_t seq_ ABSL_GUARDED_BY(hold_mu_) = 0;
+  std::vector<std::string> ordering_violations_ ABSL_GUARDED_BY(hold_mu_);
 };
 
 }  // namespace vmstash

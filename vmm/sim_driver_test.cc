@@ -63,6 +63,42 @@ TEST(SimDriverTest, MemoryIsRealAndNeedsAccess) {
   ASSERT_TRUE(sim.FreeAddress(0, va, kG).ok());
 }
 
+TEST(SimDriverTest, UnmapOfMemoryWithUnsynchronizedCopiesIsReported) {
+  SimDriver sim(Small());
+  Stream stream = sim.CreateStream(0).value();
+  Event event = sim.CreateEvent(0, false).value();
+  auto map = [&](DevicePtr* va, ChunkHandle* c) {
+    *va = sim.ReserveAddress(0, kG, 0).value();
+    *c = sim.CreateChunk(0, kG, {}).value();
+    ASSERT_TRUE(sim.Map(*va, kG, *c).ok());
+    ASSERT_TRUE(sim.SetAccess(*va, kG, 0).ok());
+  };
+  auto unmap = [&](DevicePtr va, ChunkHandle c) {
+    ASSERT_TRUE(sim.Unmap(0, va, kG).ok());
+    ASSERT_TRUE(sim.ReleaseChunk(c).ok());
+    ASSERT_TRUE(sim.FreeAddress(0, va, kG).ok());
+  };
+  char host[64] = {};
+  DevicePtr a, b;
+  ChunkHandle ca, cb;
+  map(&a, &ca);
+  map(&b, &cb);
+  // Synchronized through an event recorded after the copy: fine. A copy queued after the
+  // event is still in flight.
+  ASSERT_TRUE(sim.CopyToHostAsync(0, host, a, 64, stream).ok());
+  ASSERT_TRUE(sim.RecordEvent(0, event, stream).ok());
+  ASSERT_TRUE(sim.CopyToDeviceAsync(0, b, host, 64, stream).ok());
+  ASSERT_TRUE(sim.SynchronizeEvent(0, event).ok());
+  unmap(a, ca);
+  EXPECT_TRUE(sim.CheckOrdering().ok()) << sim.CheckOrdering();
+  unmap(b, cb);  // its copy was queued after the event: nothing waited for it
+  absl::Status s = sim.CheckOrdering();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_NE(s.message().find("in flight"), absl::string_view::npos) << s;
+  ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
+  ASSERT_TRUE(sim.DestroyStream(0, stream).ok());
+}
+
 TEST(SimDriverTest, InjectsTheNthCallFailureBeforeAnyChange) {
   SimDriverOptions options = Small();
   options.faults = {FaultRule{DriverOp::kCreateChunk, 2, 2, absl::StatusCode::kResourceExhausted}};

@@ -50,6 +50,15 @@ class ScopedStream {
   Stream stream_ = nullptr;
 };
 
+// Waits for the stream's copies. If that wait fails, waits for the whole device before
+// returning the error: the early return then destroys Mappings, and unmapping memory a
+// copy may still touch would fault on a GPU.
+absl::Status SyncOrDrain(Driver& driver, int device, Stream stream) {
+  absl::Status s = driver.SynchronizeStream(device, stream);
+  if (!s.ok()) (void)driver.SynchronizeDevice(device);
+  return s;
+}
+
 }  // namespace
 
 absl::StatusOr<CycleReport> RunPauseResumeCycle(Driver& driver, const CycleOptions& options) {
@@ -78,14 +87,14 @@ absl::StatusOr<CycleReport> RunPauseResumeCycle(Driver& driver, const CycleOptio
   auto* words = static_cast<std::uint64_t*>(staging.data());
   for (std::size_t i = 0; i < size / 8; ++i) words[i] = PatternWord(i);
   VMSTASH_RETURN_IF_ERROR(driver.CopyToDeviceAsync(dev, report.address, staging.data(), size, stream.get()));
-  VMSTASH_RETURN_IF_ERROR(driver.SynchronizeStream(dev, stream.get()));
+  VMSTASH_RETURN_IF_ERROR(SyncOrDrain(driver, dev, stream.get()));
   VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo before, driver.MemoryInfo(dev));
   report.free_before_pause = before.free_bytes;
 
   // Pause with backup: copy out, and only once the copy is complete give the memory back.
   auto start = std::chrono::steady_clock::now();
   VMSTASH_RETURN_IF_ERROR(driver.CopyToHostAsync(dev, backup.data(), report.address, size, stream.get()));
-  VMSTASH_RETURN_IF_ERROR(driver.SynchronizeStream(dev, stream.get()));
+  VMSTASH_RETURN_IF_ERROR(SyncOrDrain(driver, dev, stream.get()));
   VMSTASH_RETURN_IF_ERROR(mapping.Unmap());
   for (Chunk& chunk : chunks) VMSTASH_RETURN_IF_ERROR(chunk.Release());
   chunks.clear();
@@ -99,7 +108,7 @@ absl::StatusOr<CycleReport> RunPauseResumeCycle(Driver& driver, const CycleOptio
   chunks.push_back(std::move(whole));
   VMSTASH_ASSIGN_OR_RETURN(Mapping resumed, Mapping::Create(&driver, dev, report.address, chunks));
   VMSTASH_RETURN_IF_ERROR(driver.CopyToDeviceAsync(dev, report.address, backup.data(), size, stream.get()));
-  VMSTASH_RETURN_IF_ERROR(driver.SynchronizeStream(dev, stream.get()));
+  VMSTASH_RETURN_IF_ERROR(SyncOrDrain(driver, dev, stream.get()));
   report.resume_ms = MsSince(start);
   report.chunks_after = resumed.pieces().size();
   VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo after, driver.MemoryInfo(dev));
@@ -108,7 +117,7 @@ absl::StatusOr<CycleReport> RunPauseResumeCycle(Driver& driver, const CycleOptio
   // Verify through a fresh read of the device.
   std::memset(staging.data(), 0, size);
   VMSTASH_RETURN_IF_ERROR(driver.CopyToHostAsync(dev, staging.data(), report.address, size, stream.get()));
-  VMSTASH_RETURN_IF_ERROR(driver.SynchronizeStream(dev, stream.get()));
+  VMSTASH_RETURN_IF_ERROR(SyncOrDrain(driver, dev, stream.get()));
   for (std::size_t i = 0; i < size / 8; ++i) {
     if (words[i] != PatternWord(i)) {
       return absl::DataLossError(absl::StrFormat("byte %d at %#x differs after resume: got %#x, want %#x", i * 8,
