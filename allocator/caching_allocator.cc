@@ -194,7 +194,7 @@ absl::StatusOr<Block*> CachingAllocator::AllocateSlowLocked(TagPool* pool, Heap*
     }
   }
   // Step 3: new chunk.
-  absl::StatusOr<Block*> grown = heap->AllocateGrow(size_bytes, stream);
+  absl::StatusOr<Block*> grown = GrowLocked(heap, size_bytes, stream);
   if (grown.ok()) {
     ++counters_.grows;
     NoteReservedLocked(pool);
@@ -210,7 +210,7 @@ absl::StatusOr<Block*> CachingAllocator::AllocateSlowLocked(TagPool* pool, Heap*
   // Step 5: give back the free chunks of every tag and retry.
   absl::Status released = ReleaseCachedLocked(-1);
   if (!released.ok()) VMSTASH_LOG(kWarning, "vmstash: releasing cached chunks: {}", released.ToString());
-  grown = heap->AllocateGrow(size_bytes, stream);
+  grown = GrowLocked(heap, size_bytes, stream);
   if (grown.ok()) {
     ++counters_.grows;
     NoteReservedLocked(pool);
@@ -219,6 +219,23 @@ absl::StatusOr<Block*> CachingAllocator::AllocateSlowLocked(TagPool* pool, Heap*
   if (!absl::IsResourceExhausted(grown.status())) return grown.status();
   ++counters_.ooms;
   return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, grown.status()));
+}
+
+absl::StatusOr<Block*> CachingAllocator::GrowLocked(Heap* heap, std::size_t size_bytes, Stream stream) {
+  const std::size_t margin = memory_margin_bytes_.load(std::memory_order_relaxed);
+  if (margin != 0) {
+    VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo info, driver_->MemoryInfo(device_));
+    if (info.free_bytes < size_bytes || info.free_bytes - size_bytes < margin) {
+      return absl::ResourceExhaustedError(absl::StrCat("growing by ", size_bytes, " bytes would leave less than the ",
+                                                       "memory margin of ", margin, " bytes free (device free: ",
+                                                       info.free_bytes, ")"));
+    }
+  }
+  return heap->AllocateGrow(size_bytes, stream);
+}
+
+void CachingAllocator::SetMemoryMargin(std::size_t bytes) {
+  memory_margin_bytes_.store(bytes, std::memory_order_relaxed);
 }
 
 bool CachingAllocator::ReuseFencedLocked(Heap* heap, Stream stream) {

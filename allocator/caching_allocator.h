@@ -75,6 +75,7 @@
 #ifndef VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -180,6 +181,13 @@ class CachingAllocator {
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0.
   absl::Status Prepare(TagId tag, std::size_t bytes = 0);
+  // Copies `size_bytes` at `ptr` — inside a live block of a paused `backup` tag, within
+  // its backed-up bytes — from the backup arena to host memory `dst`. NotFound when no
+  // paused backup holds those bytes.
+  absl::Status ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst);
+  // Refuse to map new memory when the device's free memory would drop below `bytes`
+  // (0: no margin; the allocation then fails like an OOM, after the OOM ladder).
+  void SetMemoryMargin(std::size_t bytes);
   // Waits until background preparations (AllocatorOptions::auto_prepare) are done.
   void WaitForBackgroundPrepare();
   // Gives the tag's backup arena host memory back (and stops preparing it automatically
@@ -258,6 +266,9 @@ class CachingAllocator {
   // Frees a live block already taken out of live_; its pool is not in transition.
   absl::Status FreeBlockLocked(TagPool* pool, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 2 of the ladder; true when blocks moved to a shared index.
+  // Heap growth, unless it would cut into the memory margin (ResourceExhausted).
+  absl::StatusOr<Block*> GrowLocked(Heap* heap, std::size_t size_bytes, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReuseFencedLocked(Heap* heap, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns pending frees whose events completed (all of them when `synced`), skipping
   // blocks of tags in transition except `in_transition`.
@@ -304,6 +315,7 @@ class CachingAllocator {
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
   AllocatorStats counters_ ABSL_GUARDED_BY(mu_);  // device-wide counters (tags filled on read)
+  std::atomic<std::size_t> memory_margin_bytes_{0};
   // Set at construction when options_.auto_prepare; its thread calls Prepare().
   std::unique_ptr<AutoPreparer> preparer_;
 };

@@ -2,10 +2,12 @@
 // caching_allocator.h.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
+#include "vmm/bytes.h"
 #include "vmm/log.h"
 #include "vmm/status_macros.h"
 
@@ -65,6 +67,36 @@ absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
   MutexLock lock(&mu_);
   pool->stats.backup_arena_bytes = static_cast<std::int64_t>(pool->arena->capacity_bytes());
   return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {
+  if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("ReadBackup: null destination");
+  std::vector<TagPool*> paused;
+  {
+    MutexLock lock(&mu_);
+    for (auto& pool : pools_) {
+      if (pool != nullptr && pool->state == TagState::kPaused && pool->stats.policy == Policy::kBackup) {
+        paused.push_back(pool.get());
+      }
+    }
+  }
+  for (TagPool* pool : paused) {
+    MutexLock t(pool->transition_mu.get());  // no resume meanwhile
+    MutexLock lock(&mu_);
+    if (pool->state != TagState::kPaused) continue;
+    for (const auto& [block, extents] : pool->backup_extents) {
+      if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
+      for (const BackupExtent& e : extents) {
+        if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) {
+          std::memcpy(dst, pool->arena->data() + e.arena_offset + (ptr - e.address), size_bytes);
+          return absl::OkStatus();
+        }
+      }
+      return absl::NotFoundError(absl::StrCat("bytes ", Hex(ptr), "+", size_bytes, " of tag '", pool->stats.name,
+                                              "' were not backed up (outside the live ranges of the pause)"));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
 }
 
 absl::Status CachingAllocator::PrepareInBackground(TagId tag, std::size_t bytes) {

@@ -222,6 +222,36 @@ TEST_F(PauseResumeTest, LiveRangeHintCopiesOnlyTheBytesInsideIt) {
   ASSERT_TRUE(alloc_->Free(empty).ok());
 }
 
+TEST_F(PauseResumeTest, BackupBytesAreReadableWhilePaused) {
+  DevicePtr p = Alloc(5 * kMiB, weights_);
+  FillPattern(p, 5 * kMiB, 9);
+  std::vector<std::uint8_t> host(kMiB);
+  EXPECT_EQ(alloc_->ReadBackup(p, kMiB, host.data()).code(), absl::StatusCode::kNotFound);  // not paused
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  ASSERT_TRUE(alloc_->ReadBackup(p + 2 * kMiB, kMiB, host.data()).ok());
+  for (std::size_t i = 0; i < kMiB; i += 4093) {
+    const std::size_t at = 2 * kMiB + i;
+    if (at % 4093 == 0) EXPECT_EQ(host[i], static_cast<std::uint8_t>(9 + at / 4093)) << i;
+  }
+  EXPECT_EQ(alloc_->ReadBackup(p + 4 * kMiB, 2 * kMiB, host.data()).code(), absl::StatusCode::kNotFound);  // past it
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(PauseResumeTest, MemoryMarginRefusesGrowthThatWouldCutIntoIt) {
+  // The simulated device has 2 GiB; keep 1.5 GiB free.
+  alloc_->SetMemoryMargin(1536 * kMiB);
+  DevicePtr small = Alloc(256 * kMiB, kv_);
+  absl::StatusOr<DevicePtr> big = alloc_->Allocate(512 * kMiB, nullptr, kv_);
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("memory margin"), absl::string_view::npos) << big.status();
+  alloc_->SetMemoryMargin(0);
+  big = alloc_->Allocate(512 * kMiB, nullptr, kv_);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(alloc_->Free(*big).ok());
+  ASSERT_TRUE(alloc_->Free(small).ok());
+}
+
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 20; ++i) blocks.push_back(Alloc(10 * kMiB, weights_));

@@ -60,6 +60,7 @@ struct Runtime {
     for (auto& t : slot_tags) t.store(-1, std::memory_order_relaxed);
   }
   std::atomic<bool> ready{false};
+  std::atomic<std::size_t> memory_margin{0};
 };
 
 // Never destroyed: nothing runs at exit while CUDA may be tearing down.
@@ -138,6 +139,7 @@ absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
       absl::Status s = AddHooksTo(**a, h);
       if (!s.ok()) return s;
     }
+    (*a)->SetMemoryMargin(rt.memory_margin.load());
     rt.owned[device] = *std::move(a);
     rt.allocators[device].store(rt.owned[device].get(), std::memory_order_release);
   }
@@ -383,6 +385,27 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
       VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id, live.get()));
       return t == CachingAllocator::Transition::kDone;
     });
+  });
+}
+
+int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {
+  return Guard([&] {
+    absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);
+    if (!a.ok()) return Fail(a.status());
+    absl::Status s = (*a)->ReadBackup(reinterpret_cast<DevicePtr>(ptr), size, dst);
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int vmstash_set_memory_margin(size_t bytes) noexcept {
+  return Guard([&] {
+    Runtime& rt = TheRuntime();
+    MutexLock lock(&rt.mu);
+    rt.memory_margin.store(bytes);
+    for (auto& a : rt.owned) {
+      if (a != nullptr) a->SetMemoryMargin(bytes);
+    }
+    return 0;
   });
 }
 

@@ -93,6 +93,13 @@ int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
  * tag are not preserved. n == 0 with NULL arrays: nothing is preserved. */
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) VMSTASH_NOEXCEPT;
+/* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
+ * into host memory `dst` (what a pause saved there). VMSTASH_NOT_FOUND when no paused
+ * backup holds those bytes. */
+int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) VMSTASH_NOEXCEPT;
+/* Refuse to map new device memory when the device's free memory would fall below `bytes`
+ * (0: no margin). Applies to every device, now and later. */
+int vmstash_set_memory_margin(size_t bytes) VMSTASH_NOEXCEPT;
 /* Pins the tag's backup arena ahead of the first pause: `bytes`, or (0) the tag's
  * allocated bytes. vmstash_release_backup gives that host memory back (not while paused). */
 int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;

@@ -126,6 +126,28 @@ class VmstashCpuTest(unittest.TestCase):
         free(big, 300 * MiB)
         vmstash.release_backup("cpu_big")
 
+    def test_read_backup_while_paused_and_memory_margin(self):
+        vmstash.create_tag("cpu_rb", "backup")
+        p = malloc("cpu_rb", 2 * MiB)
+        fill(p, 2 * MiB, 0x3C)
+        buf = ctypes.create_string_buffer(4096)
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.read_backup(p, 4096, ctypes.addressof(buf))
+        self.assertEqual(e.exception.code_name, "NOT_FOUND")
+        self.assertTrue(vmstash.pause("cpu_rb"))
+        vmstash.read_backup(p + MiB, 4096, ctypes.addressof(buf))
+        self.assertEqual(buf.raw, bytes([0x3C]) * 4096)
+        self.assertTrue(vmstash.resume("cpu_rb"))
+        free(p, 2 * MiB)
+        vmstash.set_memory_margin(1 << 40)  # more than the device has
+        with self.assertRaises(vmstash.Error):
+            malloc("cpu_rb", 64 * MiB)
+        self.assertIn("memory margin", _lib.last_error())
+        vmstash.set_memory_margin(0)
+        free(malloc("cpu_rb", 64 * MiB), 64 * MiB)
+        with self.assertRaises(ValueError):
+            vmstash.set_memory_margin(-1)
+
     def test_stats_and_snapshot_are_dicts(self):
         vmstash.create_tag("cpu_s", "discard")
         p = malloc("cpu_s", MiB)

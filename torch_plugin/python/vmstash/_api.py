@@ -156,3 +156,19 @@ def tag_stats(tag, device=0):
         if t["name"] == tag:
             return t
     return None
+
+
+def read_backup(address, nbytes, dst_address, device=0):
+    """Copies `nbytes` at device `address` from the backup of a paused `backup` tag into
+    host memory at `dst_address`. Raises vmstash.Error (NOT_FOUND) when no paused backup
+    holds those bytes."""
+    _lib.check(_lib.lib().vmstash_read_backup(address, nbytes, _device_arg(device), dst_address), "read_backup")
+
+
+def set_memory_margin(nbytes):
+    """Refuse to map new device memory when free memory would drop below `nbytes` (0: off).
+    The refused allocation fails like an out-of-memory (PyTorch then frees its cache and
+    retries)."""
+    if nbytes < 0:
+        raise ValueError("memory margin must be >= 0")
+    _lib.check(_lib.lib().vmstash_set_memory_margin(nbytes), "set_memory_margin")

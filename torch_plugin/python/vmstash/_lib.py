@@ -96,6 +96,8 @@ def _declare(l):
         "vmstash_pause": (c_int, [c_char_p, c_int]),
         "vmstash_pause_live": (c_int, [c_char_p, c_int, u64p, u64p, c_size_t]),
         "vmstash_resume": (c_int, [c_char_p, c_int]),
+        "vmstash_read_backup": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
+        "vmstash_set_memory_margin": (c_int, [c_size_t]),
         "vmstash_prepare": (c_int, [c_char_p, c_int, c_size_t]),
         "vmstash_release_backup": (c_int, [c_char_p, c_int]),
         "vmstash_empty_cache": (c_int, [c_int, c_char_p]),
