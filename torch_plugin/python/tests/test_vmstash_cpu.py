@@ -161,6 +161,38 @@ class VmstashCpuTest(unittest.TestCase):
         free(p, MiB)
         vmstash.empty_cache()
 
+    def test_torch_memory_saver_compat_pure_parts(self):
+        from vmstash.compat.torch_memory_saver import TorchMemorySaver, configure_subprocess, torch_memory_saver
+        self.assertTrue(torch_memory_saver.enabled)
+        tms = TorchMemorySaver()
+        # Tag naming: the first backup setting keeps the name.
+        self.assertEqual(tms._vmstash_tag("kv", False), ("kv", "discard"))
+        self.assertEqual(tms._vmstash_tag("kv", True), ("kv:backup", "backup"))
+        self.assertEqual(tms._vmstash_tag("kv", False), ("kv", "discard"))
+        self.assertEqual(sorted(n for n, _ in tms._targets("kv")), ["kv", "kv:backup"])
+        self.assertEqual(tms._targets("other"), [])
+        with self.assertRaises(vmstash.Error) as e:
+            tms._check_backup_args(True, True, None)
+        self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
+        with self.assertRaises(ValueError):
+            tms._check_backup_args(True, False, "disk")
+        with self.assertRaises(vmstash.Error) as e:
+            tms.hook_mode = "preload"
+        self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
+        with self.assertRaises(ValueError):
+            tms.hook_mode = "bogus"
+        tms.hook_mode = "torch"
+        self.assertTrue(tms.retain_cpu_backup)
+        tms.retain_cpu_backup = False
+        self.assertFalse(tms.retain_cpu_backup)
+        tms.memory_margin_bytes = 0
+        self.assertEqual(tms.memory_margin_bytes, 0)
+        # pause/resume of tags this instance never saw: nothing to do.
+        tms.pause("nothing")
+        tms.resume()
+        with configure_subprocess():
+            pass
+
     def test_torch_functions_without_torch_raise_clearly(self):
         try:
             import torch  # noqa: F401
