@@ -7,7 +7,8 @@
 #     --all    also run the CPU tests with ctest
 #     --bench  then run bench/vmm_bench (16 GiB chunk-size sweep, pinned copy bandwidth) and
 #              bench/allocator_bench (vs PyTorch's caching allocator when torch is importable)
-#              and bench/pause_bench (pause/resume of 16 GiB vs pinned copies)
+#              and bench/pause_bench (pause/resume of 16 GiB vs pinned copies) and
+#              bench/python_bench.py (the Python package's costs, when torch is importable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -46,6 +47,10 @@ if [ "$run_bench" = 1 ]; then
   ./bench/vmm_bench
   VMSTASH_DRIVER=cuda ./bench/allocator_bench
   VMSTASH_DRIVER=cuda ./bench/pause_bench 16
+  if python3 -c 'import torch' 2>/dev/null; then
+    VMSTASH_LIBRARY="$build/torch_plugin/libvmstash.so" PYTHONPATH="$root/torch_plugin/python" \
+      python3 "$root/bench/python_bench.py"
+  fi
   python3 -c 'import torch_memory_saver' 2>/dev/null && echo "torch_memory_saver: importable" \
     || echo "torch_memory_saver: not importable here (no comparison run)"
 fi

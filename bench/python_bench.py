@@ -1,0 +1,73 @@
+"""Python-level costs of the vmstash package on a GPU, side by side in one process.
+
+    VMSTASH_LIBRARY=.../libvmstash.so PYTHONPATH=torch_plugin/python python3 bench/python_bench.py
+
+1. New 64 MiB segments: N tensors of 64 MiB allocated in a fresh vmstash.region (each a
+   new PyTorch segment, served by vmstash_malloc_slot<N>) vs the same through PyTorch's
+   own allocator (cudaMalloc per segment); mean per tensor, CUDA-synchronized.
+2. region() enter+exit, and pause()+resume() of a tag with no memory, per call.
+torch_memory_saver runs the same cases when importable.
+"""
+import time
+
+import torch
+
+import vmstash
+
+MiB = 1 << 20
+N = 64
+
+
+def per_segment(make):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    keep = [make() for _ in range(N)]
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / N
+    del keep
+    return dt
+
+
+def main():
+    torch.cuda.init()
+    torch.empty(1, device="cuda")  # context
+    new = lambda: torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    with vmstash.region("bench_segments"):
+        ours = per_segment(new)
+    theirs = per_segment(new)
+    torch.cuda.empty_cache()
+    print(f"new 64 MiB segment: vmstash MemPool {ours * 1e6:.1f} us, PyTorch default (cudaMalloc) "
+          f"{theirs * 1e6:.1f} us, ratio {theirs / ours:.2f}x")
+    try:
+        from torch_memory_saver import torch_memory_saver as tms
+        with tms.region(tag="bench_tms"):
+            t = per_segment(new)
+        print(f"new 64 MiB segment: torch_memory_saver {t * 1e6:.1f} us")
+    except ImportError:
+        print("torch_memory_saver: not importable here (no comparison run)")
+
+    reps = 10000
+    with vmstash.region("bench_empty"):
+        pass
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        with vmstash.region("bench_empty"):
+            pass
+    region_us = (time.perf_counter() - t0) / reps * 1e6
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        with torch.cuda.use_mem_pool(vmstash.pool("bench_empty")):
+            pass
+    use_pool_us = (time.perf_counter() - t0) / reps * 1e6
+    reps = 1000
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        vmstash.pause("bench_empty")
+        vmstash.resume("bench_empty")
+    pr_us = (time.perf_counter() - t0) / reps * 1e6
+    print(f"region enter+exit {region_us:.1f} us (torch.cuda.use_mem_pool alone {use_pool_us:.1f} us); "
+          f"pause+resume of an empty tag {pr_us:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
