@@ -8,6 +8,9 @@
 2. region() enter+exit, and pause()+resume() of a tag with no memory, per call.
 torch_memory_saver runs the same cases when importable.
 """
+import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -37,7 +40,12 @@ def main():
     theirs = per_segment(new)
     torch.cuda.empty_cache()
     print(f"new 64 MiB segment: vmstash MemPool {ours * 1e6:.1f} us, PyTorch default (cudaMalloc) "
-          f"{theirs * 1e6:.1f} us, ratio {theirs / ours:.2f}x")
+          f"{theirs * 1e6:.1f} us, ratio {theirs / ours:.2f}x ({os.environ.get('VMSTASH_CONF') or 'default options'})")
+    if len(sys.argv) > 1 and sys.argv[1] == "--segments-only":
+        return
+    # The same with larger growth steps (fewer cuMemCreate calls), in a fresh process.
+    env = dict(os.environ, VMSTASH_CONF=(os.environ.get("VMSTASH_CONF", "") + ",min_chunk:512M").lstrip(","))
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--segments-only"], env=env, check=False)
     try:
         from torch_memory_saver import torch_memory_saver as tms
         with tms.region(tag="bench_tms"):
@@ -65,8 +73,16 @@ def main():
         vmstash.pause("bench_empty")
         vmstash.resume("bench_empty")
     pr_us = (time.perf_counter() - t0) / reps * 1e6
+    with vmstash.region("bench_empty_backup", policy="backup"):
+        pass
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        vmstash.pause("bench_empty_backup")
+        vmstash.resume("bench_empty_backup")
+    prb_us = (time.perf_counter() - t0) / reps * 1e6
     print(f"region enter+exit {region_us:.1f} us (torch.cuda.use_mem_pool alone {use_pool_us:.1f} us); "
-          f"pause+resume of an empty tag {pr_us:.1f} us")
+          f"pause+resume of an empty tag {pr_us:.1f} us (discard), {prb_us:.1f} us (backup: reads the pool's "
+          "block state)")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,11 @@ def tags():
         return dict(_tags)
 
 
+def policy_of(tag):
+    """The policy of a tag created through this package, or None."""
+    return _tags.get(tag)  # a single dict read: atomic in CPython
+
+
 def set_current_tag(tag):
     """Routes this thread's allocations through vmstash_malloc (global mode, install()) to `tag`."""
     _lib.check(_lib.lib().vmstash_set_current_tag(_lib.encode(tag)), f"set_current_tag({tag!r})")
@@ -91,7 +96,8 @@ def _pause_one(tag, dev):
     l = _lib.lib()
     name = _lib.encode(tag)
     hinted_done = False
-    if live_ranges_provider is not None and pool_devices_provider is not None:
+    # Only a backup pause copies; a discard tag needs no liveness hint.
+    if live_ranges_provider is not None and pool_devices_provider is not None and policy_of(tag) == "backup":
         for d in pool_devices_provider(tag):
             if dev != -1 and d != dev:
                 continue

@@ -20,13 +20,20 @@ _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its poo
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
 
 
+_torch_module = None
+
+
 def _torch():
+    global _torch_module
+    if _torch_module is not None:
+        return _torch_module
     try:
         import torch
     except ImportError as e:
         raise _lib.Error("this vmstash function needs PyTorch (import torch failed)", 9) from e
     if not torch.cuda.is_available():
         raise _lib.Error("this vmstash function needs a CUDA device (torch.cuda.is_available() is False)", 9)
+    _torch_module = torch
     return torch
 
 
@@ -39,8 +46,11 @@ def _device_index(torch, device):
 def pool(tag, policy="discard", device=None):
     """The MemPool of `tag` on `device` (created on first use, with the tag)."""
     torch = _torch()
-    _api.create_tag(tag, policy)
     dev = _device_index(torch, device)
+    found = _pools.get((tag, dev))
+    if found is not None and _api.policy_of(tag) == policy:
+        return found  # fast path: region() enters often
+    _api.create_tag(tag, policy)
     with _lock:
         found = _pools.get((tag, dev))
         if found is not None:
