@@ -418,6 +418,11 @@ absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   return absl::OkStatus();
 }
 
+bool CachingAllocator::Owns(DevicePtr ptr) const {
+  MutexLock lock(&mu_);
+  return live_.contains(ptr) || bypass_live_.contains(ptr);
+}
+
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
   MutexLock lock(&mu_);
   auto it = live_.find(ptr);

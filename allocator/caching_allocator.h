@@ -157,6 +157,8 @@ class CachingAllocator {
   absl::Status Free(DevicePtr ptr);
   // Marks the block at `ptr` as used by `stream` too (see Note [Stream-Ordered Reuse]).
   absl::Status RecordStream(DevicePtr ptr, Stream stream);
+  // True when `ptr` is the start of a live allocation of this allocator.
+  bool Owns(DevicePtr ptr) const;
 
   // Creates `tag` with `policy` on this device. OK if it exists with the same policy;
   // FailedPrecondition if it exists with another one. Tags used before being created are

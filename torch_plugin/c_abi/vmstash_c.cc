@@ -315,6 +315,14 @@ void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexc
   });
 }
 
+int vmstash_owner_device(const void* ptr) noexcept {
+  if (ptr == nullptr) return -1;
+  for (CachingAllocator* a : AllocatorsInUse()) {
+    if (a->Owns(reinterpret_cast<DevicePtr>(ptr))) return a->device();
+  }
+  return -1;
+}
+
 int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) noexcept {
   return Guard([&] {
     absl::StatusOr<CachingAllocator*> a = AllocatorFor(device);

@@ -59,6 +59,8 @@ const char* vmstash_version(void) VMSTASH_NOEXCEPT;
 
 void* vmstash_malloc(size_t size, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
 void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
+/* The device whose vmstash allocator returned `ptr` (a live allocation), or -1. */
+int vmstash_owner_device(const void* ptr) VMSTASH_NOEXCEPT;
 /* The block at ptr is also used by `stream` (like Tensor.record_stream). */
 int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) VMSTASH_NOEXCEPT;
 

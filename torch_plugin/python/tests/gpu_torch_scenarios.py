@@ -180,12 +180,97 @@ def install_too_late():
     print("install_too_late: raised as expected")
 
 
+def preload_default_allocator():
+    """LD_PRELOAD mode under PyTorch's own caching allocator: a plain MemPool per tag (so
+    torch never serves a tagged request from an untagged cached block), routed by the
+    thread's tag; pause/resume keeps the data; untagged memory is untouched."""
+    import torch
+    import vmstash
+
+    assert vmstash.preloaded_library(), "run with LD_PRELOAD=libvmstash_preload.so"
+    assert "libvmstash_preload" in vmstash.library_path()
+    untagged = torch.randn(1024, 1024, device="cuda")
+    vmstash.create_tag("pre_w", "backup")
+    pool = torch.cuda.MemPool()  # PyTorch's allocator, cudaMalloc underneath
+    with torch.cuda.use_mem_pool(pool):
+        vmstash.set_current_tag("pre_w")
+        try:
+            w = torch.randn(4096, 4096, device="cuda")
+        finally:
+            vmstash.set_current_tag("default")
+    assert _lib_owner(w.data_ptr(), pool), "the tagged segment should come from vmstash"
+    w_host = w.cpu()
+    reserved = vmstash.tag_stats("pre_w")["reserved_bytes"]["current"]
+    free0 = torch.cuda.mem_get_info()[0]
+    assert vmstash.pause("pre_w")
+    assert torch.cuda.mem_get_info()[0] - free0 >= 0.95 * reserved
+    assert untagged.sum().isfinite().item()  # other memory keeps working meanwhile
+    assert vmstash.resume("pre_w")
+    assert torch.equal(w.cpu(), w_host)
+    del w
+    del pool
+    print(f"preload_default_allocator: {reserved >> 20} MiB tagged through cudaMalloc, paused and resumed")
+
+
+def _lib_owner(ptr, pool):
+    """The vmstash allocation (a PyTorch segment) containing ptr, from the pool's snapshot."""
+    import ctypes
+    from vmstash import _lib
+    for seg in pool.snapshot():
+        if seg["address"] <= ptr < seg["address"] + seg["total_size"]:
+            return _lib.lib().vmstash_owner_device(ctypes.c_void_p(seg["address"])) >= 0
+    return False
+
+
+def preload_expandable_segments():
+    """LD_PRELOAD with expandable_segments:True for the rest of the process: region tensors
+    (the tag's MemPool) and raw cudaMalloc calls of a thread in a region go to vmstash;
+    PyTorch's expandable default pool is untouched and keeps working across a pause."""
+    import ctypes
+    import torch
+    import vmstash
+
+    assert vmstash.preloaded_library()
+    assert "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    default = torch.ones(64 << 20, device="cuda")
+    with vmstash.region("pre_kv", policy="backup"):
+        kv = torch.full((256 << 20,), 3.0, device="cuda")
+        raw = ctypes.c_void_p()
+        cudart_malloc = ctypes.CDLL(None).cudaMalloc  # resolved like any C library's call
+        assert cudart_malloc(ctypes.byref(raw), ctypes.c_size_t(32 << 20)) == 0
+    from vmstash import _lib
+    assert _lib.lib().vmstash_owner_device(raw) == 0, "raw cudaMalloc in a region belongs to the tag"
+    assert vmstash.pause("pre_kv") and vmstash.resume("pre_kv")
+    assert torch.all(kv == 3.0) and default.sum().item() == default.numel()
+    assert ctypes.CDLL(None).cudaFree(raw) == 0
+    assert _lib.lib().vmstash_owner_device(raw) == -1
+    print("preload_expandable_segments: OK")
+
+
 SCENARIOS = [inference_graph, resume_out_of_memory, all_threads_region_backward, install_global_mode,
-             install_too_late]
+             install_too_late, preload_default_allocator, preload_expandable_segments]
+
+
+def _env_for(name):
+    env = dict(os.environ)
+    if name.startswith("preload_"):
+        import vmstash
+        env["LD_PRELOAD"] = vmstash.preload_library_path()
+        if name == "preload_expandable_segments":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
 def _run_fresh(name):
-    return subprocess.run([sys.executable, os.path.abspath(__file__), name]).returncode
+    return subprocess.run([sys.executable, os.path.abspath(__file__), name], env=_env_for(name)).returncode
+
+
+def test_preload_default_allocator():
+    assert _run_fresh("preload_default_allocator") == 0
+
+
+def test_preload_expandable_segments():
+    assert _run_fresh("preload_expandable_segments") == 0
 
 
 def test_inference_graph():

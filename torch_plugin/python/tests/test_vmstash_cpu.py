@@ -177,8 +177,8 @@ class VmstashCpuTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             tms._check_backup_args(True, False, "disk")
         with self.assertRaises(vmstash.Error) as e:
-            tms.hook_mode = "preload"
-        self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
+            tms.hook_mode = "preload"  # this process was not started with LD_PRELOAD
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
         with self.assertRaises(ValueError):
             tms.hook_mode = "bogus"
         tms.hook_mode = "torch"
@@ -190,8 +190,15 @@ class VmstashCpuTest(unittest.TestCase):
         # pause/resume of tags this instance never saw: nothing to do.
         tms.pause("nothing")
         tms.resume()
-        with configure_subprocess():
-            pass
+        os.environ["VMSTASH_PRELOAD_LIBRARY"] = "/x/libvmstash_preload.so"
+        os.environ["LD_PRELOAD"] = "libother.so"
+        try:
+            with configure_subprocess():
+                self.assertEqual(os.environ["LD_PRELOAD"], "/x/libvmstash_preload.so libother.so")
+            self.assertEqual(os.environ["LD_PRELOAD"], "libother.so")
+        finally:
+            del os.environ["VMSTASH_PRELOAD_LIBRARY"]
+            del os.environ["LD_PRELOAD"]
 
     def test_torch_functions_without_torch_raise_clearly(self):
         try:

@@ -14,12 +14,12 @@ runs out); nothing in vmstash exits the process. See torch_plugin/README.md.
 """
 from ._api import (create_tag, current_tag, empty_cache, init, pause, prepare, read_backup, release_backup, resume,
                    set_current_tag, set_memory_margin, snapshot, stats, tag_stats, tags, version)
-from ._lib import Error, OutOfMemoryError, library_path
+from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, preloaded_library
 from ._torch import cuda_graph, install, pool, region
 
 __all__ = [
     "Error", "OutOfMemoryError", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
-    "library_path", "pause", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
+    "library_path", "pause", "preload_library_path", "preloaded_library", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
     "set_current_tag", "set_memory_margin",
     "snapshot", "stats", "tag_stats", "tags", "version",
 ]

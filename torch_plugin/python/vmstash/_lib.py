@@ -4,8 +4,9 @@ Only control calls go through Python: tensors are allocated and freed by PyTorch
 the library's C entry points directly. Every call that fails raises vmstash.Error (or
 vmstash.OutOfMemoryError) with the library's message; nothing here exits the process.
 
-The library is found through VMSTASH_LIBRARY, else next to this package (pip install
-puts it in vmstash/lib/).
+The library is libvmstash_preload.so when LD_PRELOAD names it (it carries the C ABI too),
+else VMSTASH_LIBRARY, else the copy next to this package (pip install puts it in
+vmstash/lib/).
 """
 import ctypes
 import json
@@ -48,7 +49,32 @@ class OutOfMemoryError(Error, _oom_base()):
     """Device (or pinned host) memory ran out: RESOURCE_EXHAUSTED. Also a torch.OutOfMemoryError."""
 
 
+def preloaded_library():
+    """The libvmstash_preload.so named in LD_PRELOAD, or None. When the process runs with
+    it, it is also the C ABI library (one vmstash runtime per process)."""
+    for entry in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
+        if os.path.basename(entry).startswith("libvmstash_preload"):
+            return entry
+    return None
+
+
+def preload_library_path():
+    """Where libvmstash_preload.so is (for LD_PRELOAD of child processes)."""
+    env = os.environ.get("VMSTASH_PRELOAD_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidate = os.path.join(here, "lib", "libvmstash_preload.so")
+    if os.path.exists(candidate):
+        return candidate
+    raise Error("libvmstash_preload.so not found: install the package (pip install .) or set "
+                "VMSTASH_PRELOAD_LIBRARY", 5)
+
+
 def library_path():
+    preloaded = preloaded_library()
+    if preloaded:
+        return preloaded
     env = os.environ.get("VMSTASH_LIBRARY")
     if env:
         return env

@@ -15,8 +15,10 @@ configure_subprocess; TMS_* environment variables). What differs, on purpose:
     as torch_memory_saver's default does, at the price of re-pinning at the next pause).
   * cuda_graph works in torch mode: the graph's memory goes to the tag's MemPool (shared
     by every graph of that tag, so a `pool=` argument is not needed and is ignored).
-  * hook_mode "preload", TMS_INIT_ENABLE and disk backup need the LD_PRELOAD library and a
-    disk tier that this version does not have: they raise (UNIMPLEMENTED) or warn.
+  * hook_mode "preload" and TMS_INIT_ENABLE need the process started with
+    LD_PRELOAD=libvmstash_preload.so (configure_subprocess() sets it for children); tensors
+    still go through the tag's MemPool, and raw cudaMalloc/cuMemAlloc calls of a thread in
+    a region go to its tag. Disk backup is not supported (UNIMPLEMENTED).
   * cpu_backup_backend "mmap" is process-wide in vmstash (VMSTASH_CONF backup:pageable,
     or TMS_INIT_CPU_BACKUP_BACKEND=mmap before the first use).
 """
@@ -61,9 +63,9 @@ class TorchMemorySaver:
         self._margin = 0
         self._retain = _env_flag("TMS_RETAIN_CPU_BACKUP", default=True)
         self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR", "/tmp")
-        if _env_flag("TMS_INIT_ENABLE"):
-            warnings.warn("TMS_INIT_ENABLE (every thread inside a region) needs LD_PRELOAD mode, which this vmstash "
-                          "version does not have; use vmstash.install() with a current tag instead", RuntimeWarning)
+        if _env_flag("TMS_INIT_ENABLE") and _lib.preloaded_library() is None:
+            warnings.warn("TMS_INIT_ENABLE (every thread inside a region) needs the process started with "
+                          "LD_PRELOAD=<libvmstash_preload.so>; without it, allocations outside regions are not managed", RuntimeWarning)
         if _env_flag("TMS_INIT_ENABLE_DISK_BACKUP"):
             warnings.warn("TMS_INIT_ENABLE_DISK_BACKUP: vmstash has no disk backup tier; ignored", RuntimeWarning)
 
@@ -80,8 +82,9 @@ class TorchMemorySaver:
     def hook_mode(self, mode):
         if mode not in ("torch", "preload"):
             raise ValueError(f"hook_mode must be 'torch' or 'preload', got {mode!r}")
-        if mode == "preload":
-            raise _unimplemented("hook_mode='preload' (the LD_PRELOAD library)")
+        if mode == "preload" and _lib.preloaded_library() is None:
+            raise _lib.Error("hook_mode='preload' needs the process started with LD_PRELOAD=<libvmstash_preload.so> "
+                             "(vmstash.preload_library_path(); configure_subprocess() does it for children)", 9)
         if self._used and mode != self._hook_mode:
             raise _lib.Error("hook_mode must be set before the first region", 9)
         self._hook_mode = mode
@@ -202,6 +205,18 @@ torch_memory_saver = TorchMemorySaver()
 
 @contextlib.contextmanager
 def configure_subprocess():
-    """Children need nothing extra in torch mode (VMSTASH_CONF is inherited); kept for
-    compatibility with torch_memory_saver's API."""
-    yield
+    """Child processes started inside get libvmstash_preload.so prepended to LD_PRELOAD
+    (other entries kept; restored on exit). Torch-mode children need nothing, but get it
+    anyway so that hook_mode='preload' and TMS_INIT_ENABLE work there."""
+    path = _lib.preload_library_path()
+    previous = os.environ.get("LD_PRELOAD")
+    entries = [e for e in (previous or "").replace(":", " ").split() if e]
+    if path not in entries:
+        os.environ["LD_PRELOAD"] = " ".join([path] + entries)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("LD_PRELOAD", None)
+        else:
+            os.environ["LD_PRELOAD"] = previous

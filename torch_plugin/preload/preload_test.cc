@@ -1,0 +1,96 @@
+// libvmstash_preload.so on the simulator, loaded with dlopen (RTLD_LOCAL, so it does not
+// interpose this test): routing by the thread's tag, forwarding of everything else, frees
+// of pointers vmstash owns, and the C ABI it carries. No CUDA runtime is loaded here, so
+// forwarded calls find no real function and fail cleanly instead of crashing.
+#include <dlfcn.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace {
+
+using MallocFn = int (*)(void**, size_t);
+using FreeFn = int (*)(void*);
+using MallocAsyncFn = int (*)(void**, size_t, void*);
+using FreeAsyncFn = int (*)(void*, void*);
+using CuAllocFn = int (*)(unsigned long long*, size_t);
+using CuFreeFn = int (*)(unsigned long long);
+using InitFn = int (*)(const char*);
+using TagFn = int (*)(const char*);
+using CreateTagFn = int (*)(const char*, const char*);
+using OwnerFn = int (*)(const void*);
+
+std::string LibraryPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr && workspace != nullptr) {
+    return std::string(srcdir) + "/" + workspace + "/torch_plugin/libvmstash_preload.so";
+  }
+  return "torch_plugin/libvmstash_preload.so";  // CMake: run from the build directory
+}
+
+template <typename Fn>
+Fn Get(void* lib, const char* name) {
+  return reinterpret_cast<Fn>(dlsym(lib, name));
+}
+
+TEST(PreloadTest, RoutesByTagForwardsTheRestAndFreesWhatItOwns) {
+  void* lib = dlopen(LibraryPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  auto init = Get<InitFn>(lib, "vmstash_init");
+  auto create_tag = Get<CreateTagFn>(lib, "vmstash_create_tag");
+  auto set_tag = Get<TagFn>(lib, "vmstash_set_current_tag");
+  auto owner = Get<OwnerFn>(lib, "vmstash_owner_device");
+  auto cuda_malloc = Get<MallocFn>(lib, "cudaMalloc");
+  auto cuda_free = Get<FreeFn>(lib, "cudaFree");
+  auto malloc_async = Get<MallocAsyncFn>(lib, "cudaMallocAsync");
+  auto free_async = Get<FreeAsyncFn>(lib, "cudaFreeAsync");
+  auto cu_alloc = Get<CuAllocFn>(lib, "cuMemAlloc_v2");
+  auto cu_free = Get<CuFreeFn>(lib, "cuMemFree_v2");
+  for (void* fn : {reinterpret_cast<void*>(cuda_malloc), reinterpret_cast<void*>(cuda_free),
+                   reinterpret_cast<void*>(malloc_async), reinterpret_cast<void*>(free_async),
+                   reinterpret_cast<void*>(cu_alloc), reinterpret_cast<void*>(cu_free)}) {
+    ASSERT_NE(fn, nullptr);
+  }
+  EXPECT_EQ(dlsym(lib, "cudaMallocManaged"), nullptr);  // not interposed
+  ASSERT_EQ(init("driver:sim,sim_capacity:1G"), 0);
+  ASSERT_EQ(create_tag("preload_kv", "discard"), 0);
+
+  // Outside a region: forwarded; with no CUDA runtime in this process that fails cleanly.
+  void* p = nullptr;
+  EXPECT_EQ(cuda_malloc(&p, 1 << 20), 2);  // cudaErrorMemoryAllocation
+  EXPECT_EQ(cuda_malloc(nullptr, 1 << 20), 1);  // cudaErrorInvalidValue
+  // In a region (the thread's tag): vmstash memory of that tag.
+  ASSERT_EQ(set_tag("preload_kv"), 0);
+  ASSERT_EQ(cuda_malloc(&p, 3 << 20), 0);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 7, 3 << 20);  // simulator memory is host memory
+  EXPECT_EQ(owner(p), 0);
+  void* q = nullptr;
+  ASSERT_EQ(malloc_async(&q, 1 << 20, nullptr), 0);
+  unsigned long long r = 0;
+  ASSERT_EQ(cu_alloc(&r, 1 << 20), 0);
+  EXPECT_EQ(owner(reinterpret_cast<void*>(r)), 0);
+  // Another thread without a tag is not routed.
+  std::thread([&] {
+    void* other = nullptr;
+    EXPECT_EQ(cuda_malloc(&other, 1 << 20), 2);
+  }).join();
+  ASSERT_EQ(set_tag("default"), 0);
+  // Frees of our pointers go to vmstash, from any thread or tag.
+  EXPECT_EQ(cuda_free(p), 0);
+  EXPECT_EQ(owner(p), -1);
+  EXPECT_EQ(free_async(q, nullptr), 0);
+  EXPECT_EQ(cu_free(r), 0);
+  // Not ours: forwarded (no runtime here: invalid value), including cudaFree(NULL).
+  int host = 0;
+  EXPECT_EQ(cuda_free(&host), 1);
+  EXPECT_EQ(cuda_free(nullptr), 1);
+  dlclose(lib);
+}
+
+}  // namespace
