@@ -18,6 +18,15 @@ AutoPreparer::~AutoPreparer() {
   if (thread_.joinable()) thread_.join();
 }
 
+void AutoPreparer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    queue_.clear();
+  }
+  cv_.notify_all();
+}
+
 void AutoPreparer::Request(TagId tag, std::size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -45,6 +45,9 @@ class AutoPreparer {
 
   // Queues Prepare(tag, bytes), due `settle` from now.
   void Request(TagId tag, std::size_t bytes);
+  // Drops queued preparations and refuses new ones, without waiting for one in progress
+  // (for process exit: the CUDA driver may be shutting down after it).
+  void Stop();
   // Blocks until nothing is queued or in progress (for tests and benchmarks).
   void WaitIdle();
   // Preparations completed (successful or not).

@@ -349,6 +349,10 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
   }
 }
 
+void CachingAllocator::StopBackgroundWork() {
+  if (preparer_ != nullptr) preparer_->Stop();
+}
+
 void CachingAllocator::WaitForBackgroundPrepare() {
   if (preparer_ != nullptr) preparer_->WaitIdle();
 }

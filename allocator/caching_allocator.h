@@ -190,6 +190,8 @@ class CachingAllocator {
   // Refuse to map new memory when the device's free memory would drop below `bytes`
   // (0: no margin; the allocation then fails like an OOM, after the OOM ladder).
   void SetMemoryMargin(std::size_t bytes);
+  // Stops background preparations for good (process exit); see AutoPreparer::Stop.
+  void StopBackgroundWork();
   // Waits until background preparations (AllocatorOptions::auto_prepare) are done.
   void WaitForBackgroundPrepare();
   // Gives the tag's backup arena host memory back (and stops preparing it automatically

@@ -252,6 +252,18 @@ TEST_F(PauseResumeTest, MemoryMarginRefusesGrowthThatWouldCutIntoIt) {
   ASSERT_TRUE(alloc_->Free(small).ok());
 }
 
+TEST_F(PauseResumeTest, StoppedBackgroundWorkPreparesNothing) {
+  AllocatorOptions options;
+  options.auto_prepare_settle_ms = 0;
+  Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options, /*auto_prepare=*/true);
+  alloc_->StopBackgroundWork();  // what the C ABI does at process exit
+  DevicePtr p = Alloc(100 * kMiB, weights_);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), 0u);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 20; ++i) blocks.push_back(Alloc(10 * kMiB, weights_));

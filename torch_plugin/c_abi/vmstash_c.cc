@@ -112,6 +112,14 @@ absl::Status AddHooksTo(CachingAllocator& a, const Runtime::Hooks& h) {
   return a.AddHooks(h.tag, std::move(before), std::move(after));
 }
 
+std::vector<CachingAllocator*> AllocatorsInUse();
+
+// At process exit (atexit runs before the CUDA driver's own teardown, which registered
+// earlier): no background work may start while the driver goes away.
+void StopBackgroundWorkAtExit() {
+  for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
+}
+
 absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
   Runtime& rt = TheRuntime();
   if (device >= 0 && device < kMaxDevices) {
@@ -140,6 +148,8 @@ absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
       if (!s.ok()) return s;
     }
     (*a)->SetMemoryMargin(rt.memory_margin.load());
+    static const bool registered = std::atexit(StopBackgroundWorkAtExit) == 0;
+    (void)registered;
     rt.owned[device] = *std::move(a);
     rt.allocators[device].store(rt.owned[device].get(), std::memory_order_release);
   }
