@@ -1,0 +1,55 @@
+// The control protocol: line-delimited JSON between the `vmstash` CLI and the control
+// endpoint of a process using vmstash (DESIGN §8).
+//
+// One request per connection: a single line (at most kMaxMessageBytes, '\n'-terminated)
+// holding a flat JSON object:
+//   {"v":1,"op":"hello"|"stats"|"tags"|"snapshot"|"pause"|"resume","tag":"...","device":0}
+// "tag" is required by pause/resume; "device" is optional (default -1: every device in
+// use). The reply is one line:
+//   {"v":1,"ok":true,"result":<JSON>}   or
+//   {"v":1,"ok":false,"error":{"code":"INVALID_ARGUMENT","message":"..."}}
+// A request with another "v" gets FAILED_PRECONDITION naming both versions; unknown ops,
+// unknown keys, nesting, duplicate keys and malformed JSON get INVALID_ARGUMENT; the server
+// keeps serving. The parser is strict and bounded (no recursion), and fuzzed.
+//
+// Thread-safety: pure functions.
+#ifndef VMSTASH_CONTROL_PROTOCOL_H_
+#define VMSTASH_CONTROL_PROTOCOL_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace vmstash::control {
+
+inline constexpr int kProtocolVersion = 1;
+inline constexpr std::size_t kMaxMessageBytes = std::size_t{64} << 10;  // requests
+inline constexpr std::size_t kMaxReplyBytes = std::size_t{256} << 20;   // snapshots can be large
+
+enum class Op { kHello, kStats, kTags, kSnapshot, kPause, kResume };
+
+struct Request {
+  int version = kProtocolVersion;
+  Op op = Op::kHello;
+  std::string tag;  // pause/resume
+  int device = -1;  // -1: every device in use
+};
+
+absl::string_view OpName(Op op);
+// Parses one request line (without the '\n').
+absl::StatusOr<Request> ParseRequest(absl::string_view line);
+// The request line for `request` (with the '\n').
+std::string FormatRequest(const Request& request);
+// Reply lines (with the '\n'); `result_json` must be valid JSON.
+std::string OkReply(absl::string_view result_json);
+std::string ErrorReply(const absl::Status& status);
+// Splits a reply line into the result JSON (ok) or the error it carries. Only the
+// envelope is checked; the result is returned as text.
+absl::StatusOr<std::string> ParseReply(absl::string_view line);
+
+}  // namespace vmstash::control
+
+#endif  // VMSTASH_CONTROL_PROTOCOL_H_
