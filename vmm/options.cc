@@ -52,8 +52,8 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     absl::StatusOr<std::vector<FaultRule>> rules = ParseFaultRules(value);
     if (!rules.ok()) return BadValue(key, value, rules.status().message());
     options.sim_faults = *std::move(rules);
-  } else if (key == "bypass" || key == "auto_prepare") {
-    bool* flag = key == "bypass" ? &options.bypass : &options.auto_prepare;
+  } else if (key == "bypass" || key == "auto_prepare" || key == "control") {
+    bool* flag = key == "bypass" ? &options.bypass : key == "control" ? &options.control : &options.auto_prepare;
     if (value == "1" || value == "true") *flag = true;
     else if (value == "0" || value == "false") *flag = false;
     else return BadValue(key, value, "expected 0 or 1");
@@ -77,7 +77,7 @@ absl::Status ApplyKey(absl::string_view key, absl::string_view value, Options& o
     return absl::InvalidArgumentError(absl::StrCat(
         "VMSTASH_CONF: unknown key '", key,
         "' (known: driver, log_level, sim_devices, sim_capacity, sim_granularity, sim_fail, bypass, "
-        "min_chunk, max_chunk, heap_va, backup, auto_prepare)"));
+        "min_chunk, max_chunk, heap_va, backup, auto_prepare, control)"));
   }
   return absl::OkStatus();
 }
@@ -179,7 +179,7 @@ std::string OptionsToString(const Options& options) {
                   ",max_chunk:", SizeToString(options.max_chunk_bytes),
                   ",heap_va:", SizeToString(options.heap_va_bytes),
                   ",backup:", options.backup_pageable ? "pageable" : "pinned",
-                  ",auto_prepare:", options.auto_prepare ? 1 : 0);
+                  ",auto_prepare:", options.auto_prepare ? 1 : 0, ",control:", options.control ? 1 : 0);
   return out;
 }
 

@@ -21,6 +21,8 @@
 //   heap_va         allocator: VA reserved per heap at a time (default 0 = 2x device memory)
 //   backup          pinned | pageable   where paused `backup` bytes go: pinned host memory
 //                           (default; link speed) or pageable mmap (RSS given back after resume)
+//   control         1 | 0   serve the control endpoint (Unix socket, see control/endpoint.h)
+//                           that the `vmstash` CLI talks to (default 1)
 //   auto_prepare    1 | 0   allocator: a background thread sizes the backup arena of a
 //                           `backup` tag as the tag grows, so even the first pause runs at
 //                           link speed (default 1; 0: only explicit Prepare)
@@ -57,6 +59,7 @@ struct Options {
   std::size_t heap_va_bytes = 0;
   bool backup_pageable = false;
   bool auto_prepare = true;
+  bool control = true;
 };
 
 absl::StatusOr<Options> ParseOptions(absl::string_view conf);

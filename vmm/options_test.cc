@@ -17,7 +17,7 @@ TEST(OptionsTest, EmptyGivesDefaults) {
 TEST(OptionsTest, ParsesEveryKey) {
   absl::StatusOr<Options> options = ParseOptions(
       " driver:sim, log_level:debug,sim_devices:3,sim_capacity:1536M,sim_granularity:64K,"
-      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,");
+      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,control:0,");
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->driver, DriverKind::kSim);
   EXPECT_EQ(options->log_level, LogLevel::kDebug);
@@ -31,6 +31,7 @@ TEST(OptionsTest, ParsesEveryKey) {
   EXPECT_EQ(options->heap_va_bytes, std::size_t{64} << 30);
   EXPECT_TRUE(options->backup_pageable);
   EXPECT_FALSE(options->auto_prepare);
+  EXPECT_FALSE(options->control);
   // The canonical string parses back to the same options.
   absl::StatusOr<Options> again = ParseOptions(OptionsToString(*options));
   ASSERT_TRUE(again.ok()) << again.status() << " for " << OptionsToString(*options);

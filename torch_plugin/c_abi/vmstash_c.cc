@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/tag.h"
+#include "torch_plugin/c_abi/control_service.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 #include "vmm/driver_factory.h"
 #include "vmm/log.h"
@@ -61,6 +62,7 @@ struct Runtime {
   }
   std::atomic<bool> ready{false};
   std::atomic<std::size_t> memory_margin{0};
+  std::unique_ptr<control::ControlServer> control ABSL_GUARDED_BY(mu);  // never destroyed either
 };
 
 // Never destroyed: nothing runs at exit while CUDA may be tearing down.
@@ -89,6 +91,7 @@ absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQU
   rt.conf = canonical;
   rt.initialized = true;
   rt.ready.store(true, std::memory_order_release);
+  if (options->control) rt.control = StartControlService();
   return absl::OkStatus();
 }
 
