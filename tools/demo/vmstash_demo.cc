@@ -1,30 +1,89 @@
 // vmstash_demo: reserve, map, write, pause with backup, resume at the same address and
 // verify - on the GPU when one is usable, else on the simulated driver.
 //
-//   vmstash_demo [--size=256M] [--chunk=32M] [--device=0]
+//   vmstash_demo [--size=256M] [--chunk=32M] [--device=0] [--serve[=SECONDS]]
 //   VMSTASH_DRIVER=sim|cuda|auto, VMSTASH_CONF="..." (see vmm/options.h)
+// --serve: afterwards, keep running as a process that uses vmstash through its C ABI
+// (tag "weights", backup, 64 MiB; tag "kv_cache", discard, 128 MiB) and serves the control
+// endpoint, so the `vmstash` CLI can be tried anywhere; until SIGINT/SIGTERM or SECONDS.
+// On the way out it checks that the weights survived whatever pauses/resumes came in.
 // Exit status: 0 on success, 1 on any failure (with the reason on stderr), 2 on bad usage.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "control/endpoint.h"
 #include "tools/demo/pause_resume_cycle.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
 #include "vmm/driver_factory.h"
 #include "vmm/options.h"
 
 namespace {
 
 int Usage(const char* why) {
-  std::fprintf(stderr, "vmstash_demo: %s\nusage: vmstash_demo [--size=SIZE] [--chunk=SIZE] [--device=N]\n", why);
+  std::fprintf(stderr,
+               "vmstash_demo: %s\nusage: vmstash_demo [--size=SIZE] [--chunk=SIZE] [--device=N] [--serve[=SECONDS]]\n",
+               why);
   return 2;
+}
+
+volatile sig_atomic_t stop = 0;
+void OnSignal(int) { stop = 1; }
+
+// A vmstash user through the C ABI, serving the control endpoint (see the file comment).
+int Serve(int device, int seconds) {
+  if (vmstash_create_tag("weights", "backup") != 0 || vmstash_create_tag("kv_cache", "discard") != 0) {
+    std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
+    return 1;
+  }
+  const size_t weights_bytes = size_t{64} << 20, kv_bytes = size_t{128} << 20;
+  vmstash_set_current_tag("weights");
+  void* weights = vmstash_malloc(weights_bytes, device, nullptr);
+  vmstash_set_current_tag("kv_cache");
+  void* kv = vmstash_malloc(kv_bytes, device, nullptr);
+  vmstash_set_current_tag("default");
+  if (weights == nullptr || kv == nullptr) {
+    std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
+    return 1;
+  }
+  // A pattern the demo can check at the end: through the simulator's host-visible memory,
+  // or nothing to check on a GPU (no kernels here).
+  char* driver_name = vmstash_stats_json(device);
+  const bool host_visible = driver_name != nullptr && std::strstr(driver_name, "\"driver\":\"sim\"") != nullptr;
+  vmstash_string_free(driver_name);
+  if (host_visible) std::memset(weights, 0x5a, weights_bytes);
+  signal(SIGINT, OnSignal);
+  signal(SIGTERM, OnSignal);
+  std::printf("vmstash_demo: pid %d serving %s/%d.sock (tags weights, kv_cache)\n", static_cast<int>(getpid()),
+              vmstash::control::DefaultRuntimeDir().c_str(), static_cast<int>(getpid()));
+  std::fflush(stdout);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds > 0 ? seconds : 1 << 30);
+  while (!stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Whatever came in, the weights must be readable and intact once resumed.
+  if (vmstash_resume("weights", -1) < -1) std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
+  bool intact = true;
+  if (host_visible) {
+    for (size_t i = 0; i < weights_bytes; i += 4096) intact = intact && static_cast<char*>(weights)[i] == 0x5a;
+  }
+  std::printf("vmstash_demo: stopping; weights %s\n", intact ? "intact" : "CORRUPTED");
+  vmstash_free(weights, weights_bytes, device, nullptr);
+  vmstash_resume("kv_cache", -1);
+  vmstash_free(kv, kv_bytes, device, nullptr);
+  return intact ? 0 : 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   vmstash::CycleOptions cycle;
+  int serve_seconds = -1;  // -1: no --serve
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
     if (absl::StartsWith(arg, "--size=") || absl::StartsWith(arg, "--chunk=")) {
@@ -32,6 +91,10 @@ int main(int argc, char** argv) {
       absl::StatusOr<std::uint64_t> v = vmstash::ParseSize(arg.substr(arg.find('=') + 1));
       if (!v.ok() || *v == 0) return Usage(std::string(v.ok() ? "size must be > 0" : v.status().message()).c_str());
       (is_size ? cycle.size_bytes : cycle.chunk_bytes) = *v;
+    } else if (arg == "--serve") {
+      serve_seconds = 0;
+    } else if (absl::StartsWith(arg, "--serve=")) {
+      if (!absl::SimpleAtoi(arg.substr(8), &serve_seconds) || serve_seconds <= 0) return Usage("bad --serve");
     } else if (absl::StartsWith(arg, "--device=")) {
       if (!absl::SimpleAtoi(arg.substr(9), &cycle.device) || cycle.device < 0) return Usage("bad --device");
     } else {
@@ -61,5 +124,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::puts("  OK");
-  return 0;
+  std::fflush(stdout);
+  return serve_seconds >= 0 ? Serve(cycle.device, serve_seconds) : 0;
 }

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# End to end on the simulated driver: a demo process serves its control endpoint; the
+# `vmstash` CLI lists it, shows it, pauses and resumes a tag remotely, and takes a
+# snapshot; bad requests fail with clear messages; once the process is gone its stale
+# socket disappears.
+set -euo pipefail
+root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
+cli="$root/tools/cli/vmstash"
+demo="$root/tools/demo/vmstash_demo"
+export VMSTASH_RUNTIME_DIR
+VMSTASH_RUNTIME_DIR=$(mktemp -d /tmp/vmstash-e2e-XXXXXX)/run
+out=$(mktemp -d)
+fail() { echo "FAIL: $*" >&2; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; exit 1; }
+
+VMSTASH_DRIVER=sim VMSTASH_CONF=sim_capacity:2G,auto_prepare:0 "$demo" --size=8M --chunk=2M --serve=60 \
+  > "$out/demo.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do grep -q "serving" "$out/demo.log" 2>/dev/null && break; sleep 0.1; done
+grep -q "pid $pid serving" "$out/demo.log" || fail "demo did not start serving: $(cat "$out/demo.log")"
+
+"$cli" ps > "$out/ps.txt"
+grep -q "^ *$pid  vmstash_demo" "$out/ps.txt" || fail "ps does not list $pid: $(cat "$out/ps.txt")"
+"$cli" ps --json | python3 -c "import json,sys; d=json.load(sys.stdin); assert any(p['pid']==$pid and p['reserved_bytes']>0 for p in d), d"
+
+"$cli" show "$pid" > "$out/show.txt"
+grep -q "weights *backup *active" "$out/show.txt" || fail "show: $(cat "$out/show.txt")"
+grep -q "kv_cache *discard *active" "$out/show.txt" || fail "show: $(cat "$out/show.txt")"
+"$cli" show "$pid" --json | python3 -c "import json,sys; d=json.load(sys.stdin); assert 'tags' in d[0], d"
+
+"$cli" pause "$pid" weights | grep -q "pause weights of process $pid: done" || fail "pause"
+"$cli" pause "$pid" weights | grep -q "already paused" || fail "second pause is not a no-op"
+"$cli" show "$pid" | grep -q "weights *backup *paused" || fail "state after pause: $("$cli" show "$pid")"
+"$cli" pause "$pid" kv_cache --json | python3 -c "import json,sys; d=json.load(sys.stdin); assert d['changed'], d"
+"$cli" resume "$pid" weights | grep -q "done" || fail "resume"
+"$cli" resume "$pid" kv_cache | grep -q "done" || fail "resume kv_cache"
+
+"$cli" snapshot "$pid" -o "$out/snap.json" | grep -q "written to" || fail "snapshot"
+python3 -c "import json; d=json.load(open('$out/snap.json')); assert any(s['tag']=='weights' for x in d for s in x['segments']), d"
+
+# Clear errors, non-zero exits.
+if "$cli" show 999999999 2> "$out/err.txt"; then fail "show of a missing process succeeded"; fi
+grep -q "no process 999999999" "$out/err.txt" || fail "missing-process message: $(cat "$out/err.txt")"
+if "$cli" pause "$pid" "bad tag" 2> "$out/err.txt"; then fail "pause of a bad tag name succeeded"; fi
+grep -q "INVALID_ARGUMENT\|printable\|tag" "$out/err.txt" || fail "bad tag message: $(cat "$out/err.txt")"
+if "$cli" frobnicate 2> /dev/null; then fail "unknown command accepted"; fi
+
+kill -TERM "$pid"
+wait "$pid" || fail "demo exited non-zero: $(cat "$out/demo.log")"
+grep -q "weights intact" "$out/demo.log" || fail "weights after remote pause/resume: $(cat "$out/demo.log")"
+"$cli" ps | grep -q "no process" || fail "stale endpoint still listed: $("$cli" ps)"
+[ -z "$(ls "$VMSTASH_RUNTIME_DIR")" ] || fail "stale socket not removed: $(ls "$VMSTASH_RUNTIME_DIR")"
+echo "cli e2e: OK"

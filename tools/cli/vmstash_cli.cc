@@ -1,0 +1,230 @@
+// vmstash: inspect and steer processes that use vmstash, through their control endpoints
+// (control/endpoint.h, DESIGN §8).
+//
+//   vmstash ps [--json]                      processes on this node, per GPU
+//   vmstash show PID [--json]                tags: policy, state, bytes, chunks, timings
+//   vmstash pause PID TAG [--device=N] [--json]
+//   vmstash resume PID TAG [--device=N] [--json]
+//   vmstash snapshot PID -o FILE             the process's snapshot JSON (allocator/snapshot.h)
+//
+// Sizes are human-readable unless --json. Exit status: 0 ok, 1 the operation failed (the
+// reason on stderr: no such process, permission denied, protocol version mismatch, ...),
+// 2 bad usage. VMSTASH_RUNTIME_DIR overrides where endpoints are looked for.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "control/endpoint.h"
+#include "fmt/format.h"
+#include "tools/cli/json_value.h"
+
+namespace vmstash::cli {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: vmstash ps [--json]\n"
+    "       vmstash show PID [--json]\n"
+    "       vmstash pause PID TAG [--device=N] [--json]\n"
+    "       vmstash resume PID TAG [--device=N] [--json]\n"
+    "       vmstash snapshot PID -o FILE\n";
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+int Fail(const absl::Status& status, absl::string_view context) {
+  std::string hint;
+  if (absl::IsPermissionDenied(status)) hint = " (only the process's own user may control it)";
+  if (absl::IsUnavailable(status)) hint = " (the process is gone or its endpoint is stale)";
+  fmt::print(stderr, "vmstash: {}: {}{}\n", std::string(context), std::string(status.message()), hint);
+  return 1;
+}
+
+absl::StatusOr<JsonValue> Ask(int pid, control::Op op, const std::string& tag = "", int device = -1) {
+  absl::StatusOr<std::string> path = control::EndpointOf(pid);
+  if (!path.ok()) return path.status();
+  control::Request r;
+  r.op = op;
+  r.tag = tag;
+  r.device = device;
+  absl::StatusOr<std::string> reply = control::Call(*path, r);
+  if (!reply.ok()) return reply.status();
+  return JsonValue::Parse(*reply);
+}
+
+// stats may be one device's object or an array of them.
+std::vector<const JsonValue*> Devices(const JsonValue& stats) {
+  std::vector<const JsonValue*> out;
+  if (stats.is_array()) {
+    for (const JsonValue& d : stats.items()) out.push_back(&d);
+  } else if (stats.is_object()) {
+    out.push_back(&stats);
+  }
+  return out;
+}
+
+int Ps(bool json) {
+  std::vector<control::Endpoint> endpoints = control::ListEndpoints();
+  std::string out = json ? "[" : "";
+  if (!json) {
+    out += fmt::format("{:>8}  {:<16} {:>4}  {:>11} {:>11} {:>11} {:>11}\n", "PID", "NAME", "GPU", "RESERVED",
+                       "ALLOCATED", "PAUSED", "BACKED-UP");
+  }
+  bool first = true;
+  for (const control::Endpoint& e : endpoints) {
+    absl::StatusOr<JsonValue> hello = Ask(e.pid, control::Op::kHello);
+    absl::StatusOr<JsonValue> stats = Ask(e.pid, control::Op::kStats);
+    if (!hello.ok() || !stats.ok()) {
+      const absl::Status& s = hello.ok() ? stats.status() : hello.status();
+      if (json) {
+        out += fmt::format("{}{{\"pid\":{},\"error\":\"{}\"}}", first ? "" : ",", e.pid, std::string(s.message()));
+      } else {
+        out += fmt::format("{:>8}  ({})\n", e.pid, std::string(s.message()));
+      }
+      first = false;
+      continue;
+    }
+    for (const JsonValue* d : Devices(*stats)) {
+      const JsonValue& t = (*d)["total"];
+      std::int64_t paused = 0, backed = 0;
+      for (const JsonValue& tag : (*d)["tags"].items()) {
+        paused += tag["paused_bytes"].Int();
+        backed += tag["backed_up_bytes"].Int();
+      }
+      if (json) {
+        out += fmt::format(
+            "{}{{\"pid\":{},\"name\":\"{}\",\"device\":{},\"reserved_bytes\":{},\"allocated_bytes\":{},"
+            "\"paused_bytes\":{},\"backed_up_bytes\":{}}}",
+            first ? "" : ",", e.pid, (*hello)["name"].String(), (*d)["device"].Int(),
+            t["reserved_bytes"]["current"].Int(), t["allocated_bytes"]["current"].Int(), paused, backed);
+      } else {
+        out += fmt::format("{:>8}  {:<16} {:>4}  {:>11} {:>11} {:>11} {:>11}\n", e.pid, (*hello)["name"].String(),
+                           (*d)["device"].Int(), Human(t["reserved_bytes"]["current"].Number()),
+                           Human(t["allocated_bytes"]["current"].Number()), Human(paused), Human(backed));
+      }
+      first = false;
+    }
+  }
+  if (json) out += "]\n";
+  if (!json && endpoints.empty()) out += "(no process with a vmstash control endpoint for this user)\n";
+  fmt::print("{}", out);
+  return 0;
+}
+
+int Show(int pid, bool json) {
+  absl::StatusOr<JsonValue> hello = Ask(pid, control::Op::kHello);
+  if (!hello.ok()) return Fail(hello.status(), fmt::format("process {}", pid));
+  absl::StatusOr<std::string> path = control::EndpointOf(pid);
+  control::Request r;
+  r.op = control::Op::kStats;
+  absl::StatusOr<std::string> raw = control::Call(*path, r);
+  if (!raw.ok()) return Fail(raw.status(), fmt::format("process {}", pid));
+  if (json) {
+    fmt::print("{}\n", *raw);
+    return 0;
+  }
+  absl::StatusOr<JsonValue> stats = JsonValue::Parse(*raw);
+  if (!stats.ok()) return Fail(stats.status(), "reply");
+  fmt::print("process {} ({}), vmstash {}\n", pid, (*hello)["name"].String(), (*hello)["version"].String());
+  for (const JsonValue* d : Devices(*stats)) {
+    const JsonValue& t = (*d)["total"];
+    const double reserved = t["reserved_bytes"]["current"].Number(), allocated = t["allocated_bytes"]["current"].Number();
+    // Fragmentation over active tags: cached (free) bytes inside their reserved chunks.
+    double active_reserved = 0, active_allocated = 0;
+    for (const JsonValue& tag : (*d)["tags"].items()) {
+      if (tag["state"].String() != "active") continue;
+      active_reserved += tag["reserved_bytes"]["current"].Number();
+      active_allocated += tag["allocated_bytes"]["current"].Number();
+    }
+    fmt::print("GPU {} ({} driver): reserved {}, allocated {} (paused tags included), free in reserved chunks of "
+               "active tags {:.1f}%\n",
+               (*d)["device"].Int(), (*d)["driver"].String(), Human(reserved), Human(allocated),
+               active_reserved > 0 ? 100.0 * (active_reserved - active_allocated) / active_reserved : 0.0);
+    fmt::print("  {:<16} {:<8} {:<9} {:>11} {:>11} {:>7} {:>7} {:>11} {:>11} {:>17} {:>17}\n", "TAG", "POLICY", "STATE",
+               "RESERVED", "ALLOCATED", "BLOCKS", "CHUNKS", "PAUSED", "BACKED-UP", "LAST PAUSE", "LAST RESUME");
+    for (const JsonValue& tag : (*d)["tags"].items()) {
+      auto timing = [](double ms, double gibs) {
+        return ms <= 0 ? std::string("-") : gibs > 0 ? fmt::format("{:.1f} ms {:.1f}G/s", ms, gibs)
+                                                     : fmt::format("{:.1f} ms", ms);
+      };
+      fmt::print("  {:<16} {:<8} {:<9} {:>11} {:>11} {:>7} {:>7} {:>11} {:>11} {:>17} {:>17}\n", tag["name"].String(),
+                 tag["policy"].String(), tag["state"].String(), Human(tag["reserved_bytes"]["current"].Number()),
+                 Human(tag["allocated_bytes"]["current"].Number()), tag["active_blocks"]["current"].Int(),
+                 tag["chunks"].Int(), Human(tag["paused_bytes"].Number()), Human(tag["backed_up_bytes"].Number()),
+                 timing(tag["last_pause_ms"].Number(), tag["last_pause_gib_per_s"].Number()),
+                 timing(tag["last_resume_ms"].Number(), tag["last_resume_gib_per_s"].Number()));
+    }
+  }
+  return 0;
+}
+
+int Transition(int pid, const std::string& tag, bool pause, int device, bool json) {
+  absl::StatusOr<JsonValue> r = Ask(pid, pause ? control::Op::kPause : control::Op::kResume, tag, device);
+  const char* verb = pause ? "pause" : "resume";
+  if (!r.ok()) return Fail(r.status(), fmt::format("{} {} of process {}", verb, tag, pid));
+  const bool changed = (*r)["changed"].Bool();
+  if (json) {
+    fmt::print("{{\"pid\":{},\"tag\":\"{}\",\"op\":\"{}\",\"changed\":{}}}\n", pid, tag, verb, changed);
+  } else {
+    fmt::print("{} {} of process {}: {}\n", verb, tag, pid,
+               changed ? "done" : pause ? "already paused (nothing to do)" : "already active (nothing to do)");
+  }
+  return 0;
+}
+
+int Snapshot(int pid, const std::string& file) {
+  absl::StatusOr<std::string> path = control::EndpointOf(pid);
+  if (!path.ok()) return Fail(path.status(), fmt::format("process {}", pid));
+  control::Request r;
+  r.op = control::Op::kSnapshot;
+  absl::StatusOr<std::string> raw = control::Call(*path, r);
+  if (!raw.ok()) return Fail(raw.status(), fmt::format("snapshot of process {}", pid));
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out << *raw << "\n";
+  if (!out.good()) return Fail(absl::InternalError(fmt::format("cannot write {}", file)), "snapshot");
+  fmt::print("snapshot of process {} written to {} ({})\n", pid, file, Human(static_cast<double>(raw->size())));
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args;
+  bool json = false;
+  int device = -1;
+  std::string output;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") {
+      json = true;
+    } else if (absl::StartsWith(a, "--device=")) {
+      if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) return fmt::print(stderr, "{}", kUsage), 2;
+    } else if (a == "-o" && i + 1 < argc) {
+      output = argv[++i];
+    } else if (a == "-h" || a == "--help") {
+      fmt::print("{}", kUsage);
+      return 0;
+    } else {
+      args.push_back(a);
+    }
+  }
+  auto pid_arg = [&](int* pid) { return args.size() >= 2 && absl::SimpleAtoi(args[1], pid) && *pid > 0; };
+  int pid = 0;
+  if (args.size() == 1 && args[0] == "ps") return Ps(json);
+  if (args.size() == 2 && args[0] == "show" && pid_arg(&pid)) return Show(pid, json);
+  if (args.size() == 3 && (args[0] == "pause" || args[0] == "resume") && pid_arg(&pid)) {
+    return Transition(pid, args[2], args[0] == "pause", device, json);
+  }
+  if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output);
+  fmt::print(stderr, "{}", kUsage);
+  return 2;
+}
+
+}  // namespace
+}  // namespace vmstash::cli
+
+int main(int argc, char** argv) { return vmstash::cli::Main(argc, argv); }
