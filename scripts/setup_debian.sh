@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the build needs on a fresh Debian 12 machine, skipping what is present:
 # Bazel 4.2.3 (bazel-bootstrap) with Debian's rules_java, abseil, fmt, googletest,
-# benchmark, pkg-config, CMake, ninja and python3 (the Python package's CPU test). The
-# CUDA toolkit (nvcc 13, headers) must already be installed (it is on the project's machines; Debian 12 has no CUDA 13 package): the
-# build needs its headers and nvcc, not a GPU.
+# benchmark, pkg-config, CMake, ninja, python3 (the Python package's CPU test) and clang
+# with its libFuzzer runtime (the control-protocol fuzzer). The CUDA toolkit (nvcc 13,
+# headers) must already be installed (it is on the project's machines; Debian 12 has no
+# CUDA 13 package): the build needs its headers and nvcc, not a GPU.
 set -euo pipefail
 
 packages=(bazel-bootstrap bazel-rules-java libabsl-dev libfmt-dev libgtest-dev libgmock-dev
-          libbenchmark-dev pkg-config g++ cmake ninja-build python3)
+          libbenchmark-dev pkg-config g++ cmake ninja-build python3 clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
