@@ -37,6 +37,20 @@ grep -q "kv_cache *discard *active" "$out/show.txt" || fail "show: $(cat "$out/s
 "$cli" snapshot "$pid" -o "$out/snap.json" | grep -q "written to" || fail "snapshot"
 python3 -c "import json; d=json.load(open('$out/snap.json')); assert any(s['tag']=='weights' for x in d for s in x['segments']), d"
 
+"$cli" pause "$pid" weights > /dev/null  # a paused tag shows up as segment_unmap entries
+"$cli" snapshot "$pid" -o "$out/snap.pickle" --format=torch | grep -q "torch pickle" || fail "torch snapshot"
+python3 - "$out/snap.pickle" <<'PY' || fail "torch pickle schema"
+import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+assert set(d) >= {"segments", "device_traces", "allocator_settings"}, d.keys()
+segs = d["segments"]
+assert segs and all(s["total_size"] == sum(b["size"] for b in s["blocks"]) for s in segs), segs
+assert all(b["state"] in ("active_allocated", "inactive") for s in segs for b in s["blocks"])
+assert any("kv_cache" in s["frames"][0]["name"] for s in segs)
+assert any(e["action"] == "segment_unmap" and "weights" in e["user_metadata"] for e in d["device_traces"][0])
+PY
+"$cli" resume "$pid" weights > /dev/null
+
 # Clear errors, non-zero exits.
 if "$cli" show 999999999 2> "$out/err.txt"; then fail "show of a missing process succeeded"; fi
 grep -q "no process 999999999" "$out/err.txt" || fail "missing-process message: $(cat "$out/err.txt")"

@@ -5,7 +5,9 @@
 //   vmstash show PID [--json]                tags: policy, state, bytes, chunks, timings
 //   vmstash pause PID TAG [--device=N] [--json]
 //   vmstash resume PID TAG [--device=N] [--json]
-//   vmstash snapshot PID -o FILE             the process's snapshot JSON (allocator/snapshot.h)
+//   vmstash snapshot PID -o FILE [--format=json|torch]
+//                                            our snapshot JSON (allocator/snapshot.h), or a
+//                                            pickle PyTorch's memory_viz loads
 //
 // Sizes are human-readable unless --json. Exit status: 0 ok, 1 the operation failed (the
 // reason on stderr: no such process, permission denied, protocol version mismatch, ...),
@@ -20,6 +22,7 @@
 #include "control/endpoint.h"
 #include "fmt/format.h"
 #include "tools/cli/json_value.h"
+#include "tools/cli/torch_snapshot.h"
 
 namespace vmstash::cli {
 namespace {
@@ -29,7 +32,7 @@ constexpr const char* kUsage =
     "       vmstash show PID [--json]\n"
     "       vmstash pause PID TAG [--device=N] [--json]\n"
     "       vmstash resume PID TAG [--device=N] [--json]\n"
-    "       vmstash snapshot PID -o FILE\n";
+    "       vmstash snapshot PID -o FILE [--format=json|torch]\n";
 
 std::string Human(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -178,17 +181,26 @@ int Transition(int pid, const std::string& tag, bool pause, int device, bool jso
   return 0;
 }
 
-int Snapshot(int pid, const std::string& file) {
+int Snapshot(int pid, const std::string& file, bool torch_format) {
   absl::StatusOr<std::string> path = control::EndpointOf(pid);
   if (!path.ok()) return Fail(path.status(), fmt::format("process {}", pid));
   control::Request r;
   r.op = control::Op::kSnapshot;
   absl::StatusOr<std::string> raw = control::Call(*path, r);
   if (!raw.ok()) return Fail(raw.status(), fmt::format("snapshot of process {}", pid));
+  std::string bytes = *raw + "\n";
+  if (torch_format) {
+    absl::StatusOr<JsonValue> parsed = JsonValue::Parse(*raw);
+    if (!parsed.ok()) return Fail(parsed.status(), "snapshot reply");
+    absl::StatusOr<std::string> pickle = TorchSnapshotPickle(*parsed);
+    if (!pickle.ok()) return Fail(pickle.status(), "torch format");
+    bytes = *std::move(pickle);
+  }
   std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out << *raw << "\n";
+  out << bytes;
   if (!out.good()) return Fail(absl::InternalError(fmt::format("cannot write {}", file)), "snapshot");
-  fmt::print("snapshot of process {} written to {} ({})\n", pid, file, Human(static_cast<double>(raw->size())));
+  fmt::print("snapshot of process {} written to {} ({}, {})\n", pid, file, torch_format ? "torch pickle" : "json",
+             Human(static_cast<double>(bytes.size())));
   return 0;
 }
 
@@ -196,13 +208,16 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args;
   bool json = false;
   int device = -1;
-  std::string output;
+  std::string output, format = "json";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
       json = true;
     } else if (absl::StartsWith(a, "--device=")) {
       if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) return fmt::print(stderr, "{}", kUsage), 2;
+    } else if (absl::StartsWith(a, "--format=")) {
+      format = a.substr(9);
+      if (format != "json" && format != "torch") return fmt::print(stderr, "{}", kUsage), 2;
     } else if (a == "-o" && i + 1 < argc) {
       output = argv[++i];
     } else if (a == "-h" || a == "--help") {
@@ -219,7 +234,7 @@ int Main(int argc, char** argv) {
   if (args.size() == 3 && (args[0] == "pause" || args[0] == "resume") && pid_arg(&pid)) {
     return Transition(pid, args[2], args[0] == "pause", device, json);
   }
-  if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output);
+  if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output, format == "torch");
   fmt::print(stderr, "{}", kUsage);
   return 2;
 }
