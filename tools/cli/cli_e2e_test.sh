@@ -49,7 +49,20 @@ assert all(b["state"] in ("active_allocated", "inactive") for s in segs for b in
 assert any("kv_cache" in s["frames"][0]["name"] for s in segs)
 assert any(e["action"] == "segment_unmap" and "weights" in e["user_metadata"] for e in d["device_traces"][0])
 PY
+"$cli" map "$pid" -o "$out/map.svg" | grep -q "written to" || fail "map svg"
+"$cli" map "$pid" -o "$out/map.html" > /dev/null || fail "map html"
+python3 - "$out/map.svg" "$out/map.html" <<'PY' || fail "map is not well-formed"
+import sys, xml.etree.ElementTree as ET
+svg = ET.parse(sys.argv[1]).getroot()
+assert svg.tag.endswith("svg"), svg.tag
+rects = [e for e in svg.iter() if e.tag.endswith("rect")]
+assert any(e.get("stroke-dasharray") for e in rects), "the paused tag's blocks should be dashed"
+assert "weights" in open(sys.argv[1]).read() and "kv_cache" in open(sys.argv[1]).read()
+html = open(sys.argv[2]).read()
+assert html.startswith("<!DOCTYPE html>") and "<svg" in html
+PY
 "$cli" resume "$pid" weights > /dev/null
+"$cli" top --interval=0.1 --iterations=2 | grep -c "vmstash top" | grep -q 2 || fail "top"
 
 # Clear errors, non-zero exits.
 if "$cli" show 999999999 2> "$out/err.txt"; then fail "show of a missing process succeeded"; fi

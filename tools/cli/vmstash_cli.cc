@@ -8,12 +8,16 @@
 //   vmstash snapshot PID -o FILE [--format=json|torch]
 //                                            our snapshot JSON (allocator/snapshot.h), or a
 //                                            pickle PyTorch's memory_viz loads
+//   vmstash map PID -o FILE.svg|FILE.html    a picture of the address spaces (map_svg.h)
+//   vmstash top [--interval=SECONDS] [--iterations=N]   `ps`, refreshed
 //
 // Sizes are human-readable unless --json. Exit status: 0 ok, 1 the operation failed (the
 // reason on stderr: no such process, permission denied, protocol version mismatch, ...),
 // 2 bad usage. VMSTASH_RUNTIME_DIR overrides where endpoints are looked for.
+#include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -22,6 +26,7 @@
 #include "control/endpoint.h"
 #include "fmt/format.h"
 #include "tools/cli/json_value.h"
+#include "tools/cli/map_svg.h"
 #include "tools/cli/torch_snapshot.h"
 
 namespace vmstash::cli {
@@ -32,7 +37,9 @@ constexpr const char* kUsage =
     "       vmstash show PID [--json]\n"
     "       vmstash pause PID TAG [--device=N] [--json]\n"
     "       vmstash resume PID TAG [--device=N] [--json]\n"
-    "       vmstash snapshot PID -o FILE [--format=json|torch]\n";
+    "       vmstash snapshot PID -o FILE [--format=json|torch]\n"
+    "       vmstash map PID -o FILE.svg|FILE.html\n"
+    "       vmstash top [--interval=SECONDS] [--iterations=N]\n";
 
 std::string Human(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -204,17 +211,47 @@ int Snapshot(int pid, const std::string& file, bool torch_format) {
   return 0;
 }
 
+int Map(int pid, const std::string& file) {
+  absl::StatusOr<JsonValue> snap = Ask(pid, control::Op::kSnapshot);
+  if (!snap.ok()) return Fail(snap.status(), fmt::format("snapshot of process {}", pid));
+  const std::string title = fmt::format("vmstash map of process {}", pid);
+  absl::StatusOr<std::string> svg = MapSvg(*snap, title);
+  if (!svg.ok()) return Fail(svg.status(), "map");
+  const bool html = absl::EndsWith(file, ".html") || absl::EndsWith(file, ".htm");
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out << (html ? MapHtml(*svg, title) : *svg);
+  if (!out.good()) return Fail(absl::InternalError(fmt::format("cannot write {}", file)), "map");
+  fmt::print("map of process {} written to {}\n", pid, file);
+  return 0;
+}
+
+int Top(double interval_s, int iterations) {
+  for (int i = 0; iterations <= 0 || i < iterations; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::duration<double>(interval_s));
+    fmt::print("\x1b[H\x1b[2Jvmstash top (every {:.1f} s; Ctrl-C quits)\n", interval_s);
+    Ps(false);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args;
   bool json = false;
   int device = -1;
   std::string output, format = "json";
+  double interval = 1.0;
+  int iterations = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") {
       json = true;
     } else if (absl::StartsWith(a, "--device=")) {
       if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) return fmt::print(stderr, "{}", kUsage), 2;
+    } else if (absl::StartsWith(a, "--interval=")) {
+      if (!absl::SimpleAtod(a.substr(11), &interval) || interval <= 0) return fmt::print(stderr, "{}", kUsage), 2;
+    } else if (absl::StartsWith(a, "--iterations=")) {
+      if (!absl::SimpleAtoi(a.substr(13), &iterations) || iterations < 0) return fmt::print(stderr, "{}", kUsage), 2;
     } else if (absl::StartsWith(a, "--format=")) {
       format = a.substr(9);
       if (format != "json" && format != "torch") return fmt::print(stderr, "{}", kUsage), 2;
@@ -234,6 +271,8 @@ int Main(int argc, char** argv) {
   if (args.size() == 3 && (args[0] == "pause" || args[0] == "resume") && pid_arg(&pid)) {
     return Transition(pid, args[2], args[0] == "pause", device, json);
   }
+  if (args.size() == 1 && args[0] == "top") return Top(interval, iterations);
+  if (args.size() == 2 && args[0] == "map" && pid_arg(&pid) && !output.empty()) return Map(pid, output);
   if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output, format == "torch");
   fmt::print(stderr, "{}", kUsage);
   return 2;
