@@ -1,0 +1,82 @@
+"""The `vmstash` CLI against a PyTorch process (label gpu): the process keeps tensors in
+vmstash regions; the CLI lists it, pauses and resumes its `weights` tag remotely (the
+process sees its free memory rise and its data intact), and writes a torch-format
+snapshot that PyTorch's memory_viz loads.
+
+Env: VMSTASH_CLI (the vmstash binary), VMSTASH_LIBRARY / PYTHONPATH for the package.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+CHILD = r"""
+import sys, torch, vmstash
+with vmstash.region("weights", policy="backup"):
+    w = torch.randn(64 << 20, device="cuda")          # 256 MiB
+with vmstash.region("kv_cache"):
+    kv = torch.zeros(128 << 20, device="cuda")        # 512 MiB
+ref = w.cpu()
+torch.cuda.synchronize()
+print("READY", flush=True)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "free":
+        torch.cuda.synchronize()
+        print(torch.cuda.mem_get_info()[0], flush=True)
+    elif cmd == "check":
+        print("OK" if torch.equal(w.cpu(), ref) else "BAD", flush=True)
+    elif cmd == "quit":
+        break
+"""
+
+
+def main():
+    cli = os.environ["VMSTASH_CLI"]
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def ask(cmd):
+        child.stdin.write(cmd + "\n")
+        child.stdin.flush()
+        return child.stdout.readline().strip()
+
+    def run(*args):
+        r = subprocess.run([cli, *args], capture_output=True, text=True)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return r.stdout
+
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        pid = str(child.pid)
+        ps = run("ps")
+        assert pid in ps, ps
+        print(ps, end="")
+        free0 = int(ask("free"))
+        print(run("pause", pid, "weights"), end="")
+        free1 = int(ask("free"))
+        assert free1 - free0 >= 250 << 20, (free0, free1)
+        print(run("show", pid), end="")
+        print(run("resume", pid, "weights"), end="")
+        assert ask("check") == "OK"
+        with tempfile.TemporaryDirectory() as d:
+            pickle_path = os.path.join(d, "snap.pickle")
+            run("pause", pid, "kv_cache")
+            print(run("snapshot", pid, "-o", pickle_path, "--format=torch"), end="")
+            run("resume", pid, "kv_cache")
+            viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", pickle_path],
+                                 capture_output=True, text=True)
+            assert viz.returncode == 0, viz.stderr
+            print("memory_viz stats:\n" + "\n".join(viz.stdout.splitlines()[-6:]))
+            svg = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segments", pickle_path, "-o",
+                                  os.path.join(d, "segments.svg")], capture_output=True, text=True)
+            assert svg.returncode == 0, svg.stderr
+        print(f"cli against PyTorch process {pid}: remote pause freed {(free1 - free0) / (1 << 20):.0f} MiB, "
+              "resume kept the weights, memory_viz loaded the snapshot: OK")
+    finally:
+        ask("quit")
+        child.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
