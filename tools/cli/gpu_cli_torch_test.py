@@ -67,9 +67,11 @@ def main():
                                  capture_output=True, text=True)
             assert viz.returncode == 0, viz.stderr
             print("memory_viz stats:\n" + "\n".join(viz.stdout.splitlines()[-6:]))
-            svg = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segments", pickle_path, "-o",
-                                  os.path.join(d, "segments.svg")], capture_output=True, text=True)
-            assert svg.returncode == 0, svg.stderr
+            # (`segments` fetches flamegraph.pl from the internet; segment_plot works offline.)
+            html = os.path.join(d, "segments.html")
+            plot = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segment_plot", pickle_path, "-o",
+                                   html], capture_output=True, text=True)
+            assert plot.returncode == 0 and os.path.getsize(html) > 0, plot.stderr
         print(f"cli against PyTorch process {pid}: remote pause freed {(free1 - free0) / (1 << 20):.0f} MiB, "
               "resume kept the weights, memory_viz loaded the snapshot: OK")
     finally:
