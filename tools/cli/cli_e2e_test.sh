@@ -23,6 +23,7 @@ grep -q "^ *$pid  vmstash_demo" "$out/ps.txt" || fail "ps does not list $pid: $(
 "$cli" ps --json | python3 -c "import json,sys; d=json.load(sys.stdin); assert any(p['pid']==$pid and p['reserved_bytes']>0 for p in d), d"
 
 "$cli" show "$pid" > "$out/show.txt"
+grep -q "^process $pid (vmstash_demo), vmstash .*, driver sim, 1 device" "$out/show.txt" || fail "hello: $(head -1 "$out/show.txt")"
 grep -q "weights *backup *active" "$out/show.txt" || fail "show: $(cat "$out/show.txt")"
 grep -q "kv_cache *discard *active" "$out/show.txt" || fail "show: $(cat "$out/show.txt")"
 "$cli" show "$pid" --json | python3 -c "import json,sys; d=json.load(sys.stdin); assert 'tags' in d[0], d"

@@ -141,7 +141,8 @@ int Show(int pid, bool json) {
   }
   absl::StatusOr<JsonValue> stats = JsonValue::Parse(*raw);
   if (!stats.ok()) return Fail(stats.status(), "reply");
-  fmt::print("process {} ({}), vmstash {}\n", pid, (*hello)["name"].String(), (*hello)["version"].String());
+  fmt::print("process {} ({}), vmstash {}, driver {}, {} device(s)\n", pid, (*hello)["name"].String(),
+             (*hello)["version"].String(), (*hello)["driver"].String(), (*hello)["device_count"].Int());
   for (const JsonValue* d : Devices(*stats)) {
     const JsonValue& t = (*d)["total"];
     const double reserved = t["reserved_bytes"]["current"].Number(), allocated = t["allocated_bytes"]["current"].Number();

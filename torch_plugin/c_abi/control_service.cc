@@ -28,7 +28,7 @@ std::string ProcessName() {
   return name;
 }
 
-absl::StatusOr<std::string> Handle(const control::Request& r) {
+absl::StatusOr<std::string> Handle(const std::function<void(JsonWriter&)>& describe, const control::Request& r) {
   switch (r.op) {
     case control::Op::kHello: {
       JsonWriter w;
@@ -38,6 +38,7 @@ absl::StatusOr<std::string> Handle(const control::Request& r) {
       w.Field("version", vmstash_version());
       w.Field("protocol", control::kProtocolVersion);
       w.Field("uid", static_cast<std::int64_t>(::getuid()));
+      if (describe) describe(w);
       w.EndObject();
       return w.str();
     }
@@ -61,9 +62,9 @@ absl::StatusOr<std::string> Handle(const control::Request& r) {
 
 }  // namespace
 
-std::unique_ptr<control::ControlServer> StartControlService() {
-  absl::StatusOr<std::unique_ptr<control::ControlServer>> server =
-      control::ControlServer::Start(control::ServerOptions{}, Handle);
+std::unique_ptr<control::ControlServer> StartControlService(std::function<void(JsonWriter&)> describe) {
+  absl::StatusOr<std::unique_ptr<control::ControlServer>> server = control::ControlServer::Start(
+      control::ServerOptions{}, [describe](const control::Request& r) { return Handle(describe, r); });
   if (!server.ok()) {
     VMSTASH_LOG(kWarning, "vmstash: control endpoint not started ({}); the CLI cannot see this process",
                 server.status().ToString());

@@ -5,13 +5,16 @@
 #ifndef VMSTASH_TORCH_PLUGIN_C_ABI_CONTROL_SERVICE_H_
 #define VMSTASH_TORCH_PLUGIN_C_ABI_CONTROL_SERVICE_H_
 
+#include <functional>
 #include <memory>
 
+#include "allocator/json_writer.h"
 #include "control/endpoint.h"
 
 namespace vmstash {
 
-std::unique_ptr<control::ControlServer> StartControlService();
+// `describe` adds the runtime's fields to the hello reply (driver, devices).
+std::unique_ptr<control::ControlServer> StartControlService(std::function<void(JsonWriter&)> describe);
 
 }  // namespace vmstash
 

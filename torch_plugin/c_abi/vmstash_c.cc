@@ -91,7 +91,20 @@ absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQU
   rt.conf = canonical;
   rt.initialized = true;
   rt.ready.store(true, std::memory_order_release);
-  if (options->control) rt.control = StartControlService();
+  if (options->control) {
+    rt.control = StartControlService([](JsonWriter& w) {
+      Runtime& r = TheRuntime();
+      MutexLock lock(&r.mu);
+      w.Field("driver", std::string(r.driver->Name()));
+      w.Field("device_count", r.device_count);
+      w.Key("devices_in_use");
+      w.BeginArray();
+      for (int d = 0; d < r.device_count; ++d) {
+        if (r.allocators[d].load(std::memory_order_acquire) != nullptr) w.Int(d);
+      }
+      w.EndArray();
+    });
+  }
   return absl::OkStatus();
 }
 
