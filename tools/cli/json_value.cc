@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace vmstash::cli {
 
@@ -175,6 +176,25 @@ const JsonValue& JsonValue::operator[](absl::string_view key) const {
     if (k == key) return v;
   }
   return *kNull;
+}
+
+absl::StatusOr<std::vector<const JsonValue*>> PerDevice(const JsonValue& reply, absl::string_view what) {
+  std::vector<const JsonValue*> out;
+  if (reply.is_array()) {
+    for (const JsonValue& d : reply.items()) out.push_back(&d);
+  } else if (reply.is_object()) {
+    out.push_back(&reply);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": expected an object or a list of them"));
+  }
+  return out;
+}
+
+std::string HumanBytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u]) : absl::StrFormat("%.1f %s", bytes, units[u]);
 }
 
 }  // namespace vmstash::cli

@@ -47,6 +47,13 @@ class JsonValue {
   std::vector<std::pair<std::string, JsonValue>> members_;
 };
 
+// The per-device documents of a reply that is one object (one device) or a list of them
+// (every device in use); InvalidArgument naming `what` otherwise.
+absl::StatusOr<std::vector<const JsonValue*>> PerDevice(const JsonValue& reply, absl::string_view what);
+
+// 1536 -> "1.5 KiB" (bytes below 1 KiB: "512 B").
+std::string HumanBytes(double bytes);
+
 }  // namespace vmstash::cli
 
 #endif  // VMSTASH_TOOLS_CLI_JSON_VALUE_H_

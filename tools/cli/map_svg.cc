@@ -31,24 +31,11 @@ std::string Escape(const std::string& s) {
   return out;
 }
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  return absl::StrFormat("%.1f %s", bytes, units[u]);
-}
-
 }  // namespace
 
 absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string& title) {
-  std::vector<const JsonValue*> devices;
-  if (snapshot.is_array()) {
-    for (const JsonValue& d : snapshot.items()) devices.push_back(&d);
-  } else if (snapshot.is_object()) {
-    devices.push_back(&snapshot);
-  } else {
-    return absl::InvalidArgumentError("map: expected a snapshot object or a list of them");
-  }
+  absl::StatusOr<std::vector<const JsonValue*>> devices = PerDevice(snapshot, "map");
+  if (!devices.ok()) return devices.status();
   std::map<std::string, std::string> colours;
   auto colour = [&](const std::string& tag) {
     auto it = colours.find(tag);
@@ -59,7 +46,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
   };
   std::string body;
   int y = 40;
-  for (const JsonValue* d : devices) {
+  for (const JsonValue* d : *devices) {
     body += absl::StrFormat("<text x=\"10\" y=\"%d\" font-weight=\"bold\">GPU %d (%s)</text>\n", y,
                             (*d)["device"].Int(), Escape((*d)["driver"].String()));
     y += kGap;
@@ -83,7 +70,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
       auto w = [&](std::int64_t n) { return std::max(0.5, n * scale); };
       body += absl::StrFormat(
           "<text x=\"10\" y=\"%d\">%s / %s</text><text x=\"10\" y=\"%d\" font-size=\"10\">%#x, mapped %s</text>\n",
-          y + 11, Escape(tag), Escape(seg["heap"].String()), y + 23, lo, Human(seg["mapped_bytes"].Number()));
+          y + 11, Escape(tag), Escape(seg["heap"].String()), y + 23, lo, HumanBytes(seg["mapped_bytes"].Number()));
       body += absl::StrFormat("<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f4f4f4\" stroke=\"#999\"/>\n",
                               kLeft, y, kWidth, kBar);
       for (const JsonValue& c : seg["chunks"].items()) {
@@ -92,7 +79,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
             "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" fill-opacity=\"%s\" stroke=\"#555\" "
             "stroke-width=\"0.5\"><title>chunk %#x %s %s</title></rect>\n",
             x(c["address"].Int()), y, w(c["size"].Int()), kBar, mapped ? colour(tag) : "#cccccc",
-            mapped ? "0.25" : "1", c["address"].Int(), Human(c["size"].Number()), mapped ? "mapped" : "hole");
+            mapped ? "0.25" : "1", c["address"].Int(), HumanBytes(c["size"].Number()), mapped ? "mapped" : "hole");
       }
       for (const JsonValue& b : seg["blocks"].items()) {
         const bool live = b["live"].Bool();
@@ -102,7 +89,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
             "stroke-width=\"%s\"%s><title>block %#x %s %s</title></rect>\n",
             x(b["address"].Int()), y + 4, w(b["size"].Int()), kBar - 8, paused ? "none" : colour(tag),
             live ? "0.9" : "0.2", paused ? colour(tag) : "#333", paused ? "1.5" : "0.3",
-            paused ? " stroke-dasharray=\"4 2\"" : "", b["address"].Int(), Human(b["size"].Number()),
+            paused ? " stroke-dasharray=\"4 2\"" : "", b["address"].Int(), HumanBytes(b["size"].Number()),
             paused ? "live, paused" : live ? "live" : "free");
       }
       y += kBar + kGap;

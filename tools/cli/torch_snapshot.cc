@@ -121,18 +121,12 @@ void CollectDevice(const JsonValue& dev, std::vector<TorchSegment>* segments, st
 }  // namespace
 
 absl::StatusOr<std::string> TorchSnapshotPickle(const JsonValue& snapshot) {
-  std::vector<const JsonValue*> devices;
-  if (snapshot.is_array()) {
-    for (const JsonValue& d : snapshot.items()) devices.push_back(&d);
-  } else if (snapshot.is_object()) {
-    devices.push_back(&snapshot);
-  } else {
-    return absl::InvalidArgumentError("snapshot: expected an object or a list of them");
-  }
+  absl::StatusOr<std::vector<const JsonValue*>> devices = PerDevice(snapshot, "snapshot");
+  if (!devices.ok()) return devices.status();
   std::vector<TorchSegment> segments;
   std::vector<Unmapped> unmapped;
   int max_device = 0;
-  for (const JsonValue* d : devices) {
+  for (const JsonValue* d : *devices) {
     if ((*d)["segments"].type() != JsonValue::Type::kArray) {
       return absl::InvalidArgumentError("snapshot: a device entry has no \"segments\" list");
     }

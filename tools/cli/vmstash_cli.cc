@@ -41,13 +41,6 @@ constexpr const char* kUsage =
     "       vmstash map PID -o FILE.svg|FILE.html\n"
     "       vmstash top [--interval=SECONDS] [--iterations=N]\n";
 
-std::string Human(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  return u == 0 ? fmt::format("{:.0f} {}", bytes, units[u]) : fmt::format("{:.1f} {}", bytes, units[u]);
-}
-
 int Fail(const absl::Status& status, absl::string_view context) {
   std::string hint;
   if (absl::IsPermissionDenied(status)) hint = " (only the process's own user may control it)";
@@ -68,15 +61,10 @@ absl::StatusOr<JsonValue> Ask(int pid, control::Op op, const std::string& tag = 
   return JsonValue::Parse(*reply);
 }
 
-// stats may be one device's object or an array of them.
+// stats may be one device's object or an array of them (nothing for anything else).
 std::vector<const JsonValue*> Devices(const JsonValue& stats) {
-  std::vector<const JsonValue*> out;
-  if (stats.is_array()) {
-    for (const JsonValue& d : stats.items()) out.push_back(&d);
-  } else if (stats.is_object()) {
-    out.push_back(&stats);
-  }
-  return out;
+  absl::StatusOr<std::vector<const JsonValue*>> d = PerDevice(stats, "stats");
+  return d.ok() ? *std::move(d) : std::vector<const JsonValue*>{};
 }
 
 int Ps(bool json) {
@@ -115,8 +103,8 @@ int Ps(bool json) {
             t["reserved_bytes"]["current"].Int(), t["allocated_bytes"]["current"].Int(), paused, backed);
       } else {
         out += fmt::format("{:>8}  {:<16} {:>4}  {:>11} {:>11} {:>11} {:>11}\n", e.pid, (*hello)["name"].String(),
-                           (*d)["device"].Int(), Human(t["reserved_bytes"]["current"].Number()),
-                           Human(t["allocated_bytes"]["current"].Number()), Human(paused), Human(backed));
+                           (*d)["device"].Int(), HumanBytes(t["reserved_bytes"]["current"].Number()),
+                           HumanBytes(t["allocated_bytes"]["current"].Number()), HumanBytes(paused), HumanBytes(backed));
       }
       first = false;
     }
@@ -155,7 +143,7 @@ int Show(int pid, bool json) {
     }
     fmt::print("GPU {} ({} driver): reserved {}, allocated {} (paused tags included), free in reserved chunks of "
                "active tags {:.1f}%\n",
-               (*d)["device"].Int(), (*d)["driver"].String(), Human(reserved), Human(allocated),
+               (*d)["device"].Int(), (*d)["driver"].String(), HumanBytes(reserved), HumanBytes(allocated),
                active_reserved > 0 ? 100.0 * (active_reserved - active_allocated) / active_reserved : 0.0);
     fmt::print("  {:<16} {:<8} {:<9} {:>11} {:>11} {:>7} {:>7} {:>11} {:>11} {:>17} {:>17}\n", "TAG", "POLICY", "STATE",
                "RESERVED", "ALLOCATED", "BLOCKS", "CHUNKS", "PAUSED", "BACKED-UP", "LAST PAUSE", "LAST RESUME");
@@ -165,9 +153,9 @@ int Show(int pid, bool json) {
                                                      : fmt::format("{:.1f} ms", ms);
       };
       fmt::print("  {:<16} {:<8} {:<9} {:>11} {:>11} {:>7} {:>7} {:>11} {:>11} {:>17} {:>17}\n", tag["name"].String(),
-                 tag["policy"].String(), tag["state"].String(), Human(tag["reserved_bytes"]["current"].Number()),
-                 Human(tag["allocated_bytes"]["current"].Number()), tag["active_blocks"]["current"].Int(),
-                 tag["chunks"].Int(), Human(tag["paused_bytes"].Number()), Human(tag["backed_up_bytes"].Number()),
+                 tag["policy"].String(), tag["state"].String(), HumanBytes(tag["reserved_bytes"]["current"].Number()),
+                 HumanBytes(tag["allocated_bytes"]["current"].Number()), tag["active_blocks"]["current"].Int(),
+                 tag["chunks"].Int(), HumanBytes(tag["paused_bytes"].Number()), HumanBytes(tag["backed_up_bytes"].Number()),
                  timing(tag["last_pause_ms"].Number(), tag["last_pause_gib_per_s"].Number()),
                  timing(tag["last_resume_ms"].Number(), tag["last_resume_gib_per_s"].Number()));
     }
@@ -208,7 +196,7 @@ int Snapshot(int pid, const std::string& file, bool torch_format) {
   out << bytes;
   if (!out.good()) return Fail(absl::InternalError(fmt::format("cannot write {}", file)), "snapshot");
   fmt::print("snapshot of process {} written to {} ({}, {})\n", pid, file, torch_format ? "torch pickle" : "json",
-             Human(static_cast<double>(bytes.size())));
+             HumanBytes(static_cast<double>(bytes.size())));
   return 0;
 }
 

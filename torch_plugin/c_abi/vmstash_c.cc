@@ -130,8 +130,8 @@ absl::Status AddHooksTo(CachingAllocator& a, const Runtime::Hooks& h) {
 
 std::vector<CachingAllocator*> AllocatorsInUse();
 
-// At process exit (atexit runs before the CUDA driver's own teardown, which registered
-// earlier): no background work may start while the driver goes away.
+// When the process ends (handlers registered with atexit run before the CUDA driver's
+// own teardown, registered earlier), no background work may start while the driver goes.
 void StopBackgroundWorkAtExit() {
   for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
 }
