@@ -1,0 +1,87 @@
+// StashArena: one page class of the paged stash tier on one device (reference/
+// paged_stash.md §3.1-3.4, §3.10). Host side of the kernels in stash_kernels.h.
+//
+// Prepare(capacity pages per tier) allocates, from the CachingAllocator under the arena's
+// tag (default "stash", policy discard: released when paused, stable VA), the device
+// pages, the free list and the state block; the optional host tier is pinned host memory
+// (device-accessible through unified addressing), allocated once. Handles live under the
+// same tag. Every operation is stream-ordered and capturable except Create/Prepare/
+// ReadFlags(host). The arena's tag refuses a pause while pages are in use (a before-pause
+// hook reads the state block; the device is already idle at that point) with
+// FailedPrecondition; an idle arena pauses without backup and Reset re-initialises it.
+//
+// Thread-safety: the launches follow the single-stream rule (stash_kernels.h); host
+// methods are not thread-safe.
+#ifndef VMSTASH_STASH_ARENA_H_
+#define VMSTASH_STASH_ARENA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/caching_allocator.h"
+#include "stash/stash_state.h"
+#include "vmm/driver.h"
+
+namespace vmstash::stash {
+
+struct StashArenaSpec {
+  std::uint64_t row_bytes = 0;
+  std::uint32_t page_rows = 64;  // a power of two
+  std::string tag = "stash";
+};
+
+class StashArena {
+ public:
+  static absl::StatusOr<std::unique_ptr<StashArena>> Create(Driver* driver, CachingAllocator* allocator,
+                                                            StashArenaSpec spec);
+  ~StashArena();  // frees what Prepare allocated (errors logged)
+  StashArena(const StashArena&) = delete;
+  StashArena& operator=(const StashArena&) = delete;
+
+  // Allocates the tiers (host_pages 0: no host tier) and resets. FailedPrecondition twice.
+  absl::Status Prepare(std::uint64_t device_pages, std::uint64_t host_pages, Stream stream);
+  // A handle for tensors of up to max_rows rows (device memory under the arena's tag).
+  absl::StatusOr<StashHandleHeader*> NewHandle(std::uint64_t max_rows);
+  absl::Status FreeHandle(StashHandleHeader* handle);
+
+  absl::Status Reset(Stream stream);
+  absl::Status Stash(Stream stream, const void* src, const std::int64_t* n_rows_dev, std::uint64_t max_rows,
+                     StashHandleHeader* handle);
+  absl::Status Restore(Stream stream, StashHandleHeader* handle, void* dst, std::uint64_t max_rows, bool zero_tail);
+  absl::Status Discard(Stream stream, StashHandleHeader* handle, std::uint64_t max_rows);
+  // Queues a copy of the flags into device memory `out` (capturable).
+  absl::Status WriteFlags(Stream stream, StashFlags* out);
+  // Host helper after the step: synchronizes `stream` and reads the flags.
+  absl::StatusOr<StashFlags> ReadFlags(Stream stream);
+  // Pages in use per tier right now (synchronizes `stream`).
+  absl::StatusOr<std::uint64_t> PagesInUse(Stream stream);
+
+  TagId tag() const { return tag_; }
+  std::uint64_t device_bytes() const { return device_bytes_; }
+  StashState* state() const { return state_; }
+
+ private:
+  StashArena(Driver* driver, CachingAllocator* allocator, StashArenaSpec spec, TagId tag);
+  absl::Status Launched(int code, const char* what) const;
+
+  Driver* const driver_;
+  CachingAllocator* const allocator_;
+  const StashArenaSpec spec_;
+  const TagId tag_;
+  int device_ = 0;
+  bool prepared_ = false;
+  StashState host_state_{};
+  StashState* state_ = nullptr;  // device
+  DevicePtr device_pages_ = 0, device_free_list_ = 0, host_free_list_ = 0;
+  void* host_pages_ = nullptr;
+  std::uint64_t device_bytes_ = 0;
+  std::uint64_t max_cap_ = 0;
+  StashFlags* flags_scratch_ = nullptr;
+};
+
+}  // namespace vmstash::stash
+
+#endif  // VMSTASH_STASH_ARENA_H_

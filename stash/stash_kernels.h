@@ -1,0 +1,35 @@
+// Launchers of the paged stash kernels (stash_kernels.cu). Stream-ordered and CUDA-graph
+// capturable: no host reads, syncs or allocations; the launch geometry depends only on
+// max_rows; row counts are read on the device through `n_rows` (int64). Each returns the
+// CUDA launch status (0 = cudaSuccess); the arena wraps it in an absl::Status.
+//
+// Single-stream rule (Mode A, reference/paged_stash.md §3.6): all operations of one arena
+// are issued on one stream; the last block of each launch publishes head/tail after every
+// block has read the old value (an atomic ticket), so no block sees a half-updated state.
+#ifndef VMSTASH_STASH_STASH_KERNELS_H_
+#define VMSTASH_STASH_STASH_KERNELS_H_
+
+#include <stdint.h>
+
+#include "stash/stash_state.h"
+
+struct CUstream_st;
+
+namespace vmstash::stash {
+
+// Blocks of a stash/restore launch for `max_rows` (min(max_rows, 2048), at least 1).
+uint32_t GridFor(uint64_t max_rows);
+
+// `init`: the arena's geometry (tier pointers, caps, page_rows, row_bytes); the rest of
+// the state is rebuilt (full free lists, zero counters and flags).
+int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap);
+int LaunchStash(CUstream_st* stream, StashState* state, const void* src, const int64_t* n_rows, uint64_t max_rows,
+                StashHandleHeader* handle);
+int LaunchRestore(CUstream_st* stream, StashState* state, StashHandleHeader* handle, void* dst, uint64_t max_rows,
+                  bool zero_tail);
+int LaunchDiscard(CUstream_st* stream, StashState* state, StashHandleHeader* handle, uint64_t max_rows);
+int LaunchReadFlags(CUstream_st* stream, const StashState* state, StashFlags* out);
+
+}  // namespace vmstash::stash
+
+#endif  // VMSTASH_STASH_STASH_KERNELS_H_

@@ -1,0 +1,56 @@
+// The paged stash tier's device-side data (reference/paged_stash.md §3.3): one POD state
+// block per arena at a fixed device address, and one handle per stashed tensor. Shared by
+// the CUDA kernels (stash_kernels.cu) and the host code; no abseil, no host-only types.
+//
+// Counters are monotonic u64 (free = tail - head; slot = counter mod cap); page ids are
+// u32; every byte offset is computed in 64-bit. A tier with cap 0 is absent.
+#ifndef VMSTASH_STASH_STASH_STATE_H_
+#define VMSTASH_STASH_STASH_STATE_H_
+
+#include <stdint.h>
+
+namespace vmstash::stash {
+
+struct StashTier {
+  uint32_t* free_list;  // cap entries
+  uint8_t* pages;       // cap * page_rows * row_bytes bytes (device memory, or mapped pinned host)
+  uint64_t head;
+  uint64_t tail;
+  uint64_t cap;
+};
+
+struct StashState {
+  StashTier tier[2];  // 0: device, 1: pinned host
+  uint64_t page_rows;
+  uint64_t row_bytes;
+  uint32_t overflow;    // sticky until reset
+  uint32_t host_spill;
+  uint64_t peak_pages[2];
+  uint64_t overflow_count;
+  uint64_t last_failed_pages;
+  uint32_t ticket;  // last-block-publishes counter; 0 between launches
+  uint32_t reserved;
+};
+
+// Handle status values (device memory).
+enum : uint32_t { kHandleEmpty = 0, kHandleDevice = 1, kHandleHost = 2, kHandleOverflowed = 3 };
+
+// A handle: this header followed by ceil(max_rows / page_rows) u32 page ids.
+struct StashHandleHeader {
+  uint32_t status;
+  uint32_t reserved;
+  uint64_t rows;
+};
+
+// Flags a host helper reads after the step (a copy of these fields).
+struct StashFlags {
+  uint32_t overflow;
+  uint32_t host_spill;
+  uint64_t peak_pages[2];
+  uint64_t overflow_count;
+  uint64_t last_failed_pages;
+};
+
+}  // namespace vmstash::stash
+
+#endif  // VMSTASH_STASH_STASH_STATE_H_
