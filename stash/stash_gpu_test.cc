@@ -80,16 +80,17 @@ class StashGpuTest : public ::testing::Test {
 TEST_F(StashGpuTest, RoundTripsSpillOverflowResetDiscardAgainstTheModel) {
   StashArenaSpec spec{kRowBytes, kP, "stash_t1"};
   auto arena = *StashArena::Create(driver_.get(), alloc_.get(), spec);
-  ASSERT_TRUE(arena->Prepare(40, 8, S()).ok());
+  ASSERT_TRUE(arena->Prepare(20, 16, S()).ok());
   ArenaSpec mspec;
   mspec.row_bytes = kRowBytes;
   mspec.page_rows = kP;
-  mspec.capacity_pages[0] = 40;
-  mspec.capacity_pages[1] = 8;
+  mspec.capacity_pages[0] = 20;
+  mspec.capacity_pages[1] = 16;
   PageModel model = *PageModel::Create(mspec);
 
   const std::uint64_t max_rows = 9 * kP + 5;
-  const std::uint64_t counts[] = {0, 1, kP - 1, kP, kP + 1, max_rows, 7 * kP};  // the last spills to the host
+  // 0+1+1+1+2+10 pages leave 5 of the 20 device pages: the last (7 pages) spills to the host.
+  const std::uint64_t counts[] = {0, 1, kP - 1, kP, kP + 1, max_rows, 7 * kP};
   const int n = 7;
   void* src = Buffer(max_rows * kRowBytes);
   void* dst = Buffer(max_rows * kRowBytes);
@@ -131,8 +132,8 @@ TEST_F(StashGpuTest, RoundTripsSpillOverflowResetDiscardAgainstTheModel) {
   ASSERT_TRUE(arena->Discard(S(), handles[2], max_rows).ok());  // T9
   ASSERT_TRUE(model.Discard(&mh[2]).ok());
   EXPECT_EQ(FreeList(*arena, 0), model.FreeList(0)) << "the same permutation as the model";
-  ExpectBalanced(*arena, 0, 40);
-  ExpectBalanced(*arena, 1, 8);
+  ExpectBalanced(*arena, 0, 20);
+  ExpectBalanced(*arena, 1, 16);
 
   // T2: overflow is sticky and writes nothing; reset clears it.
   std::int64_t big = 60 * kP, small = 1;
@@ -146,14 +147,14 @@ TEST_F(StashGpuTest, RoundTripsSpillOverflowResetDiscardAgainstTheModel) {
   flags = *arena->ReadFlags(S());
   EXPECT_EQ(flags.overflow, 1u);
   EXPECT_EQ(flags.last_failed_pages, 60u);
-  EXPECT_EQ(FreeList(*arena, 0).size(), 40u) << "head unchanged";
+  EXPECT_EQ(FreeList(*arena, 0).size(), 20u) << "head unchanged";
   StashHandleHeader h{};
   cudaMemcpy(&h, hs, sizeof(h), cudaMemcpyDeviceToHost);
   EXPECT_EQ(h.status, kHandleOverflowed) << "a stash after an overflow is a no-op";
   ASSERT_TRUE(arena->Reset(S()).ok());
   flags = *arena->ReadFlags(S());
   EXPECT_EQ(flags.overflow, 0u);
-  ExpectBalanced(*arena, 0, 40);
+  ExpectBalanced(*arena, 0, 20);
   for (StashHandleHeader* hh : handles) ASSERT_TRUE(arena->FreeHandle(hh).ok());
   for (void* p : {src, dst, static_cast<void*>(rows_dev), big_src}) {
     ASSERT_TRUE(alloc_->Free(reinterpret_cast<DevicePtr>(p)).ok());
