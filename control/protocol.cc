@@ -240,7 +240,7 @@ absl::StatusOr<std::string> ParseReply(absl::string_view line) {
     absl::StatusOr<std::string> message = msg.String();
     std::string text = message.ok() ? *message : std::string(rest);
     absl::StatusCode c = absl::StatusCode::kUnknown;
-    for (int i = 0; i <= 16; ++i) {
+    for (int i = 1; i <= 16; ++i) {  // not 0: an error reply cannot carry OK (found by the fuzzer)
       if (absl::StatusCodeToString(static_cast<absl::StatusCode>(i)) == code) c = static_cast<absl::StatusCode>(i);
     }
     return absl::Status(c, text);

@@ -88,6 +88,9 @@ TEST(ProtocolTest, RepliesCarryResultsAndErrors) {
   EXPECT_EQ(err.status().message(), "tag \"x\" is busy");
   EXPECT_EQ(ParseReply(R"({"v":7,"ok":true,"result":1})").status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ParseReply("garbage").status().code(), absl::StatusCode::kInternal);
+  // An error reply claiming code OK is still an error (the fuzzer's find: it used to abort).
+  absl::StatusOr<std::string> ok_error = ParseReply(R"({"v":1,"ok":false,"error":{"code":"OK","message":"x"}})");
+  EXPECT_EQ(ok_error.status().code(), absl::StatusCode::kUnknown);
 }
 
 }  // namespace
