@@ -2,12 +2,14 @@
 // paged_stash.md §5): device tier vs a device-to-device cudaMemcpyAsync of the same bytes,
 // host tier vs a pinned device-to-host copy, GPU time of an empty stash, host launch cost.
 //
-// Usage: stash_bench   (GPU required; rows of 14336 bytes = bf16 hidden 7168, P = 64)
+// Usage: stash_bench [GRID THREADS]...   (GPU required; rows of 14336 bytes = bf16 hidden
+// 7168, P = 64). Each GRID THREADS pair is a launch shape to measure (default 2048 256).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "allocator/caching_allocator.h"
@@ -142,4 +144,14 @@ int Run() {
 }  // namespace
 }  // namespace vmstash::stash
 
-int main() { return vmstash::stash::Run(); }
+int main(int argc, char** argv) {
+  if (argc == 1) return vmstash::stash::Run();
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const unsigned grid = static_cast<unsigned>(std::strtoul(argv[i], nullptr, 10));
+    const unsigned threads = static_cast<unsigned>(std::strtoul(argv[i + 1], nullptr, 10));
+    vmstash::stash::SetLaunchShape(grid, threads);
+    std::printf("\n== launch shape: at most %u blocks of %u threads ==\n", grid, threads);
+    if (int rc = vmstash::stash::Run(); rc != 0) return rc;
+  }
+  return 0;
+}

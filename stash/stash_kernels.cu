@@ -6,8 +6,9 @@
 namespace vmstash::stash {
 namespace {
 
-constexpr uint32_t kThreads = 256;
-constexpr uint32_t kMaxGrid = 2048;
+constexpr uint32_t kThreads = 256;  // reset
+uint32_t max_grid = 2048;           // stash/restore launch shape (SetLaunchShape)
+uint32_t copy_threads = 256;
 
 struct Decision {
   int tier;        // 0 / 1: place there; -1: sticky overflow (no-op); -2: this stash overflows
@@ -183,7 +184,12 @@ __global__ void FlagsKernel(const StashState* s, StashFlags* out) {
 }  // namespace
 
 uint32_t GridFor(uint64_t max_rows) {
-  return max_rows == 0 ? 1u : static_cast<uint32_t>(max_rows < kMaxGrid ? max_rows : kMaxGrid);
+  return max_rows == 0 ? 1u : static_cast<uint32_t>(max_rows < max_grid ? max_rows : max_grid);
+}
+
+void SetLaunchShape(uint32_t grid, uint32_t threads) {
+  if (grid > 0) max_grid = grid;
+  if (threads >= 32 && threads <= 1024 && threads % 32 == 0) copy_threads = threads;
 }
 
 int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap) {
@@ -195,20 +201,20 @@ int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, 
 
 int LaunchStash(CUstream_st* stream, StashState* state, const void* src, const int64_t* n_rows, uint64_t max_rows,
                 StashHandleHeader* handle) {
-  StashKernel<<<GridFor(max_rows), kThreads, 0, stream>>>(state, static_cast<const uint8_t*>(src), n_rows, max_rows,
+  StashKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, static_cast<const uint8_t*>(src), n_rows, max_rows,
                                                           handle);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchRestore(CUstream_st* stream, StashState* state, StashHandleHeader* handle, void* dst, uint64_t max_rows,
                   bool zero_tail) {
-  RestoreKernel<<<GridFor(max_rows), kThreads, 0, stream>>>(state, handle, static_cast<uint8_t*>(dst), max_rows,
+  RestoreKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, handle, static_cast<uint8_t*>(dst), max_rows,
                                                             zero_tail, true);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchDiscard(CUstream_st* stream, StashState* state, StashHandleHeader* handle, uint64_t max_rows) {
-  RestoreKernel<<<GridFor(max_rows), kThreads, 0, stream>>>(state, handle, nullptr, max_rows, false, false);
+  RestoreKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, handle, nullptr, max_rows, false, false);
   return static_cast<int>(cudaGetLastError());
 }
 

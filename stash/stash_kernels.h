@@ -17,8 +17,12 @@ struct CUstream_st;
 
 namespace vmstash::stash {
 
-// Blocks of a stash/restore launch for `max_rows` (min(max_rows, 2048), at least 1).
+// Blocks of a stash/restore launch for `max_rows` (min(max_rows, max grid), at least 1).
 uint32_t GridFor(uint64_t max_rows);
+// Tuning: the most blocks (default 2048) and the threads per block (default 256) of
+// stash/restore/discard launches. Not thread-safe; call before launching or capturing
+// (a captured graph keeps the shape it was captured with).
+void SetLaunchShape(uint32_t max_grid, uint32_t threads);
 
 // `init`: the arena's geometry (tier pointers, caps, page_rows, row_bytes); the rest of
 // the state is rebuilt (full free lists, zero counters and flags).
