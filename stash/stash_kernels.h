@@ -19,7 +19,7 @@ namespace vmstash::stash {
 
 // Blocks of a stash/restore launch for `max_rows` (min(max_rows, max grid), at least 1).
 uint32_t GridFor(uint64_t max_rows);
-// Tuning: the most blocks (default 2048) and the threads per block (default 256) of
+// Tuning: the most blocks (default 264) and the threads per block (default 1024) of
 // stash/restore/discard launches. Not thread-safe; call before launching or capturing
 // (a captured graph keeps the shape it was captured with).
 void SetLaunchShape(uint32_t max_grid, uint32_t threads);
