@@ -151,13 +151,16 @@ __global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst,
   const uint64_t live = d.tier >= 0 ? d.n : 0;
   if (d.tier >= 0) {
     const StashTier& tier = s->tier[d.tier];
-    for (uint64_t r = blockIdx.x; r < d.n; r += gridDim.x) {
-      const uint64_t slot = r / P;
-      const uint32_t page = table[slot];
-      if (copy_back) {
-        CopyRow(dst + r * row_bytes, tier.pages + (static_cast<uint64_t>(page) * P + r % P) * row_bytes, row_bytes);
+    if (copy_back) {
+      for (uint64_t r = blockIdx.x; r < d.n; r += gridDim.x) {
+        const uint64_t page = table[r / P];
+        CopyRow(dst + r * row_bytes, tier.pages + (page * P + r % P) * row_bytes, row_bytes);
       }
-      if (r % P == 0 && threadIdx.x == 0) tier.free_list[(d.counter + slot) % tier.cap] = page;
+    }
+    // The pages go back in page-table order, one slot per thread (a discard copies nothing).
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < d.need; slot += stride) {
+      tier.free_list[(d.counter + slot) % tier.cap] = table[slot];
     }
   }
   if (copy_back && zero_tail) {
