@@ -4,11 +4,16 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "stash/stash_kernels.h"
 #include "vmm/log.h"
+#include "vmm/mutex.h"
 #include "vmm/status_macros.h"
 
 namespace vmstash::stash {
+
+struct StashArena::HookGuard {
+  Mutex mu;
+  StashArena* arena ABSL_GUARDED_BY(mu) = nullptr;
+};
 
 absl::StatusOr<std::unique_ptr<StashArena>> StashArena::Create(Driver* driver, CachingAllocator* allocator,
                                                                StashArenaSpec spec) {
@@ -23,12 +28,19 @@ absl::StatusOr<std::unique_ptr<StashArena>> StashArena::Create(Driver* driver, C
   if (!created.ok()) return created;
   auto arena = std::unique_ptr<StashArena>(new StashArena(driver, allocator, std::move(spec), tag));
   // Refuse a pause while pages are in use: the allocator has synchronized nothing yet when
-  // the hook runs, so the hook waits for the device before it reads the state block.
-  StashArena* self = arena.get();
+  // the hook runs, so the hook waits for the device before it reads the state block. The
+  // hook outlives the arena (the allocator keeps it), hence the guard.
+  arena->hook_guard_ = std::make_shared<HookGuard>();
+  {
+    MutexLock lock(&arena->hook_guard_->mu);
+    arena->hook_guard_->arena = arena.get();
+  }
   VMSTASH_RETURN_IF_ERROR(allocator->AddHooks(
       tag,
-      [self](TagId, int) -> absl::Status {
-        if (!self->prepared_) return absl::OkStatus();
+      [guard = arena->hook_guard_](TagId, int) -> absl::Status {
+        MutexLock lock(&guard->mu);
+        StashArena* self = guard->arena;
+        if (self == nullptr || !self->prepared_) return absl::OkStatus();
         absl::StatusOr<std::uint64_t> used = self->PagesInUse(nullptr);
         if (!used.ok()) return used.status();
         if (*used != 0) {
@@ -43,19 +55,35 @@ absl::StatusOr<std::unique_ptr<StashArena>> StashArena::Create(Driver* driver, C
 }
 
 StashArena::StashArena(Driver* driver, CachingAllocator* allocator, StashArenaSpec spec, TagId tag)
-    : driver_(driver), allocator_(allocator), spec_(std::move(spec)), tag_(tag), device_(allocator->device()) {}
+    : driver_(driver),
+      allocator_(allocator),
+      spec_(std::move(spec)),
+      tag_(tag),
+      ops_(spec_.ops != nullptr ? spec_.ops : (driver->Name() == "sim" ? &HostStashOps() : &KernelStashOps())),
+      device_(allocator->device()) {}
 
 StashArena::~StashArena() {
-  for (DevicePtr p : {device_pages_, device_free_list_, host_free_list_, reinterpret_cast<DevicePtr>(state_),
-                      reinterpret_cast<DevicePtr>(flags_scratch_)}) {
-    if (p == 0) continue;
-    absl::Status s = allocator_->Free(p);
+  if (hook_guard_ != nullptr) {
+    MutexLock lock(&hook_guard_->mu);
+    hook_guard_->arena = nullptr;
+  }
+  ReleaseMemory();
+}
+
+void StashArena::ReleaseMemory() {
+  for (DevicePtr* p : {&device_pages_, &device_free_list_, &host_free_list_, reinterpret_cast<DevicePtr*>(&state_),
+                       reinterpret_cast<DevicePtr*>(&flags_scratch_)}) {
+    if (*p == 0) continue;
+    absl::Status s = allocator_->Free(*p);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: stash arena teardown: {}", s.ToString());
+    *p = 0;
   }
   if (host_pages_ != nullptr) {
     absl::Status s = driver_->HostFree(device_, host_pages_);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: stash arena host tier: {}", s.ToString());
+    host_pages_ = nullptr;
   }
+  prepared_ = false;
 }
 
 namespace {
@@ -64,7 +92,7 @@ CUstream_st* Cu(Stream stream) { return reinterpret_cast<CUstream_st*>(stream); 
 
 absl::Status StashArena::Launched(int code, const char* what) const {
   if (code == 0) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("stash ", what, ": CUDA launch error ", code));
+  return absl::InternalError(absl::StrCat("stash ", what, " (", ops_->Name(), "): CUDA launch error ", code));
 }
 
 absl::Status StashArena::Prepare(std::uint64_t device_pages, std::uint64_t host_pages, Stream stream) {
@@ -74,9 +102,25 @@ absl::Status StashArena::Prepare(std::uint64_t device_pages, std::uint64_t host_
     if (cap > 0xffffffffull) return absl::InvalidArgumentError("StashArena::Prepare: page ids are 32-bit");
   }
   const std::uint64_t page_bytes = spec_.page_rows * spec_.row_bytes;
-  device_bytes_ = device_pages * page_bytes;
+  if (device_pages > ~std::uint64_t{0} / page_bytes || host_pages > ~std::uint64_t{0} / page_bytes) {
+    return absl::InvalidArgumentError("StashArena::Prepare: the arena's size overflows 64 bits");
+  }
+  absl::Status s = Allocate(device_pages, host_pages, page_bytes, stream);
+  if (!s.ok()) {
+    ReleaseMemory();  // nothing half-prepared stays behind; Prepare may be retried
+    return s;
+  }
+  prepared_ = true;
+  s = Reset(stream);
+  if (!s.ok()) ReleaseMemory();
+  return s;
+}
+
+absl::Status StashArena::Allocate(std::uint64_t device_pages, std::uint64_t host_pages, std::uint64_t page_bytes,
+                                  Stream stream) {
   auto alloc = [&](std::uint64_t bytes) { return allocator_->Allocate(bytes, stream, tag_); };
-  VMSTASH_ASSIGN_OR_RETURN(device_pages_, alloc(device_bytes_));
+  VMSTASH_ASSIGN_OR_RETURN(device_pages_, alloc(device_pages * page_bytes));
+  device_bytes_ = device_pages * page_bytes;
   VMSTASH_ASSIGN_OR_RETURN(device_free_list_, alloc(device_pages * sizeof(std::uint32_t)));
   if (host_pages != 0) {
     VMSTASH_ASSIGN_OR_RETURN(host_free_list_, alloc(host_pages * sizeof(std::uint32_t)));
@@ -94,8 +138,7 @@ absl::Status StashArena::Prepare(std::uint64_t device_pages, std::uint64_t host_
   host_state_.page_rows = spec_.page_rows;
   host_state_.row_bytes = spec_.row_bytes;
   max_cap_ = device_pages > host_pages ? device_pages : host_pages;
-  prepared_ = true;
-  return Reset(stream);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StashHandleHeader*> StashArena::NewHandle(std::uint64_t max_rows) {
@@ -103,8 +146,13 @@ absl::StatusOr<StashHandleHeader*> StashArena::NewHandle(std::uint64_t max_rows)
   VMSTASH_ASSIGN_OR_RETURN(DevicePtr p, allocator_->Allocate(sizeof(StashHandleHeader) + slots * sizeof(std::uint32_t),
                                                              nullptr, tag_));
   StashHandleHeader header{};
-  VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, p, &header, sizeof(header), nullptr));
-  VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, nullptr));
+  absl::Status s = driver_->CopyToDeviceAsync(device_, p, &header, sizeof(header), nullptr);
+  if (s.ok()) s = driver_->SynchronizeStream(device_, nullptr);
+  if (!s.ok()) {
+    absl::Status freed = allocator_->Free(p);
+    if (!freed.ok()) VMSTASH_LOG(kError, "vmstash: stash handle rollback: {}", freed.ToString());
+    return s;
+  }
   return reinterpret_cast<StashHandleHeader*>(p);
 }
 
@@ -114,7 +162,7 @@ absl::Status StashArena::FreeHandle(StashHandleHeader* handle) {
 
 absl::Status StashArena::Reset(Stream stream) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
-  return Launched(LaunchReset(Cu(stream), state_, host_state_, max_cap_), "reset");
+  return Launched(ops_->Reset(Cu(stream), state_, host_state_, max_cap_), "reset");
 }
 
 absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_t* n_rows_dev, std::uint64_t max_rows,
@@ -123,7 +171,7 @@ absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_
   if (handle == nullptr || n_rows_dev == nullptr || (src == nullptr && max_rows != 0)) {
     return absl::InvalidArgumentError("StashArena::Stash: null argument");
   }
-  return Launched(LaunchStash(Cu(stream), state_, src, n_rows_dev, max_rows, handle), "stash");
+  return Launched(ops_->Stash(Cu(stream), state_, src, n_rows_dev, max_rows, handle), "stash");
 }
 
 absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void* dst, std::uint64_t max_rows,
@@ -132,18 +180,18 @@ absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void*
   if (handle == nullptr || (dst == nullptr && max_rows != 0)) {
     return absl::InvalidArgumentError("StashArena::Restore: null argument");
   }
-  return Launched(LaunchRestore(Cu(stream), state_, handle, dst, max_rows, zero_tail), "restore");
+  return Launched(ops_->Restore(Cu(stream), state_, handle, dst, max_rows, zero_tail), "restore");
 }
 
 absl::Status StashArena::Discard(Stream stream, StashHandleHeader* handle, std::uint64_t max_rows) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
   if (handle == nullptr) return absl::InvalidArgumentError("StashArena::Discard: null handle");
-  return Launched(LaunchDiscard(Cu(stream), state_, handle, max_rows), "discard");
+  return Launched(ops_->Discard(Cu(stream), state_, handle, max_rows), "discard");
 }
 
 absl::Status StashArena::WriteFlags(Stream stream, StashFlags* out) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
-  return Launched(LaunchReadFlags(Cu(stream), state_, out), "flags");
+  return Launched(ops_->ReadFlags(Cu(stream), state_, out), "flags");
 }
 
 absl::StatusOr<StashFlags> StashArena::ReadFlags(Stream stream) {

@@ -10,8 +10,11 @@
 // hook reads the state block; the device is already idle at that point) with
 // FailedPrecondition; an idle arena pauses without backup and Reset re-initialises it.
 //
+// The operations run on an injected executor (stash_ops.h): the CUDA kernels, or the host
+// executor when the driver is the simulated one (so CI exercises this class).
+//
 // Thread-safety: the launches follow the single-stream rule (stash_kernels.h); host
-// methods are not thread-safe.
+// methods are not thread-safe. The pause hook is safe against the arena's destruction.
 #ifndef VMSTASH_STASH_ARENA_H_
 #define VMSTASH_STASH_ARENA_H_
 
@@ -22,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
+#include "stash/stash_ops.h"
 #include "stash/stash_state.h"
 #include "vmm/driver.h"
 
@@ -31,6 +35,8 @@ struct StashArenaSpec {
   std::uint64_t row_bytes = 0;
   std::uint32_t page_rows = 64;  // a power of two
   std::string tag = "stash";
+  // The executor; null: the CUDA kernels, or the host executor on the simulated driver.
+  const StashOps* ops = nullptr;
 };
 
 class StashArena {
@@ -42,6 +48,7 @@ class StashArena {
   StashArena& operator=(const StashArena&) = delete;
 
   // Allocates the tiers (host_pages 0: no host tier) and resets. FailedPrecondition twice.
+  // On failure nothing stays allocated and Prepare may be retried.
   absl::Status Prepare(std::uint64_t device_pages, std::uint64_t host_pages, Stream stream);
   // A handle for tensors of up to max_rows rows (device memory under the arena's tag).
   absl::StatusOr<StashHandleHeader*> NewHandle(std::uint64_t max_rows);
@@ -62,15 +69,23 @@ class StashArena {
   TagId tag() const { return tag_; }
   std::uint64_t device_bytes() const { return device_bytes_; }
   StashState* state() const { return state_; }
+  const StashArenaSpec& spec() const { return spec_; }
+  const StashOps& ops() const { return *ops_; }
 
  private:
   StashArena(Driver* driver, CachingAllocator* allocator, StashArenaSpec spec, TagId tag);
   absl::Status Launched(int code, const char* what) const;
+  absl::Status Allocate(std::uint64_t device_pages, std::uint64_t host_pages, std::uint64_t page_bytes,
+                        Stream stream);
+  void ReleaseMemory();  // frees what Prepare allocated; unprepared again
 
   Driver* const driver_;
   CachingAllocator* const allocator_;
   const StashArenaSpec spec_;
   const TagId tag_;
+  const StashOps* ops_;
+  struct HookGuard;  // what the pause hook reaches the arena through (nulled on destruction)
+  std::shared_ptr<HookGuard> hook_guard_;
   int device_ = 0;
   bool prepared_ = false;
   StashState host_state_{};

@@ -121,11 +121,11 @@ absl::Status PageModel::Restore(Handle* handle, std::uint8_t* dst, std::uint64_t
 
 absl::Status PageModel::Discard(Handle* handle) {
   if (handle == nullptr) return absl::InvalidArgumentError("discard: null handle");
+  if (flags_.overflow) return absl::OkStatus();  // nothing moves until reset
   if (handle->status != HandleStatus::kDevice && handle->status != HandleStatus::kHost) {
-    handle->status = HandleStatus::kEmpty;
+    handle->status = HandleStatus::kEmpty;  // an overflowed handle after a reset, as Restore
     return absl::OkStatus();
   }
-  if (flags_.overflow) return absl::OkStatus();  // nothing moves until reset
   const int tier = handle->status == HandleStatus::kDevice ? 0 : 1;
   const std::uint64_t cap = spec_.capacity_pages[tier];
   const std::uint64_t pages = PagesFor(handle->rows);
