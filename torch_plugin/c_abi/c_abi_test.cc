@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
+#include "torch_plugin/include/vmstash/vmstash_stash.h"
 
 namespace {
 
@@ -54,6 +55,51 @@ TEST_F(CAbiTest, ErrorsAreCodesAndThreadLocalMessages) {
   EXPECT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G"), VMSTASH_OK);  // same options
   EXPECT_EQ(vmstash_init("bogus:1"), VMSTASH_INVALID_ARGUMENT);
   EXPECT_THAT(vmstash_last_error(), HasSubstr("unknown key 'bogus'"));
+}
+
+TEST_F(CAbiTest, StashArenaRoundTripPauseRefusalAndShutdownOrder) {
+  vmstash_stash_arena* arena = nullptr;
+  EXPECT_EQ(vmstash_stash_create(0, "stash", 0, 64, &arena), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("row_bytes"));
+  EXPECT_EQ(vmstash_stash_prepare(nullptr, 1, 0, nullptr), VMSTASH_INVALID_ARGUMENT);
+  ASSERT_EQ(vmstash_stash_create(0, "stash", 256, 4, &arena), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_stash_prepare(arena, 16, 4, nullptr), VMSTASH_OK) << vmstash_last_error();
+  const char* executor = nullptr;
+  uint64_t device_bytes = 0;
+  ASSERT_EQ(vmstash_stash_info(arena, &device_bytes, &executor), VMSTASH_OK);
+  EXPECT_EQ(device_bytes, 16u * 4 * 256);
+  EXPECT_STREQ(executor, "host");
+  void* handle = nullptr;
+  ASSERT_EQ(vmstash_stash_new_handle(arena, 10, &handle), VMSTASH_OK);
+  auto* src = static_cast<uint8_t*>(vmstash_malloc(10 * 256, 0, nullptr));
+  auto* dst = static_cast<uint8_t*>(vmstash_malloc(10 * 256, 0, nullptr));
+  auto* n = static_cast<int64_t*>(vmstash_malloc(8, 0, nullptr));
+  for (int i = 0; i < 10 * 256; ++i) src[i] = static_cast<uint8_t>(i * 3 + 1);
+  std::memset(dst, 0xFF, 10 * 256);
+  *n = 7;
+  ASSERT_EQ(vmstash_stash_stash(arena, nullptr, src, n, 10, handle), VMSTASH_OK);
+  uint64_t used = 0;
+  ASSERT_EQ(vmstash_stash_pages_in_use(arena, &used), VMSTASH_OK);
+  EXPECT_EQ(used, 2u);  // 7 rows in pages of 4
+  EXPECT_EQ(vmstash_pause("stash", 0), VMSTASH_FAILED_PRECONDITION);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("live activations"));
+  ASSERT_EQ(vmstash_stash_restore(arena, nullptr, handle, dst, 10, 1), VMSTASH_OK);
+  EXPECT_EQ(std::memcmp(dst, src, 7 * 256), 0);
+  for (int i = 7 * 256; i < 10 * 256; ++i) ASSERT_EQ(dst[i], 0) << i;  // zero tail
+  vmstash_stash_flags flags{};
+  ASSERT_EQ(vmstash_stash_read_flags(arena, nullptr, &flags), VMSTASH_OK);
+  EXPECT_EQ(flags.overflow, 0u);
+  EXPECT_EQ(flags.peak_pages[0], 2u);
+  EXPECT_EQ(vmstash_pause("stash", 0), VMSTASH_OK);  // idle: released
+  EXPECT_EQ(vmstash_resume("stash", 0), VMSTASH_OK);
+  ASSERT_EQ(vmstash_stash_reset(arena, nullptr), VMSTASH_OK);
+  EXPECT_EQ(vmstash_shutdown(), VMSTASH_FAILED_PRECONDITION);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("stash arena"));
+  ASSERT_EQ(vmstash_stash_free_handle(arena, handle), VMSTASH_OK);
+  ASSERT_EQ(vmstash_stash_destroy(arena), VMSTASH_OK);
+  for (void* p : {static_cast<void*>(src), static_cast<void*>(dst), static_cast<void*>(n)}) {
+    vmstash_free(p, 0, 0, nullptr);
+  }
 }
 
 TEST_F(CAbiTest, TagsRouteAllocationsAndShowInStats) {

@@ -19,6 +19,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/tag.h"
 #include "torch_plugin/c_abi/control_service.h"
+#include "torch_plugin/c_abi/runtime_access.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 #include "vmm/driver_factory.h"
 #include "vmm/log.h"
@@ -62,6 +63,7 @@ struct Runtime {
   }
   std::atomic<bool> ready{false};
   std::atomic<std::size_t> memory_margin{0};
+  std::atomic<int> dependents{0};  // stash arenas alive (they hold allocator pointers)
   std::unique_ptr<control::ControlServer> control ABSL_GUARDED_BY(mu);  // never destroyed either
 };
 
@@ -253,6 +255,13 @@ absl::StatusOr<TagId> TagArg(const char* tag) {
 }
 
 }  // namespace
+
+namespace c_abi {
+absl::StatusOr<CachingAllocator*> DeviceAllocator(int device) { return AllocatorFor(device); }
+int Fail(const absl::Status& status) { return vmstash::Fail(status); }
+int Guarded(absl::FunctionRef<int()> fn) noexcept { return Guard([&] { return fn(); }); }
+void CountDependent(int delta) { TheRuntime().dependents.fetch_add(delta); }
+}  // namespace c_abi
 }  // namespace vmstash
 
 using namespace vmstash;  // NOLINT: the C entry points below are thin
@@ -274,6 +283,10 @@ int vmstash_shutdown(void) noexcept {
   return Guard([&] {
     Runtime& rt = TheRuntime();
     MutexLock lock(&rt.mu);
+    if (const int n = rt.dependents.load(); n != 0) {
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) still exist; destroy them first")));
+    }
     rt.ready.store(false, std::memory_order_release);
     for (int d = 0; d < kMaxDevices; ++d) rt.allocators[d].store(nullptr, std::memory_order_release);
     for (auto& a : rt.owned) a.reset();

@@ -1,0 +1,151 @@
+// The paged stash C ABI (torch_plugin/include/vmstash/vmstash_stash.h) over
+// stash::StashArena, on the runtime of vmstash_c.cc (runtime_access.h). An opaque
+// vmstash_stash_arena is a StashArena; handles are the arena's device handle pointers.
+#include <cstdint>
+#include <memory>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "stash/arena.h"
+#include "torch_plugin/c_abi/runtime_access.h"
+#include "torch_plugin/include/vmstash/vmstash_stash.h"
+
+struct vmstash_stash_arena {
+  std::unique_ptr<vmstash::stash::StashArena> arena;
+};
+
+namespace vmstash {
+namespace {
+
+static_assert(sizeof(vmstash_stash_flags) == sizeof(stash::StashFlags), "flags layout");
+
+using c_abi::Fail;
+
+Stream S(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
+stash::StashHandleHeader* H(void* handle) { return static_cast<stash::StashHandleHeader*>(handle); }
+
+// Runs `fn` on the arena's StashArena, or fails with InvalidArgument for a null arena.
+template <typename Fn>
+int OnArena(vmstash_stash_arena* arena, Fn fn) noexcept {
+  return c_abi::Guarded([&] {
+    if (arena == nullptr || arena->arena == nullptr) {
+      return Fail(absl::InvalidArgumentError("vmstash stash: null arena"));
+    }
+    absl::Status s = fn(*arena->arena);
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+}  // namespace
+}  // namespace vmstash
+
+using vmstash::OnArena;
+using vmstash::S;
+using vmstash::H;
+using vmstash::stash::StashArena;
+
+extern "C" {
+
+int vmstash_stash_create(int device, const char* tag, uint64_t row_bytes, uint32_t page_rows,
+                         vmstash_stash_arena** out) noexcept {
+  return vmstash::c_abi::Guarded([&] {
+    if (out == nullptr) return vmstash::c_abi::Fail(absl::InvalidArgumentError("vmstash_stash_create: null out"));
+    *out = nullptr;
+    absl::StatusOr<vmstash::CachingAllocator*> a = vmstash::c_abi::DeviceAllocator(device);
+    if (!a.ok()) return vmstash::c_abi::Fail(a.status());
+    vmstash::stash::StashArenaSpec spec;
+    spec.row_bytes = row_bytes;
+    spec.page_rows = page_rows;
+    if (tag != nullptr && tag[0] != '\0') spec.tag = tag;
+    absl::StatusOr<std::unique_ptr<StashArena>> arena = StashArena::Create((*a)->driver(), *a, std::move(spec));
+    if (!arena.ok()) return vmstash::c_abi::Fail(arena.status());
+    *out = new vmstash_stash_arena{*std::move(arena)};
+    vmstash::c_abi::CountDependent(+1);
+    return 0;
+  });
+}
+
+int vmstash_stash_prepare(vmstash_stash_arena* arena, uint64_t device_pages, uint64_t host_pages,
+                          cudaStream_t stream) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.Prepare(device_pages, host_pages, S(stream)); });
+}
+
+int vmstash_stash_destroy(vmstash_stash_arena* arena) noexcept {
+  return vmstash::c_abi::Guarded([&] {
+    if (arena == nullptr) return 0;
+    delete arena;
+    vmstash::c_abi::CountDependent(-1);
+    return 0;
+  });
+}
+
+int vmstash_stash_new_handle(vmstash_stash_arena* arena, uint64_t max_rows, void** out) noexcept {
+  return OnArena(arena, [&](StashArena& a) -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("vmstash_stash_new_handle: null out");
+    absl::StatusOr<vmstash::stash::StashHandleHeader*> h = a.NewHandle(max_rows);
+    if (!h.ok()) return h.status();
+    *out = *h;
+    return absl::OkStatus();
+  });
+}
+
+int vmstash_stash_free_handle(vmstash_stash_arena* arena, void* handle) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.FreeHandle(H(handle)); });
+}
+
+int vmstash_stash_reset(vmstash_stash_arena* arena, cudaStream_t stream) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.Reset(S(stream)); });
+}
+
+int vmstash_stash_stash(vmstash_stash_arena* arena, cudaStream_t stream, const void* src, const int64_t* n_rows,
+                        uint64_t max_rows, void* handle) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.Stash(S(stream), src, n_rows, max_rows, H(handle)); });
+}
+
+int vmstash_stash_restore(vmstash_stash_arena* arena, cudaStream_t stream, void* handle, void* dst,
+                          uint64_t max_rows, int zero_tail) noexcept {
+  return OnArena(arena,
+                 [&](StashArena& a) { return a.Restore(S(stream), H(handle), dst, max_rows, zero_tail != 0); });
+}
+
+int vmstash_stash_discard(vmstash_stash_arena* arena, cudaStream_t stream, void* handle,
+                          uint64_t max_rows) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.Discard(S(stream), H(handle), max_rows); });
+}
+
+int vmstash_stash_write_flags(vmstash_stash_arena* arena, cudaStream_t stream, vmstash_stash_flags* out) noexcept {
+  return OnArena(arena, [&](StashArena& a) -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("vmstash_stash_write_flags: null out");
+    return a.WriteFlags(S(stream), reinterpret_cast<vmstash::stash::StashFlags*>(out));
+  });
+}
+
+int vmstash_stash_read_flags(vmstash_stash_arena* arena, cudaStream_t stream, vmstash_stash_flags* out) noexcept {
+  return OnArena(arena, [&](StashArena& a) -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("vmstash_stash_read_flags: null out");
+    absl::StatusOr<vmstash::stash::StashFlags> f = a.ReadFlags(S(stream));
+    if (!f.ok()) return f.status();
+    *reinterpret_cast<vmstash::stash::StashFlags*>(out) = *f;
+    return absl::OkStatus();
+  });
+}
+
+int vmstash_stash_pages_in_use(vmstash_stash_arena* arena, uint64_t* out) noexcept {
+  return OnArena(arena, [&](StashArena& a) -> absl::Status {
+    if (out == nullptr) return absl::InvalidArgumentError("vmstash_stash_pages_in_use: null out");
+    absl::StatusOr<std::uint64_t> used = a.PagesInUse(nullptr);
+    if (!used.ok()) return used.status();
+    *out = *used;
+    return absl::OkStatus();
+  });
+}
+
+int vmstash_stash_info(vmstash_stash_arena* arena, uint64_t* device_bytes, const char** executor) noexcept {
+  return OnArena(arena, [&](StashArena& a) {
+    if (device_bytes != nullptr) *device_bytes = a.device_bytes();
+    if (executor != nullptr) *executor = a.ops().Name();
+    return absl::OkStatus();
+  });
+}
+
+}  // extern "C"
