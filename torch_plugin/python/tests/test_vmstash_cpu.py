@@ -200,6 +200,61 @@ class VmstashCpuTest(unittest.TestCase):
             del os.environ["VMSTASH_PRELOAD_LIBRARY"]
             del os.environ["LD_PRELOAD"]
 
+    def test_stash_arena_round_trip_overflow_reset_and_pause_refusal(self):
+        from vmstash import stash
+        row, p_rows = 64, 4
+        with self.assertRaises(ValueError):
+            stash.Arena(row_bytes=0, device_pages=4, device=0)
+        with self.assertRaises(vmstash.Error) as e:
+            stash.Arena(row_bytes=row, device_pages=4, page_rows=3, device=0)
+        self.assertIn("power of two", str(e.exception))
+        arena = stash.Arena(row_bytes=row, device_pages=3, host_pages=2, page_rows=p_rows, tag="stash_py",
+                            device=0)
+        self.assertEqual(arena.info()["executor"], "host")
+        self.assertEqual(arena.info()["device_bytes"], 3 * p_rows * row)
+        max_rows = 10
+        src = malloc("default", max_rows * row)
+        dst = malloc("default", max_rows * row)
+        n = malloc("default", 8)
+        ctypes.memmove(src, bytes(range(256)) * (max_rows * row // 256), max_rows * row)
+        h1, h2, h3 = (arena._new_handle(max_rows) for _ in range(3))
+        ctypes.c_int64.from_address(n).value = 9          # 3 pages: the whole device tier
+        arena.stash_ptr(src, n, max_rows, h1)
+        self.assertEqual(arena.pages_in_use(), 3)
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.pause("stash_py", device=0)
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+        ctypes.c_int64.from_address(n).value = 5          # 2 pages: spills to the host tier
+        arena.stash_ptr(src, n, max_rows, h2)
+        f = arena.flags()
+        self.assertTrue(f.host_spill)
+        self.assertFalse(f.overflow)
+        ctypes.c_int64.from_address(n).value = 1          # no room anywhere: sticky overflow
+        arena.stash_ptr(src, n, max_rows, h3)
+        f = arena.flags()
+        self.assertTrue(f.overflow)
+        self.assertEqual(f.last_failed_pages, 1)
+        ctypes.memset(dst, 0xAA, max_rows * row)
+        arena.reset()                                     # forgets all, clears overflow
+        self.assertFalse(arena.flags().overflow)
+        self.assertEqual(arena.pages_in_use(), 0)
+        ctypes.c_int64.from_address(n).value = 6
+        arena.stash_ptr(src, n, max_rows, h1)
+        arena.restore_ptr(h1, dst, max_rows, zero_tail=True)
+        self.assertEqual(ctypes.string_at(dst, 6 * row), ctypes.string_at(src, 6 * row))
+        self.assertEqual(ctypes.string_at(dst + 6 * row, 4 * row), bytes(4 * row))
+        vmstash.pause("stash_py", device=0)               # idle: allowed, memory released
+        vmstash.resume("stash_py", device=0)
+        arena.reset()
+        arena.stash_ptr(src, n, max_rows, h1)
+        arena.discard_ptr(h1, max_rows)
+        self.assertEqual(arena.pages_in_use(), 0)
+        arena.close()
+        with self.assertRaises(vmstash.Error):
+            arena.reset()
+        for p, size in ((src, max_rows * row), (dst, max_rows * row), (n, 8)):
+            free(p, size)
+
     def test_torch_functions_without_torch_raise_clearly(self):
         try:
             import torch  # noqa: F401

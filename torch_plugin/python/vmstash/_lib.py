@@ -136,6 +136,29 @@ def _declare(l):
         fn = getattr(l, name)
         fn.restype = restype
         fn.argtypes = argtypes
+    # The paged stash entry points (vmstash_stash.h): absent from libvmstash_preload.so and
+    # from builds without the CUDA kernels; vmstash.stash reports that when used.
+    vpp, u64, c_uint32, i64p = ctypes.POINTER(c_void_p), ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p
+    stash_protos = {
+        "vmstash_stash_create": (c_int, [c_int, c_char_p, u64, c_uint32, vpp]),
+        "vmstash_stash_prepare": (c_int, [c_void_p, u64, u64, c_void_p]),
+        "vmstash_stash_destroy": (c_int, [c_void_p]),
+        "vmstash_stash_new_handle": (c_int, [c_void_p, u64, vpp]),
+        "vmstash_stash_free_handle": (c_int, [c_void_p, c_void_p]),
+        "vmstash_stash_reset": (c_int, [c_void_p, c_void_p]),
+        "vmstash_stash_stash": (c_int, [c_void_p, c_void_p, c_void_p, i64p, u64, c_void_p]),
+        "vmstash_stash_restore": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, u64, c_int]),
+        "vmstash_stash_discard": (c_int, [c_void_p, c_void_p, c_void_p, u64]),
+        "vmstash_stash_write_flags": (c_int, [c_void_p, c_void_p, c_void_p]),
+        "vmstash_stash_read_flags": (c_int, [c_void_p, c_void_p, c_void_p]),
+        "vmstash_stash_pages_in_use": (c_int, [c_void_p, u64p]),
+        "vmstash_stash_info": (c_int, [c_void_p, u64p, ctypes.POINTER(c_char_p)]),
+    }
+    for name, (restype, argtypes) in stash_protos.items():
+        fn = getattr(l, name, None)
+        if fn is not None:
+            fn.restype = restype
+            fn.argtypes = argtypes
 
 
 def last_error():

@@ -1,0 +1,371 @@
+"""vmstash.stash: the paged stash tier from Python (C ABI: vmstash_stash.h).
+
+An Arena holds fixed-size pages (page_rows rows of row_bytes bytes each) on one device,
+plus an optional pinned host tier. `stash` copies the first n rows of a [max_rows, ...]
+tensor into free pages, where n is read *on the device* from an int64 tensor, so the call
+never synchronizes and can be captured in a CUDA graph; `restore` copies them back and
+returns the pages. The memory comes from the vmstash allocator under the arena's tag
+(policy discard, default "stash"): `vmstash.pause("stash")` releases it when the arena is
+idle, and is refused while pages are live.
+
+    arena = vmstash.stash.Arena(row_bytes=hidden * 2, device_pages=4096)
+    s = arena.stash(expert_input, rows=tokens_per_expert[e:e + 1])   # forward
+    x = s.restore()                                                   # backward
+
+    with vmstash.stash.saved_tensors(arena, max_rows=capacity):       # autograd helper
+        y = expert_mlp(x)          # saved [capacity, ...] activations go to the arena
+
+Rules (reference/paged_stash.md):
+  - Call `arena.reset()` at the start of every step (inside the captured graph, if any);
+    it forgets everything stashed and clears the sticky overflow flag.
+  - Check `arena.flags()` (or `write_flags` into a device tensor, capturable) after the
+    step: on `overflow` a stash found no room and the step's gradients are wrong; redo or
+    skip the step, and give the arena more pages.
+  - One stream at a time per arena (torch's current stream of each call); operations on
+    two streams concurrently are not supported.
+  - Handles (the device page tables) are taken from a per-arena pool and reused; they are
+    created outside capture (`reserve_handles` ahead of a capture).
+The low-level methods (`stash_ptr`, `restore_ptr`, ...) take raw addresses and need no
+torch; the CPU tests use them on the simulated driver.
+"""
+import contextlib
+import ctypes
+import threading
+
+from . import _lib
+from ._lib import Error, check, encode
+
+__all__ = ["Arena", "Stashed", "Flags", "saved_tensors"]
+
+
+class _CFlags(ctypes.Structure):
+    _fields_ = [("overflow", ctypes.c_uint32), ("host_spill", ctypes.c_uint32),
+                ("peak_pages", ctypes.c_uint64 * 2), ("overflow_count", ctypes.c_uint64),
+                ("last_failed_pages", ctypes.c_uint64)]
+
+
+class Flags:
+    """The arena's flags: overflow (sticky until reset), host_spill, peak pages per tier."""
+
+    def __init__(self, c):
+        self.overflow = bool(c.overflow)
+        self.host_spill = bool(c.host_spill)
+        self.peak_device_pages = int(c.peak_pages[0])
+        self.peak_host_pages = int(c.peak_pages[1])
+        self.overflow_count = int(c.overflow_count)
+        self.last_failed_pages = int(c.last_failed_pages)
+
+    def __repr__(self):
+        return (f"Flags(overflow={self.overflow}, host_spill={self.host_spill}, "
+                f"peak_device_pages={self.peak_device_pages}, peak_host_pages={self.peak_host_pages}, "
+                f"overflow_count={self.overflow_count}, last_failed_pages={self.last_failed_pages})")
+
+
+def _fn(name):
+    fn = getattr(_lib.lib(), name, None)
+    if fn is None:
+        where = _lib.library_path()
+        raise Error(f"{name} is not in {where}: the paged stash tier needs libvmstash.so built with the CUDA "
+                    "kernels (it is not part of libvmstash_preload.so)", 12)
+    return fn
+
+
+def _stream_of(device):
+    import torch
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _capturing():
+    import torch
+    return torch.cuda.is_current_stream_capturing()
+
+
+class Arena:
+    """One page class on one device. `row_bytes`: bytes of one row of the tensors it
+    holds; `page_rows`: rows per page (a power of two); `device_pages` / `host_pages`:
+    capacity of the device tier and of the optional pinned host tier."""
+
+    def __init__(self, row_bytes, device_pages, host_pages=0, page_rows=64, tag="stash", device=None, stream=None):
+        if not isinstance(row_bytes, int) or row_bytes <= 0:
+            raise ValueError(f"row_bytes must be a positive int, got {row_bytes!r}")
+        if not isinstance(device_pages, int) or device_pages <= 0:
+            raise ValueError(f"device_pages must be a positive int, got {device_pages!r}")
+        if not isinstance(host_pages, int) or host_pages < 0:
+            raise ValueError(f"host_pages must be an int >= 0, got {host_pages!r}")
+        if device is None:
+            device = self._torch_device()
+        self.device = int(device)
+        self.row_bytes = row_bytes
+        self.page_rows = page_rows
+        self.tag = tag
+        self._lock = threading.Lock()
+        self._pool = {}  # max_rows -> [handle addresses]
+        self._handles = set()
+        handle = ctypes.c_void_p()
+        check(_fn("vmstash_stash_create")(self.device, encode(tag), row_bytes, page_rows, ctypes.byref(handle)),
+              f"vmstash.stash.Arena(row_bytes={row_bytes}, page_rows={page_rows}, tag={tag!r})")
+        self._arena = handle
+        try:
+            check(_fn("vmstash_stash_prepare")(self._arena, device_pages, host_pages, self._raw_stream(stream)),
+                  f"vmstash.stash.Arena: prepare {device_pages} device and {host_pages} host pages")
+        except BaseException:
+            _fn("vmstash_stash_destroy")(self._arena)
+            self._arena = None
+            raise
+        self.device_pages = device_pages
+        self.host_pages = host_pages
+
+    @staticmethod
+    def _torch_device():
+        try:
+            import torch
+            return torch.cuda.current_device()
+        except Exception:
+            return 0
+
+    def _raw_stream(self, stream):
+        if stream is None:
+            try:
+                return _stream_of(self.device)
+            except Exception:  # no torch / no CUDA (simulated driver): the default stream
+                return None
+        return ctypes.c_void_p(int(stream) if not hasattr(stream, "cuda_stream") else stream.cuda_stream)
+
+    def _live(self):
+        if self._arena is None:
+            raise Error("vmstash.stash.Arena: the arena is closed", 9)
+        return self._arena
+
+    # --- handles -------------------------------------------------------------------
+    def reserve_handles(self, count, max_rows):
+        """Creates `count` handles for tensors of up to max_rows rows ahead of a capture."""
+        made = [self._new_handle(max_rows) for _ in range(count)]
+        with self._lock:
+            self._pool.setdefault(max_rows, []).extend(made)
+
+    def _new_handle(self, max_rows):
+        out = ctypes.c_void_p()
+        check(_fn("vmstash_stash_new_handle")(self._live(), max_rows, ctypes.byref(out)),
+              f"vmstash.stash: new handle for {max_rows} rows")
+        self._handles.add(out.value)
+        return out.value
+
+    def _take_handle(self, max_rows):
+        with self._lock:
+            free = self._pool.get(max_rows)
+            if free:
+                return free.pop()
+        try:
+            capturing = _capturing()
+        except Exception:
+            capturing = False
+        if capturing:
+            raise Error(f"vmstash.stash: no free handle for {max_rows} rows during a CUDA graph capture; call "
+                        f"arena.reserve_handles(count, {max_rows}) before capturing", 9)
+        return self._new_handle(max_rows)
+
+    def _give_handle(self, max_rows, handle):
+        with self._lock:
+            self._pool.setdefault(max_rows, []).append(handle)
+
+    # --- raw operations (addresses; no torch needed) -------------------------------
+    def reset(self, stream=None):
+        """Forgets every stash and clears the flags (capturable). Stashed objects not yet
+        restored become invalid."""
+        check(_fn("vmstash_stash_reset")(self._live(), self._raw_stream(stream)), "vmstash.stash: reset")
+
+    def stash_ptr(self, src, n_rows_ptr, max_rows, handle, stream=None):
+        check(_fn("vmstash_stash_stash")(self._live(), self._raw_stream(stream), src, n_rows_ptr, max_rows, handle),
+              "vmstash.stash: stash")
+
+    def restore_ptr(self, handle, dst, max_rows, zero_tail=False, stream=None):
+        check(_fn("vmstash_stash_restore")(self._live(), self._raw_stream(stream), handle, dst, max_rows,
+                                           1 if zero_tail else 0), "vmstash.stash: restore")
+
+    def discard_ptr(self, handle, max_rows, stream=None):
+        check(_fn("vmstash_stash_discard")(self._live(), self._raw_stream(stream), handle, max_rows),
+              "vmstash.stash: discard")
+
+    def write_flags(self, out, stream=None):
+        """Copies the flags into device memory (a tensor of >= 48 bytes, or an address);
+        capturable. Layout: u32 overflow, u32 host_spill, u64 peak[2], u64 overflow_count,
+        u64 last_failed_pages."""
+        ptr = out.data_ptr() if hasattr(out, "data_ptr") else int(out)
+        if hasattr(out, "nbytes") and out.nbytes < ctypes.sizeof(_CFlags):
+            raise ValueError(f"write_flags needs {ctypes.sizeof(_CFlags)} bytes, got {out.nbytes}")
+        check(_fn("vmstash_stash_write_flags")(self._live(), self._raw_stream(stream), ctypes.c_void_p(ptr)),
+              "vmstash.stash: write_flags")
+
+    def flags(self, stream=None):
+        """Synchronizes the stream and reads the flags (host call, not capturable)."""
+        c = _CFlags()
+        check(_fn("vmstash_stash_read_flags")(self._live(), self._raw_stream(stream), ctypes.byref(c)),
+              "vmstash.stash: read flags")
+        return Flags(c)
+
+    def pages_in_use(self):
+        out = ctypes.c_uint64()
+        check(_fn("vmstash_stash_pages_in_use")(self._live(), ctypes.byref(out)), "vmstash.stash: pages in use")
+        return out.value
+
+    def info(self):
+        nbytes, executor = ctypes.c_uint64(), ctypes.c_char_p()
+        check(_fn("vmstash_stash_info")(self._live(), ctypes.byref(nbytes), ctypes.byref(executor)),
+              "vmstash.stash: info")
+        return {"device_bytes": nbytes.value, "executor": executor.value.decode(), "row_bytes": self.row_bytes,
+                "page_rows": self.page_rows, "device_pages": self.device_pages, "host_pages": self.host_pages,
+                "tag": self.tag, "device": self.device}
+
+    # --- torch tensors --------------------------------------------------------------
+    def _check_tensor(self, tensor, what):
+        if not tensor.is_cuda or tensor.device.index != self.device:
+            raise ValueError(f"{what}: the tensor is on {tensor.device}, the arena on cuda:{self.device}")
+        if tensor.dim() < 1 or not tensor.is_contiguous():
+            raise ValueError(f"{what}: needs a contiguous tensor with a row dimension, got shape "
+                             f"{tuple(tensor.shape)} contiguous={tensor.is_contiguous()}")
+        row = tensor.element_size() * _prod(tensor.shape[1:])
+        if row != self.row_bytes:
+            raise ValueError(f"{what}: rows of {row} bytes (shape {tuple(tensor.shape)}, {tensor.dtype}) do not "
+                             f"fit an arena of {self.row_bytes}-byte rows")
+
+    def _rows_tensor(self, rows):
+        import torch
+        if isinstance(rows, int):
+            if _capturing():
+                raise Error("vmstash.stash: pass the row count as a device int64 tensor during a CUDA graph "
+                            "capture (a Python int would be frozen into the graph)", 3)
+            return torch.tensor([rows], dtype=torch.int64, device=f"cuda:{self.device}")
+        if not isinstance(rows, torch.Tensor) or rows.numel() < 1 or not rows.is_cuda:
+            raise ValueError("rows: a CUDA tensor holding the row count (its first element), or an int")
+        if rows.device.index != self.device:
+            raise ValueError(f"rows is on {rows.device}, the arena on cuda:{self.device}")
+        if rows.dtype != torch.int64 or not rows.is_contiguous():
+            rows = rows.reshape(-1)[:1].to(torch.int64).contiguous()
+        return rows
+
+    def stash(self, tensor, rows):
+        """Stashes rows [0, n) of `tensor` ([max_rows, ...], contiguous, on the arena's
+        device) where n = rows (an int, or the first element of a device integer tensor,
+        read on the device and clamped to [0, max_rows]). Returns a Stashed. Uses torch's
+        current stream; the tensor may be freed right after (stream-ordered)."""
+        self._check_tensor(tensor, "vmstash.stash.Arena.stash")
+        rows_t = self._rows_tensor(rows)
+        max_rows = tensor.shape[0]
+        handle = self._take_handle(max_rows)
+        try:
+            self.stash_ptr(ctypes.c_void_p(tensor.data_ptr()), ctypes.c_void_p(rows_t.data_ptr()), max_rows,
+                           ctypes.c_void_p(handle))
+        except BaseException:
+            self._give_handle(max_rows, handle)
+            raise
+        return Stashed(self, handle, tuple(tensor.shape), tensor.dtype, rows_t)
+
+    def close(self):
+        """Frees the handles and the arena's memory (the pages are gone, stashed or not)."""
+        if self._arena is None:
+            return
+        for h in list(self._handles):
+            _fn("vmstash_stash_free_handle")(self._arena, ctypes.c_void_p(h))
+        self._handles.clear()
+        self._pool.clear()
+        check(_fn("vmstash_stash_destroy")(self._arena), "vmstash.stash: destroy")
+        self._arena = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return (f"vmstash.stash.Arena(row_bytes={self.row_bytes}, page_rows={self.page_rows}, "
+                f"device_pages={getattr(self, 'device_pages', '?')}, host_pages={getattr(self, 'host_pages', '?')}, "
+                f"tag={self.tag!r}, device={self.device})")
+
+
+def _prod(shape):
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+class Stashed:
+    """A stashed tensor: restore it (once; later calls return the same tensor) or discard it."""
+
+    def __init__(self, arena, handle, shape, dtype, rows):
+        self.arena = arena
+        self.shape = shape
+        self.dtype = dtype
+        self.max_rows = shape[0]
+        self._handle = handle
+        self._rows = rows  # kept alive until the stash kernel has read it (stream order)
+        self._restored = None
+
+    def restore(self, out=None, zero_tail=False):
+        """Copies the rows back into `out` (or a new tensor of the stashed shape) on torch's
+        current stream and returns the pages. Rows past n are left as they are unless
+        zero_tail (then zeroed)."""
+        import torch
+        if self._restored is not None:
+            return self._restored
+        if self._handle is None:
+            raise Error("vmstash.stash: this tensor was discarded", 9)
+        if out is None:
+            out = torch.empty(self.shape, dtype=self.dtype, device=f"cuda:{self.arena.device}")
+        else:
+            self.arena._check_tensor(out, "vmstash.stash.Stashed.restore(out=)")
+            if out.shape[0] < self.max_rows:
+                raise ValueError(f"restore: out has {out.shape[0]} rows, the stashed tensor {self.max_rows}")
+        self.arena.restore_ptr(ctypes.c_void_p(self._handle), ctypes.c_void_p(out.data_ptr()), self.max_rows,
+                               zero_tail)
+        self._release()
+        self._restored = out
+        return out
+
+    def discard(self):
+        """Returns the pages without copying (capturable)."""
+        if self._handle is None or self._restored is not None:
+            return
+        self.arena.discard_ptr(ctypes.c_void_p(self._handle), self.max_rows)
+        self._release()
+
+    def _release(self):
+        self.arena._give_handle(self.max_rows, self._handle)
+        self._handle = None
+        self._rows = None
+
+
+@contextlib.contextmanager
+def saved_tensors(arenas, max_rows, rows=None, zero_tail=False):
+    """Stashes the activations autograd saves inside the block and restores them when
+    backward needs them (torch.autograd.graph.saved_tensors_hooks).
+
+    arenas: an Arena or several (one per row size); max_rows: the padded row capacity of
+    the tensors to stash (saved tensors with another first dimension are kept as usual);
+    rows: the live row count (an int or a device tensor) — None means all max_rows rows.
+    Parameters and other leaves that require grad are never stashed. A saved tensor whose
+    row size matches no arena is kept as usual.
+    """
+    import torch
+    by_row = {}
+    for a in (arenas if isinstance(arenas, (list, tuple)) else [arenas]):
+        by_row.setdefault(a.row_bytes, a)
+
+    def pack(t):
+        if (not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() < 1 or t.shape[0] != max_rows
+                or not t.is_contiguous() or (t.requires_grad and t.is_leaf)):
+            return t
+        row = t.element_size() * _prod(t.shape[1:])
+        arena = by_row.get(row)
+        if arena is None or t.device.index != arena.device:
+            return t
+        return arena.stash(t, max_rows if rows is None else rows)
+
+    def unpack(x):
+        if isinstance(x, Stashed):
+            return x.restore(zero_tail=zero_tail)
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
