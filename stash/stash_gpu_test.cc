@@ -3,7 +3,7 @@
 // released out of order; T2 sticky overflow and reset; T3 host spill; T4 one captured
 // graph replayed with several device counts, an overflow, then a clean replay; T5 zero
 // tail; T6 pause/resume of an idle arena (memory released, graph replays after resume;
-// refused while pages are live); T9 discard.
+// refused while pages are live); T7 an arena above 4 GiB; T9 discard.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -228,6 +228,54 @@ TEST_F(StashGpuTest, OneCapturedGraphReplaysEveryCountAndSurvivesAPause) {
   cudaGraphDestroy(graph);
   ASSERT_TRUE(arena->FreeHandle(h).ok());
   for (void* p : {src, dst, static_cast<void*>(rows_dev)}) ASSERT_TRUE(alloc_->Free(reinterpret_cast<DevicePtr>(p)).ok());
+}
+
+// T7: an arena above 4 GiB. A first stash takes the low 4.3 GiB of pages; a second lands
+// on pages whose byte offsets need 64 bits, and must round-trip exactly. A restore into a
+// smaller buffer writes at most its max_rows rows.
+TEST_F(StashGpuTest, ArenaAboveFourGiBRoundTripsAtHighOffsets) {
+  constexpr std::uint64_t kPages = 5000;  // 5000 x 917504 B = 4.27 GiB
+  constexpr std::uint64_t kLowPages = 4700;
+  auto arena = *StashArena::Create(driver_.get(), alloc_.get(), StashArenaSpec{kRowBytes, kP, "stash_big"});
+  ASSERT_TRUE(arena->Prepare(kPages, 0, S()).ok());
+  ASSERT_GT(arena->device_bytes(), std::uint64_t{4} << 30);
+  const std::uint64_t low_rows = kLowPages * kP, high_rows = 250 * kP + 17;
+  void* low = Buffer(low_rows * kRowBytes);
+  void* src = Buffer(high_rows * kRowBytes);
+  void* dst = Buffer(high_rows * kRowBytes);
+  auto* n = static_cast<std::int64_t*>(Buffer(16));
+  std::vector<std::uint8_t> data = Pattern(high_rows, 7);
+  ASSERT_EQ(cudaMemcpyAsync(src, data.data(), data.size(), cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  const std::int64_t counts[2] = {static_cast<std::int64_t>(low_rows), static_cast<std::int64_t>(high_rows)};
+  ASSERT_EQ(cudaMemcpyAsync(n, counts, 16, cudaMemcpyHostToDevice, stream_), cudaSuccess);
+  StashHandleHeader* h_low = *arena->NewHandle(low_rows);
+  StashHandleHeader* h_high = *arena->NewHandle(high_rows);
+  ASSERT_TRUE(arena->Stash(S(), low, n, low_rows, h_low).ok());
+  ASSERT_TRUE(arena->Stash(S(), src, n + 1, high_rows, h_high).ok());
+  std::vector<std::uint32_t> table(251);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(table.data(), h_high + 1, table.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(table[0], kLowPages);
+  EXPECT_GT(std::uint64_t{table[250]} * kP * kRowBytes, std::uint64_t{4} << 30);  // offsets past 4 GiB
+  ASSERT_EQ(cudaMemsetAsync(dst, 0xab, data.size(), stream_), cudaSuccess);
+  ASSERT_TRUE(arena->Restore(S(), h_high, dst, high_rows, false).ok());
+  std::vector<std::uint8_t> out(data.size());
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), dst, out.size(), cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(0, std::memcmp(out.data(), data.data(), data.size()));
+  // A restore into a buffer of 100 rows writes 100 rows, no more; the pages all come back.
+  ASSERT_TRUE(arena->Stash(S(), src, n + 1, high_rows, h_high).ok());
+  ASSERT_EQ(cudaMemsetAsync(dst, 0xab, data.size(), stream_), cudaSuccess);
+  ASSERT_TRUE(arena->Restore(S(), h_high, dst, 100, true).ok());
+  ASSERT_EQ(cudaMemcpyAsync(out.data(), dst, out.size(), cudaMemcpyDeviceToHost, stream_), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);
+  EXPECT_EQ(0, std::memcmp(out.data(), data.data(), 100 * kRowBytes));
+  EXPECT_EQ(out[100 * kRowBytes], 0xab);
+  ASSERT_TRUE(arena->Discard(S(), h_low, low_rows).ok());
+  EXPECT_EQ(*arena->PagesInUse(S()), 0u);
+  ExpectBalanced(*arena, 0, kPages);
+  for (StashHandleHeader* h : {h_low, h_high}) ASSERT_TRUE(arena->FreeHandle(h).ok());
+  for (void* p : {low, src, dst, static_cast<void*>(n)}) ASSERT_TRUE(alloc_->Free(reinterpret_cast<DevicePtr>(p)).ok());
 }
 
 }  // namespace

@@ -101,6 +101,8 @@ class Arena:
         self._lock = threading.Lock()
         self._pool = {}  # max_rows -> [handle addresses]
         self._handles = set()
+        from . import _api
+        _api.create_tag(tag, "discard")  # so vmstash.pause() / resume() with no tag include it
         handle = ctypes.c_void_p()
         check(_fn("vmstash_stash_create")(self.device, encode(tag), row_bytes, page_rows, ctypes.byref(handle)),
               f"vmstash.stash.Arena(row_bytes={row_bytes}, page_rows={page_rows}, tag={tag!r})")
