@@ -13,14 +13,6 @@ constexpr uint32_t kThreads = 256;  // reset
 uint32_t max_grid = 264;
 uint32_t copy_threads = 1024;
 
-struct Decision {
-  int tier;        // 0 / 1: place there; -1: sticky overflow (no-op); -2: this stash overflows
-  uint64_t need;   // pages
-  uint64_t n;      // rows
-  uint64_t counter;  // head (stash) or tail (restore) read before anyone publishes
-  bool works;      // this block takes part (see Participants)
-};
-
 constexpr uint32_t kUnroll = 4;  // 16-byte vectors each thread loads before it stores
 
 __device__ uint64_t Load(const volatile uint64_t* p) { return *p; }
@@ -95,10 +87,12 @@ __device__ void ZeroRange(uint8_t* dst, uint64_t from, uint64_t to, uint64_t blo
 }
 
 // True in exactly one thread of the last participating block to get here (after a
-// fence): it publishes.
+// fence): it publishes. A launch with one participant needs no ticket (an empty stash).
+// Kernel completion makes the published values visible to later launches.
 __device__ bool LastBlock(StashState* s, uint64_t participants) {
   __shared__ bool last;
   __syncthreads();
+  if (participants == 1) return threadIdx.x == 0;
   if (threadIdx.x == 0) {
     __threadfence();
     const uint32_t ticket = atomicAdd(&s->ticket, 1u);
@@ -137,96 +131,83 @@ __device__ uint64_t Clamp(int64_t n, uint64_t max_rows) {
   return n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
 }
 
-__global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_rows, uint64_t max_rows,
-                            StashHandleHeader* h) {
-  __shared__ Decision d;
-  __shared__ Geometry g;
-  __shared__ uint64_t participants;
-  const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
-  if (threadIdx.x == 0) {
-    d.n = Clamp(*n_rows, max_rows);
-    d.need = (d.n + P - 1) / P;
-    g = GeometryOf(s, src);
-    participants = Participants(d.need * g.pieces);
-    d.works = blockIdx.x < participants;
-    d.tier = -1;
-    if (d.works && Load(&s->overflow) == 0) {
-      d.tier = -2;
-      for (int t = 0; t < 2; ++t) {
-        const StashTier& tier = s->tier[t];
-        if (tier.cap != 0 && Load(&tier.tail) - Load(&tier.head) >= d.need) {
-          d.tier = t;
-          break;
-        }
-      }
-    }
-    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].head) : 0;
+// Every thread reads what it needs itself (broadcast loads, issued together): nothing is
+// written until the last participant publishes, after every participant's reads, so all
+// threads see the same values and no block-wide decision step is needed.
+__device__ int ChooseTier(const StashState* s, uint64_t need) {
+  if (Load(&s->overflow) != 0) return -1;
+  for (int t = 0; t < 2; ++t) {
+    const StashTier& tier = s->tier[t];
+    if (tier.cap != 0 && Load(&tier.tail) - Load(&tier.head) >= need) return t;
   }
-  __syncthreads();
-  if (!d.works) return;
+  return -2;
+}
+
+__global__ void __launch_bounds__(1024) StashKernel(StashState* s, const uint8_t* src, const int64_t* n_rows, uint64_t max_rows,
+                            StashHandleHeader* h) {
+  const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
+  const uint64_t n = Clamp(*n_rows, max_rows);
+  const uint64_t need = (n + P - 1) / P;
+  const Geometry g = GeometryOf(s, src);
+  const uint64_t participants = Participants(need * g.pieces);
+  if (blockIdx.x >= participants) return;  // the same in every thread of the block
+  const int tier_id = ChooseTier(s, need);
+  const uint64_t head = tier_id >= 0 ? Load(&s->tier[tier_id].head) : 0;
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
-  if (d.tier >= 0) {
-    const StashTier& tier = s->tier[d.tier];
-    for (uint64_t item = blockIdx.x; item < d.need * g.pieces; item += participants) {
+  if (tier_id >= 0) {
+    const StashTier& tier = s->tier[tier_id];
+    for (uint64_t item = blockIdx.x; item < need * g.pieces; item += participants) {
       const uint64_t slot = item / g.pieces, piece = item - slot * g.pieces;
-      const uint32_t page = tier.free_list[(d.counter + slot) % tier.cap];
+      const uint32_t page = tier.free_list[(head + slot) % tier.cap];
       if (piece == 0 && threadIdx.x == 0) table[slot] = page;
-      const uint64_t rows = (slot + 1) * P <= d.n ? P : d.n - slot * P;
+      const uint64_t rows = (slot + 1) * P <= n ? P : n - slot * P;
       CopyPiece(tier.pages + page * g.page_bytes, src + slot * g.page_bytes, rows * row_bytes, piece, g.vector);
     }
   }
   if (LastBlock(s, participants)) {
-    h->rows = d.n;
-    if (d.tier >= 0) {
-      StashTier& tier = s->tier[d.tier];
-      tier.head = d.counter + d.need;
+    h->rows = n;
+    if (tier_id >= 0) {
+      StashTier& tier = s->tier[tier_id];
+      tier.head = head + need;
       const uint64_t used = tier.cap - (tier.tail - tier.head);
-      if (used > s->peak_pages[d.tier]) s->peak_pages[d.tier] = used;
-      if (d.tier == 1) s->host_spill = 1;
-      h->status = d.tier == 0 ? kHandleDevice : kHandleHost;
+      if (used > s->peak_pages[tier_id]) s->peak_pages[tier_id] = used;
+      if (tier_id == 1) s->host_spill = 1;
+      h->status = tier_id == 0 ? kHandleDevice : kHandleHost;
     } else {
-      if (d.tier == -2) {
+      if (tier_id == -2) {
         s->overflow = 1;
         s->overflow_count += 1;
-        s->last_failed_pages = d.need;
+        s->last_failed_pages = need;
       }
       h->status = kHandleOverflowed;
     }
-    __threadfence();
   }
 }
 
 // copy_back: restore (true) or discard (false).
-__global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
+__global__ void __launch_bounds__(1024) RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
                               bool copy_back) {
-  __shared__ Decision d;
-  __shared__ Geometry g;
-  __shared__ uint64_t participants;
   const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
-  if (threadIdx.x == 0) {
-    // h->rows is written only by a stash, so every block computes the same participants.
-    d.n = h->rows;
-    d.need = (d.n + P - 1) / P;
-    g = GeometryOf(s, dst);
-    // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
-    const uint64_t n_copy = d.n < max_rows ? d.n : max_rows;
-    uint64_t items = copy_back ? (n_copy + P - 1) / P * g.pieces : 0;
-    const uint64_t slot_blocks = (d.need + blockDim.x - 1) / blockDim.x;
-    if (slot_blocks > items) items = slot_blocks;
-    if (copy_back && zero_tail && max_rows > items) items = max_rows;
-    participants = Participants(items);
-    d.works = blockIdx.x < participants;
-    const uint32_t status = Load(&h->status);
-    d.tier = (!d.works || Load(&s->overflow) != 0 || (status != kHandleDevice && status != kHandleHost))
-                 ? -1 : (status == kHandleDevice ? 0 : 1);
-    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].tail) : 0;
-  }
-  __syncthreads();
-  if (!d.works) return;
+  // h->rows is written only by a stash, so every block computes the same participants.
+  const uint64_t n = h->rows;
+  const uint64_t need = (n + P - 1) / P;
+  const Geometry g = GeometryOf(s, dst);
+  // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
+  const uint64_t n_copy = n < max_rows ? n : max_rows;
+  uint64_t items = copy_back ? (n_copy + P - 1) / P * g.pieces : 0;
+  const uint64_t slot_blocks = (need + blockDim.x - 1) / blockDim.x;
+  if (slot_blocks > items) items = slot_blocks;
+  if (copy_back && zero_tail && max_rows > items) items = max_rows;
+  const uint64_t participants = Participants(items);
+  if (blockIdx.x >= participants) return;
+  const uint32_t status = Load(&h->status);
+  const int tier_id =
+      (Load(&s->overflow) != 0 || (status != kHandleDevice && status != kHandleHost)) ? -1 : (status == kHandleDevice ? 0 : 1);
+  const uint64_t tail = tier_id >= 0 ? Load(&s->tier[tier_id].tail) : 0;
   const uint32_t* table = reinterpret_cast<const uint32_t*>(h + 1);
-  const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
-  if (d.tier >= 0) {
-    const StashTier& tier = s->tier[d.tier];
+  const uint64_t live = tier_id >= 0 ? n_copy : 0;
+  if (tier_id >= 0) {
+    const StashTier& tier = s->tier[tier_id];
     if (copy_back) {
       for (uint64_t item = blockIdx.x; item < (live + P - 1) / P * g.pieces; item += participants) {
         const uint64_t slot = item / g.pieces, piece = item - slot * g.pieces;
@@ -237,19 +218,18 @@ __global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst,
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
     const uint64_t stride = participants * blockDim.x;
-    for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < d.need; slot += stride) {
-      tier.free_list[(d.counter + slot) % tier.cap] = table[slot];
+    for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < need; slot += stride) {
+      tier.free_list[(tail + slot) % tier.cap] = table[slot];
     }
   }
   if (copy_back && zero_tail) ZeroRange(dst, live * row_bytes, max_rows * row_bytes, participants);
   if (LastBlock(s, participants)) {
-    if (d.tier >= 0) {
-      s->tier[d.tier].tail = d.counter + d.need;
+    if (tier_id >= 0) {
+      s->tier[tier_id].tail = tail + need;
       h->status = kHandleEmpty;
     } else if (Load(&s->overflow) == 0) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
-    __threadfence();
   }
 }
 
