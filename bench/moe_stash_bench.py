@@ -51,23 +51,23 @@ def run(args, cf, layers, check=False):
           for _ in range(args.experts)]
     w2 = [(torch.randn(args.hidden, args.ffn, device=dev, dtype=torch.bfloat16) / 32).requires_grad_()
           for _ in range(args.experts)]
-    inputs = []
-    for e in range(args.experts):
-        x = torch.zeros(capacity, args.hidden, device=dev, dtype=torch.bfloat16)
-        x[:max(counts[0][e], 1)] = torch.randn(max(counts[0][e], 1), args.hidden, device=dev, dtype=torch.bfloat16)
-        inputs.append(x)
+    inputs = [torch.randn(capacity, args.hidden, device=dev, dtype=torch.bfloat16) for _ in range(args.experts)]
     gout = torch.randn(capacity, args.hidden, device=dev, dtype=torch.bfloat16)
     rows = [[torch.tensor([c], device=dev) for c in layer] for layer in counts]
+    position = torch.arange(capacity, device=dev).unsqueeze(1)
 
     def forward(arenas):
         loss = torch.zeros((), device=dev, dtype=torch.float32)
         for l in range(layers):
             for e in range(args.experts):
+                # The dispatched buffer: rows past this layer's count are padding (zero).
+                x = inputs[e] * (position < rows[l][e]).to(torch.bfloat16)
                 if arenas is None:
-                    y = expert(inputs[e], w1[e], w2[e])
+                    y = expert(x, w1[e], w2[e])
                 else:
                     with vmstash.stash.saved_tensors(arenas, max_rows=capacity, rows=rows[l][e], zero_tail=True):
-                        y = expert(inputs[e], w1[e], w2[e])
+                        y = expert(x, w1[e], w2[e])
+                del x
                 loss = loss + (y * gout).float().sum()
         return loss
 

@@ -13,90 +13,44 @@ constexpr uint32_t kThreads = 256;  // reset
 uint32_t max_grid = 264;
 uint32_t copy_threads = 1024;
 
-constexpr uint32_t kUnroll = 4;  // 16-byte vectors each thread loads before it stores
+struct Decision {
+  int tier;        // 0 / 1: place there; -1: sticky overflow (no-op); -2: this stash overflows
+  uint64_t need;   // pages
+  uint64_t n;      // rows
+  uint64_t counter;  // head (stash) or tail (restore) read before anyone publishes
+};
 
 __device__ uint64_t Load(const volatile uint64_t* p) { return *p; }
 __device__ uint32_t Load(const volatile uint32_t* p) { return *p; }
 
-// The copies move whole page slots: slot s of a tensor is rows [sP, min(n, sP + P)),
-// contiguous both in the tensor and in its page. A slot is cut into pieces of
-// blockDim * kUnroll vectors; blocks stride over (slot, piece) items, and each thread
-// issues its kUnroll loads before its stores (memory-level parallelism).
-struct Geometry {
-  uint64_t page_bytes;
-  uint64_t pieces;  // per slot
-  bool vector;      // 16-byte vectors (tensor, pages and row_bytes 16-byte aligned)
-};
-
-__device__ Geometry GeometryOf(const StashState* s, const void* tensor) {
-  Geometry g;
-  g.page_bytes = s->page_rows * s->row_bytes;
-  g.vector = ((reinterpret_cast<uintptr_t>(tensor) | s->row_bytes) & 15) == 0 &&
-             ((reinterpret_cast<uintptr_t>(s->tier[0].pages) | reinterpret_cast<uintptr_t>(s->tier[1].pages)) & 15) ==
-                 0;
-  const uint64_t piece = static_cast<uint64_t>(blockDim.x) * kUnroll * (g.vector ? 16 : 1);
-  g.pieces = (g.page_bytes + piece - 1) / piece;
-  return g;
-}
-
-// Blocks that have work: the same number in every block, from values no launch of this
-// kernel writes (the row count, the handle's rows, max_rows), so only they take a ticket
-// and the others return at once (an empty stash costs little more than its launch).
-__device__ uint64_t Participants(uint64_t items) {
-  return items == 0 ? 1 : (items < gridDim.x ? items : gridDim.x);
-}
-
-// Copies `bytes` from `src` to `dst` for piece `piece` of a slot (the whole block).
-__device__ void CopyPiece(uint8_t* dst, const uint8_t* src, uint64_t bytes, uint64_t piece, bool vector) {
-  if (vector) {
-    const uint64_t base = piece * blockDim.x * kUnroll + threadIdx.x;
-    const uint64_t count = bytes / 16;
+// Copies one row with the whole block: 16-byte vectors when both ends allow it.
+__device__ void CopyRow(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
     const uint4* s = reinterpret_cast<const uint4*>(src);
     uint4* d = reinterpret_cast<uint4*>(dst);
-    uint4 v[kUnroll];
-#pragma unroll
-    for (uint32_t k = 0; k < kUnroll; ++k) {
-      const uint64_t i = base + k * blockDim.x;
-      if (i < count) v[k] = s[i];
-    }
-#pragma unroll
-    for (uint32_t k = 0; k < kUnroll; ++k) {
-      const uint64_t i = base + k * blockDim.x;
-      if (i < count) d[i] = v[k];
-    }
+    for (uint64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
   } else {
-    const uint64_t base = piece * blockDim.x * kUnroll + threadIdx.x;
-    for (uint32_t k = 0; k < kUnroll; ++k) {
-      const uint64_t i = base + k * blockDim.x;
-      if (i < bytes) dst[i] = src[i];
-    }
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
   }
 }
 
-// Zeroes bytes [from, to) of dst with the participating blocks.
-__device__ void ZeroRange(uint8_t* dst, uint64_t from, uint64_t to, uint64_t blocks) {
-  const uint64_t stride = blocks * blockDim.x;
-  const uint64_t first = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (((reinterpret_cast<uintptr_t>(dst) | from | to) & 15) == 0) {
-    uint4* d = reinterpret_cast<uint4*>(dst + from);
-    const uint64_t count = (to - from) / 16;
-    for (uint64_t i = first; i < count; i += stride) d[i] = make_uint4(0, 0, 0, 0);
+__device__ void ZeroRow(uint8_t* dst, uint64_t bytes) {
+  if (((reinterpret_cast<uintptr_t>(dst) | bytes) & 15) == 0) {
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (uint64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = make_uint4(0, 0, 0, 0);
   } else {
-    for (uint64_t i = from + first; i < to; i += stride) dst[i] = 0;
+    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = 0;
   }
 }
 
-// True in exactly one thread of the last participating block to get here (after a
-// fence): it publishes. A launch with one participant needs no ticket (an empty stash).
-// Kernel completion makes the published values visible to later launches.
-__device__ bool LastBlock(StashState* s, uint64_t participants) {
+// True in exactly one thread of the last block to get here (after a fence): it publishes.
+__device__ bool LastBlock(StashState* s) {
   __shared__ bool last;
   __syncthreads();
-  if (participants == 1) return threadIdx.x == 0;
   if (threadIdx.x == 0) {
     __threadfence();
     const uint32_t ticket = atomicAdd(&s->ticket, 1u);
-    last = ticket == participants - 1;
+    last = ticket == gridDim.x - 1;
     if (last) s->ticket = 0;  // re-armed for the next launch
   }
   __syncthreads();
@@ -127,109 +81,101 @@ __global__ void ResetKernel(StashState* s, StashState init, uint64_t max_cap) {
   }
 }
 
-__device__ uint64_t Clamp(int64_t n, uint64_t max_rows) {
-  return n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
-}
-
-// Every thread reads what it needs itself (broadcast loads, issued together): nothing is
-// written until the last participant publishes, after every participant's reads, so all
-// threads see the same values and no block-wide decision step is needed.
-__device__ int ChooseTier(const StashState* s, uint64_t need) {
-  if (Load(&s->overflow) != 0) return -1;
-  for (int t = 0; t < 2; ++t) {
-    const StashTier& tier = s->tier[t];
-    if (tier.cap != 0 && Load(&tier.tail) - Load(&tier.head) >= need) return t;
-  }
-  return -2;
-}
-
-__global__ void __launch_bounds__(1024) StashKernel(StashState* s, const uint8_t* src, const int64_t* n_rows, uint64_t max_rows,
+__global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_rows, uint64_t max_rows,
                             StashHandleHeader* h) {
+  __shared__ Decision d;
   const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
-  const uint64_t n = Clamp(*n_rows, max_rows);
-  const uint64_t need = (n + P - 1) / P;
-  const Geometry g = GeometryOf(s, src);
-  const uint64_t participants = Participants(need * g.pieces);
-  if (blockIdx.x >= participants) return;  // the same in every thread of the block
-  const int tier_id = ChooseTier(s, need);
-  const uint64_t head = tier_id >= 0 ? Load(&s->tier[tier_id].head) : 0;
+  if (threadIdx.x == 0) {
+    int64_t n = *n_rows;
+    d.n = n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
+    d.need = (d.n + P - 1) / P;
+    d.tier = -1;
+    if (Load(&s->overflow) == 0) {
+      d.tier = -2;
+      for (int t = 0; t < 2; ++t) {
+        const StashTier& tier = s->tier[t];
+        if (tier.cap != 0 && Load(&tier.tail) - Load(&tier.head) >= d.need) {
+          d.tier = t;
+          break;
+        }
+      }
+    }
+    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].head) : 0;
+  }
+  __syncthreads();
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
-  if (tier_id >= 0) {
-    const StashTier& tier = s->tier[tier_id];
-    for (uint64_t item = blockIdx.x; item < need * g.pieces; item += participants) {
-      const uint64_t slot = item / g.pieces, piece = item - slot * g.pieces;
-      const uint32_t page = tier.free_list[(head + slot) % tier.cap];
-      if (piece == 0 && threadIdx.x == 0) table[slot] = page;
-      const uint64_t rows = (slot + 1) * P <= n ? P : n - slot * P;
-      CopyPiece(tier.pages + page * g.page_bytes, src + slot * g.page_bytes, rows * row_bytes, piece, g.vector);
+  if (d.tier >= 0) {
+    const StashTier& tier = s->tier[d.tier];
+    for (uint64_t r = blockIdx.x; r < d.n; r += gridDim.x) {
+      const uint64_t slot = r / P;
+      const uint32_t page = tier.free_list[(d.counter + slot) % tier.cap];
+      if (r % P == 0 && threadIdx.x == 0) table[slot] = page;
+      CopyRow(tier.pages + (static_cast<uint64_t>(page) * P + r % P) * row_bytes, src + r * row_bytes, row_bytes);
     }
   }
-  if (LastBlock(s, participants)) {
-    h->rows = n;
-    if (tier_id >= 0) {
-      StashTier& tier = s->tier[tier_id];
-      tier.head = head + need;
+  if (LastBlock(s)) {
+    h->rows = d.n;
+    if (d.tier >= 0) {
+      StashTier& tier = s->tier[d.tier];
+      tier.head = d.counter + d.need;
       const uint64_t used = tier.cap - (tier.tail - tier.head);
-      if (used > s->peak_pages[tier_id]) s->peak_pages[tier_id] = used;
-      if (tier_id == 1) s->host_spill = 1;
-      h->status = tier_id == 0 ? kHandleDevice : kHandleHost;
+      if (used > s->peak_pages[d.tier]) s->peak_pages[d.tier] = used;
+      if (d.tier == 1) s->host_spill = 1;
+      h->status = d.tier == 0 ? kHandleDevice : kHandleHost;
     } else {
-      if (tier_id == -2) {
+      if (d.tier == -2) {
         s->overflow = 1;
         s->overflow_count += 1;
-        s->last_failed_pages = need;
+        s->last_failed_pages = d.need;
       }
       h->status = kHandleOverflowed;
     }
+    __threadfence();
   }
 }
 
 // copy_back: restore (true) or discard (false).
-__global__ void __launch_bounds__(1024) RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
+__global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
                               bool copy_back) {
+  __shared__ Decision d;
   const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
-  // h->rows is written only by a stash, so every block computes the same participants.
-  const uint64_t n = h->rows;
-  const uint64_t need = (n + P - 1) / P;
-  const Geometry g = GeometryOf(s, dst);
-  // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
-  const uint64_t n_copy = n < max_rows ? n : max_rows;
-  uint64_t items = copy_back ? (n_copy + P - 1) / P * g.pieces : 0;
-  const uint64_t slot_blocks = (need + blockDim.x - 1) / blockDim.x;
-  if (slot_blocks > items) items = slot_blocks;
-  if (copy_back && zero_tail && max_rows > items) items = max_rows;
-  const uint64_t participants = Participants(items);
-  if (blockIdx.x >= participants) return;
-  const uint32_t status = Load(&h->status);
-  const int tier_id =
-      (Load(&s->overflow) != 0 || (status != kHandleDevice && status != kHandleHost)) ? -1 : (status == kHandleDevice ? 0 : 1);
-  const uint64_t tail = tier_id >= 0 ? Load(&s->tier[tier_id].tail) : 0;
+  if (threadIdx.x == 0) {
+    const uint32_t status = Load(&h->status);
+    d.n = h->rows;
+    d.need = (d.n + P - 1) / P;
+    d.tier = (Load(&s->overflow) != 0 || (status != kHandleDevice && status != kHandleHost))
+                 ? -1 : (status == kHandleDevice ? 0 : 1);
+    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].tail) : 0;
+  }
+  __syncthreads();
   const uint32_t* table = reinterpret_cast<const uint32_t*>(h + 1);
-  const uint64_t live = tier_id >= 0 ? n_copy : 0;
-  if (tier_id >= 0) {
-    const StashTier& tier = s->tier[tier_id];
+  // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
+  const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
+  if (d.tier >= 0) {
+    const StashTier& tier = s->tier[d.tier];
     if (copy_back) {
-      for (uint64_t item = blockIdx.x; item < (live + P - 1) / P * g.pieces; item += participants) {
-        const uint64_t slot = item / g.pieces, piece = item - slot * g.pieces;
-        const uint64_t rows = (slot + 1) * P <= live ? P : live - slot * P;
-        CopyPiece(dst + slot * g.page_bytes, tier.pages + table[slot] * g.page_bytes, rows * row_bytes, piece,
-                  g.vector);
+      for (uint64_t r = blockIdx.x; r < live; r += gridDim.x) {
+        const uint64_t page = table[r / P];
+        CopyRow(dst + r * row_bytes, tier.pages + (page * P + r % P) * row_bytes, row_bytes);
       }
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
-    const uint64_t stride = participants * blockDim.x;
-    for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < need; slot += stride) {
-      tier.free_list[(tail + slot) % tier.cap] = table[slot];
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < d.need; slot += stride) {
+      tier.free_list[(d.counter + slot) % tier.cap] = table[slot];
     }
   }
-  if (copy_back && zero_tail) ZeroRange(dst, live * row_bytes, max_rows * row_bytes, participants);
-  if (LastBlock(s, participants)) {
-    if (tier_id >= 0) {
-      s->tier[tier_id].tail = tail + need;
+  if (copy_back && zero_tail) {
+    for (uint64_t r = live + blockIdx.x; r < max_rows; r += gridDim.x) ZeroRow(dst + r * row_bytes, row_bytes);
+  }
+  if (LastBlock(s)) {
+    if (d.tier >= 0) {
+      s->tier[d.tier].tail = d.counter + d.need;
       h->status = kHandleEmpty;
     } else if (Load(&s->overflow) == 0) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
+    __threadfence();
   }
 }
 
