@@ -9,6 +9,7 @@
 #              bench/allocator_bench (vs PyTorch's caching allocator when torch is importable)
 #              and bench/pause_bench (pause/resume of 16 GiB vs pinned copies) and
 #              bench/python_bench.py (the Python package's costs, when torch is importable)
+#              and bench/stash_bench + bench/moe_stash_bench.py (the paged stash)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -50,6 +51,11 @@ if [ "$run_bench" = 1 ]; then
   if python3 -c 'import torch' 2>/dev/null; then
     VMSTASH_LIBRARY="$build/torch_plugin/libvmstash.so" PYTHONPATH="$root/torch_plugin/python" \
       python3 "$root/bench/python_bench.py"
+  fi
+  ./bench/stash_bench
+  if python3 -c 'import torch' 2>/dev/null; then
+    VMSTASH_LIBRARY="$build/torch_plugin/libvmstash.so" PYTHONPATH="$root/torch_plugin/python" \
+      python3 "$root/bench/moe_stash_bench.py"
   fi
   python3 -c 'import torch_memory_saver' 2>/dev/null && echo "torch_memory_saver: importable" \
     || echo "torch_memory_saver: not importable here (no comparison run)"
