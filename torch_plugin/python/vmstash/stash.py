@@ -339,7 +339,7 @@ class Stashed:
 
 
 @contextlib.contextmanager
-def saved_tensors(arenas, max_rows, rows=None, zero_tail=False):
+def saved_tensors(arenas, max_rows, rows=None, zero_tail=False, select=None):
     """Stashes the activations autograd saves inside the block and restores them when
     backward needs them (torch.autograd.graph.saved_tensors_hooks).
 
@@ -347,7 +347,9 @@ def saved_tensors(arenas, max_rows, rows=None, zero_tail=False):
     the tensors to stash (saved tensors with another first dimension are kept as usual);
     rows: the live row count (an int or a device tensor) — None means all max_rows rows.
     Parameters and other leaves that require grad are never stashed. A saved tensor whose
-    row size matches no arena is kept as usual.
+    row size matches no arena is kept as usual. select: an optional predicate the producer
+    uses to mark which saved tensors are pageable (called only for tensors that pass the
+    checks above); without it every [max_rows, ...] activation of a matching row size is.
     """
     import torch
     by_row = {}
@@ -360,7 +362,7 @@ def saved_tensors(arenas, max_rows, rows=None, zero_tail=False):
             return t
         row = t.element_size() * _prod(t.shape[1:])
         arena = by_row.get(row)
-        if arena is None or t.device.index != arena.device:
+        if arena is None or t.device.index != arena.device or (select is not None and not select(t)):
             return t
         return arena.stash(t, max_rows if rows is None else rows)
 
