@@ -57,7 +57,10 @@ void AutoPreparer::Loop() {
     auto next = std::min_element(queue_.begin(), queue_.end(),
                                  [](const auto& a, const auto& b) { return a.second.due < b.second.due; });
     if (next->second.due > std::chrono::steady_clock::now()) {
-      cv_.wait_until(lock, next->second.due);  // a new request may move it; look again
+      // A copy: wait_until reads its deadline again after waking up, when the entry may
+      // already be gone (Stop/destruction clear the queue, a request may replace it).
+      const std::chrono::steady_clock::time_point due = next->second.due;
+      cv_.wait_until(lock, due);  // a new request may move it; look again
       continue;
     }
     const TagId tag = next->first;
