@@ -103,8 +103,26 @@ def cuda_graph(graph, tag="cuda_graph", policy="backup", *, device=None, **graph
     if "pool" in graph_kwargs:
         raise ValueError("vmstash.cuda_graph chooses the pool (the tag's MemPool); do not pass pool=")
     mp = pool(tag, policy, device)
+    if graph_kwargs.get("stream") is None:
+        # A capture stream per tag: PyTorch keeps one cuBLAS workspace per stream, made in
+        # whatever pool is current at its first use, and torch.cuda.graph's default capture
+        # stream is shared by every graph. Graphs of different tags would then share a
+        # workspace living in the first tag's pool, and replaying one while the other tag is
+        # paused would read unmapped memory.
+        graph_kwargs["stream"] = _capture_stream(torch, tag, _device_index(torch, device))
     with torch.cuda.graph(graph, pool=mp.id, **graph_kwargs):
         yield graph
+
+
+_capture_streams = {}
+
+
+def _capture_stream(torch, tag, device):
+    key = (tag, device)
+    stream = _capture_streams.get(key)
+    if stream is None:
+        stream = _capture_streams[key] = torch.cuda.Stream(device=device)
+    return stream
 
 
 def install(tag="default"):
