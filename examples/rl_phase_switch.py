@@ -20,6 +20,7 @@ freed >= 95% of the paused tags' reserved bytes; a backup switch within 10% of
 bytes / same-run pinned copy bandwidth + 10 ms).
 """
 import argparse
+import concurrent.futures
 import math
 import sys
 import time
@@ -264,6 +265,14 @@ def main():
     failures, exact, checks = [], 0, 0
     switches = []
 
+    workers = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+
+    def each(fn, tags):
+        """Tags pause/resume concurrently (a backup tag's copies overlap a discard tag's
+        unmap/release or create/map); the first error is raised."""
+        for f in [workers.submit(fn, t) for t in tags]:
+            f.result()
+
     def switch(pause_tags, resume_tags, label, sync=None, pause_after=()):
         """Pauses pause_tags, resumes resume_tags; then runs `sync` (the RL weight sync,
         which needs both sides resident: not a vmstash cost, timed apart) and pauses
@@ -275,11 +284,9 @@ def main():
         restored = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in resume_tags)
         free0 = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
-        for t in pause_tags:
-            vmstash.pause(t)
+        each(vmstash.pause, pause_tags)
         t1 = time.perf_counter()
-        for t in resume_tags:
-            vmstash.resume(t)
+        each(vmstash.resume, resume_tags)
         t2 = time.perf_counter()
         sync_s = 0.0
         if sync is not None:
@@ -287,8 +294,7 @@ def main():
             torch.cuda.synchronize()
             sync_s = time.perf_counter() - t2
         t3 = time.perf_counter()
-        for t in pause_after:
-            vmstash.pause(t)
+        each(vmstash.pause, pause_after)
         t4 = time.perf_counter()
         pause_s, resume_s = (t1 - t0) + (t4 - t3), t2 - t1
         backed = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in all_paused)
