@@ -89,12 +89,7 @@ class HostOps final : public StashOps {
   }
 
   int ReadFlags(CUstream_st*, const StashState* s, StashFlags* out) const override {
-    out->overflow = s->overflow;
-    out->host_spill = s->host_spill;
-    out->peak_pages[0] = s->peak_pages[0];
-    out->peak_pages[1] = s->peak_pages[1];
-    out->overflow_count = s->overflow_count;
-    out->last_failed_pages = s->last_failed_pages;
+    CopyFlags(*s, out);
     return 0;
   }
 

@@ -179,14 +179,7 @@ __global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst,
   }
 }
 
-__global__ void FlagsKernel(const StashState* s, StashFlags* out) {
-  out->overflow = s->overflow;
-  out->host_spill = s->host_spill;
-  out->peak_pages[0] = s->peak_pages[0];
-  out->peak_pages[1] = s->peak_pages[1];
-  out->overflow_count = s->overflow_count;
-  out->last_failed_pages = s->last_failed_pages;
-}
+__global__ void FlagsKernel(const StashState* s, StashFlags* out) { CopyFlags(*s, out); }
 
 }  // namespace
 

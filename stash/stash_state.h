@@ -51,6 +51,22 @@ struct StashFlags {
   uint64_t last_failed_pages;
 };
 
+#ifdef __CUDACC__
+#define VMSTASH_HOST_DEVICE __host__ __device__
+#else
+#define VMSTASH_HOST_DEVICE
+#endif
+
+// The flags of a state block, for both executors (the kernels and the host one).
+VMSTASH_HOST_DEVICE inline void CopyFlags(const StashState& s, StashFlags* out) {
+  out->overflow = s.overflow;
+  out->host_spill = s.host_spill;
+  out->peak_pages[0] = s.peak_pages[0];
+  out->peak_pages[1] = s.peak_pages[1];
+  out->overflow_count = s.overflow_count;
+  out->last_failed_pages = s.last_failed_pages;
+}
+
 }  // namespace vmstash::stash
 
 #endif  // VMSTASH_STASH_STASH_STATE_H_

@@ -6,8 +6,10 @@
 Needs VMSTASH_LIBRARY (or an installed package), torch with CUDA and one GPU.
 """
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario_runner  # noqa: E402
 
 P = 64
 
@@ -207,7 +209,7 @@ SCENARIOS = [round_trips, saved_tensors_gradients, captured_graph_counts_overflo
 
 
 def _run_fresh(name):
-    return subprocess.run([sys.executable, os.path.abspath(__file__), name]).returncode
+    return scenario_runner.run_fresh(__file__, name)
 
 
 def test_round_trips():
@@ -222,16 +224,5 @@ def test_captured_graph_counts_overflow_pause():
     assert _run_fresh("captured_graph_counts_overflow_pause") == 0
 
 
-def main(names):
-    by_name = {f.__name__: f for f in SCENARIOS}
-    if names:
-        for n in names:
-            by_name[n]()
-        return 0
-    failed = [f.__name__ for f in SCENARIOS if _run_fresh(f.__name__) != 0]
-    print(f"{len(SCENARIOS) - len(failed)}/{len(SCENARIOS)} scenarios passed" + (f"; failed: {failed}" if failed else ""))
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:]))
