@@ -5,8 +5,10 @@ training_engine), each in a fresh process.
     python3 gpu_tms_compat_scenarios.py [NAME...]
 """
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario_runner  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -149,18 +151,5 @@ def training_engine():
 SCENARIOS = [simple, cuda_graph, rl_example, cpu_backup, nested_regions, training_engine]
 
 
-def main(names):
-    by_name = {f.__name__: f for f in SCENARIOS}
-    if names:
-        for n in names:
-            by_name[n]()
-        return 0
-    failed = [f.__name__ for f in SCENARIOS
-              if subprocess.run([sys.executable, os.path.abspath(__file__), f.__name__]).returncode != 0]
-    print(f"{len(SCENARIOS) - len(failed)}/{len(SCENARIOS)} TMS-compat scenarios passed"
-          + (f"; failed: {failed}" if failed else ""))
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:]))

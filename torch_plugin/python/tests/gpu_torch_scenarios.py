@@ -7,8 +7,10 @@ Needs VMSTASH_LIBRARY (or an installed package), torch with CUDA and one GPU. Ex
 non-zero if any scenario fails. Also collected by pytest (test_* functions).
 """
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario_runner  # noqa: E402
 import time
 
 GiB = 1 << 30
@@ -262,7 +264,7 @@ def _env_for(name):
 
 
 def _run_fresh(name):
-    return subprocess.run([sys.executable, os.path.abspath(__file__), name], env=_env_for(name)).returncode
+    return scenario_runner.run_fresh(__file__, name, _env_for(name))
 
 
 def test_preload_default_allocator():
@@ -293,16 +295,5 @@ def test_install_too_late():
     assert _run_fresh("install_too_late") == 0
 
 
-def main(names):
-    by_name = {f.__name__: f for f in SCENARIOS}
-    if names:
-        for n in names:
-            by_name[n]()
-        return 0
-    failed = [f.__name__ for f in SCENARIOS if _run_fresh(f.__name__) != 0]
-    print(f"{len(SCENARIOS) - len(failed)}/{len(SCENARIOS)} scenarios passed" + (f"; failed: {failed}" if failed else ""))
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:], _env_for))
