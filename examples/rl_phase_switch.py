@@ -2,7 +2,9 @@
 cache) and training (forward/backward with the MoE expert activations in the paged stash,
 captured once in a CUDA graph) alternate; each phase pauses the other's memory.
 
-    python3 examples/rl_phase_switch.py [--cycles 10] [--plot memory.svg]
+    python3 examples/rl_phase_switch.py [--cycles 10] [--plot memory.svg] [--json out.json] [--peer MODULE]
+
+(scripts/run_demo.sh builds the library and runs it on a GPU machine.)
 
 A small decoder-only transformer with random weights (no downloads); every layer has
 causal attention and an MoE MLP (top-2 over 8 experts, static capacity). Tags:
@@ -17,11 +19,19 @@ against the same computation run eagerly (training: without the stash). Prints, 
 phase switch, GPU memory in use, bytes released by the pause, pause/resume times and
 GiB/s; exits non-zero on a mismatch or when a done-criterion of issue 8 fails (memory
 freed >= 95% of the paused tags' reserved bytes; a backup switch within 10% of
-bytes / same-run pinned copy bandwidth + 10 ms).
+bytes / same-run pinned copy bandwidth + 10 ms), and ends with a short summary.
+
+Peers: when torch_memory_saver is importable (or for each --peer MODULE with its API, e.g.
+vmstash.compat.torch_memory_saver), the same tags' bytes then go through the same switches
+under that module in a child process (examples/tms_phase_switch.py), whose figures are
+printed beside ours.
 """
 import argparse
 import concurrent.futures
+import importlib.util
 import math
+import os
+import subprocess
 import sys
 import time
 
@@ -29,8 +39,8 @@ import torch
 import torch.nn.functional as F
 
 import vmstash
-
-GiB = float(1 << 30)
+from phase_switch_common import (GiB, Timeline, criteria_failures, pinned_bandwidth, summarize, switch_line,
+                                 switch_record, write_json)
 
 
 class Config:
@@ -130,64 +140,17 @@ def same(a, b):
     return False, (a.float() - b.float()).abs().max().item() / max(scale, 1e-12)
 
 
-def pinned_bandwidth(device):
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
-    best = [1e9, 1e9]
-    for _ in range(3):
-        for i, (dst, s) in enumerate(((host, src), (src, host))):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            dst.copy_(s, non_blocking=True)
-            torch.cuda.synchronize()
-            best[i] = min(best[i], time.perf_counter() - t0)
-    del src, host
-    return (1 << 30) / best[0], (1 << 30) / best[1]
-
-
-class Timeline:
-    def __init__(self):
-        self.t0 = time.perf_counter()
-        self.points = []
-
-    def mark(self, label):
-        free, total = torch.cuda.mem_get_info()
-        self.points.append((time.perf_counter() - self.t0, (total - free) / GiB, label))
-        return total - free
-
-    def svg(self, path):
-        w, h, pad = 900, 360, 50
-        tmax = max(p[0] for p in self.points) or 1
-        ymax = max(p[1] for p in self.points) * 1.1 or 1
-        xy = lambda t, y: (pad + (w - 2 * pad) * t / tmax, h - pad - (h - 2 * pad) * y / ymax)
-        pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, m) for t, m, _ in self.points))
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
-               f'font-size="11"><rect width="{w}" height="{h}" fill="white"/>',
-               f'<text x="{pad}" y="20" font-size="14">GPU memory in use across RL phase switches (vmstash)</text>',
-               f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
-               f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>']
-        for i in range(5):
-            y = ymax * i / 4
-            _, py = xy(0, y)
-            out.append(f'<text x="5" y="{py + 4:.1f}">{y:.1f} GiB</text>')
-        out.append(f'<text x="{w - pad - 60}" y="{h - 15}">{tmax:.1f} s</text>')
-        out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{pts}"/>')
-        for t, m, label in self.points:
-            if label.startswith("train") or label.startswith("rollout"):
-                x, y = xy(t, m)
-                color = "#d62728" if label.startswith("train") else "#2ca02c"
-                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"/>')
-        out.append(f'<text x="{w - 260}" y="40" fill="#2ca02c">● rollout</text>'
-                   f'<text x="{w - 180}" y="40" fill="#d62728">● training</text></svg>')
-        with open(path, "w") as f:
-            f.write("\n".join(out))
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--plot", default=None, help="write the memory timeline here (SVG)")
+    ap.add_argument("--json", default=None, help="write the switches and the summary here")
+    ap.add_argument("--peer", action="append", default=None, metavar="MODULE",
+                    help="run the same switches' memory under this module's torch_memory_saver API in a child "
+                         "process (default: torch_memory_saver when importable; repeatable)")
     args = ap.parse_args()
+    if args.peer is None:
+        args.peer = ["torch_memory_saver"] if importlib.util.find_spec("torch_memory_saver") else []
     if not torch.cuda.is_available():
         print("no CUDA device: run the C++ demo instead (scripts/run_demo.sh)", file=sys.stderr)
         return 2
@@ -196,10 +159,7 @@ def main():
     d2h, h2d = pinned_bandwidth(dev)
     print(f"vmstash RL phase switch on {torch.cuda.get_device_name(0)}: pinned copy D2H {d2h / GiB:.1f} GiB/s, "
           f"H2D {h2d / GiB:.1f} GiB/s (same run)")
-    try:
-        import torch_memory_saver  # noqa: F401
-        print("torch_memory_saver is importable, but this demo does not drive it yet: no comparison")
-    except ImportError:
+    if not args.peer:
         print("torch_memory_saver: not importable here, no comparison")
     timeline = Timeline()
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -302,19 +262,11 @@ def main():
         resumed_reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in resume_tags)
         freed = torch.cuda.mem_get_info()[0] - free0 + resumed_reserved
         timeline.mark(f"switched to {label}")
-        bound = backed / d2h + restored / h2d + 0.010
-        switches.append({"label": label, "reserved": reserved, "freed": freed, "pause": pause_s,
-                         "resume": resume_s, "backed": backed, "restored": restored, "bound": bound})
-        print(f"  switch to {label}: paused {'+'.join(all_paused)}: released {freed / GiB:.2f} of "
-              f"{reserved / GiB:.2f} GiB reserved ({100 * freed / max(reserved, 1):.1f}%), pause "
-              f"{1e3 * pause_s:.1f} ms ({backed / GiB:.2f} GiB backed up, {backed / GiB / max(pause_s, 1e-9):.1f} "
-              f"GiB/s); resume {'+'.join(resume_tags)} {1e3 * resume_s:.1f} ms ({restored / GiB:.2f} GiB restored, "
-              f"{restored / GiB / max(resume_s, 1e-9):.1f} GiB/s); switch {1e3 * (pause_s + resume_s):.1f} ms vs "
-              f"bound {1e3 * bound:.1f} ms" + (f"; weight sync {1e3 * sync_s:.1f} ms" if sync else ""))
-        if freed < 0.95 * reserved:
-            failures.append(f"{label}: freed {freed} < 95% of {reserved}")
-        if pause_s + resume_s > 1.10 * bound:
-            failures.append(f"{label}: switch {pause_s + resume_s:.4f} s > 1.1 x bound {bound:.4f} s")
+        r = switch_record(label, all_paused, resume_tags, reserved, freed, pause_s, resume_s, backed, restored,
+                          d2h, h2d, sync_s if sync else None)
+        switches.append(r)
+        print(switch_line(r))
+        failures.extend(criteria_failures(r))
 
     def check(name, a, b):
         nonlocal exact, checks
@@ -328,6 +280,7 @@ def main():
     for t in train_tags:
         vmstash.pause(t)
     data = torch.Generator(device=dev).manual_seed(1)
+    last_sums = None
     for cycle in range(args.cycles):
         # Rollout: the weights must have survived the pause; then decode with the graph.
         sums = torch.stack([w.float().sum() for w in weights.values()])
@@ -341,6 +294,12 @@ def main():
             check(f"cycle {cycle} decode {step}", decode_step(cfg, weights, kv, tok, pos), got)
             tok.copy_(got.argmax(-1))
         used_rollout = timeline.mark(f"rollout {cycle}")
+        if cycle == 0:
+            # What a peer run allocates per tag (the training tags are paused here).
+            layout = [{"tag": t, "phase": phase, "backup": st["policy"] == "backup",
+                       "bytes": max(st["reserved_bytes"]["current"], st["paused_bytes"])}
+                      for phase, tags in (("rollout", rollout_tags), ("training", train_tags))
+                      for t, st in ((t, vmstash.tag_stats(t)) for t in tags)]
         switch(rollout_tags, train_tags, "training")
         # Training: one step through the captured graph, checked against eager without the stash.
         tokens.copy_(torch.randint(0, cfg.vocab, tokens.shape, device=dev, generator=data))
@@ -376,11 +335,53 @@ def main():
         print(f"memory timeline: {args.plot}")
     print(f"{checks} replay checks against eager: {exact} bit-exact, the rest within bf16 rounding; "
           f"{len(switches)} phase switches, no re-capture")
+    used = {"rollout": used_rollout, "training": used_train}
+    lines, summary = summarize("vmstash", switches, used)
+    summary.update(checks=checks, exact=exact, d2h=d2h, h2d=h2d, device=torch.cuda.get_device_name(0),
+                   failures=failures, switch_log=switches)
+    if args.peer:  # the peer runs in a child process: leave it the GPU
+        for t in rollout_tags:
+            vmstash.pause(t)
+        torch.cuda.empty_cache()
+    peers = [run_peer(m, layout, args.cycles) for m in args.peer]
+    print(f"\nSummary ({torch.cuda.get_device_name(0)}, pinned D2H {d2h / GiB:.1f} GiB/s, H2D {h2d / GiB:.1f} GiB/s):")
+    print(f"vmstash: {args.cycles} rollout/training cycles, both CUDA graphs captured once; {checks} replays "
+          f"checked against eager, {len(failures)} failures")
+    print("\n".join(lines))
+    for peer in peers:
+        print("\n".join(peer.get("lines", [f"{peer['name']}: {peer.get('error')}"])))
+    if args.json:
+        write_json(args.json, {"vmstash": summary, "peers": peers, "layout": layout})
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures[:20]))
         return 1
     print("PASSED")
     return 0
+
+
+def run_peer(module, layout, cycles):
+    """The same tags' memory (sizes from this run, same backup settings, same switch order)
+    under `module`'s torch_memory_saver API, in a child process started inside the module's
+    configure_subprocess() (its preload library, as SGLang starts its workers)."""
+    import json
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
+        cmd = [sys.executable, os.path.join(here, "tms_phase_switch.py"), "--module", module, "--cycles",
+               str(cycles), "--layout", json.dumps(layout), "--json", out.name]
+        print(f"\npeer: the same switches under {module} (examples/tms_phase_switch.py)", flush=True)
+        try:
+            configure = importlib.import_module(module).configure_subprocess
+        except (ImportError, AttributeError) as e:
+            return {"name": module, "error": f"cannot start: {e}"}
+        with configure():
+            rc = subprocess.call(cmd)
+        text = out.read()
+    if not text:
+        return {"name": module, "error": f"the child exited with {rc} before writing its figures"}
+    result = json.loads(text)
+    result["exit_code"] = rc
+    return result
 
 
 if __name__ == "__main__":

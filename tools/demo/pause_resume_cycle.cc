@@ -147,7 +147,10 @@ std::string FormatCycleReport(absl::string_view driver_name, const CycleReport& 
                       r.pause_ms, gbps(r.pause_ms), mib(released)),
       absl::StrFormat("  resume    %d chunk(s) mapped at %#x (same address), restored in %.2f ms (%s)\n",
                       r.chunks_after, r.address, r.resume_ms, gbps(r.resume_ms)),
-      absl::StrFormat("  verified  %s identical after resume\n", mib(r.bytes_verified)));
+      absl::StrFormat("  verified  %s identical after resume\n", mib(r.bytes_verified)),
+      driver_name == "sim" ? "  note      simulated driver: its device memory is host memory, so these times are not "
+                             "GPU figures\n"
+                           : "");
 }
 
 }  // namespace vmstash

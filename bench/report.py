@@ -1,0 +1,205 @@
+"""Runs every benchmark of the project on this GPU machine and writes the report,
+bench/README.md, with the machine named, each benchmark's command, wall time, exit status
+and full output, a table of the headline lines, and the memory timeline of the RL demo
+(bench/results/rl_phase_switch_memory.svg). scripts/bench_report.sh builds and calls it.
+
+    python3 bench/report.py --build build/cmake [--only NAME,...] [--out bench/README.md]
+
+--only re-runs those benchmarks and keeps the others' last results (bench/results/report.json);
+without it every benchmark runs. The report is rewritten after each benchmark, so a run
+cut short still leaves what it measured.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+PLOT = "results/rl_phase_switch_memory.svg"
+
+
+def benchmarks(build, torch_ok):
+    """(name, what it measures, argv, extra environment, headline regexes, needs torch)."""
+    py = "python3"  # paths relative to the repository root, where they run (nothing of this machine's)
+    demo_json = "bench/results/rl_phase_switch.json"
+    peers = ["--peer", "vmstash.compat.torch_memory_saver"]
+    if _importable("torch_memory_saver"):
+        peers += ["--peer", "torch_memory_saver"]
+    return [
+        ("rl_phase_switch", "The RL phase-switch demo (examples/rl_phase_switch.py): 10 rollout/training "
+         "cycles, every replay checked against eager; then the same tag bytes switched through the "
+         "torch_memory_saver API: vmstash's drop-in module, and torch_memory_saver itself where importable.",
+         [py, "examples/rl_phase_switch.py", "--cycles", "10", "--plot", "bench/" + PLOT, "--json",
+          demo_json] + peers, {},
+         [r"pinned copy", r"^  to ", r"GPU memory in use", r"replay checks", r"^(PASSED|FAILED)",
+          r"data mismatches"], True),
+        ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
+         "chunk size, release cost, create after release, pinned copy bandwidth.",
+         [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),
+        ("allocator_bench", "The caching allocator against PyTorch's (bench/allocator_bench.cc): "
+         "malloc+free pairs, churn, and a training trace's peak reserved memory.",
+         [os.path.join(build, "bench/allocator_bench")], {"VMSTASH_DRIVER": "cuda"},
+         [r"^(pair|churn|trace)"], False),
+        ("pause_bench", "Pause/resume of a 16 GiB tag against the same run's pinned copies "
+         "(bench/pause_bench.cc).",
+         [os.path.join(build, "bench/pause_bench"), "16"], {"VMSTASH_DRIVER": "cuda"},
+         [r"^limit", r"%$", r"after the pause", r"^discard", r"^background"], False),
+        ("vmstash_demo", "The C++ demo (tools/demo): 4 GiB paused with backup in 64 MiB chunks and resumed "
+         "at the same address.",
+         [os.path.join(build, "tools/demo/vmstash_demo"), "--size=4G", "--chunk=64M"], {"VMSTASH_DRIVER": "cuda"},
+         [r"^  (pause|resume)"], False),
+        ("python_bench", "The Python package's own costs (bench/python_bench.py): new 64 MiB segments "
+         "against PyTorch's allocator, region() and an empty tag's pause+resume.",
+         [py, "bench/python_bench.py"], {}, [r"."], True),
+        ("stash_bench", "The paged stash kernels against a same-run device-to-device copy "
+         "(bench/stash_bench.cc).",
+         [os.path.join(build, "bench/stash_bench")], {}, [r"^\s+\d+\s", r"host tier", r"empty stash"], False),
+        ("moe_stash_bench", "Expert-activation memory of a synthetic MoE with and without the paged stash "
+         "(bench/moe_stash_bench.py).",
+         [py, "bench/moe_stash_bench.py"], {}, [r"^\|", r"^\(gradients"], True),
+    ]
+
+
+def _importable(module):
+    import importlib.util
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _cmd(argv):
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine():
+    gpu = _cmd(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"])
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        pass
+    torch_version = _cmd([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"])
+    nvcc = _cmd(["nvcc", "--version"]).splitlines()
+    osname = ""
+    try:
+        with open("/etc/os-release") as f:
+            osname = next((l.split("=", 1)[1].strip().strip('"') for l in f if l.startswith("PRETTY_NAME=")), "")
+    except OSError:
+        pass
+    return {"gpu": gpu or "no GPU visible", "cpu": f"{cpu} ({os.cpu_count()} threads)", "os": osname,
+            "kernel": platform.release(), "torch": torch_version or "not importable",
+            "nvcc": nvcc[-1] if nvcc else "", "python": platform.python_version(),
+            "commit": _cmd(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"]) or os.environ.get("VMSTASH_COMMIT", ""),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def run(name, argv, env, timeout):
+    print(f"== {name}: {' '.join(argv)}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **env), timeout=timeout,
+                           cwd=ROOT)
+        out, rc = p.stdout + (("\n" + p.stderr) if p.stderr.strip() else ""), p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        out, rc = out + f"\n(cut off after {timeout} s)", "timeout"
+    except OSError as e:
+        out, rc = f"could not start: {e}", "not started"
+    seconds = time.perf_counter() - t0
+    print(out, flush=True)
+    return {"argv": argv, "env": env, "rc": rc, "seconds": seconds, "output": out}
+
+
+def shown(argv, env):
+    """The command as typed in the repository root."""
+    return " ".join([f"{k}={v}" for k, v in env.items()] + argv)
+
+
+def render(results, specs, info):
+    out = ["# Benchmark report", "",
+           "Written by `scripts/bench_report.sh` (builds, then runs `bench/report.py`); every figure below is "
+           "from the run it names. Ratios and percentages compare against the same run's physical limit or "
+           "peer.", "",
+           "| machine | |", "| --- | --- |"]
+    for k in ("gpu", "cpu", "os", "kernel", "nvcc", "torch", "python", "commit", "date"):
+        out.append(f"| {k} | {info.get(k, '')} |")
+    out += ["", "## Headlines", "",
+            "The lines of each benchmark's output that carry its main figures (full outputs below).", ""]
+    for name, _, _, _, patterns, _ in specs:
+        r = results.get(name)
+        if not r:
+            continue
+        lines = [l for l in r["output"].splitlines() if any(re.search(p, l) for p in patterns)]
+        out += [f"**{name}** (exit {r['rc']}, {r['seconds']:.0f} s)", "", "```"] + lines[:40] + ["```", ""]
+    if "rl_phase_switch" in results and os.path.exists(os.path.join(HERE, PLOT)):
+        out += ["## GPU memory across the RL phase switches", "",
+                f"![GPU memory in use over time across the phase switches]({PLOT})", "",
+                "Green: rollout phases (decode graph replays); red: training steps. Sampled with "
+                "`cudaMemGetInfo` at each phase and switch.", ""]
+    out += ["## Each benchmark", ""]
+    for name, what, _, _, _, _ in specs:
+        r = results.get(name)
+        if not r:
+            out += [f"### {name}", "", what, "", "Not run (needs torch, or not run yet).", ""]
+            continue
+        out += [f"### {name}", "", what, "", f"Command: `{shown(r['argv'], r['env'])}`; exit status {r['rc']}; "
+                f"{r['seconds']:.1f} s.", "", "```", r["output"].rstrip(), "```", ""]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", required=True, help="the CMake build folder")
+    ap.add_argument("--only", default="", help="comma-separated names to re-run (default: all)")
+    ap.add_argument("--out", default=os.path.join(HERE, "README.md"))
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
+    args = ap.parse_args()
+    torch_ok = _importable("torch")
+    build = os.path.relpath(os.path.abspath(args.build), ROOT)
+    if build.startswith(".."):
+        ap.error("--build must lie inside the repository (its paths go into the report)")
+    specs = benchmarks(build, torch_ok)
+    names = [s[0] for s in specs]
+    only = [n for n in args.only.split(",") if n]
+    unknown = [n for n in only if n not in names]
+    if unknown:
+        ap.error(f"unknown benchmark(s) {unknown}; known: {names}")
+    os.makedirs(RESULTS, exist_ok=True)
+    store = os.path.join(RESULTS, "report.json")
+    results = {}
+    if only and os.path.exists(store):
+        with open(store) as f:
+            results = json.load(f).get("results", {})
+    info = machine()
+    failed = []
+    for name, _, argv, env, _, needs_torch in specs:
+        if only and name not in only:
+            continue
+        if needs_torch and not torch_ok:
+            results.pop(name, None)
+            continue
+        results[name] = run(name, argv, env, args.timeout)
+        if results[name]["rc"] != 0:
+            failed.append(name)
+        with open(store, "w") as f:
+            json.dump({"machine": info, "results": results}, f, indent=1)
+        with open(args.out, "w") as f:
+            f.write(render(results, specs, info))
+    print(f"report: {os.path.relpath(args.out, ROOT)}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The memory side of the RL phase switch under torch_memory_saver's API: the peer run of
+rl_phase_switch.py, which starts it (inside the module's configure_subprocess()) with the
+tag layout it measured.
+
+    python3 examples/tms_phase_switch.py --module torch_memory_saver --layout JSON [--cycles 10]
+
+JSON: [{"tag": "weights", "phase": "rollout", "backup": true, "bytes": N}, ...]. Each tag
+gets its bytes as 256 MiB tensors allocated in `region(tag, enable_cpu_backup=backup)`;
+backed-up tensors hold a pattern checked after every resume. Then the demo's switch order:
+to training, pause the rollout tags and resume the training ones; to rollout, resume the
+rollout tags and pause the training ones. Tags are paused/resumed one after another (the
+API has no concurrent form). No graphs and no compute: this is the cost of the switch for
+the same bytes, printed with the demo's figures. `--module vmstash.compat.torch_memory_saver`
+runs the same through vmstash's drop-in module.
+"""
+import argparse
+import importlib
+import json
+import sys
+import time
+
+import torch
+
+from phase_switch_common import (GiB, criteria_failures, pinned_bandwidth, summarize, switch_line, switch_record,
+                                 write_json)
+
+PIECE = 256 << 20
+
+
+def pattern(n, seed, device):
+    """Deterministic int64 contents (cheap to regenerate for the check)."""
+    return torch.arange(n, dtype=torch.int64, device=device).mul_(2654435761).add_(seed)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--module", default="torch_memory_saver")
+    ap.add_argument("--layout", required=True)
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    layout = json.loads(args.layout)
+    if not isinstance(layout, list) or not all({"tag", "phase", "backup", "bytes"} <= set(t) for t in layout):
+        raise SystemExit("--layout: a JSON list of {tag, phase, backup, bytes}")
+    tms = importlib.import_module(args.module).torch_memory_saver
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    d2h, h2d = pinned_bandwidth(dev)
+    print(f"{args.module} on {torch.cuda.get_device_name(0)}: pinned copy D2H {d2h / GiB:.1f} GiB/s, "
+          f"H2D {h2d / GiB:.1f} GiB/s (same run)", flush=True)
+
+    free, total = torch.cuda.mem_get_info()
+    baseline = total - free  # the context and whatever else runs on the GPU; not counted below
+    tensors = {}
+    for i, t in enumerate(layout):
+        pieces, left = [], int(t["bytes"])
+        with tms.region(tag=t["tag"], enable_cpu_backup=bool(t["backup"])):
+            while left > 0:
+                n = min(left, PIECE) // 8 or 1
+                pieces.append(pattern(n, 1000 * i + len(pieces), dev) if t["backup"]
+                              else torch.empty(n, dtype=torch.int64, device=dev))
+                left -= n * 8
+        tensors[t["tag"]] = pieces
+    torch.cuda.synchronize()
+    size = {t["tag"]: sum(p.numel() * 8 for p in tensors[t["tag"]]) for t in layout}
+    backup = {t["tag"]: bool(t["backup"]) for t in layout}
+    rollout = [t["tag"] for t in layout if t["phase"] == "rollout"]
+    training = [t["tag"] for t in layout if t["phase"] == "training"]
+    failures, missed, switches, used = [], [], [], {}
+
+    def verify(tags, label):
+        for i, t in enumerate(layout):
+            if t["tag"] in tags and t["backup"]:
+                for j, p in enumerate(tensors[t["tag"]]):
+                    if not torch.equal(p, pattern(p.numel(), 1000 * i + j, dev)):
+                        failures.append(f"{label}: tag {t['tag']} piece {j} changed across pause/resume")
+
+    def switch(label, pause_first, resume_first):
+        torch.cuda.synchronize()
+        free0 = torch.cuda.mem_get_info()[0]
+        t0 = time.perf_counter()
+        for tag in pause_first:
+            tms.pause(tag)
+        t1 = time.perf_counter()
+        for tag in resume_first:
+            tms.resume(tag)
+        t2 = time.perf_counter()
+        later = training if label == "rollout" else []
+        for tag in later:
+            tms.pause(tag)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        paused = list(pause_first) + later
+        resumed_bytes = sum(size[t] for t in resume_first)
+        freed = torch.cuda.mem_get_info()[0] - free0 + resumed_bytes
+        r = switch_record(label, paused, resume_first, sum(size[t] for t in paused), freed,
+                          (t1 - t0) + (t3 - t2), t2 - t1, sum(size[t] for t in paused if backup[t]),
+                          sum(size[t] for t in resume_first if backup[t]), d2h, h2d)
+        switches.append(r)
+        print(switch_line(r), flush=True)
+        missed.extend(criteria_failures(r))
+        verify(resume_first, f"to {label}")
+        free, total = torch.cuda.mem_get_info()
+        used[label] = total - free - baseline
+
+    for tag in training:  # start in the rollout phase, as the demo does
+        tms.pause(tag)
+    for cycle in range(args.cycles):
+        switch("training", rollout, training)
+        switch("rollout", [], rollout)
+        print(f"cycle {cycle}: rollout used {used['rollout'] / GiB:.2f} GiB, training {used['training'] / GiB:.2f} "
+              f"GiB", flush=True)
+    lines, summary = summarize(args.module, switches, used, "above this process's start")
+    print("\n".join(lines))
+    head = f"{args.module} (same tag bytes, no compute, tags one after another): "
+    head += f"{len(failures)} data mismatches, {len(missed)} switches outside issue 8's criteria"
+    summary.update(lines=[head] + lines, d2h=d2h, h2d=h2d, failures=failures, missed=missed, switch_log=switches)
+    if args.json:
+        write_json(args.json, summary)
+    if missed:
+        print("outside the criteria:\n  " + "\n  ".join(missed[:20]))
+    if failures:
+        print("FAILED (data):\n  " + "\n  ".join(failures[:20]))
+        return 1
+    print("PASSED (data intact)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
