@@ -166,7 +166,7 @@ def main():
 
     with vmstash.region("optimizer", policy="backup"):
         master = {k: v.requires_grad_() for k, v in make_params(cfg, torch.float32, gen, dev).items()}
-        opt = torch.optim.Adam(master.values(), lr=1e-4)
+        opt = torch.optim.Adam(master.values(), lr=1e-4, fused=True)
         for v in master.values():  # Adam's state is created here, inside the tag (a zero step)
             v.grad = torch.zeros_like(v)
         opt.step()
@@ -302,24 +302,28 @@ def main():
                       for t, st in ((t, vmstash.tag_stats(t)) for t in tags)]
         switch(rollout_tags, train_tags, "training")
         # Training: one step through the captured graph, checked against eager without the stash.
+        # The eager reference runs first, so that its activations go back to the driver here and
+        # not right before the switch (memory created right after a large release waits on the
+        # driver; pause_bench measures it). Its gradients are freed after the switch.
         tokens.copy_(torch.randint(0, cfg.vocab, tokens.shape, device=dev, generator=data))
         targets.copy_(torch.randint(0, cfg.vocab, tokens.shape, device=dev, generator=data))
+        loss_e, grads_e = train_step(None)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         train_graph.replay()
         if flags[:, 0].any().item():
             failures.append(f"cycle {cycle}: stash overflow")
-        loss_g, grads_g = static_loss.clone(), [g.clone() for g in static_grads]
         used_train = timeline.mark(f"train {cycle}")
-        loss_e, grads_e = train_step(None)
-        check(f"cycle {cycle} loss", loss_e, loss_g)
-        for i, (ge, gg) in enumerate(zip(grads_e, grads_g)):
+        check(f"cycle {cycle} loss", loss_e, static_loss)
+        for i, (ge, gg) in enumerate(zip(grads_e, static_grads)):
             check(f"cycle {cycle} grad {i}", ge, gg)
-        for p, g in zip(master.values(), grads_g):
+        for p, g in zip(master.values(), static_grads):
             p.grad = g
-        opt.step()
+        opt.step()  # fused: no temporaries for torch to cache and release at the switch
         opt.zero_grad(set_to_none=True)
-        del grads_e, grads_g, loss_e
         print(f"cycle {cycle}: rollout used {used_rollout / GiB:.2f} GiB, training {used_train / GiB:.2f} GiB; "
-              f"loss {loss_g.item():.4f}")
+              f"loss {static_loss.item():.4f}")
+
         def sync():
             with torch.no_grad():
                 for k, w in weights.items():
@@ -329,6 +333,8 @@ def main():
         # a resume right after a large release waits on the driver (cuMemCreate stalls for a
         # few tens of ms after cuMemRelease of used memory; pause_bench measures it).
         switch([], rollout_tags, "rollout", sync=sync, pause_after=train_tags)
+        del grads_e, loss_e
+        torch.cuda.empty_cache()  # now, a rollout phase before the next switch
         last_sums = torch.stack([w.float().sum() for w in weights.values()])
     if args.plot:
         timeline.svg(args.plot)
