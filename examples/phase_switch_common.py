@@ -75,6 +75,7 @@ def summarize(name, switches, used, used_note=""):
         out["directions"][label] = d
         lines.append(f"  to {label:9s} {d['switches']:3d} switches: median {d['median_ms']:.1f} ms, max "
                      f"{d['max_ms']:.1f} ms vs bound {d['bound_ms']:.1f} ms (worst {d['worst_ratio']:.2f}x); "
+                     f"{d['backed_gib']:.2f} GiB backed up, {d['restored_gib']:.2f} GiB restored; "
                      f"released >= {100 * freed:.1f}% of {d['reserved_gib']:.2f} GiB reserved")
     lines.append(f"  GPU memory in use{' ' + used_note if used_note else ''}: " +
                  ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in used.items()))
