@@ -100,10 +100,12 @@ class Timeline:
         return total - free
 
     def svg(self, path, title="GPU memory in use across RL phase switches (vmstash)"):
-        w, h, pad = 900, 360, 50
-        tmax = max(p[0] for p in self.points) or 1
+        """Time runs from the first mark (the first rollout phase), not from the set-up."""
+        w, h, pad = 900, 360, 60
+        t0 = min(p[0] for p in self.points)
+        span = (max(p[0] for p in self.points) - t0) or 1
         ymax = max(p[1] for p in self.points) * 1.1 or 1
-        xy = lambda t, y: (pad + (w - 2 * pad) * t / tmax, h - pad - (h - 2 * pad) * y / ymax)
+        xy = lambda t, y: (pad + (w - 2 * pad) * (t - t0) / span, h - pad - (h - 2 * pad) * y / ymax)
         pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(t, m) for t, m, _ in self.points))
         out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" '
                f'font-size="11"><rect width="{w}" height="{h}" fill="white"/>',
@@ -112,15 +114,19 @@ class Timeline:
                f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>']
         for i in range(5):
             y = ymax * i / 4
-            _, py = xy(0, y)
-            out.append(f'<text x="5" y="{py + 4:.1f}">{y:.1f} GiB</text>')
-        out.append(f'<text x="{w - pad - 60}" y="{h - 15}">{tmax:.1f} s</text>')
+            _, py = xy(t0, y)
+            out.append(f'<text x="5" y="{py + 4:.1f}">{y:.1f} GiB</text>'
+                       f'<line x1="{pad}" y1="{py:.1f}" x2="{w - pad}" y2="{py:.1f}" stroke="#ddd"/>')
+        for i in range(6):
+            px, _ = xy(t0 + span * i / 5, 0)
+            out.append(f'<text x="{px - 10:.1f}" y="{h - pad + 16}">{span * i / 5:.1f} s</text>')
+        out.append(f'<text x="{w / 2 - 100:.0f}" y="{h - 12}">seconds from the first rollout phase</text>')
         out.append(f'<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{pts}"/>')
         for t, m, label in self.points:
             if label.startswith("train") or label.startswith("rollout"):
                 x, y = xy(t, m)
                 color = "#d62728" if label.startswith("train") else "#2ca02c"
-                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{color}"/>')
+                out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{color}"/>')
         out.append(f'<text x="{w - 260}" y="40" fill="#2ca02c">● rollout</text>'
                    f'<text x="{w - 180}" y="40" fill="#d62728">● training</text></svg>')
         with open(path, "w") as f:

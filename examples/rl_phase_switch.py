@@ -361,7 +361,8 @@ def main():
     for peer in peers:
         print("\n".join(peer.get("lines", [f"{peer['name']}: {peer.get('error')}"])))
     if args.json:
-        write_json(args.json, {"vmstash": summary, "peers": peers, "layout": layout})
+        write_json(args.json, {"vmstash": summary, "peers": peers, "layout": layout,
+                               "timeline": [{"s": t, "gib": m, "at": label} for t, m, label in timeline.points]})
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures[:20]))
         return 1
