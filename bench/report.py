@@ -6,7 +6,7 @@ and full output, a table of the headline lines, and the memory timeline of the R
     python3 bench/report.py --build build/cmake [--only NAME,...] [--out bench/README.md]
 
 --only re-runs those benchmarks and keeps the others' last results (bench/results/report.json);
-without it every benchmark runs. The report is rewritten after each benchmark, so a run
+without it every benchmark runs. --render-only rewrites the report from that file (no run). The report is rewritten after each benchmark, so a run
 cut short still leaves what it measured.
 """
 import argparse
@@ -43,15 +43,15 @@ def benchmarks(build, torch_ok):
          (r"^Summary", r"^(PASSED|FAILED)"), True),
         ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
          "chunk size, release cost, create after release, pinned copy bandwidth.",
-         [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),
+         [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+chunk\s", r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),
         ("allocator_bench", "The caching allocator against PyTorch's (bench/allocator_bench.cc): "
          "malloc+free pairs, churn, and a training trace's peak reserved memory.",
          [os.path.join(build, "bench/allocator_bench")], {"VMSTASH_DRIVER": "cuda"},
-         [r"^(pair|churn|trace)"], False),
+         [r"^(case|pair|churn|trace)"], False),
         ("pause_bench", "Pause/resume of a 16 GiB tag against the same run's pinned copies "
          "(bench/pause_bench.cc).",
          [os.path.join(build, "bench/pause_bench"), "16"], {"VMSTASH_DRIVER": "cuda"},
-         [r"^limit", r"%$", r"after the pause", r"^discard", r"^background"], False),
+         [r"^limit", r"^case", r"%$", r"after the pause", r"^discard", r"^background"], False),
         ("vmstash_demo", "The C++ demo (tools/demo): 4 GiB paused with backup in 64 MiB chunks and resumed "
          "at the same address.",
          [os.path.join(build, "tools/demo/vmstash_demo"), "--size=4G", "--chunk=64M"], {"VMSTASH_DRIVER": "cuda"},
@@ -61,7 +61,7 @@ def benchmarks(build, torch_ok):
          [py, "bench/python_bench.py"], {}, [r"."], True),
         ("stash_bench", "The paged stash kernels against a same-run device-to-device copy "
          "(bench/stash_bench.cc).",
-         [os.path.join(build, "bench/stash_bench")], {}, [r"^\s+\d+\s", r"host tier", r"empty stash"], False),
+         [os.path.join(build, "bench/stash_bench")], {}, [r"^\s+MB\s", r"^\s+\d+\s", r"host tier", r"empty stash"], False),
         ("moe_stash_bench", "Expert-activation memory of a synthetic MoE with and without the paged stash "
          "(bench/moe_stash_bench.py).",
          [py, "bench/moe_stash_bench.py"], {}, [r"^\|", r"^\(gradients"], True),
@@ -185,6 +185,7 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated names to re-run (default: all)")
     ap.add_argument("--out", default=os.path.join(HERE, "README.md"))
     ap.add_argument("--timeout", type=int, default=900, help="seconds per benchmark")
+    ap.add_argument("--render-only", action="store_true", help="rewrite the report from the stored results")
     args = ap.parse_args()
     torch_ok = _importable("torch")
     build = os.path.relpath(os.path.abspath(args.build), ROOT)
@@ -198,10 +199,21 @@ def main():
         ap.error(f"unknown benchmark(s) {unknown}; known: {names}")
     os.makedirs(RESULTS, exist_ok=True)
     store = os.path.join(RESULTS, "report.json")
-    results = {}
-    if only and os.path.exists(store):
+    results, info = {}, None
+    if (only or args.render_only) and os.path.exists(store):
         with open(store) as f:
-            results = json.load(f).get("results", {})
+            stored = json.load(f)
+        results, info = stored.get("results", {}), stored.get("machine")
+    if args.render_only:
+        if not results:
+            ap.error(f"--render-only: no stored results in {os.path.relpath(store, ROOT)}")
+        with open(args.out, "w") as f:
+            f.write(render(results, specs, info))
+        return 0
+    if only:  # the report names one machine: the stored results must come from this one
+        current = machine()
+        if info and info.get("gpu") != current["gpu"]:
+            ap.error(f"--only: the stored results are from {info.get('gpu')}, this is {current['gpu']}; run all")
     info = machine()
     failed = []
     for name, _, argv, env, _, needs_torch in specs:
