@@ -1,18 +1,18 @@
 """Shared by the RL phase-switch demo (rl_phase_switch.py, vmstash) and its peer run
 (tms_phase_switch.py, any module with torch_memory_saver's API): the same-run pinned copy
 bandwidth, the memory timeline, and the per-switch line and summary both print, so the two
-report the same figures the same way."""
+report the same figures the same way. torch is imported where it is used, so the criteria,
+the summary and the plot are tested without it (phase_switch_common_test.py)."""
 import json
 import statistics
 import time
-
-import torch
 
 GiB = float(1 << 30)
 
 
 def pinned_bandwidth(device):
     """(D2H, H2D) bytes/s of 1 GiB pinned copies, best of 3."""
+    import torch
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
     best = [1e9, 1e9]
@@ -95,6 +95,7 @@ class Timeline:
         self.points = []
 
     def mark(self, label):
+        import torch
         free, total = torch.cuda.mem_get_info()
         self.points.append((time.perf_counter() - self.t0, (total - free) / GiB, label))
         return total - free

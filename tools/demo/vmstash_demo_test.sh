@@ -8,6 +8,7 @@ echo "$out"
 echo "$out" | grep -q "sim driver" || { echo "expected the sim driver"; exit 1; }
 echo "$out" | grep -q "same address" || exit 1
 echo "$out" | grep -q "64.0 MiB identical after resume" || exit 1
+echo "$out" | grep -q "not GPU figures" || { echo "expected the simulated driver's note"; exit 1; }
 # Out of (simulated) device memory: a clear message and exit status 1, no crash.
 VMSTASH_CONF="sim_capacity:32M" "$demo" --size=64M 2>"$err"; rc=$?
 [ "$rc" = 1 ] || { echo "expected exit 1 on OOM, got $rc"; exit 1; }
