@@ -354,6 +354,10 @@ def main():
             vmstash.pause(t)
         torch.cuda.empty_cache()
     peers = [run_peer(m, layout, args.cycles) for m in args.peer]
+    for m, peer in zip(args.peer, peers):
+        # Another module's lost data or crash is its result; vmstash's drop-in module's is ours.
+        if m.startswith("vmstash") and (peer.get("error") or peer.get("exit_code") or peer.get("failures")):
+            failures.append(f"peer {m}: {peer.get('error') or peer.get('failures') or 'exit ' + str(peer['exit_code'])}")
     print(f"\nSummary ({torch.cuda.get_device_name(0)}, pinned D2H {d2h / GiB:.1f} GiB/s, H2D {h2d / GiB:.1f} GiB/s):")
     print(f"vmstash: {args.cycles} rollout/training cycles, both CUDA graphs captured once; {checks} replays "
           f"checked against eager ({exact} bit-exact), {len(failures)} failures")
