@@ -249,8 +249,10 @@ def main():
         free0 = torch.cuda.mem_get_info()[0]
         t0 = time.perf_counter()
         each(vmstash.pause, pause_tags)
+        torch.cuda.synchronize()  # (no-ops: pause and resume return with their copies done)
         t1 = time.perf_counter()
         each(vmstash.resume, resume_tags)
+        torch.cuda.synchronize()
         t2 = time.perf_counter()
         sync_s = 0.0
         if sync is not None:

@@ -81,9 +81,11 @@ def main():
         t0 = time.perf_counter()
         for tag in pause_first:
             tms.pause(tag)
+        torch.cuda.synchronize()
         t1 = time.perf_counter()
         for tag in resume_first:
             tms.resume(tag)
+        torch.cuda.synchronize()  # whatever the resume left queued counts as resume time
         t2 = time.perf_counter()
         later = training if label == "rollout" else []
         for tag in later:
