@@ -1,7 +1,10 @@
 // The C ABI on the simulator: linked directly, and loaded with dlopen as PyTorch and
 // ctypes load it (only vmstash_* symbols exported, entry points usable by name).
 #include <dlfcn.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -135,6 +138,25 @@ TEST_F(CAbiTest, TagsRouteAllocationsAndShowInStats) {
                                             "\"allocated_bytes\":{\"current\":0"));
   EXPECT_THAT(std::string(stats), HasSubstr("\"reserved_bytes\":{\"current\":0"));
   vmstash_string_free(stats);
+}
+
+// The control endpoint's thread ends with vmstash_shutdown (a library that is dlclose'd
+// after its shutdown must leave no thread running in it); a new init serves again.
+TEST(CAbiShutdownTest, ShutdownStopsTheControlEndpoint) {
+  char tmpl[] = "/tmp/vmstash_c_abi_XXXXXX";  // short: a socket path has at most 107 bytes
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(setenv("VMSTASH_RUNTIME_DIR", dir.c_str(), 1), 0);
+  const std::string socket = dir + "/" + std::to_string(getpid()) + ".sock";
+  struct stat st;
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(vmstash_init("driver:sim,control:1"), VMSTASH_OK);
+    EXPECT_EQ(stat(socket.c_str(), &st), 0) << socket << " missing while initialized";
+    ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+    EXPECT_NE(stat(socket.c_str(), &st), 0) << socket << " still there after shutdown";
+  }
+  unsetenv("VMSTASH_RUNTIME_DIR");
+  EXPECT_EQ(rmdir(dir.c_str()), 0);
 }
 
 TEST(CAbiSharedLibraryTest, LoadsWithDlopenAndExportsOnlyTheCAbi) {

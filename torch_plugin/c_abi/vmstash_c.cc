@@ -97,7 +97,7 @@ absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQU
     rt.control = StartControlService([](JsonWriter& w) {
       Runtime& r = TheRuntime();
       MutexLock lock(&r.mu);
-      w.Field("driver", std::string(r.driver->Name()));
+      w.Field("driver", r.driver != nullptr ? std::string(r.driver->Name()) : "none (shut down)");
       w.Field("device_count", r.device_count);
       w.Key("devices_in_use");
       w.BeginArray();
@@ -280,13 +280,17 @@ int vmstash_init(const char* options) noexcept {
 int vmstash_is_initialized(void) noexcept { return TheRuntime().ready.load(std::memory_order_acquire) ? 1 : 0; }
 
 int vmstash_shutdown(void) noexcept {
-  return Guard([&] {
+  // The control endpoint stops too (its thread must not outlive a dlclose of this library),
+  // after the lock is released: a request it is serving may be waiting for that lock.
+  std::unique_ptr<control::ControlServer> control;
+  const int result = Guard([&] {
     Runtime& rt = TheRuntime();
     MutexLock lock(&rt.mu);
     if (const int n = rt.dependents.load(); n != 0) {
       return Fail(absl::FailedPreconditionError(
           absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) still exist; destroy them first")));
     }
+    control = std::move(rt.control);
     rt.ready.store(false, std::memory_order_release);
     for (int d = 0; d < kMaxDevices; ++d) rt.allocators[d].store(nullptr, std::memory_order_release);
     for (auto& a : rt.owned) a.reset();
@@ -297,6 +301,8 @@ int vmstash_shutdown(void) noexcept {
     rt.device_count = 0;
     return 0;
   });
+  control.reset();
+  return result;
 }
 
 const char* vmstash_version(void) noexcept { return "0.3.0"; }
