@@ -208,20 +208,7 @@ def captured_graph_counts_overflow_pause():
 SCENARIOS = [round_trips, saved_tensors_gradients, captured_graph_counts_overflow_pause]
 
 
-def _run_fresh(name):
-    return scenario_runner.run_fresh(__file__, name)
-
-
-def test_round_trips():
-    assert _run_fresh("round_trips") == 0
-
-
-def test_saved_tensors_gradients():
-    assert _run_fresh("saved_tensors_gradients") == 0
-
-
-def test_captured_graph_counts_overflow_pause():
-    assert _run_fresh("captured_graph_counts_overflow_pause") == 0
+globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS))
 
 
 if __name__ == "__main__":

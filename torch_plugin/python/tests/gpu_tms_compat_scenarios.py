@@ -149,6 +149,7 @@ def training_engine():
 
 
 SCENARIOS = [simple, cuda_graph, rl_example, cpu_backup, nested_regions, training_engine]
+globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS))
 
 
 if __name__ == "__main__":

@@ -263,36 +263,7 @@ def _env_for(name):
     return env
 
 
-def _run_fresh(name):
-    return scenario_runner.run_fresh(__file__, name, _env_for(name))
-
-
-def test_preload_default_allocator():
-    assert _run_fresh("preload_default_allocator") == 0
-
-
-def test_preload_expandable_segments():
-    assert _run_fresh("preload_expandable_segments") == 0
-
-
-def test_inference_graph():
-    assert _run_fresh("inference_graph") == 0
-
-
-def test_resume_out_of_memory():
-    assert _run_fresh("resume_out_of_memory") == 0
-
-
-def test_all_threads_region_backward():
-    assert _run_fresh("all_threads_region_backward") == 0
-
-
-def test_install_global_mode():
-    assert _run_fresh("install_global_mode") == 0
-
-
-def test_install_too_late():
-    assert _run_fresh("install_too_late") == 0
+globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS, _env_for))
 
 
 if __name__ == "__main__":
