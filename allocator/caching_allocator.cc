@@ -158,12 +158,13 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   } else {
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
   }
+  if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
   if (pool->state != TagState::kActive) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", pool->stats.name, "' is ", StateName(pool->state),
                                                       " on device ", device_, ": resume it before allocating"));
   }
   if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
-  if (!pending_.empty()) ProcessPendingLocked(false);
+  if (!pending_.empty()) ProcessPendingLocked(0);
   Heap* heap = rounded <= kSmallMaxBytes ? pool->small.get() : pool->large.get();
   Block* block = heap->AllocateCached(rounded, stream);
   if (block != nullptr) {
@@ -259,7 +260,7 @@ bool CachingAllocator::ReuseFencedLocked(Heap* heap, Stream stream) {
     absl::StatusOr<bool> done = driver_->QueryEvent(device_, it->event);
     if (!done.ok() || !*done) continue;
     for (auto& pool : pools_) {
-      if (pool == nullptr || pool->busy()) continue;
+      if (pool == nullptr || pool->frozen()) continue;
       moved |= pool->small->ShareFreeBlocks(s, it->epoch) != 0;
       moved |= pool->large->ShareFreeBlocks(s, it->epoch) != 0;
     }
@@ -278,14 +279,14 @@ absl::StatusOr<Event> CachingAllocator::TakeEventLocked() {
   return driver_->CreateEvent(device_, false);
 }
 
-void CachingAllocator::ProcessPendingLocked(bool synced, TagId in_transition) {
+void CachingAllocator::ProcessPendingLocked(std::uint64_t synced_before, TagId in_transition) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     TagPool* owner = PoolOf(it->block);
     if (owner->busy() && owner->id != in_transition) {
       ++it;
       continue;
     }
-    bool done = synced;
+    bool done = it->seq < synced_before;
     if (!done && !it->needs_device_sync) {
       done = true;
       for (Event e : it->events) {
@@ -309,11 +310,11 @@ void CachingAllocator::ProcessPendingLocked(bool synced, TagId in_transition) {
 absl::Status CachingAllocator::SynchronizeLocked() {
   ++counters_.device_syncs;
   VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
-  ProcessPendingLocked(true);
+  ProcessPendingLocked(pending_seq_);  // mu_ was held throughout: every pending free is older
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->busy()) continue;
+    if (pool == nullptr || pool->frozen()) continue;
     for (Heap* heap : {pool->small.get(), pool->large.get()}) {
       for (Stream s : heap->StreamsWithFreeBlocks()) heap->ShareFreeBlocks(s, ~std::uint64_t{0});
     }
@@ -324,7 +325,7 @@ absl::Status CachingAllocator::SynchronizeLocked() {
 absl::Status CachingAllocator::ReleaseCachedLocked(TagId tag) {
   absl::Status first;
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->busy() || (tag >= 0 && pool->id != tag)) continue;
+    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id != tag)) continue;
     for (Heap* heap : {pool->small.get(), pool->large.get()}) {
       absl::Status error;
       counters_.released_bytes += heap->ReleaseFreeChunks(&error);
@@ -402,6 +403,7 @@ absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   } else {
     PendingFree pending;
     pending.block = block;
+    pending.seq = pending_seq_++;
     block->allocated = false;
     for (Stream other : block->other_streams) {
       absl::StatusOr<Event> event = TakeEventLocked();
@@ -454,7 +456,7 @@ absl::Status CachingAllocator::EmptyCache(TagId tag) {
   }
   bool anything = !pending_.empty();
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->busy() || (tag >= 0 && pool->id != tag)) continue;
+    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id != tag)) continue;
     anything = anything || pool->small->free_bytes() != 0 || pool->large->free_bytes() != 0 ||
                pool->small->va_bytes() != 0 || pool->large->va_bytes() != 0;
   }
@@ -562,7 +564,7 @@ void CachingAllocator::FillTagStatsLocked(const TagPool& pool, TagStats* out) co
   out->state = StateName(pool.state);
   // A pool in transition is being changed by its pauser/resumer without mu_: not read.
   out->cached_bytes =
-      pool.busy() ? 0 : static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
+      pool.frozen() ? 0 : static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
 }
 
 AllocatorStats CachingAllocator::Stats() const {
@@ -624,7 +626,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
     snap.tags.push_back(TagSnapshot{pool->stats.name, pool->stats.policy, StateName(pool->state)});
-    if (pool->busy()) continue;
+    if (pool->frozen()) continue;
     for (const Heap* heap : {pool->small.get(), pool->large.get()}) {
       for (const Heap::SegmentView& view : heap->Segments()) {
         SegmentSnapshot seg;
@@ -687,7 +689,7 @@ absl::Status CachingAllocator::ValidateLocked() const {
   std::size_t busy_live_bytes = 0;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
-    if (pool->busy()) {
+    if (pool->frozen()) {
       busy_live_bytes += static_cast<std::size_t>(pool->stats.allocated_bytes.current);
       continue;
     }
@@ -719,13 +721,13 @@ absl::Status CachingAllocator::ValidateLocked() const {
     return absl::InternalError(absl::StrCat("live map holds ", live_bytes, " bytes, heaps ", live_bytes_in_heaps));
   }
   std::size_t busy_pending = 0;
-  for (const PendingFree& p : pending_) busy_pending += pools_[p.block->heap->config().owner_id]->busy() ? 1 : 0;
+  for (const PendingFree& p : pending_) busy_pending += pools_[p.block->heap->config().owner_id]->frozen() ? 1 : 0;
   if (pending + busy_pending != pending_.size()) {
     return absl::InternalError(absl::StrCat(pending, " blocks neither free nor live, ", pending_.size(), " pending"));
   }
   std::size_t records = 0, live_here = 0;
-  for (const auto& pool : pools_) records += pool == nullptr || pool->busy() ? 0 : pool->blocks->live();
-  for (const auto& [ptr, b] : live_) live_here += PoolOf(b)->busy() ? 0 : 1;
+  for (const auto& pool : pools_) records += pool == nullptr || pool->frozen() ? 0 : pool->blocks->live();
+  for (const auto& [ptr, b] : live_) live_here += PoolOf(b)->frozen() ? 0 : 1;
   if (records < live_here) return absl::InternalError("block records fewer than live blocks");
   return absl::OkStatus();
 }

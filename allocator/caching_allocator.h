@@ -31,10 +31,20 @@
 //      reserved and paused bytes, and per-tag usage. Never aborts.
 //
 // Note [Allocator Locking]
-//   One Mutex per device allocator guards all of its state. Driver calls on the slow
-//   paths (chunk create/map, events, synchronize) are made holding it; nothing else is
-//   called out (no callbacks, no Python, logs only at debug level on slow paths).
-//   Lock order: CachingAllocator::mu_ is a leaf except for the driver's own locks.
+//   One Mutex per device allocator (mu_) guards the block map, the pending frees, the
+//   fences and every pool's state; a pool in transition (pausing/resuming) is changed
+//   by its pauser/resumer under the tag's transition lock alone (Note [Pause/Resume
+//   Protocol]). Driver calls on the slow paths (chunk create/map, events, synchronize)
+//   are made holding mu_; nothing else is called out (no callbacks, no Python, logs only
+//   at debug level on slow paths). Hooks run holding only the tag's control lock.
+//   Lock order: control lock, transition lock, mu_, then the driver's own locks.
+//
+// Note [Pending Frees and Synchronization]
+//   A free of a block used on other streams (RecordStream) is pending until the events
+//   recorded on those streams completed. A device synchronization completes only the work
+//   queued before it, so a synchronize made without mu_ (Pause) first notes the sequence
+//   number of the next pending free; afterwards only pending frees older than that are
+//   taken as complete, newer ones still wait for their events.
 //
 // Note [Pause/Resume Protocol] (DESIGN §5; implemented in pause_resume.cc)
 //   Pause(tag): the tag's transition lock is taken (pause/resume of one tag are serial;
@@ -59,10 +69,21 @@
 //   included) undoes what this resume made; the tag stays paused with its backup intact
 //   and a later retry can succeed. Then after-resume hooks run.
 //   Pausing a paused tag or resuming an active one is a no-op reported as
-//   kAlreadyInState. Freeing a block of a paused tag drops its backup bytes. The driver
-//   calls of a transition are made without mu_ (only the tag's transition lock): other
-//   code skips pools whose state is pausing/resuming, so nobody else touches them.
-//   Lock order: a tag's transition lock, then mu_.
+//   kAlreadyInState; pausing or resuming a tag that has no pool on this device is
+//   NotFound. Freeing a block of a paused tag drops its backup bytes. The driver calls of
+//   a transition are made without mu_ (only the tag's transition lock): other code skips
+//   pools whose state is pausing/resuming, so nobody else touches them.
+//   Hooks: pause and resume of one tag are serialized by the tag's control lock, which
+//   is held around the hooks and the transition; the transition lock is taken only after
+//   the before-pause hooks returned and released before the after-resume hooks run, so a
+//   hook may allocate and free blocks of any tag (its own included) while the tag is
+//   active. A hook that pauses or resumes its own tag gets FailedPrecondition at once.
+//   Prepare and ReleaseBackup on a paused tag are FailedPrecondition: the arena holds the
+//   paused bytes (a background preparation that finds the tag paused does nothing).
+//   A rollback that cannot map the tag's memory back leaves the tag "broken": it refuses
+//   allocation, pause and resume with a message naming the tag and the cause; its blocks
+//   can still be freed.
+//   Lock order: a tag's control lock, then its transition lock, then mu_.
 //
 // bypass (Options.bypass): every allocation gets its own reservation and chunk straight
 // from the driver, and every free synchronizes the device and releases them: slow, but
@@ -80,6 +101,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -181,11 +203,12 @@ class CachingAllocator {
   absl::StatusOr<Transition> Pause(TagId tag, const LiveRanges* live = nullptr);
   absl::StatusOr<Transition> Resume(TagId tag);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
-  // tag's allocated bytes when 0.
+  // tag's allocated bytes when 0. FailedPrecondition for a paused tag (its arena holds
+  // the paused bytes and is never touched) or a discard tag.
   absl::Status Prepare(TagId tag, std::size_t bytes = 0);
   // Copies `size_bytes` at `ptr` — inside a live block of a paused `backup` tag, within
-  // its backed-up bytes — from the backup arena to host memory `dst`. NotFound when no
-  // paused backup holds those bytes.
+  // its backed-up bytes — from the backup arena to host memory `dst`. InvalidArgument
+  // when the range wraps the address space; NotFound when no paused backup holds it.
   absl::Status ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst);
   // Refuse to map new memory when the device's free memory would drop below `bytes`
   // (0: no margin; the allocation then fails like an OOM, after the OOM ladder).
@@ -195,10 +218,11 @@ class CachingAllocator {
   // Waits until background preparations (AllocatorOptions::auto_prepare) are done.
   void WaitForBackgroundPrepare();
   // Gives the tag's backup arena host memory back (and stops preparing it automatically
-  // until it grows again). FailedPrecondition while paused.
+  // until it grows again). FailedPrecondition while paused (the arena holds its bytes).
   absl::Status ReleaseBackup(TagId tag);
-  // Callbacks for one tag, run without allocator locks: before_pause may veto the pause by
-  // returning an error; after_resume errors are returned by Resume (the tag is resumed).
+  // Callbacks for one tag, run without allocator locks (only the tag's control lock, see
+  // Note [Pause/Resume Protocol]): before_pause may veto the pause by returning an error;
+  // after_resume errors are returned by Resume (the tag is resumed).
   using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
   absl::Status AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume);
 
@@ -213,7 +237,7 @@ class CachingAllocator {
   std::size_t granularity_bytes() const { return granularity_bytes_; }
 
  private:
-  enum class TagState { kActive, kPausing, kPaused, kResuming };
+  enum class TagState { kActive, kPausing, kPaused, kResuming, kBroken };
   struct BackupExtent {  // bytes [address, address + size) are at arena offset arena_offset
     DevicePtr address = 0;
     std::size_t size_bytes = 0;
@@ -228,8 +252,11 @@ class CachingAllocator {
     std::unique_ptr<Heap> large;
     TagStats stats;
     TagState state = TagState::kActive;
-    // Held for a whole pause or resume; see Note [Pause/Resume Protocol].
+    // Held around a pause or resume and its hooks; see Note [Pause/Resume Protocol].
+    std::unique_ptr<Mutex> control_mu = std::make_unique<Mutex>();
+    // Held for the transition itself (and Prepare/ReleaseBackup/ReadBackup).
     std::unique_ptr<Mutex> transition_mu = std::make_unique<Mutex>();
+    std::string broken_reason;                  // state kBroken: why (mu_)
     std::unique_ptr<BackupArena> arena;         // guarded by transition_mu
     Stream copy_stream = nullptr;               // guarded by transition_mu
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
@@ -238,6 +265,9 @@ class CachingAllocator {
     absl::flat_hash_map<const Block*, std::vector<BackupExtent>> backup_extents;
     std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
     bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
+    // Pools whose heaps are not in a consistent mapped state: skipped by cache release,
+    // fence sharing and validation.
+    bool frozen() const { return busy() || state == TagState::kBroken; }
   };
   struct Fence {
     Stream stream = nullptr;
@@ -246,6 +276,7 @@ class CachingAllocator {
   };
   struct PendingFree {
     Block* block = nullptr;
+    std::uint64_t seq = 0;  // Note [Pending Frees and Synchronization]
     std::vector<Event> events;
     bool needs_device_sync = false;  // an event could not be recorded
   };
@@ -274,12 +305,26 @@ class CachingAllocator {
   absl::StatusOr<Block*> GrowLocked(Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReuseFencedLocked(Heap* heap, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Returns pending frees whose events completed (all of them when `synced`), skipping
-  // blocks of tags in transition except `in_transition`.
-  void ProcessPendingLocked(bool synced, TagId in_transition = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns pending frees whose events completed, and those with seq < synced_before
+  // (completed by a device synchronization that started when pending_seq_ was
+  // synced_before), skipping blocks of tags in transition except `in_transition`.
+  void ProcessPendingLocked(std::uint64_t synced_before, TagId in_transition = -1)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Pause steps (pause_resume.cc), called with the tag's transition lock and without mu_.
   // Both leave every chunk unmapped (handles kept) or, on failure, the tag as it was.
-  absl::Status UnmapHeaps(TagPool* pool);
+  // On failure, *undo_error says whether mapping back what was unmapped failed too.
+  absl::Status UnmapHeaps(TagPool* pool, absl::Status* undo_error);
+  absl::Status RemapHeaps(TagPool* pool);
+  // The transition's failure: the pool goes back to `state`, or to kBroken when the
+  // rollback failed (undo_error), with a message naming the tag and what to do.
+  absl::Status FailTransition(TagPool* pool, TagState state, const absl::Status& status,
+                              const absl::Status& undo_error = absl::OkStatus());
+  absl::Status PrepareImpl(TagId tag, std::size_t bytes, bool background);
+  // Pause/Resume without the hooks, with the control lock held.
+  absl::StatusOr<Transition> PauseTransition(TagPool* pool, const LiveRanges* live);
+  absl::StatusOr<Transition> ResumeTransition(TagPool* pool);
+  // The pool for a Pause/Resume/hook, with its hooks; NotFound / FailedPrecondition.
+  absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
   // Waits for the tag's copy stream (the device, if that wait fails) before a rollback
   // unmaps memory the copies may still touch.
   void DrainCopyStream(TagPool* pool);
@@ -288,7 +333,7 @@ class CachingAllocator {
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
   absl::Status BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
                               absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
-                              std::size_t* backed_up);
+                              std::size_t* backed_up, absl::Status* undo_error);
   TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pools_[block->heap->config().owner_id].get();
   }
@@ -318,6 +363,7 @@ class CachingAllocator {
   std::vector<Fence> fences_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);
   std::uint64_t free_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  std::uint64_t pending_seq_ ABSL_GUARDED_BY(mu_) = 0;  // next PendingFree::seq
   AllocatorStats counters_ ABSL_GUARDED_BY(mu_);  // device-wide counters (tags filled on read)
   std::atomic<std::size_t> memory_margin_bytes_{0};
   // Set at construction when options_.auto_prepare; its thread calls Prepare().

@@ -109,7 +109,8 @@ class Heap {
   // chunk at `address`, keeping its handle. RemapAll undoes it.
   absl::Status UnmapChunk(DevicePtr address);
   // Step 1 of a pause, all at once: unmaps every chunk, keeping the handles. On failure
-  // re-maps what it unmapped and returns the error: the heap is as it was.
+  // the chunks unmapped so far stay unmapped: the caller's RemapAll undoes them (and
+  // learns whether that worked).
   absl::Status UnmapAll();
   // Undoes UnmapChunk/UnmapAll (used when a later step of the pause fails).
   absl::Status RemapAll();

@@ -45,13 +45,7 @@ absl::Status Heap::UnmapChunk(DevicePtr address) {
 absl::Status Heap::UnmapAll() {
   for (auto& segment : segments_) {
     for (auto& [start, mc] : segment->chunks) {
-      absl::Status s = mc.mapping.Unmap();
-      if (!s.ok()) {
-        // Roll back: every chunk unmapped so far is mapped again at its address.
-        absl::Status undo = RemapAll();
-        if (!undo.ok()) VMSTASH_LOG(kError, "{}: re-mapping after a refused unmap: {}", config_.name, undo.ToString());
-        return s;
-      }
+      VMSTASH_RETURN_IF_ERROR(mc.mapping.Unmap());  // the caller's RemapAll undoes the rest
     }
   }
   return absl::OkStatus();

@@ -23,6 +23,29 @@ std::size_t AlignUp(std::size_t v) { return (v + kBackupAlign - 1) / kBackupAlig
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// The (allocator, tag) pairs whose hooks the calling thread is running: a hook that
+// pauses or resumes its own tag would wait for itself on the tag's control lock.
+struct HookFrame {
+  const void* allocator;
+  TagId tag;
+};
+thread_local std::vector<HookFrame> hook_frames;
+
+bool InOwnHook(const void* allocator, TagId tag) {
+  for (const HookFrame& f : hook_frames) {
+    if (f.allocator == allocator && f.tag == tag) return true;
+  }
+  return false;
+}
+
+class HookScope {
+ public:
+  HookScope(const void* allocator, TagId tag) { hook_frames.push_back({allocator, tag}); }
+  ~HookScope() { hook_frames.pop_back(); }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+};
+
 }  // namespace
 
 const char* CachingAllocator::StateName(TagState state) {
@@ -31,6 +54,7 @@ const char* CachingAllocator::StateName(TagState state) {
     case TagState::kPausing: return "pausing";
     case TagState::kPaused: return "paused";
     case TagState::kResuming: return "resuming";
+    case TagState::kBroken: return "broken";
   }
   return "active";
 }
@@ -42,24 +66,37 @@ absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, 
   return absl::OkStatus();
 }
 
-absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
+absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) { return PrepareImpl(tag, bytes, false); }
+
+absl::Status CachingAllocator::PrepareInBackground(TagId tag, std::size_t bytes) {
+  return PrepareImpl(tag, bytes, true);
+}
+
+absl::Status CachingAllocator::PrepareImpl(TagId tag, std::size_t bytes, bool background) {
   TagPool* pool;
   {
     MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, false, Policy::kDiscard));
   }
+  // The state is checked under the transition lock, and the arena is touched only while
+  // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
   MutexLock t(pool->transition_mu.get());
   std::size_t want = bytes;
   {
     MutexLock lock(&mu_);
-    if (pool->stats.policy != Policy::kBackup) {
+    if (background) {
+      // Paused, broken, or released since the request (which reset the target).
+      if (pool->state != TagState::kActive || pool->auto_prepared_bytes == 0) return absl::OkStatus();
+    } else if (pool->stats.policy != Policy::kBackup) {
       return absl::FailedPreconditionError(
           absl::StrCat("tag '", pool->stats.name, "' has policy discard: it has no backup arena to prepare"));
+    } else if (pool->state != TagState::kActive) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prepare of tag '", pool->stats.name, "' on device ", device_, ": the tag is ",
+                       StateName(pool->state), " and its backup arena holds its bytes; prepare before "
+                       "pausing or after resuming"));
     }
     if (want == 0) want = static_cast<std::size_t>(pool->stats.requested_bytes.current);
-    if (pool->state == TagState::kPaused && want > (pool->arena ? pool->arena->capacity_bytes() : 0)) {
-      return absl::FailedPreconditionError("cannot grow the backup arena of a paused tag");
-    }
   }
   if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
   // Every live block rounds up to a page in the arena; leave room for that.
@@ -71,6 +108,10 @@ absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) {
 
 absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {
   if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("ReadBackup: null destination");
+  if (size_bytes > ~DevicePtr{0} - ptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadBackup: ", size_bytes, " bytes at ", Hex(ptr), " run past the end of the address space"));
+  }
   std::vector<TagPool*> paused;
   {
     MutexLock lock(&mu_);
@@ -99,16 +140,6 @@ absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes,
   return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
 }
 
-absl::Status CachingAllocator::PrepareInBackground(TagId tag, std::size_t bytes) {
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, false, Policy::kDiscard));
-    // Paused, being paused, or released since the request (which reset the target).
-    if (pool->state != TagState::kActive || pool->auto_prepared_bytes == 0) return absl::OkStatus();
-  }
-  return Prepare(tag, bytes);
-}
-
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   TagPool* pool;
   {
@@ -119,8 +150,9 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   {
     MutexLock lock(&mu_);
     if (pool->state == TagState::kPaused) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tag '", pool->stats.name, "' is paused: its backup arena holds its bytes"));
+      return absl::FailedPreconditionError(absl::StrCat("release of the backup of tag '", pool->stats.name,
+                                                        "' on device ", device_, ": the tag is paused and its "
+                                                        "backup arena holds its bytes; resume it first"));
     }
   }
   if (pool->arena != nullptr) VMSTASH_RETURN_IF_ERROR(pool->arena->Release());
@@ -137,19 +169,55 @@ void CachingAllocator::DrainCopyStream(TagPool* pool) {
   if (!s.ok()) VMSTASH_LOG(kError, "vmstash: tag '{}': cannot wait for its copies: {}", pool->stats.name, s.ToString());
 }
 
-absl::Status CachingAllocator::UnmapHeaps(TagPool* pool) {
-  VMSTASH_RETURN_IF_ERROR(pool->small->UnmapAll());
-  absl::Status unmapped = pool->large->UnmapAll();
-  if (!unmapped.ok()) {
-    absl::Status undo = pool->small->RemapAll();
-    if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, undo.ToString());
-  }
+absl::Status CachingAllocator::RemapHeaps(TagPool* pool) {
+  absl::Status first = pool->small->RemapAll();
+  absl::Status large = pool->large->RemapAll();
+  if (first.ok()) first = large;
+  if (!first.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, first.ToString());
+  return first;
+}
+
+absl::Status CachingAllocator::UnmapHeaps(TagPool* pool, absl::Status* undo_error) {
+  absl::Status unmapped = pool->small->UnmapAll();
+  if (unmapped.ok()) unmapped = pool->large->UnmapAll();
+  if (!unmapped.ok()) *undo_error = RemapHeaps(pool);
   return unmapped;
+}
+
+absl::Status CachingAllocator::FailTransition(TagPool* pool, TagState state, const absl::Status& status,
+                                              const absl::Status& undo_error) {
+  MutexLock lock(&mu_);
+  if (undo_error.ok()) {
+    pool->state = state;
+    return status;
+  }
+  pool->state = TagState::kBroken;
+  pool->broken_reason = absl::StrCat(
+      "tag '", pool->stats.name, "' on device ", device_, " is broken: a failed pause (", status.message(),
+      ") could not map its memory back (", undo_error.message(), "); its contents are lost. Allocation, pause and "
+      "resume of it are refused; free its blocks (they can be freed) and use another tag, or restart the process");
+  VMSTASH_LOG(kError, "vmstash: {}", pool->broken_reason);
+  return absl::Status(status.code(), pool->broken_reason);
+}
+
+absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::TransitionPool(TagId tag, const char* what) {
+  if (InOwnHook(this, tag)) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " of tag '", TagName(tag), "' on device ", device_,
+                                                      " from one of that tag's own hooks: a hook may allocate and "
+                                                      "free, but not pause or resume its own tag"));
+  }
+  MutexLock lock(&mu_);
+  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
+    if (tag < 0 || tag >= TagCount()) return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag));
+    return absl::NotFoundError(absl::StrCat(what, ": tag '", TagName(tag), "' does not exist on device ", device_,
+                                            " (create it or allocate in it first)"));
+  }
+  return pools_[tag].get();
 }
 
 absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
                                               absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
-                                              std::size_t* backed_up) {
+                                              std::size_t* backed_up, absl::Status* undo_error) {
   std::vector<const Block*> blocks(live.begin(), live.end());
   std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->address < b->address; });
   // The hint, sorted and merged.
@@ -190,7 +258,7 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
       add(std::max<DevicePtr>(hint[i].first, b->address), std::min<DevicePtr>(hint[i].first + hint[i].second, b_end));
     }
   }
-  if (arena_bytes == 0) return UnmapHeaps(pool);
+  if (arena_bytes == 0) return UnmapHeaps(pool, undo_error);
 
   // Stages: runs of whole chunks (address order) holding about 1/kMaxStages of the live
   // bytes each, at least pause_stage_bytes. All copies are queued at once with an event after
@@ -266,43 +334,54 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
   if (!status.ok()) {
     // Nothing was released: wait for the queued copies, then map back what was unmapped.
     DrainCopyStream(pool);
-    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
-      absl::Status undo = heap->RemapAll();
-      if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", pool->stats.name, undo.ToString());
-    }
+    *undo_error = RemapHeaps(pool);
     *backed_up = 0;
   }
   return status;
 }
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, const LiveRanges* live_ranges) {
-  const Clock::time_point start = Clock::now();
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
-  }
-  MutexLock t(pool->transition_mu.get());
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "pause"));
+  MutexLock control(pool->control_mu.get());
   std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
   {
     MutexLock lock(&mu_);
+    if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
     if (pool->state == TagState::kPaused) return Transition::kAlreadyInState;
-    pool->state = TagState::kPausing;
     hooks = pool->hooks;
   }
-  auto fail = [&](const absl::Status& status) {
-    MutexLock lock(&mu_);
-    pool->state = TagState::kActive;
-    return status;
-  };
-  for (auto& [before, after] : hooks) {
-    if (!before) continue;
-    absl::Status s = before(tag, device_);
-    if (!s.ok()) {
-      return fail(absl::Status(s.code(), absl::StrCat("pause of tag '", TagName(tag), "': before-pause hook: ",
-                                                      s.message())));
+  // Before-pause hooks: the tag is still active and no vmstash lock but the control lock
+  // is held, so a hook may free (or allocate) blocks of this very tag.
+  {
+    HookScope scope(this, tag);
+    for (auto& [before, after] : hooks) {
+      if (!before) continue;
+      absl::Status s = before(tag, device_);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("pause of tag '", TagName(tag), "': before-pause hook: ",
+                                                   s.message()));
+      }
     }
   }
+  return PauseTransition(pool, live_ranges);
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(TagPool* pool,
+                                                                              const LiveRanges* live_ranges) {
+  const Clock::time_point start = Clock::now();
+  const TagId tag = pool->id;
+  MutexLock t(pool->transition_mu.get());
+  std::uint64_t synced_before;
+  {
+    MutexLock lock(&mu_);
+    pool->state = TagState::kPausing;
+    // Note [Pending Frees and Synchronization]: frees made pending after this point are
+    // not completed by the synchronize below.
+    synced_before = pending_seq_;
+  }
+  auto fail = [&](const absl::Status& status, const absl::Status& undo = absl::OkStatus()) {
+    return FailTransition(pool, TagState::kActive, status, undo);
+  };
   // (1) No queued work may touch the tag.
   absl::Status sync = driver_->SynchronizeDevice(device_);
   if (!sync.ok()) return fail(sync);
@@ -310,7 +389,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, 
   Policy policy;
   {
     MutexLock lock(&mu_);
-    ProcessPendingLocked(true, tag);
+    ProcessPendingLocked(synced_before, tag);
     live = pool->small->LiveBlocks();
     std::vector<Block*> large = pool->large->LiveBlocks();
     live.insert(live.end(), large.begin(), large.end());
@@ -319,9 +398,11 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, 
   // (2)+(3a) Backup of live bytes only, pipelined with the unmapping (BackupAndUnmap).
   absl::flat_hash_map<const Block*, std::vector<BackupExtent>> extents;
   std::size_t backed_up = 0;
-  absl::Status staged = policy == Policy::kBackup ? BackupAndUnmap(pool, live, live_ranges, &extents, &backed_up)
-                                                  : UnmapHeaps(pool);
-  if (!staged.ok()) return fail(staged);
+  absl::Status undo;
+  absl::Status staged = policy == Policy::kBackup
+                            ? BackupAndUnmap(pool, live, live_ranges, &extents, &backed_up, &undo)
+                            : UnmapHeaps(pool, &undo);
+  if (!staged.ok()) return fail(staged, undo);
   // (3b) Every copy succeeded and every chunk is unmapped: release.
   absl::Status release_error;
   std::size_t released = pool->small->ReleaseAllAndPause(&release_error);
@@ -347,25 +428,36 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, 
 }
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag) {
-  const Clock::time_point start = Clock::now();
-  TagPool* pool;
-  Mutex* transition;
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "resume"));
+  MutexLock control(pool->control_mu.get());
+  std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
   {
     MutexLock lock(&mu_);
-    absl::StatusOr<TagPool*> found = PoolLocked(tag, false, Policy::kDiscard);
-    if (absl::IsNotFound(found.status())) return Transition::kAlreadyInState;  // never paused here
-    if (!found.ok()) return found.status();
-    pool = *found;
-    transition = pool->transition_mu.get();
+    if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
+    if (pool->state == TagState::kActive) return Transition::kAlreadyInState;
+    hooks = pool->hooks;
   }
-  MutexLock t(transition);
-  std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
+  VMSTASH_ASSIGN_OR_RETURN(Transition done, ResumeTransition(pool));
+  // After-resume hooks: the tag is active and the transition lock released.
+  HookScope scope(this, tag);
+  for (auto& [before, after] : hooks) {
+    if (!after) continue;
+    absl::Status s = after(tag, device_);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tag '", TagName(tag), "' resumed, but an after-resume hook failed: ",
+                                                 s.message()));
+    }
+  }
+  return done;
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(TagPool* pool) {
+  const Clock::time_point start = Clock::now();
+  MutexLock t(pool->transition_mu.get());
   Policy policy;
   {
     MutexLock lock(&mu_);
-    if (pool->state == TagState::kActive) return Transition::kAlreadyInState;
     pool->state = TagState::kResuming;
-    hooks = pool->hooks;
     policy = pool->stats.policy;
   }
   auto fail = [&](const absl::Status& status) {
@@ -374,6 +466,9 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
     return status;
   };
   const bool restore = policy == Policy::kBackup && !pool->backup_extents.empty();
+  if (restore && pool->arena == nullptr) {
+    return fail(absl::InternalError(absl::StrCat("resume of tag '", pool->stats.name, "': its backup arena is gone")));
+  }
   if (restore && pool->copy_stream == nullptr) {
     absl::StatusOr<Stream> s = driver_->CreateStream(device_);
     if (!s.ok()) return fail(s.status());
@@ -442,14 +537,6 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
     ++s.resumes;
     s.last_resume_ms = ms;
     s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
-  }
-  for (auto& [before, after] : hooks) {
-    if (!after) continue;
-    absl::Status s = after(tag, device_);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tag '", TagName(tag), "' resumed, but an after-resume hook failed: ",
-                                                 s.message()));
-    }
   }
   return Transition::kDone;
 }

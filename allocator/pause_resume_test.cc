@@ -301,11 +301,21 @@ TEST_F(PauseResumeTest, NoOpsAllocationIntoPausedTagAndFreeWhilePaused) {
   ASSERT_TRUE(alloc_->Free(a).ok());
   ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
   EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
-  // Pausing a tag never used on this device pauses it (nothing to release).
+}
+
+// Issue 16 item 6: a tag with no pool here (a typo in `vmstash pause PID TAG`) is
+// NotFound; it is not created paused, so later allocations into it still work.
+TEST_F(PauseResumeTest, PauseOrResumeOfATagNeverUsedHereIsNotFoundAndCreatesNothing) {
   TagId fresh = *InternTag("never_used");
-  EXPECT_EQ(*alloc_->Pause(fresh), Transition::kDone);
-  EXPECT_EQ(alloc_->Allocate(512, nullptr, fresh).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(*alloc_->Resume(fresh), Transition::kDone);
+  absl::StatusOr<Transition> paused = alloc_->Pause(fresh);
+  EXPECT_EQ(paused.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(paused.status().message(), HasSubstr("never_used"));
+  EXPECT_EQ(alloc_->Resume(fresh).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(alloc_->Prepare(fresh).code(), absl::StatusCode::kNotFound);
+  for (const TagStats& t : alloc_->Stats().tags) EXPECT_NE(t.name, "never_used");
+  DevicePtr p = Alloc(512, fresh);  // the name still works for allocation
+  ASSERT_NE(p, 0u);
+  ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
 TEST_F(PauseResumeTest, ResumeOutOfMemoryRollsBackAndARetrySucceeds) {

@@ -23,6 +23,10 @@ absl::StatusOr<std::unique_ptr<StashArena>> StashArena::Create(Driver* driver, C
     return absl::InvalidArgumentError(absl::StrCat("StashArena: page_rows must be a power of two, got ",
                                                    spec.page_rows));
   }
+  if (spec.row_bytes > ~std::uint64_t{0} / spec.page_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("StashArena: a page of ", spec.page_rows, " rows of ",
+                                                   spec.row_bytes, " bytes overflows 64 bits"));
+  }
   VMSTASH_ASSIGN_OR_RETURN(TagId tag, InternTag(spec.tag));
   absl::Status created = allocator->CreateTag(tag, Policy::kDiscard);
   if (!created.ok()) return created;
@@ -142,6 +146,10 @@ absl::Status StashArena::Allocate(std::uint64_t device_pages, std::uint64_t host
 }
 
 absl::StatusOr<StashHandleHeader*> StashArena::NewHandle(std::uint64_t max_rows) {
+  if (max_rows > ~std::uint64_t{0} / spec_.row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("StashArena::NewHandle: ", max_rows, " rows of ", spec_.row_bytes,
+                                                   " bytes overflow 64 bits"));
+  }
   const std::uint64_t slots = (max_rows + spec_.page_rows - 1) / spec_.page_rows;
   VMSTASH_ASSIGN_OR_RETURN(DevicePtr p, allocator_->Allocate(sizeof(StashHandleHeader) + slots * sizeof(std::uint32_t),
                                                              nullptr, tag_));
@@ -153,16 +161,40 @@ absl::StatusOr<StashHandleHeader*> StashArena::NewHandle(std::uint64_t max_rows)
     if (!freed.ok()) VMSTASH_LOG(kError, "vmstash: stash handle rollback: {}", freed.ToString());
     return s;
   }
-  return reinterpret_cast<StashHandleHeader*>(p);
+  auto* handle = reinterpret_cast<StashHandleHeader*>(p);
+  handles_[handle] = HandleInfo{max_rows, 0};
+  return handle;
 }
 
 absl::Status StashArena::FreeHandle(StashHandleHeader* handle) {
-  return allocator_->Free(reinterpret_cast<DevicePtr>(handle));
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) {
+    return absl::InvalidArgumentError("StashArena::FreeHandle: not a live handle of this arena");
+  }
+  VMSTASH_RETURN_IF_ERROR(allocator_->Free(reinterpret_cast<DevicePtr>(handle)));
+  handles_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StashArena::HandleInfo*> StashArena::CheckHandle(StashHandleHeader* handle, std::uint64_t max_rows,
+                                                                const char* what) {
+  auto it = handles_.find(handle);
+  if (handle == nullptr || it == handles_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("StashArena::", what, ": not a live handle of this arena"));
+  }
+  if (max_rows > it->second.max_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("StashArena::", what, ": max_rows ", max_rows,
+                                                   " is more than the handle was created for (",
+                                                   it->second.max_rows, ")"));
+  }
+  return &it->second;
 }
 
 absl::Status StashArena::Reset(Stream stream) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
-  return Launched(ops_->Reset(Cu(stream), state_, host_state_, max_cap_), "reset");
+  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Reset(Cu(stream), state_, host_state_, max_cap_), "reset"));
+  ++epoch_;  // every page is free again: handles stashed before hold none
+  return absl::OkStatus();
 }
 
 absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_t* n_rows_dev, std::uint64_t max_rows,
@@ -171,7 +203,14 @@ absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_
   if (handle == nullptr || n_rows_dev == nullptr || (src == nullptr && max_rows != 0)) {
     return absl::InvalidArgumentError("StashArena::Stash: null argument");
   }
-  return Launched(ops_->Stash(Cu(stream), state_, src, n_rows_dev, max_rows, handle), "stash");
+  VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Stash"));
+  if (info->stashed_epoch == epoch_) {
+    return absl::FailedPreconditionError(
+        "StashArena::Stash: the handle still holds a stashed tensor; restore or discard it first");
+  }
+  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Stash(Cu(stream), state_, src, n_rows_dev, max_rows, handle), "stash"));
+  info->stashed_epoch = epoch_;
+  return absl::OkStatus();
 }
 
 absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void* dst, std::uint64_t max_rows,
@@ -180,13 +219,31 @@ absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void*
   if (handle == nullptr || (dst == nullptr && max_rows != 0)) {
     return absl::InvalidArgumentError("StashArena::Restore: null argument");
   }
-  return Launched(ops_->Restore(Cu(stream), state_, handle, dst, max_rows, zero_tail), "restore");
+  VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Restore"));
+  VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Restore"));
+  VMSTASH_RETURN_IF_ERROR(
+      Launched(ops_->Restore(Cu(stream), state_, handle, dst, max_rows, zero_tail), "restore"));
+  info->stashed_epoch = 0;
+  return absl::OkStatus();
 }
 
 absl::Status StashArena::Discard(Stream stream, StashHandleHeader* handle, std::uint64_t max_rows) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
   if (handle == nullptr) return absl::InvalidArgumentError("StashArena::Discard: null handle");
-  return Launched(ops_->Discard(Cu(stream), state_, handle, max_rows), "discard");
+  VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Discard"));
+  VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Discard"));
+  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Discard(Cu(stream), state_, handle, max_rows), "discard"));
+  info->stashed_epoch = 0;
+  return absl::OkStatus();
+}
+
+absl::Status StashArena::CheckStashed(const HandleInfo& info, const char* what) const {
+  // A handle holding nothing (never stashed, or restored/discarded already) is a no-op
+  // for the kernels; one stashed before the latest Reset would give pages back twice.
+  if (info.stashed_epoch == 0 || info.stashed_epoch == epoch_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "StashArena::", what, ": the handle was stashed before the last reset, which took its pages back; "
+      "stash it again (a reset invalidates every stashed tensor not yet restored)"));
 }
 
 absl::Status StashArena::WriteFlags(Stream stream, StashFlags* out) {

@@ -13,6 +13,14 @@
 // The operations run on an injected executor (stash_ops.h): the CUDA kernels, or the host
 // executor when the driver is the simulated one (so CI exercises this class).
 //
+// Handles are checked on the host, in the order the calls are made (which is the stream
+// order, captured or not): a handle must be one of this arena's, stash/restore/discard
+// may not name more rows than the handle was created for (its page table would
+// overflow), a handle holding pages cannot be stashed into again, and a handle stashed
+// before the latest Reset cannot be restored or discarded (Reset took its pages back;
+// giving them back again would let two handles share pages). Misuse is InvalidArgument
+// or FailedPrecondition and launches nothing.
+//
 // Thread-safety: the launches follow the single-stream rule (stash_kernels.h); host
 // methods are not thread-safe. The pause hook is safe against the arena's destruction.
 #ifndef VMSTASH_STASH_ARENA_H_
@@ -21,6 +29,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,6 +88,14 @@ class StashArena {
   absl::Status Allocate(std::uint64_t device_pages, std::uint64_t host_pages, std::uint64_t page_bytes,
                         Stream stream);
   void ReleaseMemory();  // frees what Prepare allocated; unprepared again
+  struct HandleInfo {
+    std::uint64_t max_rows = 0;
+    std::uint64_t stashed_epoch = 0;  // Reset epoch of its pages; 0: holds none
+  };
+  // The handle's record, or InvalidArgument (not this arena's / more rows than made for).
+  absl::StatusOr<HandleInfo*> CheckHandle(StashHandleHeader* handle, std::uint64_t max_rows, const char* what);
+  // FailedPrecondition when the handle was stashed before the latest Reset.
+  absl::Status CheckStashed(const HandleInfo& info, const char* what) const;
 
   Driver* const driver_;
   CachingAllocator* const allocator_;
@@ -95,6 +113,8 @@ class StashArena {
   std::uint64_t device_bytes_ = 0;
   std::uint64_t max_cap_ = 0;
   StashFlags* flags_scratch_ = nullptr;
+  absl::flat_hash_map<const StashHandleHeader*, HandleInfo> handles_;
+  std::uint64_t epoch_ = 1;  // bumped by every Reset
 };
 
 }  // namespace vmstash::stash

@@ -218,5 +218,66 @@ TEST_F(ArenaSimTest, APauseAfterTheArenaIsGoneIsNotRefusedAndDoesNotCrash) {
   EXPECT_TRUE(alloc_->Resume(tag).ok());
 }
 
+// Issue 16 item 11: handle misuse is refused on the host before anything is launched.
+TEST_F(ArenaSimTest, HandleMisuseIsRefusedBeforeAnythingIsLaunched) {
+  MakeArena(8, 0);
+  std::uint8_t* src = Buffer(8 * kP * kRowBytes);
+  std::uint8_t* dst = Buffer(8 * kP * kRowBytes);
+  auto* n = reinterpret_cast<std::int64_t*>(Buffer(8));
+  StashHandleHeader* h = *arena_->NewHandle(2 * kP);
+  StashHandleHeader* other = *arena_->NewHandle(2 * kP);
+  *n = 2 * kP;
+  // More rows than the handle was created for: its page table would overflow.
+  absl::Status s = arena_->Stash(nullptr, src, n, 8 * kP, h);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("created for"), absl::string_view::npos) << s;
+  EXPECT_EQ(FreeList(0).size(), 8u);  // nothing taken
+  // Not a handle of this arena.
+  StashHandleHeader fake{};
+  EXPECT_EQ(arena_->Stash(nullptr, src, n, 2 * kP, &fake).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arena_->Restore(nullptr, &fake, dst, 2 * kP, false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arena_->FreeHandle(&fake).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, h).ok());
+  EXPECT_EQ(arena_->Restore(nullptr, h, dst, 4 * kP, false).code(), absl::StatusCode::kInvalidArgument);
+  // Stashing again into a handle that holds pages would lose them.
+  EXPECT_EQ(arena_->Stash(nullptr, src, n, 2 * kP, h).code(), absl::StatusCode::kFailedPrecondition);
+  // A handle stashed before a reset: the reset took its pages back; giving them back
+  // again would put page ids twice into the free list (two handles sharing pages).
+  ASSERT_TRUE(arena_->Reset(nullptr).ok());
+  s = arena_->Restore(nullptr, h, dst, 2 * kP, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("reset"), absl::string_view::npos) << s;
+  EXPECT_EQ(arena_->Discard(nullptr, h, 2 * kP).code(), absl::StatusCode::kFailedPrecondition);
+  std::vector<std::uint32_t> free_list = FreeList(0);
+  std::sort(free_list.begin(), free_list.end());
+  EXPECT_EQ(std::unique(free_list.begin(), free_list.end()), free_list.end());  // no page twice
+  EXPECT_EQ(free_list.size(), 8u);
+  // After the reset both handles work again, and never share pages.
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, h).ok());
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, other).ok());
+  const auto* ta = reinterpret_cast<const std::uint32_t*>(h + 1);
+  const auto* tb = reinterpret_cast<const std::uint32_t*>(other + 1);
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 2; ++j) EXPECT_NE(ta[i], tb[j]);
+  }
+  ASSERT_TRUE(arena_->Restore(nullptr, h, dst, 2 * kP, false).ok());
+  ASSERT_TRUE(arena_->Discard(nullptr, other, 2 * kP).ok());
+  EXPECT_EQ(0, std::memcmp(dst, src, 2 * kP * kRowBytes));
+  ASSERT_TRUE(arena_->FreeHandle(h).ok());
+  ASSERT_TRUE(arena_->FreeHandle(other).ok());
+  EXPECT_EQ(arena_->FreeHandle(h).code(), absl::StatusCode::kInvalidArgument);  // twice
+}
+
+// Issue 16 item 11: page_rows * row_bytes wrapping to 0 (a later division by zero).
+TEST_F(ArenaSimTest, PageSizesThatOverflowAreRefusedAtCreation) {
+  absl::StatusOr<std::unique_ptr<StashArena>> a =
+      StashArena::Create(sim_.get(), alloc_.get(), StashArenaSpec{std::uint64_t{1} << 58, 64, "stash"});
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  a = StashArena::Create(sim_.get(), alloc_.get(), StashArenaSpec{(~std::uint64_t{0} / 64) + 1, 64, "stash"});
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument);
+  MakeArena(4, 0);
+  EXPECT_EQ(arena_->NewHandle(~std::uint64_t{0} / 2).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace vmstash::stash

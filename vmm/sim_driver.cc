@@ -389,6 +389,16 @@ void SimDriver::ReleaseStream(int device, Stream stream) {
   held_.erase({device, stream});
 }
 
+bool SimDriver::StreamHeld(int device, Stream stream) const {
+  MutexLock lock(&hold_mu_);
+  return held_.contains({device, stream});
+}
+
+void SimDriver::SetAfterSynchronizeDevice(std::function<void(int device)> fn) {
+  MutexLock lock(&hook_mu_);
+  after_sync_ = std::move(fn);
+}
+
 bool SimDriver::EventPending(int device, const void* event_ptr) const {
   const SimEvent* e = static_cast<const SimEvent*>(event_ptr);
   if (e->hold_generation == 0) return false;
@@ -446,15 +456,23 @@ absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
 absl::Status SimDriver::SynchronizeDevice(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kSynchronizeDevice));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
-  MutexLock lock(&hold_mu_);
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (it->first.first == device) held_.erase(it++);
-    else ++it;
+  {
+    MutexLock lock(&hold_mu_);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->first.first == device) held_.erase(it++);
+      else ++it;
+    }
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->first.first == device) in_flight_.erase(it++);
+      else ++it;
+    }
   }
-  for (auto it = in_flight_.begin(); it != in_flight_.end();) {
-    if (it->first.first == device) in_flight_.erase(it++);
-    else ++it;
+  std::function<void(int)> after;
+  {
+    MutexLock lock(&hook_mu_);
+    after = after_sync_;
   }
+  if (after) after(device);
   return absl::OkStatus();
 }
 

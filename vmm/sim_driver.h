@@ -29,6 +29,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <utility>
 #include <string>
@@ -68,6 +69,12 @@ class SimDriver final : public Driver {
   // See "held stream" above. `stream` may be nullptr (the default stream).
   void HoldStream(int device, Stream stream);
   void ReleaseStream(int device, Stream stream);
+  // True while a hold of `stream` has not ended (released, or waited for).
+  bool StreamHeld(int device, Stream stream) const;
+  // Runs `fn(device)` in the calling thread right after every successful
+  // SynchronizeDevice (nullptr: none). Tests use it to act in the window between a
+  // synchronization and what the caller does after it.
+  void SetAfterSynchronizeDevice(std::function<void(int device)> fn);
 
   absl::string_view Name() const override { return "sim"; }
   absl::StatusOr<int> DeviceCount() override;
@@ -132,6 +139,8 @@ class SimDriver final : public Driver {
   std::atomic<ChunkHandle> next_chunk_{1};
   mutable Mutex fault_mu_;
   std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);
+  mutable Mutex hook_mu_;
+  std::function<void(int)> after_sync_ ABSL_GUARDED_BY(hook_mu_);
   mutable Mutex hold_mu_;
   absl::flat_hash_map<std::pair<int, Stream>, std::uint64_t> held_ ABSL_GUARDED_BY(hold_mu_);
   std::uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;

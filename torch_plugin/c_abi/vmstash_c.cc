@@ -5,12 +5,26 @@
 // array (no lock besides the allocator's own). Creation and shutdown take the runtime
 // mutex. Every entry point catches everything (std::bad_alloc included), records the
 // message in a thread-local string and returns a code or NULL.
+//
+// Note [Shutdown]
+//   Every entry point runs inside a CallScope: it counts itself in a per-thread-striped
+//   in-flight counter, then checks the runtime's phase. vmstash_shutdown sets the phase
+//   to "closing", stops the control endpoint (outside the lock; a request it serves
+//   completes or fails), waits until no call is in flight, and only then destroys the
+//   allocators and the driver. Both sides use sequentially consistent operations, so a
+//   call either sees "closing" and fails with FailedPrecondition, or is counted and
+//   completes before anything is destroyed. After a shutdown every call fails with
+//   FailedPrecondition until vmstash_init is called again (no silent re-initialization
+//   from the environment, which would drop the options given to vmstash_init). A
+//   shutdown from inside a vmstash call (a hook) would wait for itself: it fails.
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -33,6 +47,48 @@ namespace {
 constexpr int kMaxDevices = 64;
 
 thread_local std::string last_error;
+
+// Note [Shutdown]. kOpen: calls run (the first one may initialize from the environment).
+enum class Phase : int { kOpen, kClosing, kShutDown };
+constexpr int kStripes = 32;
+struct alignas(64) Stripe {
+  std::atomic<int> calls{0};
+};
+Stripe in_flight[kStripes];
+std::atomic<Phase> phase{Phase::kOpen};
+std::atomic<int> next_stripe{0};
+thread_local const int my_stripe = next_stripe.fetch_add(1, std::memory_order_relaxed) % kStripes;
+thread_local int call_depth = 0;  // vmstash calls on this thread's stack (hooks nest)
+
+class CallScope {
+ public:
+  CallScope() {
+    in_flight[my_stripe].calls.fetch_add(1, std::memory_order_seq_cst);
+    ++call_depth;
+    const Phase p = phase.load(std::memory_order_seq_cst);
+    if (p == Phase::kOpen) return;
+    refused_ = absl::FailedPreconditionError(
+        p == Phase::kClosing ? "vmstash is shutting down (vmstash_shutdown in progress); the call was refused"
+                             : "vmstash was shut down; call vmstash_init() to use it again");
+  }
+  ~CallScope() {
+    --call_depth;
+    in_flight[my_stripe].calls.fetch_sub(1, std::memory_order_seq_cst);
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  // OK, or why the call must not touch the runtime.
+  const absl::Status& refused() const { return refused_; }
+
+ private:
+  absl::Status refused_;
+};
+
+int CallsInFlight() {
+  int n = 0;
+  for (const Stripe& s : in_flight) n += s.calls.load(std::memory_order_seq_cst);
+  return n;
+}
 
 int Fail(const absl::Status& status) {
   last_error = status.ToString();
@@ -73,6 +129,20 @@ Runtime& TheRuntime() {
   return *runtime;
 }
 
+// The control endpoint's answer to "hello": driver and devices in use.
+void DescribeRuntime(JsonWriter& w) {
+  Runtime& r = TheRuntime();
+  MutexLock lock(&r.mu);
+  w.Field("driver", r.driver != nullptr ? std::string(r.driver->Name()) : "none (shut down)");
+  w.Field("device_count", r.device_count);
+  w.Key("devices_in_use");
+  w.BeginArray();
+  for (int d = 0; d < r.device_count; ++d) {
+    if (r.allocators[d].load(std::memory_order_acquire) != nullptr) w.Int(d);
+  }
+  w.EndArray();
+}
+
 absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu) {
   absl::StatusOr<Options> options = conf == nullptr ? OptionsFromEnvironment() : ParseOptions(conf);
   if (!options.ok()) return options.status();
@@ -93,20 +163,7 @@ absl::Status InitLocked(Runtime& rt, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQU
   rt.conf = canonical;
   rt.initialized = true;
   rt.ready.store(true, std::memory_order_release);
-  if (options->control) {
-    rt.control = StartControlService([](JsonWriter& w) {
-      Runtime& r = TheRuntime();
-      MutexLock lock(&r.mu);
-      w.Field("driver", r.driver != nullptr ? std::string(r.driver->Name()) : "none (shut down)");
-      w.Field("device_count", r.device_count);
-      w.Key("devices_in_use");
-      w.BeginArray();
-      for (int d = 0; d < r.device_count; ++d) {
-        if (r.allocators[d].load(std::memory_order_acquire) != nullptr) w.Int(d);
-      }
-      w.EndArray();
-    });
-  }
+  if (options->control) rt.control = StartControlService(DescribeRuntime);
   return absl::OkStatus();
 }
 
@@ -135,6 +192,8 @@ std::vector<CachingAllocator*> AllocatorsInUse();
 // When the process ends (handlers registered with atexit run before the CUDA driver's
 // own teardown, registered earlier), no background work may start while the driver goes.
 void StopBackgroundWorkAtExit() {
+  CallScope scope;
+  if (!scope.refused().ok()) return;
   for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
 }
 
@@ -199,9 +258,12 @@ char* CopyString(const std::string& s) {
   return out;
 }
 
+// Runs an entry point's body: counted for Note [Shutdown], exceptions turned into codes.
 template <typename Fn>
 int Guard(Fn fn) noexcept {
   try {
+    CallScope scope;
+    if (!scope.refused().ok()) return Fail(scope.refused());
     return fn();
   } catch (const std::bad_alloc&) {
     return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
@@ -223,6 +285,84 @@ int OnDevices(int device, Fn fn) noexcept {
       changed = changed || *r;
     }
     return changed || targets->empty() ? 0 : VMSTASH_NOOP;
+  });
+}
+
+absl::StatusOr<TagId> TagArg(const char* tag) {
+  if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
+  return InternTag(tag);
+}
+
+// The allocators a pause/resume of `device` (-1: all in use) concerns, without creating
+// one (and a CUDA context) on a device this process never used.
+absl::StatusOr<std::vector<CachingAllocator*>> ExistingTargets(int device) {
+  if (device == -1) return AllocatorsInUse();
+  Runtime& rt = TheRuntime();
+  if (device >= 0 && device < kMaxDevices) {
+    if (CachingAllocator* a = rt.allocators[device].load(std::memory_order_acquire)) return std::vector{a};
+  }
+  MutexLock lock(&rt.mu);
+  if (!rt.initialized) {
+    absl::Status s = InitLocked(rt, nullptr);
+    if (!s.ok()) return s;
+  }
+  if (device < 0 || device >= rt.device_count) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist (", rt.device_count,
+                                                   " device(s), driver ", rt.driver->Name(), ")"));
+  }
+  return std::vector<CachingAllocator*>{};  // never used: no tag has memory there
+}
+
+// True when `tag` was created through vmstash_create_tag or has a pool on some device.
+bool TagKnown(TagId tag) {
+  Runtime& rt = TheRuntime();
+  {
+    MutexLock lock(&rt.mu);
+    for (const auto& [known, policy] : rt.tag_policies) {
+      if (known == tag) return true;
+    }
+  }
+  for (CachingAllocator* a : AllocatorsInUse()) {
+    if (a->TagPolicy(tag).ok()) return true;
+  }
+  return false;
+}
+
+// Pause (or resume) of `tag` on every target, all or nothing: when one device fails,
+// the devices this call already changed are changed back (resumed, or paused again) and
+// the error names the failing device and the outcome of that rollback. Devices where
+// the tag has no memory are skipped; a tag unknown to the process is NotFound.
+int TransitionOnDevices(const char* tag, int device, bool pause, const CachingAllocator::LiveRanges* live) noexcept {
+  return Guard([&] {
+    absl::StatusOr<TagId> id = TagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    absl::StatusOr<std::vector<CachingAllocator*>> targets = ExistingTargets(device);
+    if (!targets.ok()) return Fail(targets.status());
+    const char* verb = pause ? "pause" : "resume";
+    std::vector<CachingAllocator*> changed;
+    for (CachingAllocator* a : *targets) {
+      absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(*id, live) : a->Resume(*id);
+      if (r.ok()) {
+        if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
+        continue;
+      }
+      if (absl::IsNotFound(r.status())) continue;  // no memory of the tag on this device
+      std::string rollback;
+      for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
+        absl::StatusOr<CachingAllocator::Transition> undo = pause ? (*it)->Resume(*id) : (*it)->Pause(*id);
+        absl::StrAppend(&rollback, rollback.empty() ? "" : ", ", "device ", (*it)->device(), " ",
+                        undo.ok() ? (pause ? "resumed again" : "paused again")
+                                  : absl::StrCat("NOT restored (", undo.status().message(), ")"));
+      }
+      return Fail(absl::Status(
+          r.status().code(),
+          absl::StrCat(verb, " of tag '", tag, "' failed on device ", a->device(), ": ", r.status().message(),
+                       rollback.empty() ? "" : absl::StrCat("; rolled back: ", rollback))));
+    }
+    if (changed.empty() && !TagKnown(*id)) {
+      return Fail(absl::NotFoundError(absl::StrCat(verb, ": tag '", tag, "' does not exist in this process")));
+    }
+    return changed.empty() ? VMSTASH_NOOP : VMSTASH_OK;
   });
 }
 
@@ -249,11 +389,6 @@ void* SlotMalloc(size_t size, int device, cudaStream_t stream) noexcept {
   return MallocIn(size, device, stream, tag);
 }
 
-absl::StatusOr<TagId> TagArg(const char* tag) {
-  if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
-  return InternTag(tag);
-}
-
 }  // namespace
 
 namespace c_abi {
@@ -269,29 +404,56 @@ using namespace vmstash;  // NOLINT: the C entry points below are thin
 extern "C" {
 
 int vmstash_init(const char* options) noexcept {
-  return Guard([&] {
+  try {
     Runtime& rt = TheRuntime();
     MutexLock lock(&rt.mu);
-    absl::Status s = InitLocked(rt, options == nullptr ? nullptr : options);
-    return s.ok() ? 0 : Fail(s);
-  });
+    if (phase.load() == Phase::kClosing) {
+      return Fail(absl::FailedPreconditionError("vmstash_init: vmstash_shutdown is in progress"));
+    }
+    absl::Status s = InitLocked(rt, options);
+    if (!s.ok()) return Fail(s);
+    phase.store(Phase::kOpen);
+    return 0;
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash_init: unexpected exception"));
+  }
 }
 
 int vmstash_is_initialized(void) noexcept { return TheRuntime().ready.load(std::memory_order_acquire) ? 1 : 0; }
 
+// See Note [Shutdown].
 int vmstash_shutdown(void) noexcept {
-  // The control endpoint stops too (its thread must not outlive a dlclose of this library),
-  // after the lock is released: a request it is serving may be waiting for that lock.
-  std::unique_ptr<control::ControlServer> control;
-  const int result = Guard([&] {
+  if (call_depth > 0) {
+    return Fail(absl::FailedPreconditionError(
+        "vmstash_shutdown called from inside a vmstash call (a pause/resume hook?): it would wait for itself"));
+  }
+  try {
     Runtime& rt = TheRuntime();
-    MutexLock lock(&rt.mu);
-    if (const int n = rt.dependents.load(); n != 0) {
-      return Fail(absl::FailedPreconditionError(
-          absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) still exist; destroy them first")));
+    std::unique_ptr<control::ControlServer> control;
+    {
+      MutexLock lock(&rt.mu);
+      const Phase p = phase.load();
+      if (p == Phase::kShutDown) return 0;
+      if (p == Phase::kClosing) return Fail(absl::FailedPreconditionError("vmstash_shutdown: already in progress"));
+      if (const int n = rt.dependents.load(); n != 0) {
+        return Fail(absl::FailedPreconditionError(
+            absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) still exist; destroy them first")));
+      }
+      phase.store(Phase::kClosing);
+      rt.ready.store(false, std::memory_order_release);
+      control = std::move(rt.control);
     }
-    control = std::move(rt.control);
-    rt.ready.store(false, std::memory_order_release);
+    // Outside the lock: a request the endpoint is serving may be waiting for it.
+    control.reset();
+    while (CallsInFlight() != 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    MutexLock lock(&rt.mu);
+    if (const int n = rt.dependents.load(); n != 0) {  // created by a call that was in flight
+      phase.store(Phase::kOpen);
+      rt.ready.store(rt.initialized, std::memory_order_release);
+      if (rt.initialized && rt.options.control) rt.control = StartControlService(DescribeRuntime);
+      return Fail(absl::FailedPreconditionError(
+          absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) were created meanwhile; destroy them first")));
+    }
     for (int d = 0; d < kMaxDevices; ++d) rt.allocators[d].store(nullptr, std::memory_order_release);
     for (auto& a : rt.owned) a.reset();
     rt.driver.reset();
@@ -299,10 +461,11 @@ int vmstash_shutdown(void) noexcept {
     rt.tag_policies.clear();
     rt.hooks.clear();
     rt.device_count = 0;
+    phase.store(Phase::kShutDown);
     return 0;
-  });
-  control.reset();
-  return result;
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash_shutdown: unexpected exception"));
+  }
 }
 
 const char* vmstash_version(void) noexcept { return "0.3.0"; }
@@ -362,10 +525,14 @@ void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexc
 
 int vmstash_owner_device(const void* ptr) noexcept {
   if (ptr == nullptr) return -1;
-  for (CachingAllocator* a : AllocatorsInUse()) {
-    if (a->Owns(reinterpret_cast<DevicePtr>(ptr))) return a->device();
-  }
-  return -1;
+  int owner = -1;
+  Guard([&] {
+    for (CachingAllocator* a : AllocatorsInUse()) {
+      if (a->Owns(reinterpret_cast<DevicePtr>(ptr))) return owner = a->device(), 0;
+    }
+    return 0;
+  });
+  return owner;
 }
 
 int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) noexcept {
@@ -414,14 +581,7 @@ int vmstash_set_current_tag(const char* tag) noexcept {
 
 const char* vmstash_get_current_tag(void) noexcept { return TagName(CurrentTag()).data(); }
 
-int vmstash_pause(const char* tag, int device) noexcept {
-  absl::StatusOr<TagId> id = TagArg(tag);
-  if (!id.ok()) return Fail(id.status());
-  return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
-    VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id));
-    return t == CachingAllocator::Transition::kDone;
-  });
-}
+int vmstash_pause(const char* tag, int device) noexcept { return TransitionOnDevices(tag, device, true, nullptr); }
 
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) noexcept {
@@ -430,15 +590,13 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
   if (n != 0 && (starts == nullptr || sizes == nullptr)) {
     return Fail(absl::InvalidArgumentError("vmstash_pause_live: NULL range arrays with n > 0"));
   }
-  return Guard([&] {
-    auto live = std::make_shared<CachingAllocator::LiveRanges>();
-    live->reserve(n);
-    for (size_t i = 0; i < n; ++i) live->emplace_back(starts[i], sizes[i]);
-    return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
-      VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Pause(*id, live.get()));
-      return t == CachingAllocator::Transition::kDone;
-    });
+  CachingAllocator::LiveRanges live;
+  const int rc = Guard([&] {
+    live.reserve(n);
+    for (size_t i = 0; i < n; ++i) live.emplace_back(starts[i], sizes[i]);
+    return 0;
   });
+  return rc != 0 ? rc : TransitionOnDevices(tag, device, true, &live);
 }
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {
@@ -462,14 +620,7 @@ int vmstash_set_memory_margin(size_t bytes) noexcept {
   });
 }
 
-int vmstash_resume(const char* tag, int device) noexcept {
-  absl::StatusOr<TagId> id = TagArg(tag);
-  if (!id.ok()) return Fail(id.status());
-  return OnDevices(device, [&](CachingAllocator& a) -> absl::StatusOr<bool> {
-    VMSTASH_ASSIGN_OR_RETURN(CachingAllocator::Transition t, a.Resume(*id));
-    return t == CachingAllocator::Transition::kDone;
-  });
-}
+int vmstash_resume(const char* tag, int device) noexcept { return TransitionOnDevices(tag, device, false, nullptr); }
 
 int vmstash_prepare(const char* tag, int device, size_t bytes) noexcept {
   absl::StatusOr<TagId> id = TagArg(tag);

@@ -52,7 +52,10 @@ enum vmstash_code {
 int vmstash_init(const char* options) VMSTASH_NOEXCEPT;
 /* 1 when initialized, else 0. */
 int vmstash_is_initialized(void) VMSTASH_NOEXCEPT;
-/* Releases every device's memory and the driver; a later call initializes again. */
+/* Releases every device's memory and the driver. Safe against concurrent calls: those in
+ * flight complete first, later ones fail with VMSTASH_FAILED_PRECONDITION ("shut down")
+ * until vmstash_init is called again (nothing re-initializes silently). Fails from
+ * inside a hook, and while stash arenas exist. */
 int vmstash_shutdown(void) VMSTASH_NOEXCEPT;
 /* "1.0.0"-style version of the library. */
 const char* vmstash_version(void) VMSTASH_NOEXCEPT;
@@ -84,8 +87,11 @@ const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
  * pause releases the tag's physical memory after copying its live bytes to host memory
  * when its policy is "backup"; resume maps memory at the same addresses and restores.
  * device -1: every device in use. Returns 0 when done, VMSTASH_NOOP when the tag was
- * already paused (resp. active) everywhere, else an error code; a failed pause leaves the
- * tag active and intact, a failed resume leaves it paused with its backup. */
+ * already paused (resp. active) everywhere or has no memory on the device(s),
+ * VMSTASH_NOT_FOUND for a tag this process never created or used, else an error code.
+ * All or nothing: a failed pause leaves the tag active and intact on every device (the
+ * devices already paused by the call are resumed), a failed resume leaves it paused
+ * with its backup everywhere. A device this process never used gets no allocator. */
 #define VMSTASH_NOOP (-1)
 int vmstash_pause(const char* tag, int device) VMSTASH_NOEXCEPT;
 int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
@@ -96,20 +102,23 @@ int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
- * into host memory `dst` (what a pause saved there). VMSTASH_NOT_FOUND when no paused
- * backup holds those bytes. */
+ * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
+ * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) VMSTASH_NOEXCEPT;
 /* Refuse to map new device memory when the device's free memory would fall below `bytes`
  * (0: no margin). Applies to every device, now and later. */
 int vmstash_set_memory_margin(size_t bytes) VMSTASH_NOEXCEPT;
 /* Pins the tag's backup arena ahead of the first pause: `bytes`, or (0) the tag's
- * allocated bytes. vmstash_release_backup gives that host memory back (not while paused). */
+ * allocated bytes. Both are VMSTASH_FAILED_PRECONDITION while the tag is paused (its
+ * arena holds the paused bytes). vmstash_release_backup gives that host memory back. */
 int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
 int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
 /* Callbacks around transitions of `tag` on every device (e.g. NCCL/RDMA re-registration),
- * called without vmstash locks. A non-zero return from before_pause vetoes the pause;
- * one from after_resume is reported by vmstash_resume (the tag is resumed). Either may be
- * NULL. */
+ * called without vmstash locks (the tag is active in both): they may allocate and free,
+ * in their own tag too; pausing or resuming their own tag, or vmstash_shutdown, fails
+ * with VMSTASH_FAILED_PRECONDITION. A non-zero return from before_pause vetoes the
+ * pause; one from after_resume is reported by vmstash_resume (the tag is resumed).
+ * Either may be NULL. */
 typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) VMSTASH_NOEXCEPT;

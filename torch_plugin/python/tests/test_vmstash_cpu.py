@@ -137,6 +137,18 @@ class VmstashCpuTest(unittest.TestCase):
         self.assertTrue(vmstash.pause("cpu_rb"))
         vmstash.read_backup(p + MiB, 4096, ctypes.addressof(buf))
         self.assertEqual(buf.raw, bytes([0x3C]) * 4096)
+        # Issue 16 item 4: sizes that are negative or wrap the address space are refused.
+        with self.assertRaises(ValueError):
+            vmstash.read_backup(p + 16, -1, ctypes.addressof(buf))
+        with self.assertRaises(ValueError):
+            vmstash.read_backup(p + 16, 16, 0)
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.read_backup(p + 16, (1 << 64) - 16, ctypes.addressof(buf))
+        self.assertEqual(e.exception.code_name, "INVALID_ARGUMENT")
+        # Prepare of a paused tag is refused (its arena holds the paused bytes).
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.prepare("cpu_rb")
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
         self.assertTrue(vmstash.resume("cpu_rb"))
         free(p, 2 * MiB)
         vmstash.set_memory_margin(1 << 40)  # more than the device has

@@ -167,7 +167,14 @@ def tag_stats(tag, device=0):
 def read_backup(address, nbytes, dst_address, device=0):
     """Copies `nbytes` at device `address` from the backup of a paused `backup` tag into
     host memory at `dst_address`. Raises vmstash.Error (NOT_FOUND) when no paused backup
-    holds those bytes."""
+    holds those bytes; ValueError for a negative size or address or a null destination."""
+    for name, value in (("address", address), ("nbytes", nbytes), ("dst_address", dst_address)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"read_backup: {name} must be an int, got {type(value).__name__}")
+        if value < 0:
+            raise ValueError(f"read_backup: {name} must be >= 0, got {value}")
+    if nbytes > 0 and dst_address == 0:
+        raise ValueError("read_backup: dst_address is null")
     _lib.check(_lib.lib().vmstash_read_backup(address, nbytes, _device_arg(device), dst_address), "read_backup")
 
 

@@ -28,6 +28,7 @@ import threading
 import warnings
 
 from .. import _api, _lib, _torch
+from .._lib import Error
 
 __all__ = ["torch_memory_saver", "configure_subprocess", "TorchMemorySaver"]
 
@@ -50,6 +51,18 @@ def _process_backend():
 
 def _unimplemented(what):
     return _lib.Error(f"torch_memory_saver compatibility: {what} is not supported by this vmstash version", 12)
+
+
+def _if_created(fn, name):
+    """fn(name), unless no region of that tag was ever entered (vmstash does not know the
+    name yet: torch_memory_saver treats such a tag as empty). True when fn ran."""
+    try:
+        fn(name)
+    except Error as e:
+        if e.code_name != "NOT_FOUND":
+            raise
+        return False
+    return True
 
 
 class TorchMemorySaver:
@@ -176,12 +189,11 @@ class TorchMemorySaver:
     # --- pause / resume ----------------------------------------------------------------
     def pause(self, tag=None):
         for name, _ in self._targets(tag):
-            _api.pause(name)
+            _if_created(_api.pause, name)
 
     def resume(self, tag=None):
         for name, policy in self._targets(tag):
-            _api.resume(name)
-            if policy == "backup" and not self._retain:
+            if _if_created(_api.resume, name) and policy == "backup" and not self._retain:
                 _api.release_backup(name)
 
     def get_cpu_backup(self, x, zero_copy=False):

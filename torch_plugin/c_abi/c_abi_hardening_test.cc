@@ -1,0 +1,251 @@
+// Regression tests of the C ABI for defects found in review (issue 16): 5 shutdown racing
+// concurrent calls and silent re-initialization, 6 all-or-nothing pause/resume across
+// devices and unknown tags, 3 a hook calling shutdown, 11 stash handle misuse. Run under
+// ASAN and TSAN in CI (scripts/run_tests.sh).
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
+#include "torch_plugin/include/vmstash/vmstash_stash.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+
+bool StateIs(int device, const char* tag, const char* state) {
+  char* json = vmstash_stats_json(device);
+  if (json == nullptr) return false;
+  const std::string s(json);
+  vmstash_string_free(json);
+  const std::size_t at = s.find(std::string("\"name\":\"") + tag + "\"");
+  if (at == std::string::npos) return false;
+  const std::size_t st = s.find("\"state\":\"", at);
+  return st != std::string::npos && s.compare(st + 9, std::strlen(state), state) == 0;
+}
+
+void* MallocIn(const char* tag, std::size_t n, int device) {
+  EXPECT_EQ(vmstash_set_current_tag(tag), VMSTASH_OK);
+  void* p = vmstash_malloc(n, device, nullptr);
+  EXPECT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  return p;
+}
+
+void Fill(void* p, std::size_t n, unsigned seed) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4099) b[i] = static_cast<unsigned char>(seed + i);
+}
+bool Holds(const void* p, std::size_t n, unsigned seed) {
+  auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4099) {
+    if (b[i] != static_cast<unsigned char>(seed + i)) return false;
+  }
+  return true;
+}
+
+// Item 5: calls racing a shutdown complete or fail with a clear error (ASAN/TSAN find any
+// use of a destroyed allocator); after it, nothing re-initializes silently.
+TEST(CAbiHardeningTest, ShutdownIsSafeAgainstConcurrentCallsAndDoesNotReinitializeSilently) {
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,control:0"), VMSTASH_OK);
+    ASSERT_EQ(vmstash_create_tag("race", "discard"), VMSTASH_OK);
+    std::atomic<bool> stop{false};
+    std::atomic<int> ok_calls{0}, refused{0}, other_errors{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        int i = 0;
+        while (!stop.load()) {
+          const int device = (t + i++) % 2;
+          void* p = vmstash_malloc(4096 * (1 + i % 7), device, nullptr);
+          if (p != nullptr) {
+            vmstash_free(p, 0, device, nullptr);
+            ok_calls.fetch_add(1);
+          } else if (std::string(vmstash_last_error()).find("shut") != std::string::npos) {
+            refused.fetch_add(1);
+          } else {
+            other_errors.fetch_add(1);
+          }
+          if (char* json = vmstash_stats_json(-1)) vmstash_string_free(json);
+          const int rc = i % 2 == 0 ? vmstash_pause("race", -1) : vmstash_resume("race", -1);
+          if (rc != VMSTASH_OK && rc != VMSTASH_NOOP && rc != VMSTASH_FAILED_PRECONDITION) other_errors.fetch_add(1);
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK) << vmstash_last_error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    stop.store(true);
+    for (auto& th : threads) th.join();
+    EXPECT_GT(ok_calls.load(), 0);
+    EXPECT_GT(refused.load(), 0);  // calls after the shutdown were refused, not re-initialized
+    EXPECT_EQ(other_errors.load(), 0);
+    EXPECT_EQ(vmstash_is_initialized(), 0);
+    EXPECT_EQ(vmstash_malloc(512, 0, nullptr), nullptr);
+    EXPECT_THAT(vmstash_last_error(), HasSubstr("vmstash_init"));
+    EXPECT_EQ(vmstash_shutdown(), VMSTASH_OK);  // twice: nothing to do
+  }
+  // vmstash_init starts it again.
+  ASSERT_EQ(vmstash_init("driver:sim,control:0"), VMSTASH_OK);
+  void* p = vmstash_malloc(512, 0, nullptr);
+  ASSERT_NE(p, nullptr) << vmstash_last_error();
+  vmstash_free(p, 512, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+int shutdown_from_hook = 0;
+int ShutdownHook(const char*, int, void*) {
+  shutdown_from_hook = vmstash_shutdown();
+  return 0;
+}
+
+// Item 5/3: a shutdown from a hook would wait for the call running the hook: it fails.
+TEST(CAbiHardeningTest, ShutdownFromAHookFailsInsteadOfHanging) {
+  ASSERT_EQ(vmstash_init("driver:sim,control:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("hooked", "discard"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_register_hooks("hooked", ShutdownHook, nullptr, nullptr), VMSTASH_OK);
+  void* p = MallocIn("hooked", 4096, 0);
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(vmstash_pause("hooked", 0), VMSTASH_OK);
+  EXPECT_EQ(shutdown_from_hook, VMSTASH_FAILED_PRECONDITION);
+  ASSERT_EQ(vmstash_resume("hooked", 0), VMSTASH_OK);
+  vmstash_free(p, 4096, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 6: a pause over all devices that fails on device 1 resumes device 0 again (the
+// second copy to host of the run fails: device 0's block was copied, device 1's not).
+TEST(CAbiHardeningTest, PauseOverAllDevicesIsAllOrNothing) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0,control:0,"
+                         "sim_fail:copy_to_host@2=internal"),
+            VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("md", "backup"), VMSTASH_OK);
+  void* a = MallocIn("md", 3 << 20, 0);
+  void* b = MallocIn("md", 3 << 20, 1);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << vmstash_last_error();
+  Fill(a, 3 << 20, 11);
+  Fill(b, 3 << 20, 22);
+  EXPECT_EQ(vmstash_pause("md", -1), VMSTASH_INTERNAL);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("failed on device 1"));
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("device 0 resumed again"));
+  EXPECT_TRUE(StateIs(0, "md", "active"));
+  EXPECT_TRUE(StateIs(1, "md", "active"));
+  EXPECT_TRUE(Holds(a, 3 << 20, 11));
+  EXPECT_TRUE(Holds(b, 3 << 20, 22));
+  // The fault is spent: both pause and resume, bytes intact.
+  ASSERT_EQ(vmstash_pause("md", -1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_TRUE(StateIs(0, "md", "paused"));
+  EXPECT_TRUE(StateIs(1, "md", "paused"));
+  ASSERT_EQ(vmstash_resume("md", -1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_TRUE(Holds(a, 3 << 20, 11));
+  EXPECT_TRUE(Holds(b, 3 << 20, 22));
+  vmstash_free(a, 0, 0, nullptr);
+  vmstash_free(b, 0, 1, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 6: a resume over all devices that fails (out of memory) on device 1 pauses device
+// 0 again, with its bytes backed up again.
+TEST(CAbiHardeningTest, ResumeOverAllDevicesIsAllOrNothing) {
+  // Maps: one per malloc (2), then device 0's resume (3) and device 1's (4, refused).
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0,control:0,"
+                         "sim_fail:map@4=oom"),
+            VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("mr", "backup"), VMSTASH_OK);
+  void* a = MallocIn("mr", 3 << 20, 0);
+  void* b = MallocIn("mr", 3 << 20, 1);
+  ASSERT_TRUE(a != nullptr && b != nullptr) << vmstash_last_error();
+  Fill(a, 3 << 20, 33);
+  Fill(b, 3 << 20, 44);
+  ASSERT_EQ(vmstash_pause("mr", -1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(vmstash_resume("mr", -1), VMSTASH_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("failed on device 1"));
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("device 0 paused again"));
+  EXPECT_TRUE(StateIs(0, "mr", "paused"));
+  EXPECT_TRUE(StateIs(1, "mr", "paused"));
+  ASSERT_EQ(vmstash_resume("mr", -1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_TRUE(Holds(a, 3 << 20, 33));
+  EXPECT_TRUE(Holds(b, 3 << 20, 44));
+  vmstash_free(a, 0, 0, nullptr);
+  vmstash_free(b, 0, 1, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 6: a typo is NOT_FOUND and creates nothing; a known tag without memory on the
+// named device is a no-op, and a device the process never used gets no allocator.
+TEST(CAbiHardeningTest, UnknownTagsAreNotFoundAndUnusedDevicesStayUntouched) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,control:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("kv", "discard"), VMSTASH_OK);
+  void* p = MallocIn("kv", 4096, 0);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(vmstash_pause("kv_cahce", -1), VMSTASH_NOT_FOUND);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("'kv_cahce' does not exist"));
+  EXPECT_EQ(vmstash_resume("kv_cahce", 0), VMSTASH_NOT_FOUND);
+  EXPECT_EQ(vmstash_pause("kv", 1), VMSTASH_NOOP);  // device 1 never used
+  EXPECT_EQ(vmstash_pause("kv", 2), VMSTASH_INVALID_ARGUMENT);
+  char* json = vmstash_stats_json(-1);
+  ASSERT_NE(json, nullptr);
+  EXPECT_THAT(std::string(json), ::testing::Not(HasSubstr("\"device\":1")));
+  EXPECT_THAT(std::string(json), ::testing::Not(HasSubstr("kv_cahce")));
+  vmstash_string_free(json);
+  // Later allocations into the typo's name still work (it was not created paused).
+  void* q = MallocIn("kv_cahce", 4096, 0);
+  EXPECT_NE(q, nullptr) << vmstash_last_error();
+  vmstash_free(q, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_pause("kv", -1), VMSTASH_OK);
+  ASSERT_EQ(vmstash_resume("kv", -1), VMSTASH_OK);
+  vmstash_free(p, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 4: ReadBackup ranges that wrap are INVALID_ARGUMENT, not a segfault.
+TEST(CAbiHardeningTest, ReadBackupOfAWrappingRangeIsInvalidArgument) {
+  ASSERT_EQ(vmstash_init("driver:sim,control:0,auto_prepare:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("rb", "backup"), VMSTASH_OK);
+  auto* p = static_cast<unsigned char*>(MallocIn("rb", 1 << 20, 0));
+  ASSERT_NE(p, nullptr);
+  ASSERT_EQ(vmstash_pause("rb", 0), VMSTASH_OK);
+  unsigned char buf[64];
+  EXPECT_EQ(vmstash_read_backup(p + 16, SIZE_MAX - 15, 0, buf), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_read_backup(p + 16, 64, 0, buf), VMSTASH_OK);
+  ASSERT_EQ(vmstash_resume("rb", 0), VMSTASH_OK);
+  vmstash_free(p, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 11: the stash C ABI refuses handle misuse and page sizes that overflow.
+TEST(CAbiHardeningTest, StashHandleMisuseIsRefused) {
+  ASSERT_EQ(vmstash_init("driver:sim,control:0"), VMSTASH_OK);
+  vmstash_stash_arena* arena = nullptr;
+  EXPECT_EQ(vmstash_stash_create(0, "stash", uint64_t{1} << 58, 64, &arena), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("overflows"));
+  ASSERT_EQ(vmstash_stash_create(0, "stash", 256, 4, &arena), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_stash_prepare(arena, 16, 0, nullptr), VMSTASH_OK) << vmstash_last_error();
+  void* handle = nullptr;
+  ASSERT_EQ(vmstash_stash_new_handle(arena, 8, &handle), VMSTASH_OK);
+  auto* src = static_cast<uint8_t*>(vmstash_malloc(64 * 256, 0, nullptr));
+  auto* n = static_cast<int64_t*>(vmstash_malloc(8, 0, nullptr));
+  *n = 8;
+  EXPECT_EQ(vmstash_stash_stash(arena, nullptr, src, n, 64, handle), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("created for"));
+  ASSERT_EQ(vmstash_stash_stash(arena, nullptr, src, n, 8, handle), VMSTASH_OK);
+  ASSERT_EQ(vmstash_stash_reset(arena, nullptr), VMSTASH_OK);
+  EXPECT_EQ(vmstash_stash_restore(arena, nullptr, handle, src, 8, 0), VMSTASH_FAILED_PRECONDITION);
+  EXPECT_EQ(vmstash_stash_discard(arena, nullptr, handle, 8), VMSTASH_FAILED_PRECONDITION);
+  int local = 0;
+  EXPECT_EQ(vmstash_stash_free_handle(arena, &local), VMSTASH_INVALID_ARGUMENT);
+  ASSERT_EQ(vmstash_stash_free_handle(arena, handle), VMSTASH_OK);
+  ASSERT_EQ(vmstash_stash_destroy(arena), VMSTASH_OK);
+  vmstash_free(src, 0, 0, nullptr);
+  vmstash_free(n, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+}  // namespace
