@@ -9,8 +9,10 @@ bazel test //... "$@"
 # ThreadSanitizer (DESIGN §9), the control endpoint under ASAN, and the protocol fuzzer.
 if [[ $# -eq 0 ]]; then
   bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test \
-    //allocator:pause_resume_stress_test //allocator:pause_resume_test //stash:arena_sim_test
-  bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test
+    //allocator:pause_resume_stress_test //allocator:pause_resume_test //allocator:pause_resume_hardening_test \
+    //stash:arena_sim_test //torch_plugin:c_abi_hardening_test
+  bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test \
+    //allocator:pause_resume_hardening_test //torch_plugin:c_abi_hardening_test
   # The control endpoint under ASAN, and its protocol parser fuzzed for a bounded time.
   bazel test --config=asan //control/... //tools/cli:cli_e2e_test
   scripts/run_fuzzer.sh

@@ -249,8 +249,93 @@ def preload_expandable_segments():
     print("preload_expandable_segments: OK")
 
 
+def _matmuls_outside(torch, dev):
+    """bf16 8192 x 8192 matmuls outside any region on the current stream and on another
+    stream (and a linear with a bias: the cuBLASLt path); returns the checked results."""
+    import torch.nn.functional as F
+    g = torch.Generator(device=dev).manual_seed(3)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16, generator=g) / 64
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16, generator=g) / 64
+    bias = torch.randn(8192, device=dev, dtype=torch.bfloat16, generator=g)
+    same = [a @ b for _ in range(3)]
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        other = a @ b
+        lin = F.linear(a, b, bias)
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    assert all(torch.equal(x, same[0]) for x in same[1:]) and torch.equal(other, same[0]), "matmuls disagree"
+    ref = (a[:64].float() @ b.float())
+    assert (same[0][:64].float() - ref).abs().max().item() < 0.05, "matmul result is wrong"
+    assert (lin[:64].float() - (a[:64].float() @ b.float().t() + bias.float())).abs().max().item() < 0.05
+    return same[0]
+
+
+def cublas_workspace_linear_in_region():
+    """Issue 16 item 8, the minimal sequence: no CUDA work before the region, a bf16
+    F.linear of 4096 x 4096 inside region("kv_cache"), pause, bf16 8192 x 8192 matmuls
+    outside on the same and on another stream, resume. (Before the fix: the stream's cuBLAS
+    workspace lived in kv_cache and the matmul after the pause lost the CUDA context.)"""
+    import torch
+    import torch.nn.functional as F
+    import vmstash
+
+    dev = torch.device("cuda", 0)
+    with vmstash.region("kv_cache"):
+        x = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+        w = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+        y = F.linear(x, w)
+        cache = torch.empty(1 << 30, device=dev, dtype=torch.uint8)
+    torch.cuda.synchronize()
+    del y
+    assert vmstash.pause("kv_cache")
+    _matmuls_outside(torch, dev)
+    assert vmstash.resume("kv_cache")
+    cache.fill_(1)
+    with vmstash.region("kv_cache"):
+        z = F.linear(x, w)  # works again after the resume
+    torch.cuda.synchronize()
+    assert z.shape == (4096, 4096)
+    print("cublas_workspace_linear_in_region: pause, 8192^2 matmuls on two streams, resume: ok")
+
+
+def cublas_workspace_transformer_prefill():
+    """Issue 16 item 8 as a user runs it: no CUDA work before; a transformer's weights
+    loaded under region("weights", backup), its prefill (first matmul of the process)
+    inside region("kv_cache"); pause both; training-style matmuls on the same and on
+    another stream; resume; the prefill again gives the same logits."""
+    import torch
+    import vmstash
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    dev = torch.device("cuda", 0)
+    config = LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    with vmstash.region("weights", policy="backup"):
+        with torch.device(dev):
+            model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (4, 512), generator=torch.Generator().manual_seed(1)).to(dev)
+    with torch.no_grad(), vmstash.region("kv_cache"):
+        out = model(input_ids=ids, use_cache=True)
+        first = out.logits.float().clone()
+        cache = out.past_key_values
+    torch.cuda.synchronize()
+    assert vmstash.pause("kv_cache") and vmstash.pause("weights")
+    _matmuls_outside(torch, dev)
+    assert vmstash.resume("weights") and vmstash.resume("kv_cache")
+    with torch.no_grad(), vmstash.region("kv_cache"):
+        again = model(input_ids=ids, use_cache=True).logits.float()
+    torch.cuda.synchronize()
+    assert torch.equal(first, again), f"prefill after resume differs: {(first - again).abs().max().item()}"
+    del cache
+    print("cublas_workspace_transformer_prefill: prefill, pause, matmuls on two streams, resume, same logits: ok")
+
+
 SCENARIOS = [inference_graph, resume_out_of_memory, all_threads_region_backward, install_global_mode,
-             install_too_late, preload_default_allocator, preload_expandable_segments]
+             install_too_late, preload_default_allocator, preload_expandable_segments,
+             cublas_workspace_linear_in_region, cublas_workspace_transformer_prefill]
 
 
 def _env_for(name):

@@ -78,6 +78,8 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
     dev = _device_index(torch, device)
     mp = pool(tag, policy, dev)
     previous = _api.current_tag()
+    if previous == "default":  # not nested: PyTorch's current pool is its own
+        warm_blas_workspaces(device=dev)
     _api.set_current_tag(tag)  # global mode and C++ callers route by the thread's tag
     try:
         if all_threads:
@@ -92,6 +94,43 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
                 yield mp
     finally:
         _api.set_current_tag(previous)
+
+
+# Note [Library Workspaces]
+#   PyTorch keeps one cuBLAS (and cuBLASLt) workspace per (handle, stream), allocated at
+#   the first matmul on that stream from whatever pool is current then, and kept for the
+#   life of the process. A model's first matmul inside region("kv_cache") (a prefill)
+#   would put that stream's workspace in the tag's pool; after a pause of the tag the next
+#   matmul on that stream, outside any region, runs on unmapped memory and the CUDA
+#   context is lost (CUBLAS_STATUS_EXECUTION_FAILED). So region() first creates the
+#   current stream's workspaces in PyTorch's own pool (a few tiny matmuls, once per
+#   stream). A stream first used for a matmul inside a region (a torch.cuda.stream(s)
+#   block within it) is not covered: call warm_blas_workspaces(s) before entering.
+#   Graph captures are meant to put their capture stream's workspace in the graph pool
+#   (cuda_graph below gives each tag its own capture stream for that reason).
+_warm_streams = set()
+
+
+def warm_blas_workspaces(stream=None, device=None):
+    """Creates PyTorch's cuBLAS and cuBLASLt workspaces of `stream` (default: the current
+    stream) in PyTorch's own pool, so that a later first matmul inside a vmstash region
+    cannot put them in a pausable pool (Note [Library Workspaces]). Once per stream;
+    a no-op during a graph capture."""
+    torch = _torch()
+    dev = _device_index(torch, device) if stream is None else stream.device.index
+    if stream is None:
+        stream = torch.cuda.current_stream(dev)
+    key = (dev, stream.cuda_stream)
+    if key in _warm_streams or torch.cuda.is_current_stream_capturing():
+        return
+    with torch.cuda.device(dev), torch.cuda.stream(stream):
+        torch.cuda.current_blas_handle()  # the cuBLAS workspace of this stream
+        for dtype in (torch.bfloat16, torch.float32):
+            a = torch.ones(32, 32, device=torch.device("cuda", dev), dtype=dtype)
+            torch.nn.functional.linear(a, a, a[0])  # addmm with a bias: cuBLASLt
+            torch.mm(a, a)
+            del a
+    _warm_streams.add(key)
 
 
 @contextlib.contextmanager
@@ -140,6 +179,7 @@ def install(tag="default"):
             raise _lib.Error("vmstash.install() must run before the process's first CUDA allocation "
                              f"(PyTorch: {e})", 9) from e
         _allocators[None] = alloc
+    warm_blas_workspaces()  # in the "default" tag, before any other tag is current
     if tag != "default":
         _api.set_current_tag(tag)
 
