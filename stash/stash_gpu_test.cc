@@ -137,7 +137,7 @@ TEST_F(StashGpuTest, RoundTripsSpillOverflowResetDiscardAgainstTheModel) {
 
   // T2: overflow is sticky and writes nothing; reset clears it.
   std::int64_t big = 60 * kP, small = 1;
-  StashHandleHeader* hb = handles[0];
+  StashHandleHeader* hb = *arena->NewHandle(60 * kP);  // a handle made for that many rows
   StashHandleHeader* hs = handles[1];
   ASSERT_EQ(cudaMemcpyAsync(rows_dev, &big, 8, cudaMemcpyHostToDevice, stream_), cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(rows_dev + 1, &small, 8, cudaMemcpyHostToDevice, stream_), cudaSuccess);
@@ -156,6 +156,7 @@ TEST_F(StashGpuTest, RoundTripsSpillOverflowResetDiscardAgainstTheModel) {
   EXPECT_EQ(flags.overflow, 0u);
   ExpectBalanced(*arena, 0, 20);
   for (StashHandleHeader* hh : handles) ASSERT_TRUE(arena->FreeHandle(hh).ok());
+  ASSERT_TRUE(arena->FreeHandle(hb).ok());
   for (void* p : {src, dst, static_cast<void*>(rows_dev), big_src}) {
     ASSERT_TRUE(alloc_->Free(reinterpret_cast<DevicePtr>(p)).ok());
   }
