@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,8 +32,8 @@ absl::Status Errno(absl::string_view what, int err) {
   return absl::InternalError(message);
 }
 
-absl::Status EnsurePrivateDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir), errno);
+// The directory must be ours and closed to others: someone else could plant sockets.
+absl::Status CheckPrivateDir(const std::string& dir) {
   struct stat st;
   if (::lstat(dir.c_str(), &st) != 0) return Errno(absl::StrCat("stat ", dir), errno);
   if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
@@ -46,22 +47,37 @@ absl::Status EnsurePrivateDir(const std::string& dir) {
   return absl::OkStatus();
 }
 
-bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
-
-void SetTimeouts(int fd, int timeout_ms) {
-  struct timeval tv;
-  tv.tv_sec = timeout_ms / 1000;
-  tv.tv_usec = (timeout_ms % 1000) * 1000;
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+// mkdir honours the umask, which can only make the mode stricter than 0700; the process
+// umask itself is never changed (other threads may be creating files meanwhile).
+absl::Status EnsurePrivateDir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir), errno);
+  return CheckPrivateDir(dir);
 }
 
-absl::Status WriteAll(int fd, absl::string_view data) {
+bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until `fd` is ready for `events` or the request's total deadline passes: a peer
+// sending a byte now and then cannot hold the endpoint past the deadline.
+absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return absl::DeadlineExceededError(absl::StrCat("control: ", what, " timed out"));
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno(absl::StrCat("control: poll for ", what), errno);
+    if (n > 0) return absl::OkStatus();
+  }
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline) {
   while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "write"); !s.ok()) return s;
+    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError("control: write timed out");
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return Errno("control: write", errno);
     }
     data.remove_prefix(static_cast<std::size_t>(n));
@@ -69,15 +85,16 @@ absl::Status WriteAll(int fd, absl::string_view data) {
   return absl::OkStatus();
 }
 
-// Reads one '\n'-terminated line of at most `limit` bytes (without the '\n').
-absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit) {
+// Reads one '\n'-terminated line of at most `limit` bytes (without the '\n'), all of it
+// before `deadline`.
+absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_point deadline) {
   std::string out;
   char buf[4096];
   for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "read"); !s.ok()) return s;
+    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return absl::DeadlineExceededError("control: read timed out");
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return Errno("control: read", errno);
     }
     if (n == 0) return absl::UnavailableError("control: connection closed before a full line");
@@ -125,11 +142,11 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(ServerOption
   if (fd < 0) return Errno("control: socket", errno);
   ::unlink(path.c_str());  // a stale one of an earlier process with our pid
   sockaddr_un addr = Address(path);
-  // Created 0600 (umask), then chmod to be sure.
-  mode_t old_mask = ::umask(0177);
-  int bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  // The socket inode's mode (fchmod before bind) is what bind gives the file, less the
+  // umask: never more than 0600, and the process umask is left alone. chmod afterwards
+  // makes it exactly 0600; the directory (0700, ours) closes the gap in between.
+  int bound = ::fchmod(fd, 0600) == 0 ? ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) : -1;
   int bind_errno = errno;
-  ::umask(old_mask);
   if (bound != 0 || ::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 16) != 0) {
     absl::Status s = Errno(absl::StrCat("control: bind/listen ", path), bound != 0 ? bind_errno : errno);
     ::close(fd);
@@ -155,9 +172,19 @@ ControlServer::ControlServer(ServerOptions options, Handler handler, int listen_
       listen_fd_(listen_fd),
       wake_read_(wake_fd[0]),
       wake_write_(wake_fd[1]),
-      path_(std::move(path)) {}
+      path_(std::move(path)),
+      owner_pid_(::getpid()) {}
 
 ControlServer::~ControlServer() {
+  if (::getpid() != owner_pid_) {
+    // A forked child: the thread, the socket and the wake pipe belong to the parent. Only
+    // this process's copies of the descriptors go; the parent keeps serving.
+    thread_.detach();
+    ::close(listen_fd_);
+    ::close(wake_read_);
+    ::close(wake_write_);
+    return;
+  }
   char c = 1;
   (void)!::write(wake_write_, &c, 1);
   if (thread_.joinable()) thread_.join();
@@ -184,17 +211,19 @@ void ControlServer::Loop() {
 }
 
 void ControlServer::Serve(int fd) {
-  SetTimeouts(fd, options_.timeout_ms);
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
   ucred cred;
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !options_.peer_allowed(cred.uid)) {
     ++refused_;
-    (void)WriteAll(fd, ErrorReply(absl::PermissionDeniedError(
-                           absl::StrCat("uid ", cred.uid, " may not control process ", ::getpid()))));
+    (void)WriteAll(fd,
+                   ErrorReply(absl::PermissionDeniedError(
+                       absl::StrCat("uid ", cred.uid, " may not control process ", ::getpid()))),
+                   deadline);
     return;
   }
   std::string reply;
-  absl::StatusOr<std::string> line = ReadLine(fd, kMaxMessageBytes);
+  absl::StatusOr<std::string> line = ReadLine(fd, kMaxMessageBytes, deadline);
   if (!line.ok()) {
     reply = ErrorReply(line.status());
   } else {
@@ -207,12 +236,15 @@ void ControlServer::Serve(int fd) {
     }
   }
   ++served_;
-  (void)WriteAll(fd, reply);
+  // The handler's own time does not count against the peer; the reply gets a timeout of
+  // its own.
+  (void)WriteAll(fd, reply, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
 }
 
 std::vector<Endpoint> ListEndpoints(const std::string& dir_arg) {
   const std::string dir = dir_arg.empty() ? DefaultRuntimeDir() : dir_arg;
   std::vector<Endpoint> out;
+  if (!CheckPrivateDir(dir).ok()) return out;  // not ours, or open to others: trust nothing in it
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (dirent* e = ::readdir(d)) {
@@ -235,6 +267,9 @@ std::vector<Endpoint> ListEndpoints(const std::string& dir_arg) {
 absl::StatusOr<std::string> EndpointOf(int pid, const std::string& dir_arg) {
   const std::string dir = dir_arg.empty() ? DefaultRuntimeDir() : dir_arg;
   if (!ProcessAlive(pid)) return absl::NotFoundError(absl::StrCat("no process ", pid));
+  if (absl::Status s = CheckPrivateDir(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("refusing the runtime directory: ", s.message()));
+  }
   std::string path = absl::StrCat(dir, "/", pid, ".sock");
   if (::access(path.c_str(), F_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("process ", pid, " has no vmstash control endpoint in ", dir,
@@ -244,17 +279,30 @@ absl::StatusOr<std::string> EndpointOf(int pid, const std::string& dir_arg) {
 }
 
 absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& request, int timeout_ms) {
+  const std::string dir = socket_path.substr(0, socket_path.rfind('/') == std::string::npos ? 0
+                                                                                              : socket_path.rfind('/'));
+  if (absl::Status s = CheckPrivateDir(dir.empty() ? "." : dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("refusing the runtime directory: ", s.message()));
+  }
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("control: socket", errno);
-  SetTimeouts(fd, timeout_ms);
   sockaddr_un addr = Address(socket_path);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     absl::Status s = Errno(absl::StrCat("control: connect ", socket_path), errno);
     ::close(fd);
     return s;
   }
-  absl::Status sent = WriteAll(fd, FormatRequest(request));
-  absl::StatusOr<std::string> line = ReadLine(fd, kMaxReplyBytes);
+  // The server must run as this user: a socket planted by someone else is not talked to.
+  ucred cred;
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("control: the server at ", socket_path, " runs as uid ",
+                                                    cred.uid, ", not as this user (", ::getuid(), "); refused"));
+  }
+  absl::Status sent = WriteAll(fd, FormatRequest(request), deadline);
+  absl::StatusOr<std::string> line = ReadLine(fd, kMaxReplyBytes, deadline);
   ::close(fd);
   if (!line.ok()) return sent.ok() ? line.status() : sent;
   return ParseReply(*line);

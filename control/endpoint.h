@@ -11,7 +11,14 @@
 //
 // The server thread never touches the allocation path: it calls the handler, which takes
 // the allocator's locks like any other caller. A request longer than kMaxMessageBytes,
-// or one not finished within the timeout, gets an error reply; the thread keeps serving.
+// or one not read completely within the timeout (a total deadline per request, not per
+// read), gets an error reply; the thread keeps serving. The process umask is never
+// changed. A forked child's copy of a server neither stops the parent's thread nor
+// removes its socket.
+//
+// The client side (ListEndpoints, EndpointOf, Call) trusts a runtime directory only when
+// it is ours with no group/other access, and talks only to a server running as our uid
+// (SO_PEERCRED on the connected socket); otherwise PERMISSION_DENIED.
 //
 // Thread-safety: ControlServer's methods may be called from any thread; the handler runs
 // on the server thread only.
@@ -40,7 +47,7 @@ using Handler = std::function<absl::StatusOr<std::string>(const Request& request
 
 struct ServerOptions {
   std::string dir;              // empty: DefaultRuntimeDir()
-  int timeout_ms = 2000;        // per connection, for reading the request and writing the reply
+  int timeout_ms = 2000;        // per request: reading it all; then again for writing the reply
   // Which peer uids may talk to us (default: our own uid only).
   std::function<bool(uid_t)> peer_allowed;
 };
@@ -66,6 +73,7 @@ class ControlServer {
   const int listen_fd_;
   const int wake_read_, wake_write_;
   const std::string path_;
+  const pid_t owner_pid_;  // a forked child's copy leaves the parent's socket alone
   std::atomic<std::uint64_t> served_{0}, refused_{0};
   std::thread thread_;
 };

@@ -4,15 +4,20 @@
 // unsafe directory refused.
 #include "control/endpoint.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -119,6 +124,143 @@ TEST(EndpointTest, StaleSocketsAreRemovedAndUnsafeDirectoriesRefused) {
   absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
   EXPECT_EQ(server.status().code(), absl::StatusCode::kPermissionDenied) << server.status();
   EXPECT_NE(server.status().message().find("0700"), absl::string_view::npos);
+}
+
+// Issue 16 item 9: a peer sending a byte every so often held the single-threaded endpoint
+// for as long as it liked (the timeout was per recv); now a request has a total deadline.
+TEST(EndpointTest, ATrickleOfBytesCannotHoldTheEndpointPastTheDeadline) {
+  ServerOptions options;
+  options.dir = TempDir();
+  options.timeout_ms = 600;
+  absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string path = (*server)->socket_path();
+  std::string trickle_reply;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread slow([&] {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string request = R"({"v":1,"op":"hello"})";
+    for (char c : request) {  // one byte every 200 ms: each read is within 600 ms
+      if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      char r;
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 0) == 1) {
+        while (::recv(fd, &r, 1, 0) == 1 && r != '\n') trickle_reply.push_back(r);
+        break;
+      }
+    }
+    ::close(fd);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // A well-behaved client right behind it is served within about one deadline.
+  absl::StatusOr<std::string> r = Call(path, Request{}, 5000);
+  const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  slow.join();
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(waited_s, 2.0);
+  EXPECT_NE(trickle_reply.find("DEADLINE_EXCEEDED"), std::string::npos) << trickle_reply;
+}
+
+// Issue 16 item 9: starting the endpoint changed the process umask (for every thread).
+TEST(EndpointTest, StartingLeavesTheProcessUmaskAloneAndTheSocketIs0600) {
+  const mode_t before = ::umask(0002);
+  ServerOptions options;
+  options.dir = TempDir();
+  absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
+  const mode_t during = ::umask(before);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(during, 0002u);
+  struct stat st;
+  ASSERT_EQ(::stat((*server)->socket_path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ASSERT_EQ(::stat(options.dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+}
+
+// Issue 16 item 9: the client trusted whatever it found in the runtime directory.
+TEST(EndpointTest, TheClientRefusesADirectoryOpenToOthers) {
+  ServerOptions options;
+  options.dir = TempDir();
+  absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ(ListEndpoints(options.dir).size(), 1u);
+  ASSERT_EQ(::chmod(options.dir.c_str(), 0777), 0);  // someone could have planted sockets
+  EXPECT_TRUE(ListEndpoints(options.dir).empty());
+  EXPECT_EQ(EndpointOf(::getpid(), options.dir).status().code(), absl::StatusCode::kPermissionDenied);
+  absl::StatusOr<std::string> r = Call((*server)->socket_path(), Request{});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  ASSERT_EQ(::chmod(options.dir.c_str(), 0700), 0);
+  EXPECT_TRUE(Call((*server)->socket_path(), Request{}).ok());
+}
+
+// Issue 16 item 9: the client checks the server's uid (SO_PEERCRED). Needs root to run a
+// server as another user; skipped otherwise.
+TEST(EndpointTest, TheClientRefusesAServerOfAnotherUid) {
+  if (::getuid() != 0) GTEST_SKIP() << "needs root to start a server as another uid";
+  ServerOptions options;
+  options.dir = TempDir();
+  ASSERT_EQ(::mkdir(options.dir.c_str(), 0700), 0);
+  const std::string path = options.dir + "/planted.sock";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // a server planted by "nobody" (the directory stays root's)
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) ::_exit(1);
+    ::chmod(path.c_str(), 0666);
+    // listen() after setuid: SO_PEERCRED reports the credentials the server listened with.
+    if (::setuid(65534) != 0 || ::listen(fd, 1) != 0) ::_exit(2);
+    char c = 1;
+    (void)!::write(ready[1], &c, 1);
+    int conn = ::accept(fd, nullptr, nullptr);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    (void)!::write(conn, "{\"ok\":true,\"result\":{}}\n", 25);
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c;
+  if (::read(ready[0], &c, 1) != 1) {
+    ::waitpid(child, nullptr, 0);
+    ::close(ready[0]);
+    GTEST_SKIP() << "could not start a server as uid 65534 here (setuid refused)";
+  }
+  absl::StatusOr<std::string> r = Call(path, Request{}, 2000);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_NE(r.status().message().find("uid 65534"), absl::string_view::npos) << r.status();
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ::close(ready[0]);
+}
+
+// Issue 16 item 10: a forked child dropping its copy of the server must neither stop the
+// parent's thread nor remove the parent's socket.
+TEST(EndpointTest, AForkedChildLeavesTheParentsEndpointAlone) {
+  ServerOptions options;
+  options.dir = TempDir();
+  auto* server = ControlServer::Start(options, Echo)->release();
+  const std::string path = server->socket_path();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    delete server;  // the child's copy
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  struct stat st;
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << "the child removed the parent's socket";
+  absl::StatusOr<std::string> r = Call(path, Request{});
+  EXPECT_TRUE(r.ok()) << r.status();
+  delete server;
+  EXPECT_NE(::stat(path.c_str(), &st), 0);
 }
 
 }  // namespace

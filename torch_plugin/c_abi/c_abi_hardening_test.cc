@@ -2,6 +2,10 @@
 // concurrent calls and silent re-initialization, 6 all-or-nothing pause/resume across
 // devices and unknown tags, 3 a hook calling shutdown, 11 stash handle misuse. Run under
 // ASAN and TSAN in CI (scripts/run_tests.sh).
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "control/endpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
@@ -246,6 +251,54 @@ TEST(CAbiHardeningTest, StashHandleMisuseIsRefused) {
   vmstash_free(src, 0, 0, nullptr);
   vmstash_free(n, 0, 0, nullptr);
   ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Item 10 (fork) and item 9 (devices never used): a forked child that shuts vmstash down
+// leaves the parent's endpoint serving; a control request naming a device this process
+// never used creates no allocator there.
+TEST(CAbiHardeningTest, AForkedChildLeavesTheEndpointAloneAndRemoteRequestsCreateNoAllocator) {
+  char tmpl[] = "/tmp/vmstash_fork_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/run";
+  ASSERT_EQ(setenv("VMSTASH_RUNTIME_DIR", dir.c_str(), 1), 0);
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,control:1"), VMSTASH_OK);
+  void* p = vmstash_malloc(4096, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  const std::string socket = dir + "/" + std::to_string(getpid()) + ".sock";
+  const pid_t child = fork();
+  if (child == 0) {
+    const int rc = vmstash_shutdown();  // the child's runtime only
+    _exit(rc == VMSTASH_OK ? 0 : 10 + rc);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  struct stat st;
+  EXPECT_EQ(stat(socket.c_str(), &st), 0) << "the child removed the parent's socket";
+  vmstash::control::Request stats;
+  stats.op = vmstash::control::Op::kStats;
+  stats.device = 0;
+  absl::StatusOr<std::string> r = vmstash::control::Call(socket, stats);
+  ASSERT_TRUE(r.ok()) << r.status();  // the parent's endpoint still serves
+  stats.device = 1;  // never used by this process
+  r = vmstash::control::Call(socket, stats);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  vmstash::control::Request pause;
+  pause.op = vmstash::control::Op::kPause;
+  pause.tag = "default";
+  pause.device = 1;
+  r = vmstash::control::Call(socket, pause);
+  EXPECT_TRUE(r.ok()) << r.status();
+  char* json = vmstash_stats_json(-1);
+  ASSERT_NE(json, nullptr);
+  EXPECT_THAT(std::string(json), ::testing::Not(HasSubstr("\"device\":1")));
+  vmstash_string_free(json);
+  vmstash_free(p, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+  EXPECT_NE(stat(socket.c_str(), &st), 0);
+  unsetenv("VMSTASH_RUNTIME_DIR");
+  rmdir(dir.c_str());
+  rmdir(tmpl);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/json_writer.h"
+#include "torch_plugin/c_abi/runtime_access.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 #include "vmm/log.h"
 
@@ -44,9 +45,14 @@ absl::StatusOr<std::string> Handle(const std::function<void(JsonWriter&)>& descr
     }
     case control::Op::kStats:
     case control::Op::kTags:  // the per-tag part of stats: the CLI picks what it shows
-      return TakeJson(vmstash_stats_json(r.device));
     case control::Op::kSnapshot:
-      return TakeJson(vmstash_snapshot_json(r.device));
+      // A remote request must not create an allocator (and a CUDA context) on a device
+      // this process never used (pause/resume never do: vmstash_pause/resume).
+      if (r.device >= 0 && !c_abi::DeviceInUse(r.device)) {
+        return absl::NotFoundError(absl::StrCat("process ", ::getpid(), " does not use device ", r.device));
+      }
+      return TakeJson(r.op == control::Op::kSnapshot ? vmstash_snapshot_json(r.device)
+                                                     : vmstash_stats_json(r.device));
     case control::Op::kPause:
     case control::Op::kResume: {
       const int code = r.op == control::Op::kPause ? vmstash_pause(r.tag.c_str(), r.device)

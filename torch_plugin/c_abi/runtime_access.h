@@ -19,6 +19,8 @@ int Fail(const absl::Status& status);
 int Guarded(absl::FunctionRef<int()> fn) noexcept;
 // +1 / -1 as a dependent object (a stash arena) is created / destroyed.
 void CountDependent(int delta);
+// True when this process has an allocator on `device` (never creates one).
+bool DeviceInUse(int device);
 
 }  // namespace vmstash::c_abi
 

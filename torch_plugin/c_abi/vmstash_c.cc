@@ -17,6 +17,8 @@
 //   FailedPrecondition until vmstash_init is called again (no silent re-initialization
 //   from the environment, which would drop the options given to vmstash_init). A
 //   shutdown from inside a vmstash call (a hook) would wait for itself: it fails.
+#include <pthread.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -123,11 +125,32 @@ struct Runtime {
   std::unique_ptr<control::ControlServer> control ABSL_GUARDED_BY(mu);  // never destroyed either
 };
 
+void RegisterForkHandlers();
+
 // Never destroyed: nothing runs at exit while CUDA may be tearing down.
 Runtime& TheRuntime() {
-  static Runtime* runtime = new Runtime();
+  static Runtime* runtime = [] {
+    auto* r = new Runtime();
+    RegisterForkHandlers();
+    return r;
+  }();
   return *runtime;
 }
+
+// fork(): the runtime lock is held across it, so the child's copy is consistent; in the
+// child only the forking thread exists, so the in-flight count is that thread's own, and
+// the control endpoint (thread, socket) stays the parent's: the child never stops it or
+// removes its socket (the child's copy is dropped without being destroyed).
+void ForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS { TheRuntime().mu.Lock(); }
+void ForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { TheRuntime().mu.Unlock(); }
+void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  Runtime& rt = TheRuntime();
+  for (Stripe& s : in_flight) s.calls.store(0, std::memory_order_relaxed);
+  in_flight[my_stripe].calls.store(call_depth, std::memory_order_relaxed);
+  (void)rt.control.release();  // the parent's; see ControlServer's destructor too
+  rt.mu.Unlock();
+}
+void RegisterForkHandlers() { ::pthread_atfork(ForkPrepare, ForkParent, ForkChild); }
 
 // The control endpoint's answer to "hello": driver and devices in use.
 void DescribeRuntime(JsonWriter& w) {
@@ -396,6 +419,10 @@ absl::StatusOr<CachingAllocator*> DeviceAllocator(int device) { return Allocator
 int Fail(const absl::Status& status) { return vmstash::Fail(status); }
 int Guarded(absl::FunctionRef<int()> fn) noexcept { return Guard([&] { return fn(); }); }
 void CountDependent(int delta) { TheRuntime().dependents.fetch_add(delta); }
+bool DeviceInUse(int device) {
+  return device >= 0 && device < kMaxDevices &&
+         TheRuntime().allocators[device].load(std::memory_order_acquire) != nullptr;
+}
 }  // namespace c_abi
 }  // namespace vmstash
 
