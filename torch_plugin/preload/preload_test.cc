@@ -1,7 +1,9 @@
 // libvmstash_preload.so on the simulator, loaded with dlopen (RTLD_LOCAL, so it does not
 // interpose this test): routing by the thread's tag, forwarding of everything else, frees
 // of pointers vmstash owns, and the C ABI it carries. No CUDA runtime is loaded here, so
-// forwarded calls find no real function and fail cleanly instead of crashing.
+// forwarded calls find no real function and fail cleanly instead of crashing; a stand-in
+// (libfake_cudart_for_test.so) provides cudaGetDevice and cudaStreamIsCapturing for the
+// routed path.
 #include <dlfcn.h>
 #include <stdlib.h>
 
@@ -24,14 +26,16 @@ using TagFn = int (*)(const char*);
 using CreateTagFn = int (*)(const char*, const char*);
 using OwnerFn = int (*)(const void*);
 
-std::string LibraryPath() {
+std::string LibraryPath(const char* name = "libvmstash_preload.so") {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   if (srcdir != nullptr && workspace != nullptr) {
-    return std::string(srcdir) + "/" + workspace + "/torch_plugin/libvmstash_preload.so";
+    return std::string(srcdir) + "/" + workspace + "/torch_plugin/" + name;
   }
-  return "torch_plugin/libvmstash_preload.so";  // CMake: run from the build directory
+  return std::string("torch_plugin/") + name;  // CMake: run from the build directory
 }
+
+using SetIntFn = void (*)(int);
 
 template <typename Fn>
 Fn Get(void* lib, const char* name) {
@@ -57,8 +61,20 @@ TEST(PreloadTest, RoutesByTagForwardsTheRestAndFreesWhatItOwns) {
     ASSERT_NE(fn, nullptr);
   }
   EXPECT_EQ(dlsym(lib, "cudaMallocManaged"), nullptr);  // not interposed
-  ASSERT_EQ(init("driver:sim,sim_capacity:1G"), 0);
+  ASSERT_EQ(init("driver:sim,sim_devices:2,sim_capacity:1G"), 0);
   ASSERT_EQ(create_tag("preload_kv", "discard"), 0);
+
+  // Issue 16 item 10: without a runtime's cudaGetDevice a routed call fails clearly
+  // (cudaErrorInitializationError), instead of silently using device 0.
+  ASSERT_EQ(set_tag("preload_kv"), 0);
+  void* lost = nullptr;
+  EXPECT_EQ(cuda_malloc(&lost, 1 << 20), 3);
+  EXPECT_EQ(lost, nullptr);
+  ASSERT_EQ(set_tag("default"), 0);
+  void* fake = dlopen(LibraryPath("libfake_cudart_for_test.so").c_str(), RTLD_NOW | RTLD_GLOBAL);
+  ASSERT_NE(fake, nullptr) << dlerror();
+  auto set_device = Get<SetIntFn>(fake, "fake_set_device");
+  auto set_capture = Get<SetIntFn>(fake, "fake_set_capture_status");
 
   // Outside a region: forwarded; with no CUDA runtime in this process that fails cleanly.
   void* p = nullptr;
@@ -72,9 +88,24 @@ TEST(PreloadTest, RoutesByTagForwardsTheRestAndFreesWhatItOwns) {
   EXPECT_EQ(owner(p), 0);
   void* q = nullptr;
   ASSERT_EQ(malloc_async(&q, 1 << 20, nullptr), 0);
+  // The runtime's current device is used (not 0).
+  set_device(1);
+  void* on1 = nullptr;
+  ASSERT_EQ(cuda_malloc(&on1, 1 << 20), 0);
+  EXPECT_EQ(owner(on1), 1);
+  set_device(0);
+  // During stream capture, routed stream-ordered calls are refused (the free stays undone).
+  set_capture(1);  // cudaStreamCaptureStatusActive
+  void* during = nullptr;
+  EXPECT_EQ(malloc_async(&during, 1 << 20, nullptr), 900);  // cudaErrorStreamCaptureUnsupported
+  EXPECT_EQ(during, nullptr);
+  EXPECT_EQ(free_async(q, nullptr), 900);
+  EXPECT_EQ(owner(q), 0);  // still allocated
+  set_capture(0);
+  // No cuCtxGetDevice here: the driver-level call fails clearly too.
   unsigned long long r = 0;
-  ASSERT_EQ(cu_alloc(&r, 1 << 20), 0);
-  EXPECT_EQ(owner(reinterpret_cast<void*>(r)), 0);
+  EXPECT_EQ(cu_alloc(&r, 1 << 20), 3);  // CUDA_ERROR_NOT_INITIALIZED
+  EXPECT_EQ(cuda_free(on1), 0);
   // Another thread without a tag is not routed.
   std::thread([&] {
     void* other = nullptr;
@@ -85,12 +116,13 @@ TEST(PreloadTest, RoutesByTagForwardsTheRestAndFreesWhatItOwns) {
   EXPECT_EQ(cuda_free(p), 0);
   EXPECT_EQ(owner(p), -1);
   EXPECT_EQ(free_async(q, nullptr), 0);
-  EXPECT_EQ(cu_free(r), 0);
+  EXPECT_EQ(owner(q), -1);
   // Not ours: forwarded (no runtime here: invalid value), including cudaFree(NULL).
   int host = 0;
   EXPECT_EQ(cuda_free(&host), 1);
   EXPECT_EQ(cuda_free(nullptr), 1);
   dlclose(lib);
+  dlclose(fake);
 }
 
 }  // namespace

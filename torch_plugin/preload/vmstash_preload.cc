@@ -12,8 +12,17 @@
 // thread-local tag, set by the Python package's region() or vmstash_set_current_tag) is
 // not "default", or for every thread when VMSTASH_PRELOAD_ALL=1 (TMS_INIT_ENABLE=1 is
 // read the same way). Everything else, and every free of a pointer vmstash did not return,
-// goes to the real function, found once with dlsym(RTLD_NEXT) (or in the already loaded
-// libcudart.so.13 / libcuda.so.1). cudaFree(NULL) keeps its runtime meaning.
+// goes to the real function, found with dlsym(RTLD_NEXT), else in the process's global
+// scope (never this library's own hook). A routed call whose helper (cudaGetDevice,
+// cuCtxGetDevice, cudaStreamIsCapturing) cannot be found or fails returns an error and
+// says so once on stderr: the device is never guessed. cudaFree(NULL) keeps its
+// runtime meaning.
+//
+// Stream capture: a routed cudaMallocAsync / cudaFreeAsync on a capturing stream returns
+// cudaErrorStreamCaptureUnsupported. vmstash allocates and frees at once, not as graph
+// nodes, so a captured free followed by an allocation would hand the same memory to a
+// later replay while the graph still uses it. (PyTorch's caching allocator, the usual
+// caller, allocates outside capture with cudaMalloc and never frees during capture.)
 //
 // This library also carries the whole C ABI (vmstash_*): the Python package uses it when
 // it is preloaded, so there is one vmstash runtime in the process. vmstash's own driver
@@ -24,6 +33,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -36,10 +46,13 @@ using cudaError_t = int;  // the runtime's enum, ABI-compatible
 constexpr cudaError_t kCudaSuccess = 0;
 constexpr cudaError_t kCudaErrorInvalidValue = 1;
 constexpr cudaError_t kCudaErrorMemoryAllocation = 2;
+constexpr cudaError_t kCudaErrorInitializationError = 3;
+constexpr cudaError_t kCudaErrorStreamCaptureUnsupported = 900;
 using CUresult = int;
 constexpr CUresult kCuSuccess = 0;
 constexpr CUresult kCuErrorInvalidValue = 1;
 constexpr CUresult kCuErrorOutOfMemory = 2;
+constexpr CUresult kCuErrorNotInitialized = 3;
 using CUdeviceptr = unsigned long long;  // NOLINT: the driver's type
 using CUdevice = int;
 
@@ -48,34 +61,48 @@ using FreeFn = cudaError_t (*)(void*);
 using MallocAsyncFn = cudaError_t (*)(void**, size_t, cudaStream_t);
 using FreeAsyncFn = cudaError_t (*)(void*, cudaStream_t);
 using GetDeviceFn = cudaError_t (*)(int*);
+using IsCapturingFn = cudaError_t (*)(cudaStream_t, int*);
 using SyncFn = cudaError_t (*)();
 using CuMemAllocFn = CUresult (*)(CUdeviceptr*, size_t);
 using CuMemFreeFn = CUresult (*)(CUdeviceptr);
 using CuCtxGetDeviceFn = CUresult (*)(CUdevice*);
 using CuCtxSynchronizeFn = CUresult (*)();
 
-void* Real(const char* name, const char* library) {
+bool InThisLibrary(void* fn) {
+  static int anchor;
+  Dl_info mine{}, theirs{};
+  return dladdr(&anchor, &mine) != 0 && dladdr(fn, &theirs) != 0 && mine.dli_fbase == theirs.dli_fbase;
+}
+
+// The next definition of `name` after this library, else the one in the global scope
+// (a runtime loaded RTLD_GLOBAL), never this library's own hook; nullptr when none.
+void* Real(const char* name) {
   void* fn = dlsym(RTLD_NEXT, name);
-  if (fn != nullptr) return fn;
-  void* lib = dlopen(library, RTLD_NOW | RTLD_NOLOAD);  // only if the process has it already
-  return lib != nullptr ? dlsym(lib, name) : nullptr;
+  if (fn != nullptr && !InThisLibrary(fn)) return fn;
+  fn = dlsym(RTLD_DEFAULT, name);
+  return fn != nullptr && !InThisLibrary(fn) ? fn : nullptr;
 }
 
 template <typename Fn>
-Fn RealFn(std::atomic<void*>& slot, const char* name, const char* library) {
+Fn RealFn(std::atomic<void*>& slot, const char* name) {
   void* fn = slot.load(std::memory_order_acquire);
   if (fn == nullptr) {
-    fn = Real(name, library);
-    slot.store(fn, std::memory_order_release);
+    fn = Real(name);  // not cached while missing: a runtime loaded later is found then
+    if (fn != nullptr) slot.store(fn, std::memory_order_release);
   }
   return reinterpret_cast<Fn>(fn);
 }
 
-constexpr const char* kCudart = "libcudart.so.13";
-constexpr const char* kCuda = "libcuda.so.1";
+// One line on stderr per distinct problem (a hook has no other channel to the user).
+void SayOnce(std::atomic<bool>& said, const char* what) {
+  if (!said.exchange(true)) std::fprintf(stderr, "vmstash preload: %s\n", what);
+}
+
 std::atomic<void*> real_malloc{nullptr}, real_free{nullptr}, real_malloc_async{nullptr}, real_free_async{nullptr},
     real_get_device{nullptr}, real_sync{nullptr}, real_cu_alloc{nullptr}, real_cu_free{nullptr},
-    real_cu_device{nullptr}, real_cu_sync{nullptr};
+    real_cu_device{nullptr}, real_cu_sync{nullptr}, real_is_capturing{nullptr};
+std::atomic<bool> said_no_device{false}, said_no_cu_device{false}, said_no_capture_query{false},
+    said_capture{false};
 
 thread_local int depth = 0;  // > 0 while inside a hook
 
@@ -103,11 +130,32 @@ bool Routed() {
   return tag != nullptr && std::strcmp(tag, "default") != 0;
 }
 
-int RuntimeDevice() {
-  auto get = RealFn<GetDeviceFn>(real_get_device, "cudaGetDevice", kCudart);
-  int device = 0;
-  if (get == nullptr || get(&device) != kCudaSuccess) return 0;
-  return device;
+// The runtime's current device, or the error to return (never a guessed device 0).
+cudaError_t RuntimeDevice(int* device) {
+  auto get = RealFn<GetDeviceFn>(real_get_device, "cudaGetDevice");
+  if (get == nullptr) {
+    SayOnce(said_no_device, "cudaGetDevice not found in the process (no CUDA runtime loaded?); routed allocations "
+                            "fail with cudaErrorInitializationError");
+    return kCudaErrorInitializationError;
+  }
+  return get(device);
+}
+
+// kCudaSuccess when `stream` is not capturing; the error to return otherwise.
+cudaError_t NotCapturing(cudaStream_t stream) {
+  auto query = RealFn<IsCapturingFn>(real_is_capturing, "cudaStreamIsCapturing");
+  if (query == nullptr) {
+    SayOnce(said_no_capture_query, "cudaStreamIsCapturing not found in the process; routed stream-ordered calls "
+                                   "fail with cudaErrorInitializationError");
+    return kCudaErrorInitializationError;
+  }
+  int status = 0;  // cudaStreamCaptureStatusNone
+  const cudaError_t rc = query(stream, &status);
+  if (rc != kCudaSuccess) return rc;
+  if (status == 0) return kCudaSuccess;
+  SayOnce(said_capture, "cudaMallocAsync/cudaFreeAsync of vmstash memory during stream capture is refused "
+                        "(cudaErrorStreamCaptureUnsupported): allocate before capturing");
+  return kCudaErrorStreamCaptureUnsupported;
 }
 
 }  // namespace
@@ -118,10 +166,12 @@ __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t
   if (ptr == nullptr) return kCudaErrorInvalidValue;
   if (Routed()) {
     Depth d;
-    *ptr = vmstash_malloc(size, RuntimeDevice(), nullptr);
+    int device = 0;
+    if (const cudaError_t rc = RuntimeDevice(&device); rc != kCudaSuccess) return rc;
+    *ptr = vmstash_malloc(size, device, nullptr);
     return *ptr != nullptr || size == 0 ? kCudaSuccess : kCudaErrorMemoryAllocation;
   }
-  auto real = RealFn<MallocFn>(real_malloc, "cudaMalloc", kCudart);
+  auto real = RealFn<MallocFn>(real_malloc, "cudaMalloc");
   return real != nullptr ? real(ptr, size) : kCudaErrorMemoryAllocation;
 }
 
@@ -131,12 +181,12 @@ __attribute__((visibility("default"))) cudaError_t cudaFree(void* ptr) {
     if (device >= 0) {
       Depth d;
       // cudaFree synchronizes the device; keep that promise before the memory is reused.
-      if (auto sync = RealFn<SyncFn>(real_sync, "cudaDeviceSynchronize", kCudart)) sync();
+      if (auto sync = RealFn<SyncFn>(real_sync, "cudaDeviceSynchronize")) sync();
       vmstash_free(ptr, 0, device, nullptr);
       return kCudaSuccess;
     }
   }
-  auto real = RealFn<FreeFn>(real_free, "cudaFree", kCudart);
+  auto real = RealFn<FreeFn>(real_free, "cudaFree");
   return real != nullptr ? real(ptr) : kCudaErrorInvalidValue;
 }
 
@@ -144,10 +194,13 @@ __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr, s
   if (ptr == nullptr) return kCudaErrorInvalidValue;
   if (Routed()) {
     Depth d;
-    *ptr = vmstash_malloc(size, RuntimeDevice(), stream);
+    if (const cudaError_t rc = NotCapturing(stream); rc != kCudaSuccess) return rc;
+    int device = 0;
+    if (const cudaError_t rc = RuntimeDevice(&device); rc != kCudaSuccess) return rc;
+    *ptr = vmstash_malloc(size, device, stream);
     return *ptr != nullptr || size == 0 ? kCudaSuccess : kCudaErrorMemoryAllocation;
   }
-  auto real = RealFn<MallocAsyncFn>(real_malloc_async, "cudaMallocAsync", kCudart);
+  auto real = RealFn<MallocAsyncFn>(real_malloc_async, "cudaMallocAsync");
   return real != nullptr ? real(ptr, size, stream) : kCudaErrorMemoryAllocation;
 }
 
@@ -156,6 +209,7 @@ __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr, cuda
     const int device = vmstash_owner_device(ptr);
     if (device >= 0) {
       Depth d;
+      if (const cudaError_t rc = NotCapturing(stream); rc != kCudaSuccess) return rc;
       // Stream-ordered: reuse waits for `stream` (vmstash's RecordStream) as well as for
       // the stream the block was allocated on.
       (void)vmstash_record_stream(ptr, device, stream);
@@ -163,7 +217,7 @@ __attribute__((visibility("default"))) cudaError_t cudaFreeAsync(void* ptr, cuda
       return kCudaSuccess;
     }
   }
-  auto real = RealFn<FreeAsyncFn>(real_free_async, "cudaFreeAsync", kCudart);
+  auto real = RealFn<FreeAsyncFn>(real_free_async, "cudaFreeAsync");
   return real != nullptr ? real(ptr, stream) : kCudaErrorInvalidValue;
 }
 
@@ -172,12 +226,18 @@ __attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* ptr, 
   if (Routed()) {
     Depth d;
     CUdevice device = 0;
-    if (auto get = RealFn<CuCtxGetDeviceFn>(real_cu_device, "cuCtxGetDevice", kCuda)) get(&device);
+    auto get = RealFn<CuCtxGetDeviceFn>(real_cu_device, "cuCtxGetDevice");
+    if (get == nullptr) {
+      SayOnce(said_no_cu_device, "cuCtxGetDevice not found in the process; routed cuMemAlloc fails with "
+                                 "CUDA_ERROR_NOT_INITIALIZED");
+      return kCuErrorNotInitialized;
+    }
+    if (const CUresult rc = get(&device); rc != kCuSuccess) return rc;
     void* p = vmstash_malloc(size, device, nullptr);
     *ptr = reinterpret_cast<CUdeviceptr>(p);
     return p != nullptr || size == 0 ? kCuSuccess : kCuErrorOutOfMemory;
   }
-  auto real = RealFn<CuMemAllocFn>(real_cu_alloc, "cuMemAlloc_v2", kCuda);
+  auto real = RealFn<CuMemAllocFn>(real_cu_alloc, "cuMemAlloc_v2");
   return real != nullptr ? real(ptr, size) : kCuErrorOutOfMemory;
 }
 
@@ -186,12 +246,12 @@ __attribute__((visibility("default"))) CUresult cuMemFree_v2(CUdeviceptr ptr) {
     const int device = vmstash_owner_device(reinterpret_cast<void*>(ptr));
     if (device >= 0) {
       Depth d;
-      if (auto sync = RealFn<CuCtxSynchronizeFn>(real_cu_sync, "cuCtxSynchronize", kCuda)) sync();
+      if (auto sync = RealFn<CuCtxSynchronizeFn>(real_cu_sync, "cuCtxSynchronize")) sync();
       vmstash_free(reinterpret_cast<void*>(ptr), 0, device, nullptr);
       return kCuSuccess;
     }
   }
-  auto real = RealFn<CuMemFreeFn>(real_cu_free, "cuMemFree_v2", kCuda);
+  auto real = RealFn<CuMemFreeFn>(real_cu_free, "cuMemFree_v2");
   return real != nullptr ? real(ptr) : kCuErrorInvalidValue;
 }
 
