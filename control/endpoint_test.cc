@@ -38,13 +38,19 @@ absl::StatusOr<std::string> Echo(const Request& r) {
   return absl::StrCat(R"({"op":")", OpName(r.op), R"(","device":)", r.device, "}");
 }
 
-// Sends raw bytes and returns the raw reply line.
-std::string Raw(const std::string& path, const std::string& bytes) {
+// A client socket connected to `path`.
+int Connect(const std::string& path) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
   EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+// Sends raw bytes and returns the raw reply line.
+std::string Raw(const std::string& path, const std::string& bytes) {
+  int fd = Connect(path);
   std::size_t off = 0;
   while (off < bytes.size()) {
     ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
@@ -138,11 +144,7 @@ TEST(EndpointTest, ATrickleOfBytesCannotHoldTheEndpointPastTheDeadline) {
   std::string trickle_reply;
   const auto start = std::chrono::steady_clock::now();
   std::thread slow([&] {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    int fd = Connect(path);
     const std::string request = R"({"v":1,"op":"hello"})";
     for (char c : request) {  // one byte every 200 ms: each read is within 600 ms
       if (::send(fd, &c, 1, MSG_NOSIGNAL) != 1) break;
