@@ -4,6 +4,7 @@
 // unsafe directory refused.
 #include "control/endpoint.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -168,9 +170,38 @@ TEST(EndpointTest, ATrickleOfBytesCannotHoldTheEndpointPastTheDeadline) {
   EXPECT_NE(trickle_reply.find("DEADLINE_EXCEEDED"), std::string::npos) << trickle_reply;
 }
 
-// Issue 16 item 9: starting the endpoint changed the process umask (for every thread).
+// Issue 16 item 9: starting the endpoint changed the process umask for every thread: a
+// file another thread created meanwhile got the endpoint's mode bits (0600), not its own.
 TEST(EndpointTest, StartingLeavesTheProcessUmaskAloneAndTheSocketIs0600) {
   const mode_t before = ::umask(0002);
+  {
+    const std::string dir = TempDir();
+    const std::string scratch = dir.substr(0, dir.size() - 4) + "/scratch";
+    std::atomic<bool> stop{false};
+    std::atomic<int> created{0}, wrong_mode{0};
+    std::thread creator([&] {
+      while (!stop.load()) {
+        const int fd = ::open(scratch.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0666);
+        struct stat st;
+        if (fd >= 0 && ::fstat(fd, &st) == 0) {
+          created.fetch_add(1);
+          if ((st.st_mode & 0777) != 0664) wrong_mode.fetch_add(1);
+        }
+        if (fd >= 0) ::close(fd);
+        ::unlink(scratch.c_str());
+      }
+    });
+    for (int i = 0; i < 300 && wrong_mode.load() == 0; ++i) {
+      ServerOptions options;
+      options.dir = dir;
+      absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
+      ASSERT_TRUE(server.ok()) << server.status();
+    }
+    stop.store(true);
+    creator.join();
+    EXPECT_GT(created.load(), 0);
+    EXPECT_EQ(wrong_mode.load(), 0) << "a file created while the endpoint started got another umask";
+  }
   ServerOptions options;
   options.dir = TempDir();
   absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);
