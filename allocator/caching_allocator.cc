@@ -158,8 +158,8 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   } else {
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
   }
-  if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
   if (pool->state != TagState::kActive) {
+    if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
     return absl::FailedPreconditionError(absl::StrCat("tag '", pool->stats.name, "' is ", StateName(pool->state),
                                                       " on device ", device_, ": resume it before allocating"));
   }

@@ -323,6 +323,10 @@ class CachingAllocator {
   // Pause/Resume without the hooks, with the control lock held.
   absl::StatusOr<Transition> PauseTransition(TagPool* pool, const LiveRanges* live);
   absl::StatusOr<Transition> ResumeTransition(TagPool* pool);
+  // Runs the tag's before-pause (or after-resume) hooks, marked as this thread's hooks of
+  // `tag`; the first error, with the tag named.
+  absl::Status RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
+                        bool before_pause);
   // The pool for a Pause/Resume/hook, with its hooks; NotFound / FailedPrecondition.
   absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
   // Waits for the tag's copy stream (the device, if that wait fails) before a rollback

@@ -352,17 +352,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, 
   }
   // Before-pause hooks: the tag is still active and no vmstash lock but the control lock
   // is held, so a hook may free (or allocate) blocks of this very tag.
-  {
-    HookScope scope(this, tag);
-    for (auto& [before, after] : hooks) {
-      if (!before) continue;
-      absl::Status s = before(tag, device_);
-      if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("pause of tag '", TagName(tag), "': before-pause hook: ",
-                                                   s.message()));
-      }
-    }
-  }
+  VMSTASH_RETURN_IF_ERROR(RunHooks(tag, hooks, /*before_pause=*/true));
   return PauseTransition(pool, live_ranges);
 }
 
@@ -439,16 +429,24 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
   }
   VMSTASH_ASSIGN_OR_RETURN(Transition done, ResumeTransition(pool));
   // After-resume hooks: the tag is active and the transition lock released.
-  HookScope scope(this, tag);
-  for (auto& [before, after] : hooks) {
-    if (!after) continue;
-    absl::Status s = after(tag, device_);
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("tag '", TagName(tag), "' resumed, but an after-resume hook failed: ",
-                                                 s.message()));
-    }
-  }
+  VMSTASH_RETURN_IF_ERROR(RunHooks(tag, hooks, /*before_pause=*/false));
   return done;
+}
+
+absl::Status CachingAllocator::RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
+                                        bool before_pause) {
+  HookScope scope(this, tag);
+  for (const auto& [before, after] : hooks) {
+    const TransitionHook& hook = before_pause ? before : after;
+    if (!hook) continue;
+    absl::Status s = hook(tag, device_);
+    if (s.ok()) continue;
+    return absl::Status(s.code(), before_pause ? absl::StrCat("pause of tag '", TagName(tag),
+                                                              "': before-pause hook: ", s.message())
+                                               : absl::StrCat("tag '", TagName(tag), "' resumed, but an "
+                                                              "after-resume hook failed: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(TagPool* pool) {

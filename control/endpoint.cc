@@ -279,9 +279,9 @@ absl::StatusOr<std::string> EndpointOf(int pid, const std::string& dir_arg) {
 }
 
 absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& request, int timeout_ms) {
-  const std::string dir = socket_path.substr(0, socket_path.rfind('/') == std::string::npos ? 0
-                                                                                              : socket_path.rfind('/'));
-  if (absl::Status s = CheckPrivateDir(dir.empty() ? "." : dir); !s.ok()) {
+  const std::size_t slash = socket_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : socket_path.substr(0, slash);
+  if (absl::Status s = CheckPrivateDir(dir); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refusing the runtime directory: ", s.message()));
   }
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);

@@ -125,50 +125,57 @@ TEST(CAbiHardeningTest, ShutdownFromAHookFailsInsteadOfHanging) {
   ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
 }
 
+// A backup tag with a 3 MiB block on each of two simulated devices, filled with
+// patterns `seed` and `seed + 1`, the driver failing as `faults` (sim_fail) says.
+struct TwoDevices {
+  void* block[2] = {nullptr, nullptr};
+  unsigned seed = 0;
+  static constexpr std::size_t kBytes = 3 << 20;
+  bool Intact() const { return Holds(block[0], kBytes, seed) && Holds(block[1], kBytes, seed + 1); }
+};
+TwoDevices SetUpTwoDevices(const char* tag, const char* faults, unsigned seed) {
+  TwoDevices t;
+  t.seed = seed;
+  const std::string conf = std::string("driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0,control:0,sim_fail:") +
+                           faults;
+  EXPECT_EQ(vmstash_init(conf.c_str()), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(vmstash_create_tag(tag, "backup"), VMSTASH_OK);
+  for (int d = 0; d < 2; ++d) {
+    t.block[d] = MallocIn(tag, TwoDevices::kBytes, d);
+    EXPECT_NE(t.block[d], nullptr) << vmstash_last_error();
+    if (t.block[d] != nullptr) Fill(t.block[d], TwoDevices::kBytes, seed + d);
+  }
+  return t;
+}
+void TearDownTwoDevices(const TwoDevices& t) {
+  for (int d = 0; d < 2; ++d) vmstash_free(t.block[d], 0, d, nullptr);
+  EXPECT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
 // Item 6: a pause over all devices that fails on device 1 resumes device 0 again (the
 // second copy to host of the run fails: device 0's block was copied, device 1's not).
 TEST(CAbiHardeningTest, PauseOverAllDevicesIsAllOrNothing) {
-  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0,control:0,"
-                         "sim_fail:copy_to_host@2=internal"),
-            VMSTASH_OK);
-  ASSERT_EQ(vmstash_create_tag("md", "backup"), VMSTASH_OK);
-  void* a = MallocIn("md", 3 << 20, 0);
-  void* b = MallocIn("md", 3 << 20, 1);
-  ASSERT_TRUE(a != nullptr && b != nullptr) << vmstash_last_error();
-  Fill(a, 3 << 20, 11);
-  Fill(b, 3 << 20, 22);
+  const TwoDevices t = SetUpTwoDevices("md", "copy_to_host@2=internal", 11);
   EXPECT_EQ(vmstash_pause("md", -1), VMSTASH_INTERNAL);
   EXPECT_THAT(vmstash_last_error(), HasSubstr("failed on device 1"));
   EXPECT_THAT(vmstash_last_error(), HasSubstr("device 0 resumed again"));
   EXPECT_TRUE(StateIs(0, "md", "active"));
   EXPECT_TRUE(StateIs(1, "md", "active"));
-  EXPECT_TRUE(Holds(a, 3 << 20, 11));
-  EXPECT_TRUE(Holds(b, 3 << 20, 22));
+  EXPECT_TRUE(t.Intact());
   // The fault is spent: both pause and resume, bytes intact.
   ASSERT_EQ(vmstash_pause("md", -1), VMSTASH_OK) << vmstash_last_error();
   EXPECT_TRUE(StateIs(0, "md", "paused"));
   EXPECT_TRUE(StateIs(1, "md", "paused"));
   ASSERT_EQ(vmstash_resume("md", -1), VMSTASH_OK) << vmstash_last_error();
-  EXPECT_TRUE(Holds(a, 3 << 20, 11));
-  EXPECT_TRUE(Holds(b, 3 << 20, 22));
-  vmstash_free(a, 0, 0, nullptr);
-  vmstash_free(b, 0, 1, nullptr);
-  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+  EXPECT_TRUE(t.Intact());
+  TearDownTwoDevices(t);
 }
 
 // Item 6: a resume over all devices that fails (out of memory) on device 1 pauses device
 // 0 again, with its bytes backed up again.
 TEST(CAbiHardeningTest, ResumeOverAllDevicesIsAllOrNothing) {
   // Maps: one per malloc (2), then device 0's resume (3) and device 1's (4, refused).
-  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0,control:0,"
-                         "sim_fail:map@4=oom"),
-            VMSTASH_OK);
-  ASSERT_EQ(vmstash_create_tag("mr", "backup"), VMSTASH_OK);
-  void* a = MallocIn("mr", 3 << 20, 0);
-  void* b = MallocIn("mr", 3 << 20, 1);
-  ASSERT_TRUE(a != nullptr && b != nullptr) << vmstash_last_error();
-  Fill(a, 3 << 20, 33);
-  Fill(b, 3 << 20, 44);
+  const TwoDevices t = SetUpTwoDevices("mr", "map@4=oom", 33);
   ASSERT_EQ(vmstash_pause("mr", -1), VMSTASH_OK) << vmstash_last_error();
   EXPECT_EQ(vmstash_resume("mr", -1), VMSTASH_RESOURCE_EXHAUSTED);
   EXPECT_THAT(vmstash_last_error(), HasSubstr("failed on device 1"));
@@ -176,11 +183,8 @@ TEST(CAbiHardeningTest, ResumeOverAllDevicesIsAllOrNothing) {
   EXPECT_TRUE(StateIs(0, "mr", "paused"));
   EXPECT_TRUE(StateIs(1, "mr", "paused"));
   ASSERT_EQ(vmstash_resume("mr", -1), VMSTASH_OK) << vmstash_last_error();
-  EXPECT_TRUE(Holds(a, 3 << 20, 33));
-  EXPECT_TRUE(Holds(b, 3 << 20, 44));
-  vmstash_free(a, 0, 0, nullptr);
-  vmstash_free(b, 0, 1, nullptr);
-  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+  EXPECT_TRUE(t.Intact());
+  TearDownTwoDevices(t);
 }
 
 // Item 6: a typo is NOT_FOUND and creates nothing; a known tag without memory on the

@@ -220,21 +220,28 @@ void StopBackgroundWorkAtExit() {
   for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
 }
 
-absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
-  Runtime& rt = TheRuntime();
-  if (device >= 0 && device < kMaxDevices) {
-    CachingAllocator* a = rt.allocators[device].load(std::memory_order_acquire);
-    if (a != nullptr) return a;
-  }
-  MutexLock lock(&rt.mu);
-  if (!rt.initialized) {
-    absl::Status s = InitLocked(rt, nullptr);
-    if (!s.ok()) return s;
-  }
+// The allocator of `device` when the process uses it, else nullptr (never creates one).
+CachingAllocator* AllocatorInUse(int device) {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  return TheRuntime().allocators[device].load(std::memory_order_acquire);
+}
+
+// Initializes the runtime from the environment on first use; InvalidArgument for a
+// device that does not exist.
+absl::Status CheckDeviceLocked(Runtime& rt, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(rt.mu) {
+  if (!rt.initialized) VMSTASH_RETURN_IF_ERROR(InitLocked(rt, nullptr));
   if (device < 0 || device >= rt.device_count) {
     return absl::InvalidArgumentError(
         absl::StrCat("device ", device, " does not exist (", rt.device_count, " device(s), driver ", rt.driver->Name(), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
+  if (CachingAllocator* a = AllocatorInUse(device)) return a;
+  Runtime& rt = TheRuntime();
+  MutexLock lock(&rt.mu);
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceLocked(rt, device));
   if (rt.owned[device] == nullptr) {
     absl::StatusOr<std::unique_ptr<CachingAllocator>> a =
         CachingAllocator::Create(rt.driver.get(), device, AllocatorOptions::FromOptions(rt.options));
@@ -258,10 +265,9 @@ absl::StatusOr<CachingAllocator*> AllocatorFor(int device) {
 
 // Allocators in use, for calls over all devices.
 std::vector<CachingAllocator*> AllocatorsInUse() {
-  Runtime& rt = TheRuntime();
   std::vector<CachingAllocator*> out;
   for (int d = 0; d < kMaxDevices; ++d) {
-    if (CachingAllocator* a = rt.allocators[d].load(std::memory_order_acquire)) out.push_back(a);
+    if (CachingAllocator* a = AllocatorInUse(d)) out.push_back(a);
   }
   return out;
 }
@@ -320,19 +326,10 @@ absl::StatusOr<TagId> TagArg(const char* tag) {
 // one (and a CUDA context) on a device this process never used.
 absl::StatusOr<std::vector<CachingAllocator*>> ExistingTargets(int device) {
   if (device == -1) return AllocatorsInUse();
+  if (CachingAllocator* a = AllocatorInUse(device)) return std::vector{a};
   Runtime& rt = TheRuntime();
-  if (device >= 0 && device < kMaxDevices) {
-    if (CachingAllocator* a = rt.allocators[device].load(std::memory_order_acquire)) return std::vector{a};
-  }
   MutexLock lock(&rt.mu);
-  if (!rt.initialized) {
-    absl::Status s = InitLocked(rt, nullptr);
-    if (!s.ok()) return s;
-  }
-  if (device < 0 || device >= rt.device_count) {
-    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist (", rt.device_count,
-                                                   " device(s), driver ", rt.driver->Name(), ")"));
-  }
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceLocked(rt, device));
   return std::vector<CachingAllocator*>{};  // never used: no tag has memory there
 }
 
@@ -355,10 +352,22 @@ bool TagKnown(TagId tag) {
 // the devices this call already changed are changed back (resumed, or paused again) and
 // the error names the failing device and the outcome of that rollback. Devices where
 // the tag has no memory are skipped; a tag unknown to the process is NotFound.
-int TransitionOnDevices(const char* tag, int device, bool pause, const CachingAllocator::LiveRanges* live) noexcept {
+// `hint` (pauses only, optional): vmstash_pause_live's byte ranges.
+struct LiveHint {
+  const uint64_t* starts;
+  const uint64_t* sizes;
+  size_t n;
+};
+int TransitionOnDevices(const char* tag, int device, bool pause, const LiveHint* hint) noexcept {
   return Guard([&] {
     absl::StatusOr<TagId> id = TagArg(tag);
     if (!id.ok()) return Fail(id.status());
+    CachingAllocator::LiveRanges ranges;
+    if (hint != nullptr) {
+      ranges.reserve(hint->n);
+      for (size_t i = 0; i < hint->n; ++i) ranges.emplace_back(hint->starts[i], hint->sizes[i]);
+    }
+    const CachingAllocator::LiveRanges* live = hint != nullptr ? &ranges : nullptr;
     absl::StatusOr<std::vector<CachingAllocator*>> targets = ExistingTargets(device);
     if (!targets.ok()) return Fail(targets.status());
     const char* verb = pause ? "pause" : "resume";
@@ -419,10 +428,7 @@ absl::StatusOr<CachingAllocator*> DeviceAllocator(int device) { return Allocator
 int Fail(const absl::Status& status) { return vmstash::Fail(status); }
 int Guarded(absl::FunctionRef<int()> fn) noexcept { return Guard([&] { return fn(); }); }
 void CountDependent(int delta) { TheRuntime().dependents.fetch_add(delta); }
-bool DeviceInUse(int device) {
-  return device >= 0 && device < kMaxDevices &&
-         TheRuntime().allocators[device].load(std::memory_order_acquire) != nullptr;
-}
+bool DeviceInUse(int device) { return AllocatorInUse(device) != nullptr; }
 }  // namespace c_abi
 }  // namespace vmstash
 
@@ -612,18 +618,11 @@ int vmstash_pause(const char* tag, int device) noexcept { return TransitionOnDev
 
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) noexcept {
-  absl::StatusOr<TagId> id = TagArg(tag);
-  if (!id.ok()) return Fail(id.status());
   if (n != 0 && (starts == nullptr || sizes == nullptr)) {
     return Fail(absl::InvalidArgumentError("vmstash_pause_live: NULL range arrays with n > 0"));
   }
-  CachingAllocator::LiveRanges live;
-  const int rc = Guard([&] {
-    live.reserve(n);
-    for (size_t i = 0; i < n; ++i) live.emplace_back(starts[i], sizes[i]);
-    return 0;
-  });
-  return rc != 0 ? rc : TransitionOnDevices(tag, device, true, &live);
+  const LiveHint hint{starts, sizes, n};
+  return TransitionOnDevices(tag, device, true, &hint);
 }
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {

@@ -121,9 +121,11 @@ def warm_blas_workspaces(stream=None, device=None):
     if stream is None:
         stream = torch.cuda.current_stream(dev)
     key = (dev, stream.cuda_stream)
-    if key in _warm_streams or torch.cuda.is_current_stream_capturing():
+    if key in _warm_streams:
         return
     with torch.cuda.device(dev), torch.cuda.stream(stream):
+        if torch.cuda.is_current_stream_capturing():
+            return
         torch.cuda.current_blas_handle()  # the cuBLAS workspace of this stream
         for dtype in (torch.bfloat16, torch.float32):
             a = torch.ones(32, 32, device=torch.device("cuda", dev), dtype=dtype)
