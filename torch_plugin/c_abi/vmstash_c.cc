@@ -7,13 +7,13 @@
 // message in a thread-local string and returns a code or NULL.
 //
 // Note [Shutdown]
-//   Every entry point runs inside a CallScope: it counts itself in a per-thread-striped
-//   in-flight counter, then checks the runtime's phase. vmstash_shutdown sets the phase
+//   Every entry point runs inside a CallScope: it counts itself in its thread's in-flight
+//   counter, then checks the runtime's phase (call_gate.h). vmstash_shutdown sets the phase
 //   to "closing", stops the control endpoint (outside the lock; a request it serves
 //   completes or fails), waits until no call is in flight, and only then destroys the
-//   allocators and the driver. Both sides use sequentially consistent operations, so a
-//   call either sees "closing" and fails with FailedPrecondition, or is counted and
-//   completes before anything is destroyed. After a shutdown every call fails with
+//   allocators and the driver. The gate's fences make a call either see "closing" and
+//   fail with FailedPrecondition, or be counted and complete before anything is
+//   destroyed. After a shutdown every call fails with
 //   FailedPrecondition until vmstash_init is called again (no silent re-initialization
 //   from the environment, which would drop the options given to vmstash_init). A
 //   shutdown from inside a vmstash call (a hook) would wait for itself: it fails.
@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/tag.h"
+#include "torch_plugin/c_abi/call_gate.h"
 #include "torch_plugin/c_abi/control_service.h"
 #include "torch_plugin/c_abi/runtime_access.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
@@ -50,33 +51,19 @@ constexpr int kMaxDevices = 64;
 
 thread_local std::string last_error;
 
-// Note [Shutdown]. kOpen: calls run (the first one may initialize from the environment).
-enum class Phase : int { kOpen, kClosing, kShutDown };
-constexpr int kStripes = 32;
-struct alignas(64) Stripe {
-  std::atomic<int> calls{0};
-};
-Stripe in_flight[kStripes];
-std::atomic<Phase> phase{Phase::kOpen};
-std::atomic<int> next_stripe{0};
-thread_local const int my_stripe = next_stripe.fetch_add(1, std::memory_order_relaxed) % kStripes;
-thread_local int call_depth = 0;  // vmstash calls on this thread's stack (hooks nest)
+using c_abi::Phase;
 
+// Every entry point's body runs inside one (Note [Shutdown]; the counting: call_gate.h).
 class CallScope {
  public:
   CallScope() {
-    in_flight[my_stripe].calls.fetch_add(1, std::memory_order_seq_cst);
-    ++call_depth;
-    const Phase p = phase.load(std::memory_order_seq_cst);
+    const Phase p = c_abi::EnterCall();
     if (p == Phase::kOpen) return;
     refused_ = absl::FailedPreconditionError(
         p == Phase::kClosing ? "vmstash is shutting down (vmstash_shutdown in progress); the call was refused"
                              : "vmstash was shut down; call vmstash_init() to use it again");
   }
-  ~CallScope() {
-    --call_depth;
-    in_flight[my_stripe].calls.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  ~CallScope() { c_abi::LeaveCall(); }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;
   // OK, or why the call must not touch the runtime.
@@ -85,12 +72,6 @@ class CallScope {
  private:
   absl::Status refused_;
 };
-
-int CallsInFlight() {
-  int n = 0;
-  for (const Stripe& s : in_flight) n += s.calls.load(std::memory_order_seq_cst);
-  return n;
-}
 
 int Fail(const absl::Status& status) {
   last_error = status.ToString();
@@ -141,12 +122,18 @@ Runtime& TheRuntime() {
 // child only the forking thread exists, so the in-flight count is that thread's own, and
 // the control endpoint (thread, socket) stays the parent's: the child never stops it or
 // removes its socket (the child's copy is dropped without being destroyed).
-void ForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS { TheRuntime().mu.Lock(); }
-void ForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS { TheRuntime().mu.Unlock(); }
+void ForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  TheRuntime().mu.Lock();
+  c_abi::LockForFork();
+}
+void ForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  c_abi::UnlockAfterFork();
+  TheRuntime().mu.Unlock();
+}
 void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   Runtime& rt = TheRuntime();
-  for (Stripe& s : in_flight) s.calls.store(0, std::memory_order_relaxed);
-  in_flight[my_stripe].calls.store(call_depth, std::memory_order_relaxed);
+  c_abi::AfterForkInChild();
+  c_abi::UnlockAfterFork();
   (void)rt.control.release();  // the parent's; see ControlServer's destructor too
   rt.mu.Unlock();
 }
@@ -440,12 +427,12 @@ int vmstash_init(const char* options) noexcept {
   try {
     Runtime& rt = TheRuntime();
     MutexLock lock(&rt.mu);
-    if (phase.load() == Phase::kClosing) {
+    if (c_abi::CurrentPhase() == Phase::kClosing) {
       return Fail(absl::FailedPreconditionError("vmstash_init: vmstash_shutdown is in progress"));
     }
     absl::Status s = InitLocked(rt, options);
     if (!s.ok()) return Fail(s);
-    phase.store(Phase::kOpen);
+    c_abi::SetPhase(Phase::kOpen);
     return 0;
   } catch (...) {
     return Fail(absl::InternalError("vmstash_init: unexpected exception"));
@@ -456,7 +443,7 @@ int vmstash_is_initialized(void) noexcept { return TheRuntime().ready.load(std::
 
 // See Note [Shutdown].
 int vmstash_shutdown(void) noexcept {
-  if (call_depth > 0) {
+  if (c_abi::CallDepth() > 0) {
     return Fail(absl::FailedPreconditionError(
         "vmstash_shutdown called from inside a vmstash call (a pause/resume hook?): it would wait for itself"));
   }
@@ -465,23 +452,23 @@ int vmstash_shutdown(void) noexcept {
     std::unique_ptr<control::ControlServer> control;
     {
       MutexLock lock(&rt.mu);
-      const Phase p = phase.load();
+      const Phase p = c_abi::CurrentPhase();
       if (p == Phase::kShutDown) return 0;
       if (p == Phase::kClosing) return Fail(absl::FailedPreconditionError("vmstash_shutdown: already in progress"));
       if (const int n = rt.dependents.load(); n != 0) {
         return Fail(absl::FailedPreconditionError(
             absl::StrCat("vmstash_shutdown: ", n, " stash arena(s) still exist; destroy them first")));
       }
-      phase.store(Phase::kClosing);
+      c_abi::SetPhase(Phase::kClosing);
       rt.ready.store(false, std::memory_order_release);
       control = std::move(rt.control);
     }
     // Outside the lock: a request the endpoint is serving may be waiting for it.
     control.reset();
-    while (CallsInFlight() != 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    while (!c_abi::NoCallsInFlight()) std::this_thread::sleep_for(std::chrono::microseconds(100));
     MutexLock lock(&rt.mu);
     if (const int n = rt.dependents.load(); n != 0) {  // created by a call that was in flight
-      phase.store(Phase::kOpen);
+      c_abi::SetPhase(Phase::kOpen);
       rt.ready.store(rt.initialized, std::memory_order_release);
       if (rt.initialized && rt.options.control) rt.control = StartControlService(DescribeRuntime);
       return Fail(absl::FailedPreconditionError(
@@ -494,7 +481,7 @@ int vmstash_shutdown(void) noexcept {
     rt.tag_policies.clear();
     rt.hooks.clear();
     rt.device_count = 0;
-    phase.store(Phase::kShutDown);
+    c_abi::SetPhase(Phase::kShutDown);
     return 0;
   } catch (...) {
     return Fail(absl::InternalError("vmstash_shutdown: unexpected exception"));
