@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "vmm/log.h"
+#include "base/log.h"
 
 namespace vmstash {
 

@@ -6,8 +6,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 

@@ -7,22 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
-#include "vmm/bytes.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
-AllocatorOptions AllocatorOptions::FromOptions(const Options& options) {
-  AllocatorOptions out;
-  out.bypass = options.bypass;
-  out.min_chunk_bytes = options.min_chunk_bytes;
-  out.max_chunk_bytes = options.max_chunk_bytes;
-  out.heap_va_bytes = options.heap_va_bytes;
-  out.backup_kind = options.backup_pageable ? BackupArena::Kind::kPageable : BackupArena::Kind::kPinned;
-  out.auto_prepare = options.auto_prepare;
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Driver* driver, int device,
                                                                          AllocatorOptions options) {
   if (driver == nullptr) return absl::InvalidArgumentError("CachingAllocator: driver is null");

@@ -85,7 +85,7 @@
 //   can still be freed.
 //   Lock order: a tag's control lock, then its transition lock, then mu_.
 //
-// bypass (Options.bypass): every allocation gets its own reservation and chunk straight
+// bypass (AllocatorOptions::bypass): every allocation gets its own reservation and chunk straight
 // from the driver, and every free synchronizes the device and releases them: slow, but
 // every byte is the user's, for compute-sanitizer and use-after-free hunts.
 //
@@ -109,6 +109,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/allocator_options.h"
 #include "allocator/auto_preparer.h"
 #include "allocator/backup_arena.h"
 #include "allocator/block.h"
@@ -119,38 +120,10 @@
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
 #include "vmm/mapping.h"
-#include "vmm/mutex.h"
-#include "vmm/options.h"
+#include "base/mutex.h"
 #include "vmm/reservation.h"
 
 namespace vmstash {
-
-struct AllocatorOptions {
-  bool bypass = false;
-  std::size_t min_chunk_bytes = std::size_t{20} << 20;
-  std::size_t max_chunk_bytes = std::size_t{2} << 30;
-  std::size_t heap_va_bytes = 0;  // 0: twice the device memory
-  // Run Validate() after every operation; on by default in debug builds (no NDEBUG),
-  // so every test built that way walks the invariants after each call.
-#ifdef NDEBUG
-  bool validate_each_op = false;
-#else
-  bool validate_each_op = true;
-#endif
-  BackupArena::Kind backup_kind = BackupArena::Kind::kPinned;
-  // Pipelining (Note [Pause/Resume Protocol]): a pause unmaps in stages of at least this
-  // many copied bytes (at most 16 stages); a resume maps a large cover in pieces growing
-  // from resume_first_piece_bytes to max_chunk_bytes (0: one chunk per cover).
-  std::size_t pause_stage_bytes = std::size_t{64} << 20;
-  std::size_t resume_first_piece_bytes = std::size_t{64} << 20;
-  // A background thread prepares the backup arena of a `backup` tag as it grows (see
-  // auto_preparer.h), once the tag has not grown for auto_prepare_settle_ms. Tests that
-  // count driver calls turn it off.
-  bool auto_prepare = true;
-  int auto_prepare_settle_ms = 250;
-
-  static AllocatorOptions FromOptions(const Options& options);
-};
 
 class CachingAllocator {
  public:

@@ -5,9 +5,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "allocator/heap.h"
-#include "vmm/bytes.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 

@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
-#include "vmm/bytes.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "gtest/gtest.h"
-#include "vmm/mutex.h"
+#include "base/mutex.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {

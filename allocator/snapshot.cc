@@ -1,6 +1,6 @@
 #include "allocator/snapshot.h"
 
-#include "allocator/json_writer.h"
+#include "base/json_writer.h"
 
 namespace vmstash {
 

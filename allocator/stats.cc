@@ -1,7 +1,7 @@
 #include "allocator/stats.h"
 
 #include "absl/strings/str_format.h"
-#include "allocator/json_writer.h"
+#include "base/json_writer.h"
 
 namespace vmstash {
 namespace {
@@ -40,18 +40,6 @@ void WriteTag(JsonWriter& w, const TagStats& t) {
 }
 
 }  // namespace
-
-std::string HumanBytes(std::uint64_t bytes) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  if (bytes < 1024) return absl::StrFormat("%d B", bytes);
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024 && unit < 4) {
-    v /= 1024;
-    ++unit;
-  }
-  return absl::StrFormat("%.2f %s", v, kUnits[unit]);
-}
 
 std::string StatsToJson(const AllocatorStats& s) {
   JsonWriter w;

@@ -75,8 +75,6 @@ struct AllocatorStats {
 };
 
 std::string StatsToJson(const AllocatorStats& stats);
-// "1.50 GiB", "512 B".
-std::string HumanBytes(std::uint64_t bytes);
 
 }  // namespace vmstash
 

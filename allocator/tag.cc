@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "vmm/mutex.h"
+#include "base/mutex.h"
 
 namespace vmstash {
 namespace {

@@ -20,7 +20,7 @@
 #include "tests/replay/trace.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 #include "vmm/driver_factory.h"
-#include "vmm/options.h"
+#include "runtime/runtime_options.h"
 #ifdef VMSTASH_BENCH_WITH_TORCH
 #include "bench/torch_side.h"
 #endif
@@ -88,11 +88,11 @@ class TorchTarget : public ReplayTarget {
 #endif
 
 int Run() {
-  absl::StatusOr<Options> options = OptionsFromEnvironment();
+  absl::StatusOr<RuntimeOptions> options = RuntimeOptionsFromEnvironment();
   if (!options.ok()) return std::fprintf(stderr, "%s\n", options.status().ToString().c_str()), 1;
-  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(*options);
+  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(options->vmm);
   if (!driver.ok()) return std::fprintf(stderr, "%s\n", driver.status().ToString().c_str()), 1;
-  auto made = CachingAllocator::Create(driver->get(), 0, AllocatorOptions::FromOptions(*options));
+  auto made = CachingAllocator::Create(driver->get(), 0, options->allocator);
   if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().ToString().c_str()), 1;
   CachingAllocator& ours = **made;
   auto ours_alloc = [&](std::size_t n) { return reinterpret_cast<void*>(*ours.Allocate(n, nullptr)); };

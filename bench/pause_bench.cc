@@ -20,7 +20,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "vmm/driver_factory.h"
-#include "vmm/options.h"
+#include "runtime/runtime_options.h"
 #include "vmm/pinned_host_buffer.h"
 
 namespace vmstash {
@@ -61,12 +61,12 @@ absl::StatusOr<Cycle> PauseResume(CachingAllocator& a, TagId tag, double idle_s 
 int Run(int argc, char** argv) {
   const std::size_t gib = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16;
   const std::size_t size = gib << 30;
-  absl::StatusOr<Options> options = OptionsFromEnvironment();
+  absl::StatusOr<RuntimeOptions> options = RuntimeOptionsFromEnvironment();
   if (!options.ok()) return std::fprintf(stderr, "%s\n", options.status().ToString().c_str()), 1;
-  absl::StatusOr<std::unique_ptr<Driver>> made = CreateDriver(*options);
+  absl::StatusOr<std::unique_ptr<Driver>> made = CreateDriver(options->vmm);
   if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().ToString().c_str()), 1;
   Driver& driver = **made;
-  auto alloc_or = CachingAllocator::Create(&driver, 0, AllocatorOptions::FromOptions(*options));
+  auto alloc_or = CachingAllocator::Create(&driver, 0, options->allocator);
   if (!alloc_or.ok()) return std::fprintf(stderr, "%s\n", alloc_or.status().ToString().c_str()), 1;
   CachingAllocator& alloc = **alloc_or;
   std::printf("pause_bench: driver %s, %zu GiB\n", std::string(driver.Name()).c_str(), gib);
@@ -169,7 +169,7 @@ int Run(int argc, char** argv) {
   }
   // Without auto_prepare or pipelining: a second allocator on the same device.
   {
-    AllocatorOptions plain = AllocatorOptions::FromOptions(*options);
+    AllocatorOptions plain = options->allocator;
     plain.auto_prepare = false;
     plain.pause_stage_bytes = ~std::size_t{0};  // one stage: unmap after all copies
     plain.resume_first_piece_bytes = 0;         // one chunk per cover

@@ -23,10 +23,10 @@
 #include "vmm/chunk.h"
 #include "vmm/driver_factory.h"
 #include "vmm/mapping.h"
-#include "vmm/options.h"
+#include "runtime/runtime_options.h"
 #include "vmm/pinned_host_buffer.h"
 #include "vmm/reservation.h"
-#include "vmm/status_macros.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {
@@ -210,12 +210,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  absl::StatusOr<vmstash::Options> options = vmstash::OptionsFromEnvironment();
+  absl::StatusOr<vmstash::RuntimeOptions> options = vmstash::RuntimeOptionsFromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "vmm_bench: %s\n", options.status().ToString().c_str());
     return 1;
   }
-  absl::StatusOr<std::unique_ptr<vmstash::Driver>> driver = vmstash::CreateDriver(*options);
+  absl::StatusOr<std::unique_ptr<vmstash::Driver>> driver = vmstash::CreateDriver(options->vmm);
   if (!driver.ok()) {
     std::fprintf(stderr, "vmm_bench: %s\n", driver.status().ToString().c_str());
     return 1;

@@ -10,7 +10,8 @@
 //   {"v":1,"ok":false,"error":{"code":"INVALID_ARGUMENT","message":"..."}}
 // A request with another "v" gets FAILED_PRECONDITION naming both versions; unknown ops,
 // unknown keys, nesting, duplicate keys and malformed JSON get INVALID_ARGUMENT; the server
-// keeps serving. The parser is strict and bounded (no recursion), and fuzzed.
+// keeps serving. Requests and replies are read by the project's one strict JSON reader
+// (base/json_reader.h: bounded nesting) and written by its one writer; the parsers are fuzzed.
 //
 // Thread-safety: pure functions.
 #ifndef VMSTASH_CONTROL_PROTOCOL_H_
@@ -46,8 +47,8 @@ std::string FormatRequest(const Request& request);
 // Reply lines (with the '\n'); `result_json` must be valid JSON.
 std::string OkReply(absl::string_view result_json);
 std::string ErrorReply(const absl::Status& status);
-// Splits a reply line into the result JSON (ok) or the error it carries. Only the
-// envelope is checked; the result is returned as text.
+// Splits a reply line into the result JSON (ok) or the error it carries. The whole line
+// must be valid JSON; the result is returned as text.
 absl::StatusOr<std::string> ParseReply(absl::string_view line);
 
 }  // namespace vmstash::control

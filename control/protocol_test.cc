@@ -50,8 +50,11 @@ TEST(ProtocolTest, BadRequestsAreClearErrors) {
     absl::StatusCode code;
     const char* says;
   } cases[] = {
-      {"", absl::StatusCode::kInvalidArgument, "expected '{'"},
-      {"not json", absl::StatusCode::kInvalidArgument, "expected '{'"},
+      {"", absl::StatusCode::kInvalidArgument, "unexpected end"},
+      {"not json", absl::StatusCode::kInvalidArgument, "unexpected character"},
+      {"[1]", absl::StatusCode::kInvalidArgument, "expected a JSON object"},
+      {R"({"v":1,"op":"hello","device":1.5})", absl::StatusCode::kInvalidArgument, "integer"},
+      {R"({"v":1,"op":"pause","tag":"\ud800"})", absl::StatusCode::kInvalidArgument, "surrogate"},
       {R"({"v":1})", absl::StatusCode::kInvalidArgument, "missing \"op\""},
       {R"({"op":"hello"})", absl::StatusCode::kInvalidArgument, "missing \"v\""},
       {R"({"v":2,"op":"hello"})", absl::StatusCode::kFailedPrecondition, "version 2"},
@@ -59,8 +62,8 @@ TEST(ProtocolTest, BadRequestsAreClearErrors) {
       {R"({"v":1,"op":"hello","x":1})", absl::StatusCode::kInvalidArgument, "unknown key"},
       {R"({"v":1,"op":"hello","op":"stats"})", absl::StatusCode::kInvalidArgument, "duplicate key"},
       {R"({"v":1,"op":"pause"})", absl::StatusCode::kInvalidArgument, "needs a \"tag\""},
-      {R"({"v":1,"op":"pause","tag":{"a":1}})", absl::StatusCode::kInvalidArgument, "expected a string"},
-      {R"({"v":1,"op":"hello","device":-2})", absl::StatusCode::kInvalidArgument, "device must be"},
+      {R"({"v":1,"op":"pause","tag":{"a":1}})", absl::StatusCode::kInvalidArgument, "must be a string"},
+      {R"({"v":1,"op":"hello","device":-2})", absl::StatusCode::kInvalidArgument, "\"device\" must be"},
       {R"({"v":1,"op":"hello","device":99999999999})", absl::StatusCode::kInvalidArgument, "integer"},
       {R"({"v":1,"op":"hello"} trailing)", absl::StatusCode::kInvalidArgument, "trailing"},
       {R"({"v":1,"op":"hello")", absl::StatusCode::kInvalidArgument, "expected ',' or '}'"},

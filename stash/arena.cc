@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "vmm/log.h"
-#include "vmm/mutex.h"
-#include "vmm/status_macros.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
 
 namespace vmstash::stash {
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "vmm/cu_status.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {

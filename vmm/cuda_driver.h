@@ -27,7 +27,7 @@
 #include "vmm/cu_entry_points.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
-#include "vmm/mutex.h"
+#include "base/mutex.h"
 
 namespace vmstash {
 

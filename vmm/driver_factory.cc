@@ -1,12 +1,12 @@
 #include "vmm/driver_factory.h"
 
 #include "vmm/cuda_driver.h"
-#include "vmm/log.h"
+#include "base/log.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {
 
-absl::StatusOr<std::unique_ptr<Driver>> CreateDriver(const Options& options) {
+absl::StatusOr<std::unique_ptr<Driver>> CreateDriver(const VmmOptions& options) {
   if (options.driver == DriverKind::kSim) {
     return std::unique_ptr<Driver>(new SimDriver(SimDriverOptions::FromOptions(options)));
   }

@@ -12,11 +12,11 @@
 
 #include "absl/status/statusor.h"
 #include "vmm/driver.h"
-#include "vmm/options.h"
+#include "vmm/vmm_options.h"
 
 namespace vmstash {
 
-absl::StatusOr<std::unique_ptr<Driver>> CreateDriver(const Options& options);
+absl::StatusOr<std::unique_ptr<Driver>> CreateDriver(const VmmOptions& options);
 
 }  // namespace vmstash
 

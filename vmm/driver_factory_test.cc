@@ -6,9 +6,12 @@ namespace vmstash {
 namespace {
 
 TEST(DriverFactoryTest, SimIsConfiguredFromOptions) {
-  absl::StatusOr<Options> options = ParseOptions("driver:sim,sim_devices:2,sim_capacity:64M,sim_granularity:1M");
-  ASSERT_TRUE(options.ok());
-  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(*options);
+  VmmOptions options;
+  options.driver = DriverKind::kSim;
+  options.sim_devices = 2;
+  options.sim_capacity_bytes = 64u << 20;
+  options.sim_granularity_bytes = 1u << 20;
+  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(options);
   ASSERT_TRUE(driver.ok()) << driver.status();
   EXPECT_EQ((*driver)->Name(), "sim");
   EXPECT_EQ((*driver)->DeviceCount().value(), 2);
@@ -17,13 +20,13 @@ TEST(DriverFactoryTest, SimIsConfiguredFromOptions) {
 }
 
 TEST(DriverFactoryTest, AutoAlwaysGivesADriver) {
-  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(Options{});
+  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(VmmOptions{});
   ASSERT_TRUE(driver.ok()) << driver.status();
   EXPECT_GT((*driver)->DeviceCount().value(), 0);
 }
 
 TEST(DriverFactoryTest, CudaWithoutAGpuIsUnavailable) {
-  Options options;
+  VmmOptions options;
   options.driver = DriverKind::kCuda;
   absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(options);
   if (!driver.ok()) {

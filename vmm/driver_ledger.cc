@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "vmm/bytes.h"
+#include "base/bytes.h"
 
 namespace vmstash {
 absl::Status CheckGranularSize(const char* what, std::size_t size_bytes, std::size_t granularity) {

@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "vmm/driver.h"
-#include "vmm/mutex.h"
+#include "base/mutex.h"
 
 namespace vmstash {
 

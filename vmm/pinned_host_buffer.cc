@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/status/status.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 

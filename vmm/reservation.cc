@@ -2,8 +2,8 @@
 
 #include <utility>
 
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 

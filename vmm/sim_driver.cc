@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "vmm/bytes.h"
-#include "vmm/log.h"
-#include "vmm/status_macros.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {
@@ -50,7 +50,7 @@ void* AsHostPtr(DevicePtr va) { return reinterpret_cast<void*>(static_cast<std::
 
 }  // namespace
 
-SimDriverOptions SimDriverOptions::FromOptions(const Options& options) {
+SimDriverOptions SimDriverOptions::FromOptions(const VmmOptions& options) {
   SimDriverOptions out;
   out.devices = options.sim_devices;
   out.capacity_bytes = options.sim_capacity_bytes;

@@ -17,7 +17,7 @@
 // chunk's bytes count until its handle is released and its last mapping is gone.
 //
 // Fault injection: "fail the Nth call of operation X with code E" (FaultRule), set at
-// construction (Options.sim_faults, VMSTASH_CONF sim_fail:...) or at run time. An injected
+// construction (VmmOptions::sim_faults, VMSTASH_CONF sim_fail:...) or at run time. An injected
 // failure happens before any state changes, like a real driver error.
 //
 // Misuse the real driver would only catch as a crash is reported: copies from/to ranges
@@ -39,8 +39,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "vmm/driver.h"
 #include "vmm/driver_ledger.h"
-#include "vmm/mutex.h"
-#include "vmm/options.h"
+#include "base/mutex.h"
+#include "vmm/vmm_options.h"
 
 namespace vmstash {
 
@@ -50,7 +50,7 @@ struct SimDriverOptions {
   std::size_t granularity_bytes = std::size_t{2} << 20;
   std::vector<FaultRule> faults;
 
-  static SimDriverOptions FromOptions(const Options& options);
+  static SimDriverOptions FromOptions(const VmmOptions& options);
 };
 
 class SimDriver final : public Driver {

@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "gtest/gtest.h"
-#include "vmm/status_macros.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {
@@ -150,7 +150,7 @@ TEST(SimDriverTest, EachDeviceHasItsOwnCapacity) {
 }
 
 TEST(SimDriverTest, OptionsFromConf) {
-  Options options;
+  VmmOptions options;
   options.sim_devices = 3;
   options.sim_granularity_bytes = 64 << 10;
   options.sim_faults = {FaultRule{DriverOp::kMap, 1, 1, absl::StatusCode::kInternal}};

@@ -13,7 +13,7 @@
 #include "tests/replay/caching_allocator_target.h"
 #include "tests/replay/trace.h"
 #include "vmm/driver_factory.h"
-#include "vmm/options.h"
+#include "runtime/runtime_options.h"
 
 namespace vmstash {
 namespace {
@@ -44,17 +44,17 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (!write.empty()) std::ofstream(write) << TraceToCsv(ops);
-  absl::StatusOr<Options> options = OptionsFromEnvironment();
+  absl::StatusOr<RuntimeOptions> options = RuntimeOptionsFromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "vmstash_trace_replay: %s\n", options.status().ToString().c_str());
     return 2;
   }
-  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(*options);
+  absl::StatusOr<std::unique_ptr<Driver>> driver = CreateDriver(options->vmm);
   if (!driver.ok()) {
     std::fprintf(stderr, "vmstash_trace_replay: %s\n", driver.status().ToString().c_str());
     return 1;
   }
-  auto alloc = CachingAllocator::Create(driver->get(), 0, AllocatorOptions::FromOptions(*options));
+  auto alloc = CachingAllocator::Create(driver->get(), 0, options->allocator);
   if (!alloc.ok()) {
     std::fprintf(stderr, "vmstash_trace_replay: %s\n", alloc.status().ToString().c_str());
     return 1;

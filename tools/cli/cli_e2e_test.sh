@@ -5,7 +5,7 @@
 # socket disappears.
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
-cli="$root/tools/cli/vmstash"
+cli="$root/tools/cli/vmstash_cli"
 demo="$root/tools/demo/vmstash_demo"
 export VMSTASH_RUNTIME_DIR
 VMSTASH_RUNTIME_DIR=$(mktemp -d /tmp/vmstash-e2e-XXXXXX)/run

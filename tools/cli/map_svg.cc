@@ -1,6 +1,7 @@
 // MapSvg: see map_svg.h.
 #include "tools/cli/map_svg.h"
 
+
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -9,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/bytes.h"
+#include "tools/cli/per_device.h"
 
 namespace vmstash::cli {
 namespace {
@@ -70,7 +73,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
       auto w = [&](std::int64_t n) { return std::max(0.5, n * scale); };
       body += absl::StrFormat(
           "<text x=\"10\" y=\"%d\">%s / %s</text><text x=\"10\" y=\"%d\" font-size=\"10\">%#x, mapped %s</text>\n",
-          y + 11, Escape(tag), Escape(seg["heap"].String()), y + 23, lo, HumanBytes(seg["mapped_bytes"].Number()));
+          y + 11, Escape(tag), Escape(seg["heap"].String()), y + 23, lo, HumanBytes(seg["mapped_bytes"].Int()));
       body += absl::StrFormat("<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f4f4f4\" stroke=\"#999\"/>\n",
                               kLeft, y, kWidth, kBar);
       for (const JsonValue& c : seg["chunks"].items()) {
@@ -79,7 +82,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
             "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" fill-opacity=\"%s\" stroke=\"#555\" "
             "stroke-width=\"0.5\"><title>chunk %#x %s %s</title></rect>\n",
             x(c["address"].Int()), y, w(c["size"].Int()), kBar, mapped ? colour(tag) : "#cccccc",
-            mapped ? "0.25" : "1", c["address"].Int(), HumanBytes(c["size"].Number()), mapped ? "mapped" : "hole");
+            mapped ? "0.25" : "1", c["address"].Int(), HumanBytes(c["size"].Int()), mapped ? "mapped" : "hole");
       }
       for (const JsonValue& b : seg["blocks"].items()) {
         const bool live = b["live"].Bool();
@@ -89,7 +92,7 @@ absl::StatusOr<std::string> MapSvg(const JsonValue& snapshot, const std::string&
             "stroke-width=\"%s\"%s><title>block %#x %s %s</title></rect>\n",
             x(b["address"].Int()), y + 4, w(b["size"].Int()), kBar - 8, paused ? "none" : colour(tag),
             live ? "0.9" : "0.2", paused ? colour(tag) : "#333", paused ? "1.5" : "0.3",
-            paused ? " stroke-dasharray=\"4 2\"" : "", b["address"].Int(), HumanBytes(b["size"].Number()),
+            paused ? " stroke-dasharray=\"4 2\"" : "", b["address"].Int(), HumanBytes(b["size"].Int()),
             paused ? "live, paused" : live ? "live" : "free");
       }
       y += kBar + kGap;

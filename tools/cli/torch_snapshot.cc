@@ -1,12 +1,14 @@
 // TorchSnapshotPickle: see torch_snapshot.h.
 #include "tools/cli/torch_snapshot.h"
 
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "tools/cli/per_device.h"
 
 namespace vmstash::cli {
 namespace {

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "tools/cli/json_value.h"
+#include "base/json_reader.h"
 
 namespace vmstash::cli {
 

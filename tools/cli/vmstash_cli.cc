@@ -25,7 +25,9 @@
 #include "absl/strings/numbers.h"
 #include "control/endpoint.h"
 #include "fmt/format.h"
-#include "tools/cli/json_value.h"
+#include "base/bytes.h"
+#include "base/json_reader.h"
+#include "tools/cli/per_device.h"
 #include "tools/cli/map_svg.h"
 #include "tools/cli/torch_snapshot.h"
 
@@ -103,8 +105,8 @@ int Ps(bool json) {
             t["reserved_bytes"]["current"].Int(), t["allocated_bytes"]["current"].Int(), paused, backed);
       } else {
         out += fmt::format("{:>8}  {:<16} {:>4}  {:>11} {:>11} {:>11} {:>11}\n", e.pid, (*hello)["name"].String(),
-                           (*d)["device"].Int(), HumanBytes(t["reserved_bytes"]["current"].Number()),
-                           HumanBytes(t["allocated_bytes"]["current"].Number()), HumanBytes(paused), HumanBytes(backed));
+                           (*d)["device"].Int(), HumanBytes(t["reserved_bytes"]["current"].Int()),
+                           HumanBytes(t["allocated_bytes"]["current"].Int()), HumanBytes(paused), HumanBytes(backed));
       }
       first = false;
     }
@@ -133,7 +135,7 @@ int Show(int pid, bool json) {
              (*hello)["version"].String(), (*hello)["driver"].String(), (*hello)["device_count"].Int());
   for (const JsonValue* d : Devices(*stats)) {
     const JsonValue& t = (*d)["total"];
-    const double reserved = t["reserved_bytes"]["current"].Number(), allocated = t["allocated_bytes"]["current"].Number();
+    const std::int64_t reserved = t["reserved_bytes"]["current"].Int(), allocated = t["allocated_bytes"]["current"].Int();
     // Fragmentation over active tags: cached (free) bytes inside their reserved chunks.
     double active_reserved = 0, active_allocated = 0;
     for (const JsonValue& tag : (*d)["tags"].items()) {
@@ -153,9 +155,9 @@ int Show(int pid, bool json) {
                                                      : fmt::format("{:.1f} ms", ms);
       };
       fmt::print("  {:<16} {:<8} {:<9} {:>11} {:>11} {:>7} {:>7} {:>11} {:>11} {:>17} {:>17}\n", tag["name"].String(),
-                 tag["policy"].String(), tag["state"].String(), HumanBytes(tag["reserved_bytes"]["current"].Number()),
-                 HumanBytes(tag["allocated_bytes"]["current"].Number()), tag["active_blocks"]["current"].Int(),
-                 tag["chunks"].Int(), HumanBytes(tag["paused_bytes"].Number()), HumanBytes(tag["backed_up_bytes"].Number()),
+                 tag["policy"].String(), tag["state"].String(), HumanBytes(tag["reserved_bytes"]["current"].Int()),
+                 HumanBytes(tag["allocated_bytes"]["current"].Int()), tag["active_blocks"]["current"].Int(),
+                 tag["chunks"].Int(), HumanBytes(tag["paused_bytes"].Int()), HumanBytes(tag["backed_up_bytes"].Int()),
                  timing(tag["last_pause_ms"].Number(), tag["last_pause_gib_per_s"].Number()),
                  timing(tag["last_resume_ms"].Number(), tag["last_resume_gib_per_s"].Number()));
     }
@@ -196,7 +198,7 @@ int Snapshot(int pid, const std::string& file, bool torch_format) {
   out << bytes;
   if (!out.good()) return Fail(absl::InternalError(fmt::format("cannot write {}", file)), "snapshot");
   fmt::print("snapshot of process {} written to {} ({}, {})\n", pid, file, torch_format ? "torch pickle" : "json",
-             HumanBytes(static_cast<double>(bytes.size())));
+             HumanBytes(bytes.size()));
   return 0;
 }
 

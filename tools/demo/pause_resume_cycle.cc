@@ -7,13 +7,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "vmm/bytes.h"
+#include "base/bytes.h"
 #include "vmm/chunk.h"
-#include "vmm/log.h"
+#include "base/log.h"
 #include "vmm/mapping.h"
 #include "vmm/pinned_host_buffer.h"
 #include "vmm/reservation.h"
-#include "vmm/status_macros.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 namespace {

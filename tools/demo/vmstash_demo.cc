@@ -2,8 +2,8 @@
 // verify - on the GPU when one is usable, else on the simulated driver.
 //
 //   vmstash_demo [--size=256M] [--chunk=32M] [--device=0] [--serve[=SECONDS]]
-//   VMSTASH_DRIVER=sim|cuda|auto, VMSTASH_CONF="..." (see vmm/options.h)
-// --serve: afterwards, keep running as a process that uses vmstash through its C ABI
+//   VMSTASH_DRIVER=sim|cuda|auto, VMSTASH_CONF="..." (see runtime/runtime_options.h)
+// --serve: afterwards, keep running as a process that uses the vmstash process runtime
 // (tag "weights", backup, 64 MiB; tag "kv_cache", discard, 128 MiB) and serves the control
 // endpoint, so the `vmstash` CLI can be tried anywhere; until SIGINT/SIGTERM or SECONDS.
 // On the way out it checks that the weights survived whatever pauses/resumes came in.
@@ -21,9 +21,11 @@
 #include "absl/strings/match.h"
 #include "control/endpoint.h"
 #include "tools/demo/pause_resume_cycle.h"
-#include "torch_plugin/include/vmstash/vmstash.h"
+#include "base/conf.h"
+#include "runtime/process.h"
+#include "runtime/runtime.h"
+#include "runtime/runtime_options.h"
 #include "vmm/driver_factory.h"
-#include "vmm/options.h"
 
 namespace {
 
@@ -37,28 +39,31 @@ int Usage(const char* why) {
 volatile sig_atomic_t stop = 0;
 void OnSignal(int) { stop = 1; }
 
-// A vmstash user through the C ABI, serving the control endpoint (see the file comment).
+void Report(const absl::Status& s) { std::fprintf(stderr, "vmstash_demo: %s\n", s.ToString().c_str()); }
+
+// Two tagged allocations on the process runtime (runtime/process.h), serving its control
+// endpoint until a signal or the time is up; then the weights must be intact once resumed.
 int Serve(int device, int seconds) {
-  if (vmstash_create_tag("weights", "backup") != 0 || vmstash_create_tag("kv_cache", "discard") != 0) {
-    std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
-    return 1;
+  vmstash::process::Call call;
+  absl::StatusOr<vmstash::Runtime*> rt = call.runtime();
+  if (!rt.ok()) return Report(rt.status()), 1;
+  absl::StatusOr<vmstash::TagId> weights_tag = vmstash::InternTag("weights");
+  absl::StatusOr<vmstash::TagId> kv_tag = vmstash::InternTag("kv_cache");
+  absl::StatusOr<vmstash::CachingAllocator*> a = (*rt)->Allocator(device);
+  if (!a.ok()) return Report(a.status()), 1;
+  for (absl::Status s : {(*rt)->CreateTag(*weights_tag, vmstash::Policy::kBackup),
+                         (*rt)->CreateTag(*kv_tag, vmstash::Policy::kDiscard)}) {
+    if (!s.ok()) return Report(s), 1;
   }
   const size_t weights_bytes = size_t{64} << 20, kv_bytes = size_t{128} << 20;
-  vmstash_set_current_tag("weights");
-  void* weights = vmstash_malloc(weights_bytes, device, nullptr);
-  vmstash_set_current_tag("kv_cache");
-  void* kv = vmstash_malloc(kv_bytes, device, nullptr);
-  vmstash_set_current_tag("default");
-  if (weights == nullptr || kv == nullptr) {
-    std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
-    return 1;
-  }
+  absl::StatusOr<vmstash::DevicePtr> weights = (*a)->Allocate(weights_bytes, vmstash::Stream{}, *weights_tag);
+  absl::StatusOr<vmstash::DevicePtr> kv = (*a)->Allocate(kv_bytes, vmstash::Stream{}, *kv_tag);
+  if (!weights.ok() || !kv.ok()) return Report(weights.ok() ? kv.status() : weights.status()), 1;
   // A pattern the demo can check at the end: through the simulator's host-visible memory,
   // or nothing to check on a GPU (no kernels here).
-  char* driver_name = vmstash_stats_json(device);
-  const bool host_visible = driver_name != nullptr && std::strstr(driver_name, "\"driver\":\"sim\"") != nullptr;
-  vmstash_string_free(driver_name);
-  if (host_visible) std::memset(weights, 0x5a, weights_bytes);
+  const bool host_visible = (*rt)->driver().Name() == "sim";
+  char* w = reinterpret_cast<char*>(*weights);
+  if (host_visible) std::memset(w, 0x5a, weights_bytes);
   signal(SIGINT, OnSignal);
   signal(SIGTERM, OnSignal);
   std::printf("vmstash_demo: pid %d serving %s/%d.sock (tags weights, kv_cache)\n", static_cast<int>(getpid()),
@@ -67,15 +72,15 @@ int Serve(int device, int seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds > 0 ? seconds : 1 << 30);
   while (!stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   // Whatever came in, the weights must be readable and intact once resumed.
-  if (vmstash_resume("weights", -1) < -1) std::fprintf(stderr, "vmstash_demo: %s\n", vmstash_last_error());
+  if (absl::StatusOr<bool> r = (*rt)->Resume(*weights_tag, vmstash::Runtime::kAllDevices); !r.ok()) Report(r.status());
   bool intact = true;
   if (host_visible) {
-    for (size_t i = 0; i < weights_bytes; i += 4096) intact = intact && static_cast<char*>(weights)[i] == 0x5a;
+    for (size_t i = 0; i < weights_bytes; i += 4096) intact = intact && w[i] == 0x5a;
   }
   std::printf("vmstash_demo: stopping; weights %s\n", intact ? "intact" : "CORRUPTED");
-  vmstash_free(weights, weights_bytes, device, nullptr);
-  vmstash_resume("kv_cache", -1);
-  vmstash_free(kv, kv_bytes, device, nullptr);
+  (void)(*a)->Free(*weights);
+  (void)(*rt)->Resume(*kv_tag, vmstash::Runtime::kAllDevices);
+  (void)(*a)->Free(*kv);
   return intact ? 0 : 1;
 }
 
@@ -101,13 +106,13 @@ int main(int argc, char** argv) {
       return Usage(("unknown argument " + std::string(arg)).c_str());
     }
   }
-  absl::StatusOr<vmstash::Options> options = vmstash::OptionsFromEnvironment();
+  absl::StatusOr<vmstash::RuntimeOptions> options = vmstash::RuntimeOptionsFromEnvironment();
   if (!options.ok()) {
     std::fprintf(stderr, "vmstash_demo: %s\n", options.status().ToString().c_str());
     return 1;
   }
-  vmstash::SetLogLevel(options->log_level);
-  absl::StatusOr<std::unique_ptr<vmstash::Driver>> driver = vmstash::CreateDriver(*options);
+  vmstash::SetLogLevel(options->vmm.log_level);
+  absl::StatusOr<std::unique_ptr<vmstash::Driver>> driver = vmstash::CreateDriver(options->vmm);
   if (!driver.ok()) {
     std::fprintf(stderr, "vmstash_demo: no driver: %s\n", driver.status().ToString().c_str());
     return 1;

@@ -1,5 +1,6 @@
 // The paged stash C ABI (torch_plugin/include/vmstash/vmstash_stash.h) over
-// stash::StashArena, on the runtime of vmstash_c.cc (runtime_access.h). An opaque
+// stash::StashArena, on the process runtime (shim.h). Each arena counts as a dependent of
+// the Runtime (it holds an allocator pointer), so a shutdown refuses while one exists. An opaque
 // vmstash_stash_arena is a StashArena; handles are the arena's device handle pointers.
 #include <cstdint>
 #include <memory>
@@ -7,7 +8,7 @@
 
 #include "absl/status/status.h"
 #include "stash/arena.h"
-#include "torch_plugin/c_abi/runtime_access.h"
+#include "torch_plugin/c_abi/shim.h"
 #include "torch_plugin/include/vmstash/vmstash_stash.h"
 
 struct vmstash_stash_arena {
@@ -27,7 +28,7 @@ stash::StashHandleHeader* H(void* handle) { return static_cast<stash::StashHandl
 // Runs `fn` on the arena's StashArena, or fails with InvalidArgument for a null arena.
 template <typename Fn>
 int OnArena(vmstash_stash_arena* arena, Fn fn) noexcept {
-  return c_abi::Guarded([&] {
+  return c_abi::Guard([&](process::Call&) {
     if (arena == nullptr || arena->arena == nullptr) {
       return Fail(absl::InvalidArgumentError("vmstash stash: null arena"));
     }
@@ -48,10 +49,10 @@ extern "C" {
 
 int vmstash_stash_create(int device, const char* tag, uint64_t row_bytes, uint32_t page_rows,
                          vmstash_stash_arena** out) noexcept {
-  return vmstash::c_abi::Guarded([&] {
+  return vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
     if (out == nullptr) return vmstash::c_abi::Fail(absl::InvalidArgumentError("vmstash_stash_create: null out"));
     *out = nullptr;
-    absl::StatusOr<vmstash::CachingAllocator*> a = vmstash::c_abi::DeviceAllocator(device);
+    absl::StatusOr<vmstash::CachingAllocator*> a = rt.Allocator(device);
     if (!a.ok()) return vmstash::c_abi::Fail(a.status());
     vmstash::stash::StashArenaSpec spec;
     spec.row_bytes = row_bytes;
@@ -60,7 +61,7 @@ int vmstash_stash_create(int device, const char* tag, uint64_t row_bytes, uint32
     absl::StatusOr<std::unique_ptr<StashArena>> arena = StashArena::Create((*a)->driver(), *a, std::move(spec));
     if (!arena.ok()) return vmstash::c_abi::Fail(arena.status());
     *out = new vmstash_stash_arena{*std::move(arena)};
-    vmstash::c_abi::CountDependent(+1);
+    rt.AddDependent(+1);
     return 0;
   });
 }
@@ -71,10 +72,10 @@ int vmstash_stash_prepare(vmstash_stash_arena* arena, uint64_t device_pages, uin
 }
 
 int vmstash_stash_destroy(vmstash_stash_arena* arena) noexcept {
-  return vmstash::c_abi::Guarded([&] {
+  return vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
     if (arena == nullptr) return 0;
     delete arena;
-    vmstash::c_abi::CountDependent(-1);
+    rt.AddDependent(-1);
     return 0;
   });
 }

@@ -80,6 +80,12 @@ int vmstash_bind_tag_slot(const char* tag) VMSTASH_NOEXCEPT;
 /* Tag names: 1..64 printable ASCII characters. policy: "discard" or "backup". */
 int vmstash_create_tag(const char* tag, const char* policy) VMSTASH_NOEXCEPT;
 int vmstash_set_current_tag(const char* tag) VMSTASH_NOEXCEPT;
+/* The policy of a tag declared with vmstash_create_tag ("discard" or "backup"; a static
+ * string), or NULL when it was never declared (vmstash_last_error() says why). */
+const char* vmstash_tag_policy(const char* tag) VMSTASH_NOEXCEPT;
+/* Every declared tag with its policy, in declaration order, as a JSON object
+ * {"tag": "policy", ...}; free with vmstash_string_free. NULL on failure. */
+char* vmstash_tags_json(void) VMSTASH_NOEXCEPT;
 /* This thread's current tag ("default" until set); valid until the process ends. */
 const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
 

@@ -1,6 +1,5 @@
-#include "allocator/json_writer.h"
+#include "base/json_writer.h"
 
-#include "allocator/stats.h"
 #include "gtest/gtest.h"
 
 namespace vmstash {
@@ -22,13 +21,6 @@ TEST(JsonWriterTest, NestedContainersAndEscapes) {
   w.Field("d", 0.5);
   w.EndObject();
   EXPECT_EQ(w.str(), R"({"a":1,"list":[18446744073709551615,"q\"\\\n\u0001",false,null,{}],"d":0.5})");
-}
-
-TEST(JsonWriterTest, HumanBytes) {
-  EXPECT_EQ(HumanBytes(0), "0 B");
-  EXPECT_EQ(HumanBytes(1023), "1023 B");
-  EXPECT_EQ(HumanBytes(1536), "1.50 KiB");
-  EXPECT_EQ(HumanBytes(std::uint64_t{80} << 30), "80.00 GiB");
 }
 
 }  // namespace

@@ -8,8 +8,8 @@
 // The level is process-wide and set from Options (`log_level`); default kWarning.
 // Thread-safety: all functions may be called from any thread. Never call VMSTASH_LOG while
 // holding an allocator lock if the sink may block (DESIGN §9); the default sink does not.
-#ifndef VMSTASH_VMM_LOG_H_
-#define VMSTASH_VMM_LOG_H_
+#ifndef VMSTASH_BASE_LOG_H_
+#define VMSTASH_BASE_LOG_H_
 
 #include <string>
 
@@ -53,4 +53,4 @@ struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
     }                                                                              \
   } while (0)
 
-#endif  // VMSTASH_VMM_LOG_H_
+#endif  // VMSTASH_BASE_LOG_H_

@@ -1,5 +1,5 @@
 // CallGate: see call_gate.h.
-#include "torch_plugin/c_abi/call_gate.h"
+#include "runtime/call_gate.h"
 
 #include <linux/membarrier.h>
 #include <sys/syscall.h>
@@ -8,9 +8,9 @@
 #include <atomic>
 #include <vector>
 
-#include "vmm/mutex.h"
+#include "base/mutex.h"
 
-namespace vmstash::c_abi {
+namespace vmstash::process {
 namespace {
 
 struct alignas(64) Slot {
@@ -126,4 +126,4 @@ void AfterForkInChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   }
 }
 
-}  // namespace vmstash::c_abi
+}  // namespace vmstash::process

@@ -1,4 +1,4 @@
-#include "vmm/log.h"
+#include "base/log.h"
 
 #include <sys/syscall.h>
 #include <time.h>

@@ -1,14 +1,17 @@
 // JsonValue: see json_value.h.
-#include "tools/cli/json_value.h"
+#include "base/json_reader.h"
 
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-namespace vmstash::cli {
+namespace vmstash {
 
 class JsonParser {
  public:
@@ -23,8 +26,6 @@ class JsonParser {
   }
 
  private:
-  static constexpr int kMaxDepth = 64;
-
   void Space() {
     while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' || text_[pos_] == '\r' ||
                                    text_[pos_] == '\t')) {
@@ -41,7 +42,7 @@ class JsonParser {
   }
 
   absl::Status Value(JsonValue* v, int depth) {
-    if (depth > kMaxDepth) return Error("nested too deeply");
+    if (depth > JsonValue::kMaxDepth) return Error("nested too deeply");
     Space();
     if (pos_ >= text_.size()) return Error("unexpected end");
     char c = text_[pos_];
@@ -60,23 +61,92 @@ class JsonParser {
     return Number(v);
   }
 
+  bool Digits() {
+    const std::size_t start = pos_;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+    return pos_ > start;
+  }
+
+  // number = [ "-" ] ( "0" / 1-9 *DIGIT ) [ "." 1*DIGIT ] [ ( "e" / "E" ) [ "+" / "-" ] 1*DIGIT ]
   absl::Status Number(JsonValue* v) {
-    std::size_t start = pos_;
+    const std::size_t start = pos_;
     if (pos_ < text_.size() && text_[pos_] == '-') ++pos_;
-    bool integral = true;
-    while (pos_ < text_.size() && ((text_[pos_] >= '0' && text_[pos_] <= '9') || text_[pos_] == '.' ||
-                                   text_[pos_] == 'e' || text_[pos_] == 'E' || text_[pos_] == '+' ||
-                                   text_[pos_] == '-')) {
-      if (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E') integral = false;
+    if (pos_ < text_.size() && text_[pos_] == '0') {
       ++pos_;
+    } else if (!Digits()) {
+      return Error(pos_ == start ? "unexpected character" : "bad number");
     }
-    if (pos_ == start) return Error("unexpected character");
-    std::string digits(text_.substr(start, pos_ - start));
-    char* end = nullptr;
+    bool integral = true;
+    if (pos_ < text_.size() && text_[pos_] == '.') {
+      ++pos_;
+      integral = false;
+      if (!Digits()) return Error("bad number (no digit after '.')");
+    }
+    if (pos_ < text_.size() && (text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      ++pos_;
+      integral = false;
+      if (pos_ < text_.size() && (text_[pos_] == '+' || text_[pos_] == '-')) ++pos_;
+      if (!Digits()) return Error("bad number (no digit in the exponent)");
+    }
+    const std::string digits(text_.substr(start, pos_ - start));
     v->type_ = JsonValue::Type::kNumber;
-    v->number_ = std::strtod(digits.c_str(), &end);
-    if (end != digits.c_str() + digits.size() || !std::isfinite(v->number_)) return Error("bad number");
-    v->int_ = integral ? std::strtoll(digits.c_str(), nullptr, 10) : static_cast<std::int64_t>(v->number_);
+    v->number_ = std::strtod(digits.c_str(), nullptr);
+    if (!std::isfinite(v->number_)) return Error("number out of range");
+    if (integral) {
+      errno = 0;
+      v->int_ = std::strtoll(digits.c_str(), nullptr, 10);
+      if (errno == ERANGE) v->int_ = static_cast<std::int64_t>(v->number_ < 0 ? INT64_MIN : INT64_MAX);
+    } else {
+      v->int_ = static_cast<std::int64_t>(v->number_);
+    }
+    return absl::OkStatus();
+  }
+
+  // Four hex digits at pos_ (advanced past them), or -1.
+  int Hex4() {
+    if (pos_ + 4 > text_.size()) return -1;
+    int code = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = text_[pos_ + i];
+      const int d = c >= '0' && c <= '9' ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      if (d < 0) return -1;
+      code = code * 16 + d;
+    }
+    pos_ += 4;
+    return code;
+  }
+
+  // After "\u": one code point (a surrogate pair counts as one), appended as UTF-8.
+  absl::Status Escape(std::string* out) {
+    int code = Hex4();
+    if (code < 0) return Error("\\u escape needs four hex digits");
+    if (code >= 0xDC00 && code <= 0xDFFF) return Error("lone low surrogate in a \\u escape");
+    std::uint32_t cp = static_cast<std::uint32_t>(code);
+    if (code >= 0xD800 && code <= 0xDBFF) {
+      if (text_.substr(pos_, 2) != "\\u") return Error("high surrogate without its low half");
+      pos_ += 2;
+      const int low = Hex4();
+      if (low < 0xDC00 || low > 0xDFFF) return Error("high surrogate without its low half");
+      cp = 0x10000 + ((cp - 0xD800) << 10) + static_cast<std::uint32_t>(low - 0xDC00);
+    }
+    if (cp < 0x80) {
+      out->push_back(static_cast<char>(cp));
+    } else if (cp < 0x800) {
+      out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
     return absl::OkStatus();
   }
 
@@ -99,22 +169,9 @@ class JsonParser {
         case 'n': out->push_back('\n'); break;
         case 'r': out->push_back('\r'); break;
         case 't': out->push_back('\t'); break;
-        case 'u': {
-          if (pos_ + 4 > text_.size()) return Error("short \\u escape");
-          unsigned code = std::strtoul(std::string(text_.substr(pos_, 4)).c_str(), nullptr, 16);
-          pos_ += 4;
-          if (code < 0x80) {
-            out->push_back(static_cast<char>(code));
-          } else if (code < 0x800) {
-            out->push_back(static_cast<char>(0xC0 | (code >> 6)));
-            out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          } else {
-            out->push_back(static_cast<char>(0xE0 | (code >> 12)));
-            out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-            out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-          }
+        case 'u':
+          if (absl::Status st = Escape(out); !st.ok()) return st;
           break;
-        }
         default: return Error("bad escape");
       }
     }
@@ -149,6 +206,9 @@ class JsonParser {
       if (pos_ >= text_.size() || text_[pos_] != '"') return Error("expected a key");
       std::string key;
       if (absl::Status s = String(&key); !s.ok()) return s;
+      for (const auto& member : v->members_) {
+        if (member.first == key) return Error(absl::StrCat("duplicate key \"", key, "\""));
+      }
       Space();
       if (pos_ >= text_.size() || text_[pos_] != ':') return Error("expected ':'");
       ++pos_;
@@ -178,23 +238,4 @@ const JsonValue& JsonValue::operator[](absl::string_view key) const {
   return *kNull;
 }
 
-absl::StatusOr<std::vector<const JsonValue*>> PerDevice(const JsonValue& reply, absl::string_view what) {
-  std::vector<const JsonValue*> out;
-  if (reply.is_array()) {
-    for (const JsonValue& d : reply.items()) out.push_back(&d);
-  } else if (reply.is_object()) {
-    out.push_back(&reply);
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected an object or a list of them"));
-  }
-  return out;
-}
-
-std::string HumanBytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
-  return u == 0 ? absl::StrFormat("%.0f %s", bytes, units[u]) : absl::StrFormat("%.1f %s", bytes, units[u]);
-}
-
-}  // namespace vmstash::cli
+}  // namespace vmstash

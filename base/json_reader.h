@@ -1,10 +1,17 @@
-// JsonValue: a small JSON document model for the CLI, which renders the stats and
-// snapshots a process sends (allocator/stats.h, allocator/snapshot.h). Strict RFC 8259
-// parsing with a nesting limit; numbers are kept as double plus, when integral, int64.
+// JsonValue: the project's one JSON reader, a small document model used by the control
+// protocol (control/protocol.h) and the CLI, which renders the stats and snapshots a
+// process sends (allocator/stats.h, allocator/snapshot.h).
+//
+// Strict RFC 8259: the number grammar exactly, \u escapes with exactly four hex digits
+// (surrogate pairs joined into one UTF-8 sequence; a lone surrogate is an error),
+// control characters in strings and duplicate object keys rejected, nothing after the
+// document but whitespace. Nesting is limited (kMaxDepth), so hostile input cannot
+// exhaust the stack. Numbers are kept as double plus, when integral, int64. Errors are
+// InvalidArgument naming the byte offset.
 //
 // Thread-safety: values are plain data.
-#ifndef VMSTASH_TOOLS_CLI_JSON_VALUE_H_
-#define VMSTASH_TOOLS_CLI_JSON_VALUE_H_
+#ifndef VMSTASH_BASE_JSON_READER_H_
+#define VMSTASH_BASE_JSON_READER_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,12 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace vmstash::cli {
+namespace vmstash {
 
 class JsonValue {
  public:
   enum class Type { kNull, kBool, kNumber, kString, kArray, kObject };
 
+  static constexpr int kMaxDepth = 64;
   static absl::StatusOr<JsonValue> Parse(absl::string_view text);
 
   Type type() const { return type_; }
@@ -47,13 +55,6 @@ class JsonValue {
   std::vector<std::pair<std::string, JsonValue>> members_;
 };
 
-// The per-device documents of a reply that is one object (one device) or a list of them
-// (every device in use); InvalidArgument naming `what` otherwise.
-absl::StatusOr<std::vector<const JsonValue*>> PerDevice(const JsonValue& reply, absl::string_view what);
+}  // namespace vmstash
 
-// 1536 -> "1.5 KiB" (bytes below 1 KiB: "512 B").
-std::string HumanBytes(double bytes);
-
-}  // namespace vmstash::cli
-
-#endif  // VMSTASH_TOOLS_CLI_JSON_VALUE_H_
+#endif  // VMSTASH_BASE_JSON_READER_H_

@@ -8,8 +8,8 @@
 //   VMSTASH_ASSIGN_OR_RETURN(DevicePtr va, driver.ReserveAddress(0, size, 0));
 //
 // Both work in functions returning absl::Status or any absl::StatusOr<T>.
-#ifndef VMSTASH_VMM_STATUS_MACROS_H_
-#define VMSTASH_VMM_STATUS_MACROS_H_
+#ifndef VMSTASH_BASE_STATUS_MACROS_H_
+#define VMSTASH_BASE_STATUS_MACROS_H_
 
 #include <utility>
 
@@ -34,4 +34,4 @@
   if (!tmp.ok()) return std::move(tmp).status();        \
   lhs = std::move(tmp).value()
 
-#endif  // VMSTASH_VMM_STATUS_MACROS_H_
+#endif  // VMSTASH_BASE_STATUS_MACROS_H_

@@ -1,6 +1,6 @@
-// CallGate: the C ABI's calls in flight, so that vmstash_shutdown can wait for them and
-// refuse later ones (Note [Shutdown] in vmstash_c.cc), at about the cost of two plain
-// stores per call.
+// CallGate: the calls into the process runtime in flight (process.h), so that a shutdown
+// can wait for them and refuse later ones (Note [Shutdown] in process.h), at about the
+// cost of two plain stores per call.
 //
 // Each thread owns a slot (a counter only it writes, on its own cache line), taken on
 // its first call and given back at thread exit. A call stores count + 1, then reads the
@@ -12,10 +12,10 @@
 // happens before what the shutdown does next.
 //
 // Thread-safety: all functions are thread-safe. AfterForkInChild runs in the child only.
-#ifndef VMSTASH_TORCH_PLUGIN_C_ABI_CALL_GATE_H_
-#define VMSTASH_TORCH_PLUGIN_C_ABI_CALL_GATE_H_
+#ifndef VMSTASH_RUNTIME_CALL_GATE_H_
+#define VMSTASH_RUNTIME_CALL_GATE_H_
 
-namespace vmstash::c_abi {
+namespace vmstash::process {
 
 // kOpen: calls run (the first one may initialize the runtime from the environment).
 enum class Phase : int { kOpen, kClosing, kShutDown };
@@ -38,6 +38,6 @@ void AfterForkInChild();
 void LockForFork();
 void UnlockAfterFork();
 
-}  // namespace vmstash::c_abi
+}  // namespace vmstash::process
 
-#endif  // VMSTASH_TORCH_PLUGIN_C_ABI_CALL_GATE_H_
+#endif  // VMSTASH_RUNTIME_CALL_GATE_H_

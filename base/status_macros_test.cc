@@ -1,4 +1,4 @@
-#include "vmm/status_macros.h"
+#include "base/status_macros.h"
 
 #include <memory>
 

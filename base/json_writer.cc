@@ -1,4 +1,4 @@
-#include "allocator/json_writer.h"
+#include "base/json_writer.h"
 
 #include <cmath>
 

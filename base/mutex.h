@@ -7,8 +7,8 @@
 // annotations keep ABSL_GUARDED_BY checking with clang.
 //
 // Thread-safety: it is the thread-safety primitive.
-#ifndef VMSTASH_VMM_MUTEX_H_
-#define VMSTASH_VMM_MUTEX_H_
+#ifndef VMSTASH_BASE_MUTEX_H_
+#define VMSTASH_BASE_MUTEX_H_
 
 #include <mutex>
 
@@ -41,4 +41,4 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 
 }  // namespace vmstash
 
-#endif  // VMSTASH_VMM_MUTEX_H_
+#endif  // VMSTASH_BASE_MUTEX_H_

@@ -6,8 +6,8 @@
 // programming error, not checked at run time.
 //
 // Thread-safety: none; one writer per thread.
-#ifndef VMSTASH_ALLOCATOR_JSON_WRITER_H_
-#define VMSTASH_ALLOCATOR_JSON_WRITER_H_
+#ifndef VMSTASH_BASE_JSON_WRITER_H_
+#define VMSTASH_BASE_JSON_WRITER_H_
 
 #include <cstdint>
 #include <string>
@@ -52,4 +52,4 @@ class JsonWriter {
 
 }  // namespace vmstash
 
-#endif  // VMSTASH_ALLOCATOR_JSON_WRITER_H_
+#endif  // VMSTASH_BASE_JSON_WRITER_H_

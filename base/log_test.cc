@@ -1,4 +1,4 @@
-#include "vmm/log.h"
+#include "base/log.h"
 
 #include <string>
 #include <vector>

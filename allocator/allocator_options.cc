@@ -1,0 +1,44 @@
+// The allocator's VMSTASH_CONF keys: see allocator_options.h.
+#include "allocator/allocator_options.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "base/conf.h"
+
+namespace vmstash {
+
+absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options) {
+  if (key == "bypass" || key == "auto_prepare") {
+    absl::StatusOr<bool> flag = ParseConfFlag(key, value);
+    if (!flag.ok()) return flag.status();
+    (key == "bypass" ? options.bypass : options.auto_prepare) = *flag;
+  } else if (key == "backup") {
+    if (value == "pinned") options.backup_kind = BackupArena::Kind::kPinned;
+    else if (value == "pageable") options.backup_kind = BackupArena::Kind::kPageable;
+    else return BadConfValue(key, value, "expected pinned or pageable");
+  } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va") {
+    absl::StatusOr<std::uint64_t> size = ParseSize(value);
+    if (!size.ok()) return BadConfValue(key, value, size.status().message());
+    if (key == "heap_va") {
+      options.heap_va_bytes = *size;
+    } else if (*size == 0) {
+      return BadConfValue(key, value, "must be > 0");
+    } else {
+      (key == "min_chunk" ? options.min_chunk_bytes : options.max_chunk_bytes) = *size;
+    }
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("ApplyAllocatorOption: '", key, "' is not an allocator key"));
+  }
+  return absl::OkStatus();
+}
+
+void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
+  absl::StrAppend(out, out->empty() ? "" : ",", "bypass:", options.bypass ? 1 : 0,
+                  ",min_chunk:", SizeToString(options.min_chunk_bytes),
+                  ",max_chunk:", SizeToString(options.max_chunk_bytes), ",heap_va:", SizeToString(options.heap_va_bytes),
+                  ",backup:", options.backup_kind == BackupArena::Kind::kPageable ? "pageable" : "pinned",
+                  ",auto_prepare:", options.auto_prepare ? 1 : 0);
+}
+
+}  // namespace vmstash

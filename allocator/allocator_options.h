@@ -1,0 +1,66 @@
+// AllocatorOptions: how a CachingAllocator caches, grows and backs up, and the
+// allocator's VMSTASH_CONF keys (the syntax: base/conf.h; the composed table:
+// runtime/runtime_options.h).
+//
+//   bypass        0 | 1   every allocation straight to the driver (no caching), for
+//                         compute-sanitizer and for finding use-after-free
+//   min_chunk     smallest chunk of a large heap (default 20M, rounded up to the granularity)
+//   max_chunk     largest chunk made by geometric growth (default 2G); a single larger
+//                 request still gets one chunk of its own size
+//   heap_va       VA reserved per heap at a time (default 0 = 2x device memory)
+//   backup        pinned | pageable   where paused `backup` bytes go: pinned host memory
+//                 (default; link speed) or pageable mmap (RSS given back after resume)
+//   auto_prepare  1 | 0   a background thread sizes the backup arena of a `backup` tag as
+//                 the tag grows, so even the first pause runs at link speed (default 1;
+//                 0: only explicit Prepare)
+//
+// The other fields are set by programs and tests, not by VMSTASH_CONF.
+#ifndef VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_
+#define VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "allocator/backup_arena.h"
+
+namespace vmstash {
+
+struct AllocatorOptions {
+  bool bypass = false;
+  std::size_t min_chunk_bytes = std::size_t{20} << 20;
+  std::size_t max_chunk_bytes = std::size_t{2} << 30;
+  std::size_t heap_va_bytes = 0;  // 0: twice the device memory
+  // Run Validate() after every operation; on by default in debug builds (no NDEBUG),
+  // so every test built that way walks the invariants after each call.
+#ifdef NDEBUG
+  bool validate_each_op = false;
+#else
+  bool validate_each_op = true;
+#endif
+  BackupArena::Kind backup_kind = BackupArena::Kind::kPinned;
+  // Pipelining (Note [Pause/Resume Protocol]): a pause unmaps in stages of at least this
+  // many copied bytes (at most 16 stages); a resume maps a large cover in pieces growing
+  // from resume_first_piece_bytes to max_chunk_bytes (0: one chunk per cover).
+  std::size_t pause_stage_bytes = std::size_t{64} << 20;
+  std::size_t resume_first_piece_bytes = std::size_t{64} << 20;
+  // A background thread prepares the backup arena of a `backup` tag as it grows (see
+  // auto_preparer.h), once the tag has not grown for auto_prepare_settle_ms. Tests that
+  // count driver calls turn it off.
+  bool auto_prepare = true;
+  int auto_prepare_settle_ms = 250;
+};
+
+inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",  "min_chunk", "max_chunk",
+                                                           "heap_va", "backup",    "auto_prepare"};
+
+// Sets `key` (one of kAllocatorConfKeys) from `value`; InvalidArgument naming both on a
+// bad value.
+absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options);
+// Appends the canonical "key:value" items of the VMSTASH_CONF keys (comma-separated).
+void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out);
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_

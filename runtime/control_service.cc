@@ -1,0 +1,61 @@
+// The control service: see control_service.h.
+#include "runtime/control_service.h"
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_writer.h"
+#include "base/status_macros.h"
+#include "runtime/version.h"
+
+namespace vmstash {
+namespace {
+
+std::string ProcessName() {
+  std::ifstream comm("/proc/self/comm");
+  std::string name;
+  std::getline(comm, name);
+  return name;
+}
+
+std::string Hello(const Runtime& runtime) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("pid", static_cast<int>(::getpid()));
+  w.Field("name", ProcessName());
+  w.Field("version", kVersion);
+  w.Field("protocol", control::kProtocolVersion);
+  w.Field("uid", static_cast<std::int64_t>(::getuid()));
+  runtime.Describe(w);
+  w.EndObject();
+  return w.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control::Request& r) {
+  switch (r.op) {
+    case control::Op::kHello:
+      return Hello(runtime);
+    case control::Op::kStats:
+    case control::Op::kTags:  // the per-tag part of stats: the CLI picks what it shows
+    case control::Op::kSnapshot:
+      if (r.device >= 0 && runtime.AllocatorInUse(r.device) == nullptr) {
+        return absl::NotFoundError(absl::StrCat("process ", ::getpid(), " does not use device ", r.device));
+      }
+      return r.op == control::Op::kSnapshot ? runtime.SnapshotJson(r.device) : runtime.StatsJson(r.device);
+    case control::Op::kPause:
+    case control::Op::kResume: {
+      VMSTASH_ASSIGN_OR_RETURN(const TagId tag, InternTag(r.tag));
+      VMSTASH_ASSIGN_OR_RETURN(const bool changed, r.op == control::Op::kPause ? runtime.Pause(tag, r.device)
+                                                                               : runtime.Resume(tag, r.device));
+      return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
+    }
+  }
+  return absl::InvalidArgumentError("unknown op");
+}
+
+}  // namespace vmstash

@@ -1,0 +1,194 @@
+// The process runtime: see process.h.
+#include "runtime/process.h"
+
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "base/mutex.h"
+#include "base/status_macros.h"
+#include "control/endpoint.h"
+#include "runtime/call_gate.h"
+#include "runtime/control_service.h"
+#include "runtime/runtime_options.h"
+#include "vmm/driver_factory.h"
+
+namespace vmstash::process {
+namespace {
+
+struct State {
+  Mutex mu;
+  bool initialized ABSL_GUARDED_BY(mu) = false;
+  std::string conf ABSL_GUARDED_BY(mu);  // canonical, for comparing re-initializations
+  RuntimeOptions options ABSL_GUARDED_BY(mu);
+  std::unique_ptr<Runtime> runtime ABSL_GUARDED_BY(mu);
+  std::unique_ptr<control::ControlServer> control ABSL_GUARDED_BY(mu);
+  // runtime.get() while the phase is open (read by calls without the lock).
+  std::atomic<Runtime*> current{nullptr};
+};
+
+void RegisterForkHandlers();
+
+// Never destroyed: nothing runs at exit while CUDA may be tearing down.
+State& TheState() {
+  static State* state = [] {
+    auto* s = new State();
+    RegisterForkHandlers();
+    return s;
+  }();
+  return *state;
+}
+
+// Note [Fork].
+void ForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  TheState().mu.Lock();
+  LockForFork();
+}
+void ForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  UnlockAfterFork();
+  TheState().mu.Unlock();
+}
+void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  State& s = TheState();
+  AfterForkInChild();
+  UnlockAfterFork();
+  (void)s.control.release();  // the parent's; see ControlServer's destructor too
+  s.mu.Unlock();
+}
+void RegisterForkHandlers() { ::pthread_atfork(ForkPrepare, ForkParent, ForkChild); }
+
+// At process exit (handlers registered with atexit run before the CUDA driver's own
+// teardown, registered earlier), no background work may start while the driver goes.
+void StopBackgroundWorkAtExit() {
+  Call call;
+  if (!call.refused().ok()) return;
+  if (Runtime* rt = TheState().current.load(std::memory_order_acquire)) rt->StopBackgroundWork();
+}
+
+std::unique_ptr<control::ControlServer> StartControlService() {
+  absl::StatusOr<std::unique_ptr<control::ControlServer>> server =
+      control::ControlServer::Start(control::ServerOptions{}, [](const control::Request& r) -> absl::StatusOr<std::string> {
+        Call call;
+        VMSTASH_ASSIGN_OR_RETURN(Runtime * rt, call.runtime());
+        return HandleControlRequest(*rt, r);
+      });
+  if (!server.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: control endpoint not started ({}); the CLI cannot see this process",
+                server.status().ToString());
+    return nullptr;
+  }
+  VMSTASH_LOG(kDebug, "vmstash: control endpoint at {}", (*server)->socket_path());
+  return *std::move(server);
+}
+
+absl::Status InitLocked(State& s, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  VMSTASH_ASSIGN_OR_RETURN(RuntimeOptions options,
+                           conf == nullptr ? RuntimeOptionsFromEnvironment() : ParseRuntimeOptions(conf));
+  std::string canonical = RuntimeOptionsToString(options);
+  if (s.initialized) {
+    if (conf == nullptr || canonical == s.conf) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat("vmstash is already initialized with '", s.conf,
+                                                      "'; cannot re-initialize with '", canonical, "'"));
+  }
+  SetLogLevel(options.vmm.log_level);
+  VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<Driver> driver, CreateDriver(options.vmm));
+  VMSTASH_ASSIGN_OR_RETURN(s.runtime, Runtime::Create(std::move(driver), options.allocator));
+  static const bool registered = std::atexit(StopBackgroundWorkAtExit) == 0;
+  (void)registered;
+  s.options = std::move(options);
+  s.conf = std::move(canonical);
+  s.initialized = true;
+  s.current.store(s.runtime.get(), std::memory_order_release);
+  if (s.options.control.serve) s.control = StartControlService();
+  return absl::OkStatus();
+}
+
+// Shutdown's last step, once no call is in flight.
+void DestroyLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  s.current.store(nullptr, std::memory_order_release);
+  s.runtime.reset();
+  s.initialized = false;
+  SetPhase(Phase::kShutDown);
+}
+
+}  // namespace
+
+Call::Call() {
+  const Phase p = EnterCall();
+  if (p == Phase::kOpen) return;
+  refused_ = absl::FailedPreconditionError(p == Phase::kClosing
+                                               ? "vmstash is shutting down (a shutdown is in progress); the call was refused"
+                                               : "vmstash was shut down; call vmstash_init() to use it again");
+}
+
+Call::~Call() { LeaveCall(); }
+
+absl::StatusOr<Runtime*> Call::runtime() {
+  if (!refused_.ok()) return refused_;
+  State& s = TheState();
+  if (Runtime* rt = s.current.load(std::memory_order_acquire)) return rt;
+  MutexLock lock(&s.mu);
+  if (!s.initialized) VMSTASH_RETURN_IF_ERROR(InitLocked(s, nullptr));
+  return s.runtime.get();
+}
+
+Runtime* Call::runtime_if_initialized() const {
+  return refused_.ok() ? TheState().current.load(std::memory_order_acquire) : nullptr;
+}
+
+absl::Status Init(const char* conf) {
+  State& s = TheState();
+  MutexLock lock(&s.mu);
+  if (CurrentPhase() == Phase::kClosing) return absl::FailedPreconditionError("vmstash_init: a shutdown is in progress");
+  VMSTASH_RETURN_IF_ERROR(InitLocked(s, conf));
+  SetPhase(Phase::kOpen);
+  return absl::OkStatus();
+}
+
+bool Initialized() {
+  return TheState().current.load(std::memory_order_acquire) != nullptr && CurrentPhase() == Phase::kOpen;
+}
+
+// Note [Shutdown].
+absl::Status Shutdown() {
+  if (CallDepth() > 0) {
+    return absl::FailedPreconditionError(
+        "vmstash shutdown called from inside a vmstash call (a pause/resume hook?): it would wait for itself");
+  }
+  State& s = TheState();
+  std::unique_ptr<control::ControlServer> control;
+  {
+    MutexLock lock(&s.mu);
+    const Phase p = CurrentPhase();
+    if (p == Phase::kShutDown) return absl::OkStatus();
+    if (p == Phase::kClosing) return absl::FailedPreconditionError("vmstash shutdown: already in progress");
+    if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("vmstash shutdown: ", n, " stash arena(s) still exist; destroy them first"));
+    }
+    SetPhase(Phase::kClosing);
+    control = std::move(s.control);
+  }
+  // Outside the lock: a request the endpoint is serving may be waiting for it.
+  control.reset();
+  while (!NoCallsInFlight()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  MutexLock lock(&s.mu);
+  if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {  // made by a call in flight
+    SetPhase(Phase::kOpen);
+    if (s.options.control.serve) s.control = StartControlService();
+    return absl::FailedPreconditionError(
+        absl::StrCat("vmstash shutdown: ", n, " stash arena(s) were created meanwhile; destroy them first"));
+  }
+  DestroyLocked(s);
+  return absl::OkStatus();
+}
+
+}  // namespace vmstash::process

@@ -1,0 +1,68 @@
+// The process runtime: the one Runtime (runtime.h) of a process, as the C ABI, the
+// LD_PRELOAD library, the stash entry points and the control endpoint share it. It
+// chooses the driver (CreateDriver from the options), initializes from VMSTASH_CONF on
+// first use or from explicit options (Init), runs the shutdown protocol, survives fork(),
+// stops background work at exit and serves the control endpoint.
+//
+// Note [Shutdown]
+//   Every use of the process runtime runs inside a Call: it counts itself in its thread's
+//   in-flight counter, then checks the phase (call_gate.h). Shutdown() sets the phase to
+//   "closing", stops the control endpoint (outside the lock; a request it serves completes
+//   or fails), waits until no call is in flight, and only then destroys the Runtime (its
+//   allocators, then the driver). The gate's fences make a call either see "closing" and
+//   fail with FailedPrecondition, or be counted and complete before anything is destroyed.
+//   After a shutdown every call fails with FailedPrecondition until Init() is called again
+//   (no silent re-initialization from the environment, which would drop the options given
+//   to Init). A shutdown from inside a call (a pause/resume hook) would wait for itself:
+//   it fails. A shutdown while stash arenas exist (Runtime::dependents) fails too.
+//
+// Note [Fork]
+//   The runtime lock is held across fork(), so the child's copy is consistent; in the
+//   child only the forking thread exists, so the in-flight count is that thread's own,
+//   and the control endpoint (thread, socket) stays the parent's: the child never stops it
+//   or removes its socket.
+//
+// Thread-safety: every function is thread-safe. The Runtime a Call returns is valid until
+// that Call ends.
+#ifndef VMSTASH_RUNTIME_PROCESS_H_
+#define VMSTASH_RUNTIME_PROCESS_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "runtime/runtime.h"
+
+namespace vmstash::process {
+
+class Call {
+ public:
+  Call();
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  // OK, or why this call must not touch the runtime (shutting down, or shut down).
+  const absl::Status& refused() const { return refused_; }
+  // The process's Runtime, initialized from the environment on first use; refused() when
+  // the call was refused.
+  absl::StatusOr<Runtime*> runtime();
+  // The process's Runtime if it is initialized (and the call not refused), else nullptr;
+  // never initializes.
+  Runtime* runtime_if_initialized() const;
+
+ private:
+  absl::Status refused_;
+};
+
+// Initializes the process runtime from `conf` (VMSTASH_CONF syntax), or from the
+// environment when `conf` is null. Already initialized: OK for a null `conf` or the same
+// options, FailedPrecondition naming both for others. After Shutdown(), initializes anew.
+absl::Status Init(const char* conf);
+// Note [Shutdown]. OK when already shut down.
+absl::Status Shutdown();
+// True between a successful initialization and the start of a shutdown.
+bool Initialized();
+
+}  // namespace vmstash::process
+
+#endif  // VMSTASH_RUNTIME_PROCESS_H_

@@ -1,0 +1,102 @@
+// The process runtime: initialization, re-initialization, and Note [Shutdown] under
+// concurrent calls (run under TSAN and ASAN by scripts/run_tests.sh).
+#include "runtime/process.h"
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace vmstash::process {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ProcessTest, InitIsIdempotentForTheSameOptionsOnly) {
+  ASSERT_TRUE(Init("driver:sim,control:0").ok());
+  EXPECT_TRUE(Initialized());
+  EXPECT_TRUE(Init("driver:sim,control:0").ok());
+  EXPECT_TRUE(Init(nullptr).ok());
+  absl::Status other = Init("driver:sim,control:0,bypass:1");
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.message()), HasSubstr("already initialized"));
+  EXPECT_EQ(Init("driver:sim,nonsense:1").code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(Shutdown().ok());
+  EXPECT_FALSE(Initialized());
+  EXPECT_TRUE(Shutdown().ok()) << "a second shutdown is a no-op";
+}
+
+TEST(ProcessTest, ShutdownWaitsForCallsInFlightAndRefusesLaterOnes) {
+  for (int round = 0; round < 4; ++round) {
+    ASSERT_TRUE(Init("driver:sim,sim_devices:2,sim_capacity:1G,control:0").ok());
+    std::atomic<bool> go{true};
+    std::atomic<int> refused{0}, served{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        while (go.load()) {
+          Call call;
+          absl::StatusOr<Runtime*> rt = call.runtime();
+          if (!rt.ok()) {
+            EXPECT_EQ(rt.status().code(), absl::StatusCode::kFailedPrecondition);
+            ++refused;
+            continue;
+          }
+          CachingAllocator* a = (*rt)->Allocator(t % 2).value();
+          absl::StatusOr<DevicePtr> p = a->Allocate(std::size_t{1} << 20, Stream{});
+          ASSERT_TRUE(p.ok()) << p.status();
+          (void)(*rt)->StatsJson(Runtime::kAllDevices);
+          ASSERT_TRUE(a->Free(*p).ok());
+          ++served;
+        }
+      });
+    }
+    while (served.load() < 100) std::this_thread::yield();
+    ASSERT_TRUE(Shutdown().ok());
+    while (refused.load() < 4) std::this_thread::yield();
+    go = false;
+    for (auto& t : threads) t.join();
+    // After the shutdown, calls are refused until Init: nothing re-initializes silently.
+    Call after;
+    absl::StatusOr<Runtime*> rt = after.runtime();
+    EXPECT_EQ(rt.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(rt.status().message()), HasSubstr("vmstash_init"));
+  }
+  ASSERT_TRUE(Init("driver:sim,control:0").ok());
+  ASSERT_TRUE(Shutdown().ok());
+}
+
+TEST(ProcessTest, AShutdownFromInsideACallFailsInsteadOfWaitingForItself) {
+  ASSERT_TRUE(Init("driver:sim,control:0").ok());
+  {
+    Call call;
+    absl::Status s = Shutdown();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(std::string(s.message()), HasSubstr("wait for itself"));
+  }
+  EXPECT_TRUE(Shutdown().ok());
+}
+
+TEST(ProcessTest, AShutdownWithDependentsAliveIsRefused) {
+  ASSERT_TRUE(Init("driver:sim,control:0").ok());
+  Runtime* rt = nullptr;
+  {
+    Call call;
+    rt = call.runtime().value();
+    rt->AddDependent(+1);
+  }
+  absl::Status s = Shutdown();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("stash arena"));
+  EXPECT_TRUE(Initialized()) << "a refused shutdown leaves the runtime usable";
+  {
+    Call call;
+    call.runtime().value()->AddDependent(-1);
+  }
+  EXPECT_TRUE(Shutdown().ok());
+}
+
+}  // namespace
+}  // namespace vmstash::process

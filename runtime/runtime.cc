@@ -1,0 +1,222 @@
+// The process runtime's state: see runtime.h.
+#include "runtime/runtime.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+#include "base/status_macros.h"
+
+namespace vmstash {
+
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(std::unique_ptr<Driver> driver, AllocatorOptions options) {
+  if (driver == nullptr) return absl::InvalidArgumentError("Runtime: driver is null");
+  VMSTASH_ASSIGN_OR_RETURN(const int count, driver->DeviceCount());
+  return std::unique_ptr<Runtime>(new Runtime(std::move(driver), std::min(count, kMaxDevices), std::move(options)));
+}
+
+Runtime::Runtime(std::unique_ptr<Driver> driver, int device_count, AllocatorOptions options)
+    : driver_(std::move(driver)), device_count_(device_count), options_(std::move(options)) {}
+
+Runtime::~Runtime() {
+  MutexLock lock(&mu_);
+  for (auto& a : allocators_) a.store(nullptr, std::memory_order_release);
+  for (auto& a : owned_) a.reset();  // before driver_, which they use
+}
+
+absl::Status Runtime::CheckDevice(int device) const {
+  if (device < 0 || device >= device_count_) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", device, " does not exist (", device_count_,
+                                                   " device(s), driver ", driver_->Name(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CachingAllocator*> Runtime::Allocator(int device) {
+  if (CachingAllocator* a = AllocatorInUse(device)) return a;
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  MutexLock lock(&mu_);
+  if (owned_[device] == nullptr) {
+    VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> a,
+                             CachingAllocator::Create(driver_.get(), device, options_));
+    for (const auto& [tag, policy] : registry_.Declared()) VMSTASH_RETURN_IF_ERROR(a->CreateTag(tag, policy));
+    for (const TagHooks& h : registry_.Hooks()) {
+      VMSTASH_RETURN_IF_ERROR(a->AddHooks(h.tag, h.before_pause, h.after_resume));
+    }
+    a->SetMemoryMargin(memory_margin_);
+    owned_[device] = std::move(a);
+    allocators_[device].store(owned_[device].get(), std::memory_order_release);
+  }
+  return owned_[device].get();
+}
+
+std::vector<CachingAllocator*> Runtime::AllocatorsInUse() const {
+  std::vector<CachingAllocator*> out;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    if (CachingAllocator* a = AllocatorInUse(d)) out.push_back(a);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<CachingAllocator*>> Runtime::Targets(int device) {
+  if (device == kAllDevices) return AllocatorsInUse();
+  VMSTASH_ASSIGN_OR_RETURN(CachingAllocator * a, Allocator(device));
+  return std::vector<CachingAllocator*>{a};
+}
+
+absl::StatusOr<std::vector<CachingAllocator*>> Runtime::ExistingTargets(int device) const {
+  if (device == kAllDevices) return AllocatorsInUse();
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  if (CachingAllocator* a = AllocatorInUse(device)) return std::vector<CachingAllocator*>{a};
+  return std::vector<CachingAllocator*>{};  // never used: no tag has memory there
+}
+
+absl::Status Runtime::CreateTag(TagId tag, Policy policy) {
+  MutexLock lock(&mu_);
+  VMSTASH_ASSIGN_OR_RETURN(const bool added, registry_.Declare(tag, policy));
+  if (!added) return absl::OkStatus();
+  for (auto& a : owned_) {
+    if (a == nullptr) continue;
+    if (absl::Status s = a->CreateTag(tag, policy); !s.ok()) {
+      registry_.Forget(tag);
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<Policy> Runtime::TagPolicy(TagId tag) const {
+  MutexLock lock(&mu_);
+  return registry_.PolicyOf(tag);
+}
+
+std::vector<std::pair<TagId, Policy>> Runtime::Tags() const {
+  MutexLock lock(&mu_);
+  return registry_.Declared();
+}
+
+absl::StatusOr<int> Runtime::BindSlot(TagId tag) {
+  MutexLock lock(&mu_);
+  return registry_.BindSlot(tag);
+}
+
+absl::Status Runtime::AddHooks(TagId tag, CachingAllocator::TransitionHook before_pause,
+                               CachingAllocator::TransitionHook after_resume) {
+  MutexLock lock(&mu_);
+  for (auto& a : owned_) {
+    if (a != nullptr) VMSTASH_RETURN_IF_ERROR(a->AddHooks(tag, before_pause, after_resume));
+  }
+  registry_.AddHooks(TagHooks{tag, std::move(before_pause), std::move(after_resume)});
+  return absl::OkStatus();
+}
+
+bool Runtime::TagKnown(TagId tag) const {
+  if (TagPolicy(tag).has_value()) return true;
+  for (CachingAllocator* a : AllocatorsInUse()) {
+    if (a->TagPolicy(tag).ok()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<bool> Runtime::Pause(TagId tag, int device, const CachingAllocator::LiveRanges* live) {
+  return Transition(tag, device, /*pause=*/true, live);
+}
+
+absl::StatusOr<bool> Runtime::Resume(TagId tag, int device) {
+  return Transition(tag, device, /*pause=*/false, nullptr);
+}
+
+// Note [All-or-Nothing Transitions].
+absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, const CachingAllocator::LiveRanges* live) {
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
+  const char* verb = pause ? "pause" : "resume";
+  std::vector<CachingAllocator*> changed;
+  for (CachingAllocator* a : targets) {
+    absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(tag, live) : a->Resume(tag);
+    if (r.ok()) {
+      if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
+      continue;
+    }
+    if (absl::IsNotFound(r.status())) continue;  // no memory of the tag on this device
+    std::string rollback;
+    for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
+      absl::StatusOr<CachingAllocator::Transition> undo = pause ? (*it)->Resume(tag) : (*it)->Pause(tag);
+      absl::StrAppend(&rollback, rollback.empty() ? "" : ", ", "device ", (*it)->device(), " ",
+                      undo.ok() ? (pause ? "resumed again" : "paused again")
+                                : absl::StrCat("NOT restored (", undo.status().message(), ")"));
+    }
+    return absl::Status(r.status().code(),
+                        absl::StrCat(verb, " of tag '", TagName(tag), "' failed on device ", a->device(), ": ",
+                                     r.status().message(), rollback.empty() ? "" : "; rolled back: ", rollback));
+  }
+  if (changed.empty() && !TagKnown(tag)) {
+    return absl::NotFoundError(absl::StrCat(verb, ": tag '", TagName(tag), "' does not exist in this process"));
+  }
+  return !changed.empty();
+}
+
+absl::Status Runtime::Prepare(TagId tag, int device, std::size_t bytes) {
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(a->Prepare(tag, bytes));
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::ReleaseBackup(TagId tag, int device) {
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  for (CachingAllocator* a : targets) {
+    absl::Status s = a->ReleaseBackup(tag);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;  // NotFound: never used there, nothing to release
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runtime::EmptyCache(int device, std::optional<TagId> tag) {
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(tag ? a->EmptyCache(*tag) : a->EmptyCache());
+  return absl::OkStatus();
+}
+
+void Runtime::SetMemoryMargin(std::size_t bytes) {
+  MutexLock lock(&mu_);
+  memory_margin_ = bytes;
+  for (auto& a : owned_) {
+    if (a != nullptr) a->SetMemoryMargin(bytes);
+  }
+}
+
+absl::StatusOr<std::string> Runtime::JsonOf(int device, bool snapshot) {
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  std::string json;
+  for (CachingAllocator* a : targets) {
+    if (!json.empty()) json += ",";
+    json += snapshot ? SnapshotToJson(a->TakeSnapshot()) : StatsToJson(a->Stats());
+  }
+  if (device == kAllDevices) json = "[" + json + "]";
+  return json;
+}
+
+absl::StatusOr<std::string> Runtime::StatsJson(int device) { return JsonOf(device, /*snapshot=*/false); }
+absl::StatusOr<std::string> Runtime::SnapshotJson(int device) { return JsonOf(device, /*snapshot=*/true); }
+
+int Runtime::OwnerDevice(DevicePtr ptr) const {
+  for (CachingAllocator* a : AllocatorsInUse()) {
+    if (a->Owns(ptr)) return a->device();
+  }
+  return -1;
+}
+
+void Runtime::Describe(JsonWriter& w) const {
+  w.Field("driver", driver_->Name());
+  w.Field("device_count", device_count_);
+  w.Key("devices_in_use");
+  w.BeginArray();
+  for (CachingAllocator* a : AllocatorsInUse()) w.Int(a->device());
+  w.EndArray();
+}
+
+void Runtime::StopBackgroundWork() {
+  for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
+}
+
+}  // namespace vmstash

@@ -1,0 +1,65 @@
+// The composed VMSTASH_CONF table: see runtime_options.h.
+#include "runtime/runtime_options.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/conf.h"
+#include "base/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+template <typename Keys>
+bool Has(const Keys& keys, absl::string_view key) {
+  return std::find(std::begin(keys), std::end(keys), key) != std::end(keys);
+}
+
+absl::Status UnknownKey(absl::string_view key) {
+  std::string known = absl::StrJoin(kVmmConfKeys, ", ");
+  absl::StrAppend(&known, ", ", absl::StrJoin(kAllocatorConfKeys, ", "), ", ", absl::StrJoin(control::kControlConfKeys, ", "));
+  return absl::InvalidArgumentError(absl::StrCat("VMSTASH_CONF: unknown key '", key, "' (known: ", known, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
+  VMSTASH_ASSIGN_OR_RETURN(const ConfItems items, SplitConf(conf));
+  RuntimeOptions options;
+  for (const auto& [key, value] : items) {
+    if (Has(kVmmConfKeys, key)) {
+      VMSTASH_RETURN_IF_ERROR(ApplyVmmOption(key, value, options.vmm));
+    } else if (Has(kAllocatorConfKeys, key)) {
+      VMSTASH_RETURN_IF_ERROR(ApplyAllocatorOption(key, value, options.allocator));
+    } else if (Has(control::kControlConfKeys, key)) {
+      VMSTASH_RETURN_IF_ERROR(control::ApplyControlOption(key, value, options.control));
+    } else {
+      return UnknownKey(key);
+    }
+  }
+  return options;
+}
+
+absl::StatusOr<RuntimeOptions> RuntimeOptionsFromEnvironment() {
+  const char* conf = std::getenv("VMSTASH_CONF");
+  VMSTASH_ASSIGN_OR_RETURN(RuntimeOptions options, ParseRuntimeOptions(conf == nullptr ? "" : conf));
+  if (const char* driver = std::getenv("VMSTASH_DRIVER"); driver != nullptr && *driver != '\0') {
+    absl::StatusOr<DriverKind> kind = ParseDriverKind(driver);
+    if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("VMSTASH_DRIVER: ", kind.status().message()));
+    options.vmm.driver = *kind;
+  }
+  return options;
+}
+
+std::string RuntimeOptionsToString(const RuntimeOptions& options) {
+  std::string out;
+  AppendVmmOptions(options.vmm, &out);
+  AppendAllocatorOptions(options.allocator, &out);
+  control::AppendControlOptions(options.control, &out);
+  return out;
+}
+
+}  // namespace vmstash

@@ -1,0 +1,40 @@
+// RuntimeOptions: the one VMSTASH_CONF table, composed from the keys each layer owns:
+// vmm's (driver, log_level, sim_*: vmm/vmm_options.h), the allocator's (bypass,
+// min_chunk, max_chunk, heap_va, backup, auto_prepare: allocator/allocator_options.h) and
+// the control endpoint's (control: control/control_options.h). The syntax is base/conf.h.
+// An unknown key is the same InvalidArgument whichever layer's key was meant, naming the
+// key and listing every known one.
+//
+// RuntimeOptionsFromEnvironment() is the only place in the project that reads the
+// environment for options: VMSTASH_CONF, and VMSTASH_DRIVER (same values as `driver`,
+// overrides it).
+//
+// Thread-safety: pure functions (the environment read is a read).
+#ifndef VMSTASH_RUNTIME_RUNTIME_OPTIONS_H_
+#define VMSTASH_RUNTIME_RUNTIME_OPTIONS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "allocator/allocator_options.h"
+#include "control/control_options.h"
+#include "vmm/vmm_options.h"
+
+namespace vmstash {
+
+struct RuntimeOptions {
+  VmmOptions vmm;
+  AllocatorOptions allocator;
+  control::ControlOptions control;
+};
+
+absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf);
+// Parses VMSTASH_CONF, then applies VMSTASH_DRIVER.
+absl::StatusOr<RuntimeOptions> RuntimeOptionsFromEnvironment();
+// The canonical VMSTASH_CONF string for `options` (round-trips through ParseRuntimeOptions).
+std::string RuntimeOptionsToString(const RuntimeOptions& options);
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_RUNTIME_RUNTIME_OPTIONS_H_

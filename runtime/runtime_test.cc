@@ -1,0 +1,185 @@
+// Runtime on the simulated driver: the tag registry applied to present and future
+// allocators, all-or-nothing transitions over devices (with fault injection), devices
+// never used staying untouched, and the control service's answers.
+#include "runtime/runtime.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/control_service.h"
+#include "vmm/sim_driver.h"
+
+namespace vmstash {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr std::size_t kBlock = std::size_t{3} << 20;
+
+struct Fixture {
+  SimDriver* sim = nullptr;  // owned by the runtime
+  std::unique_ptr<Runtime> rt;
+};
+
+Fixture Make(int devices) {
+  Fixture f;
+  auto sim = std::make_unique<SimDriver>(SimDriverOptions{devices, std::size_t{1} << 30, std::size_t{2} << 20, {}});
+  f.sim = sim.get();
+  AllocatorOptions options;
+  options.auto_prepare = false;
+  absl::StatusOr<std::unique_ptr<Runtime>> rt = Runtime::Create(std::move(sim), options);
+  EXPECT_TRUE(rt.ok()) << rt.status();
+  f.rt = *std::move(rt);
+  return f;
+}
+
+TagId Tag(const char* name) { return InternTag(name).value(); }
+
+// A block of `tag` on `device` filled with `seed`.
+DevicePtr Filled(Runtime& rt, int device, TagId tag, unsigned char seed) {
+  CachingAllocator* a = rt.Allocator(device).value();
+  DevicePtr p = a->Allocate(kBlock, Stream{}, tag).value();
+  std::memset(reinterpret_cast<void*>(p), seed, kBlock);
+  return p;
+}
+bool Holds(DevicePtr p, unsigned char seed) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < kBlock; i += 4096) {
+    if (bytes[i] != seed) return false;
+  }
+  return true;
+}
+
+TEST(RuntimeTest, ANullDriverIsRefused) {
+  EXPECT_EQ(Runtime::Create(nullptr, AllocatorOptions{}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RuntimeTest, DeclaredTagsReachPresentAndFutureAllocators) {
+  Fixture f = Make(2);
+  ASSERT_TRUE(f.rt->Allocator(0).ok());
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_w"), Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_kv"), Policy::kDiscard).ok());
+  EXPECT_TRUE(f.rt->CreateTag(Tag("rt_w"), Policy::kBackup).ok()) << "idempotent for the same policy";
+  absl::Status other = f.rt->CreateTag(Tag("rt_w"), Policy::kDiscard);
+  EXPECT_EQ(other.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other.message()), HasSubstr("already exists with policy backup"));
+  EXPECT_EQ(f.rt->AllocatorInUse(1), nullptr);
+  CachingAllocator* later = f.rt->Allocator(1).value();
+  for (CachingAllocator* a : {f.rt->AllocatorInUse(0), later}) {
+    EXPECT_EQ(a->TagPolicy(Tag("rt_w")).value(), Policy::kBackup) << "device " << a->device();
+    EXPECT_EQ(a->TagPolicy(Tag("rt_kv")).value(), Policy::kDiscard) << "device " << a->device();
+  }
+  EXPECT_EQ(f.rt->Tags(), (std::vector<std::pair<TagId, Policy>>{{Tag("rt_w"), Policy::kBackup},
+                                                                  {Tag("rt_kv"), Policy::kDiscard}}));
+  EXPECT_EQ(f.rt->TagPolicy(Tag("rt_w")), Policy::kBackup);
+  EXPECT_FALSE(f.rt->TagPolicy(Tag("rt_never")).has_value());
+}
+
+TEST(RuntimeTest, HooksAndTheMarginReachAllocatorsCreatedLater) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_hooked");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  int before = 0, after = 0;
+  ASSERT_TRUE(f.rt
+                  ->AddHooks(
+                      tag, [&](TagId, int) { return ++before, absl::OkStatus(); },
+                      [&](TagId, int) { return ++after, absl::OkStatus(); })
+                  .ok());
+  f.rt->SetMemoryMargin(std::size_t{2} << 30);  // more than the device has
+  // The allocator made after the margin refuses to map; the hooks run on it.
+  CachingAllocator* a = f.rt->Allocator(1).value();
+  EXPECT_EQ(a->Allocate(kBlock, Stream{}, tag).status().code(), absl::StatusCode::kResourceExhausted);
+  f.rt->SetMemoryMargin(0);
+  const DevicePtr p = Filled(*f.rt, 1, tag, 7);
+  ASSERT_TRUE(f.rt->Pause(tag, 1).value());
+  ASSERT_TRUE(f.rt->Resume(tag, 1).value());
+  EXPECT_EQ(before, 1);
+  EXPECT_EQ(after, 1);
+  EXPECT_TRUE(Holds(p, 7));
+  ASSERT_TRUE(a->Free(p).ok());
+}
+
+TEST(RuntimeTest, SlotsBindOnceAndRunOut) {
+  Fixture f = Make(1);
+  EXPECT_EQ(f.rt->SlotTag(0), -1);
+  const int s = f.rt->BindSlot(Tag("rt_slot")).value();
+  EXPECT_EQ(f.rt->BindSlot(Tag("rt_slot")).value(), s);
+  EXPECT_EQ(f.rt->SlotTag(s), Tag("rt_slot"));
+  for (int i = 1; i < TagRegistry::kSlots; ++i) ASSERT_TRUE(f.rt->BindSlot(Tag(("rt_slot" + std::to_string(i)).c_str())).ok());
+  EXPECT_EQ(f.rt->BindSlot(Tag("rt_slot_last")).status().code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(RuntimeTest, PauseOverAllDevicesIsAllOrNothing) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_md");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 11), p1 = Filled(*f.rt, 1, tag, 12);
+  // Device 0's block is copied; device 1's copy fails.
+  f.sim->InjectFault(FaultRule{DriverOp::kCopyToHost, 2, 1, absl::StatusCode::kInternal});
+  absl::StatusOr<bool> r = f.rt->Pause(tag, Runtime::kAllDevices);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("failed on device 1"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 resumed again"));
+  EXPECT_TRUE(Holds(p0, 11));
+  EXPECT_TRUE(Holds(p1, 12));
+  ASSERT_TRUE(f.rt->Pause(tag, Runtime::kAllDevices).value());
+  EXPECT_FALSE(f.rt->Pause(tag, Runtime::kAllDevices).value()) << "already paused everywhere";
+  // The resume of device 1 cannot map: device 0 is paused again, its bytes backed up again.
+  f.sim->InjectFault(FaultRule{DriverOp::kMap, 2, 1, absl::StatusCode::kResourceExhausted});
+  r = f.rt->Resume(tag, Runtime::kAllDevices);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 paused again"));
+  ASSERT_TRUE(f.rt->Resume(tag, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(p0, 11));
+  EXPECT_TRUE(Holds(p1, 12));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
+}
+
+TEST(RuntimeTest, UnknownTagsAreNotFoundAndUnusedDevicesGetNoAllocator) {
+  Fixture f = Make(2);
+  ASSERT_TRUE(f.rt->Allocator(0).ok());
+  EXPECT_EQ(f.rt->Pause(Tag("rt_typo"), Runtime::kAllDevices).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_known"), Policy::kDiscard).ok());
+  EXPECT_FALSE(f.rt->Pause(Tag("rt_known"), 1).value()) << "no memory there: nothing to do";
+  EXPECT_EQ(f.rt->AllocatorInUse(1), nullptr);
+  EXPECT_EQ(f.rt->Pause(Tag("rt_known"), 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.rt->Allocator(64).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(f.rt->ReleaseBackup(Tag("rt_known"), Runtime::kAllDevices).ok());
+}
+
+TEST(RuntimeTest, ControlServiceAnswersFromTheRuntime) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_remote");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  const DevicePtr p = Filled(*f.rt, 0, tag, 5);
+  control::Request r;
+  r.op = control::Op::kHello;
+  absl::StatusOr<std::string> hello = HandleControlRequest(*f.rt, r);
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_THAT(*hello, HasSubstr(R"("driver":"sim","device_count":2,"devices_in_use":[0])"));
+  r.op = control::Op::kStats;
+  r.device = 1;
+  EXPECT_EQ(HandleControlRequest(*f.rt, r).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.rt->AllocatorInUse(1), nullptr) << "a remote request creates no allocator";
+  r.device = -1;
+  absl::StatusOr<std::string> stats = HandleControlRequest(*f.rt, r);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_THAT(*stats, HasSubstr(R"("name":"rt_remote")"));
+  r.op = control::Op::kPause;
+  r.tag = "rt_remote";
+  EXPECT_EQ(HandleControlRequest(*f.rt, r).value(), R"({"changed":true})");
+  EXPECT_EQ(HandleControlRequest(*f.rt, r).value(), R"({"changed":false})");
+  r.op = control::Op::kResume;
+  EXPECT_EQ(HandleControlRequest(*f.rt, r).value(), R"({"changed":true})");
+  EXPECT_TRUE(Holds(p, 5));
+  r.tag = "rt_nobody";
+  EXPECT_EQ(HandleControlRequest(*f.rt, r).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p).ok());
+}
+
+}  // namespace
+}  // namespace vmstash

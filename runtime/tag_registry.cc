@@ -1,0 +1,49 @@
+// The tag registry: see tag_registry.h.
+#include "runtime/tag_registry.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace vmstash {
+
+TagRegistry::TagRegistry() {
+  for (auto& s : slots_) s.store(-1, std::memory_order_relaxed);
+}
+
+absl::StatusOr<bool> TagRegistry::Declare(TagId tag, Policy policy) {
+  if (std::optional<Policy> known = PolicyOf(tag)) {
+    if (*known == policy) return false;
+    return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' already exists with policy ",
+                                                      PolicyName(*known), "; cannot declare it ", PolicyName(policy)));
+  }
+  declared_.emplace_back(tag, policy);
+  return true;
+}
+
+void TagRegistry::Forget(TagId tag) {
+  declared_.erase(std::remove_if(declared_.begin(), declared_.end(), [tag](const auto& d) { return d.first == tag; }),
+                  declared_.end());
+}
+
+std::optional<Policy> TagRegistry::PolicyOf(TagId tag) const {
+  for (const auto& [known, policy] : declared_) {
+    if (known == tag) return policy;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<int> TagRegistry::BindSlot(TagId tag) {
+  for (int s = 0; s < kSlots; ++s) {
+    const TagId bound = slots_[s].load(std::memory_order_relaxed);
+    if (bound == tag) return s;
+    if (bound < 0) {
+      slots_[s].store(tag, std::memory_order_release);
+      return s;
+    }
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("all ", kSlots, " tag slots are bound; tag '", TagName(tag), "' gets none"));
+}
+
+}  // namespace vmstash

@@ -1,0 +1,48 @@
+// What every C ABI entry point shares (vmstash_c.cc, stash_c.cc): the error convention
+// (the message in a thread-local string, the absl::StatusCode as the return value) and
+// the guard that runs a body inside a process Call (runtime/process.h, Note [Shutdown])
+// and turns exceptions, std::bad_alloc included, into codes.
+#ifndef VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
+#define VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
+
+#include <new>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/process.h"
+#include "runtime/runtime.h"
+
+namespace vmstash::c_abi {
+
+// Records `status` as this thread's last error; returns its code.
+int Fail(const absl::Status& status);
+// The status's code, recording the error when it is not OK.
+inline int Code(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
+
+// Runs fn(process::Call&) -> int inside a Call; a refused call fails.
+template <typename Fn>
+int Guard(Fn fn) noexcept {
+  try {
+    process::Call call;
+    if (!call.refused().ok()) return Fail(call.refused());
+    return fn(call);
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash: unexpected exception"));
+  }
+}
+
+// Runs fn(Runtime&) -> int on the process runtime (initialized on first use).
+template <typename Fn>
+int WithRuntime(Fn fn) noexcept {
+  return Guard([&](process::Call& call) {
+    absl::StatusOr<Runtime*> rt = call.runtime();
+    if (!rt.ok()) return Fail(rt.status());
+    return fn(**rt);
+  });
+}
+
+}  // namespace vmstash::c_abi
+
+#endif  // VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
