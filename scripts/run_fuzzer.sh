@@ -9,7 +9,7 @@ seconds=${FUZZ_SECONDS:-60}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 clang++ -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. \
-  control/protocol_fuzzer.cc control/protocol.cc -o "$out/protocol_fuzzer" \
+  control/protocol_fuzzer.cc control/protocol.cc base/json_reader.cc base/json_writer.cc -o "$out/protocol_fuzzer" \
   $(pkg-config --libs absl_status absl_statusor absl_strings absl_str_format)
 mkdir -p "$out/corpus"
 cp control/fuzz_corpus/* "$out/corpus/"

@@ -1,18 +1,16 @@
 """The control calls of vmstash that need no torch: tags, pause/resume, stats.
 
-pause/resume act on one tag or (tag=None) on every tag created through this package, on
-one device or (device=None) on every device the allocator uses. When PyTorch MemPools
+pause/resume act on one tag or (tag=None) on every tag declared in this process (the
+runtime's tag registry: this package keeps no copy), on one device or (device=None) on
+every device the allocator uses. When PyTorch MemPools
 cache tensors inside our segments (vmstash.region), pause asks PyTorch which of their
 blocks are in use so that free cached blocks are not copied (see _torch.live_ranges).
 """
 import ctypes
-import threading
 
 from . import _lib
 
 _POLICIES = ("discard", "backup")
-_tags_lock = threading.Lock()
-_tags = {}  # tag -> policy, in creation order
 
 # Set by vmstash._torch when torch is in use: (tag, device) -> list of (address, size) or None.
 live_ranges_provider = None
@@ -36,23 +34,23 @@ def create_tag(tag, policy="discard"):
     a different policy for an existing tag raises (FAILED_PRECONDITION)."""
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {_POLICIES}, got {policy!r}")
-    with _tags_lock:
-        known = _tags.get(tag)
-        if known == policy:
-            return
-        _lib.check(_lib.lib().vmstash_create_tag(_lib.encode(tag), policy.encode()), f"create_tag({tag!r}, {policy!r})")
-        _tags[tag] = policy
+    _lib.check(_lib.lib().vmstash_create_tag(_lib.encode(tag), policy.encode()), f"create_tag({tag!r}, {policy!r})")
 
 
 def tags():
-    """Tags created through this package: {tag: policy}."""
-    with _tags_lock:
-        return dict(_tags)
+    """Tags declared in this process (through this package or the C ABI), in declaration
+    order: {tag: policy}."""
+    return _lib.json_call(_lib.lib().vmstash_tags_json, None, "tags")
 
 
 def policy_of(tag):
-    """The policy of a tag created through this package, or None."""
-    return _tags.get(tag)  # a single dict read: atomic in CPython
+    """The policy of a declared tag, or None."""
+    policy = _lib.lib().vmstash_tag_policy(_lib.encode(tag))
+    if policy is None:
+        if _lib.last_error().startswith("NOT_FOUND"):
+            return None
+        raise _lib.Error(f"policy_of({tag!r}): {_lib.last_error()}", 3)
+    return policy.decode()
 
 
 def set_current_tag(tag):

@@ -117,6 +117,8 @@ def _declare(l):
         "vmstash_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
         "vmstash_create_tag": (c_int, [c_char_p, c_char_p]),
         "vmstash_set_current_tag": (c_int, [c_char_p]),
+        "vmstash_tag_policy": (c_char_p, [c_char_p]),
+        "vmstash_tags_json": (c_void_p, []),
         "vmstash_get_current_tag": (c_char_p, []),
         "vmstash_bind_tag_slot": (c_int, [c_char_p]),
         "vmstash_pause": (c_int, [c_char_p, c_int]),
@@ -183,7 +185,8 @@ def check(code, what):
 
 
 def json_call(fn, device, what):
-    raw = fn(device)
+    """The JSON document fn(device) returns (fn(), device None), freed after reading."""
+    raw = fn() if device is None else fn(device)
     if not raw:
         raise Error(f"{what}: {last_error()}", 13)
     try:
