@@ -44,11 +44,6 @@ void AutoPreparer::WaitIdle() {
   cv_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
 }
 
-std::size_t AutoPreparer::completed() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return completed_;
-}
-
 void AutoPreparer::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -75,7 +70,6 @@ void AutoPreparer::Loop() {
     }
     lock.lock();
     busy_ = false;
-    ++completed_;
     cv_.notify_all();
   }
 }

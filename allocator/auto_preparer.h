@@ -1,5 +1,5 @@
 // AutoPreparer: one background thread that sizes backup arenas ahead of the first pause
-// (DESIGN §5: "pinned ahead of time ... or in a background thread").
+// (docs/architecture.md §5: "pinned ahead of time ... or in a background thread").
 //
 // Pinning host memory costs ~0.4 s/GiB. A tag that pays it inside Pause() pauses at a
 // few GiB/s instead of link speed, so the allocator asks this thread to Prepare a
@@ -50,8 +50,6 @@ class AutoPreparer {
   void Stop();
   // Blocks until nothing is queued or in progress (for tests and benchmarks).
   void WaitIdle();
-  // Preparations completed (successful or not).
-  std::size_t completed() const;
 
  private:
   void Loop();
@@ -67,7 +65,6 @@ class AutoPreparer {
   std::map<TagId, Pending> queue_;      // guarded by mu_
   bool busy_ = false;                   // guarded by mu_
   bool stop_ = false;                   // guarded by mu_
-  std::size_t completed_ = 0;           // guarded by mu_
   std::thread thread_;                  // started by the first Request
 };
 

@@ -1,4 +1,4 @@
-// BackupArena: host memory holding a paused `backup` tag's live bytes (DESIGN §2, §5).
+// BackupArena: host memory holding a paused `backup` tag's live bytes (docs/architecture.md §2, §5).
 //
 // Pinned (default): page-locked once through the driver and reused across pause/resume
 // cycles, so copies run at link speed; pinning costs ~0.4 s/GiB, which is why Prepare()
@@ -38,7 +38,6 @@ class BackupArena {
 
   char* data() const { return static_cast<char*>(kind_ == Kind::kPinned ? pinned_.data() : pageable_); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
-  Kind kind() const { return kind_; }
 
  private:
   Driver* const driver_;

@@ -1,4 +1,4 @@
-// CachingAllocator: the per-device caching allocator with tags (DESIGN §5).
+// CachingAllocator: the per-device caching allocator with tags (docs/architecture.md §5).
 //
 // Layout: one TagPool per tag in use on this device; each pool has a small heap (requests
 // up to kSmallMaxBytes, rounded to 512 B, carved from 2 MiB chunks) and a large heap
@@ -46,7 +46,7 @@
 //   number of the next pending free; afterwards only pending frees older than that are
 //   taken as complete, newer ones still wait for their events.
 //
-// Note [Pause/Resume Protocol] (DESIGN §5; implemented in pause_resume.cc)
+// Note [Pause/Resume Protocol] (docs/architecture.md §5; implemented in pause_resume.cc)
 //   Pause(tag): the tag's transition lock is taken (pause/resume of one tag are serial;
 //   other tags and devices proceed), the state becomes "pausing" (allocations into the tag
 //   fail with FailedPrecondition, frees of its blocks wait), before-pause hooks run, then

@@ -144,11 +144,6 @@ std::size_t Heap::ShareFreeBlocks(Stream stream, std::uint64_t epoch) {
   return moving.size();
 }
 
-bool Heap::HasFreeBlocksOf(Stream stream) const {
-  FreeIndex* own = FindIndex(stream);
-  return own != nullptr && own->count() != 0;
-}
-
 std::vector<Stream> Heap::StreamsWithFreeBlocks() const {
   std::vector<Stream> out;
   for (const auto& index : indexes_) {

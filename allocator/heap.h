@@ -5,7 +5,7 @@
 // physical memory is what counts. Holes left by ReleaseFreeChunks are reused before the
 // reservation's unused tail; when no gap fits, a new segment is reserved.
 //
-// Chunk sizing (DESIGN §5; "the number of chunks decides pause/resume cost"):
+// Chunk sizing (docs/architecture.md §5; "the number of chunks decides pause/resume cost"):
 //   small heap: every chunk is small_chunk bytes (2 MiB rounded up to the granularity);
 //   large heap: a new chunk is 1/16 of what the heap already maps (geometric growth by
 //   6.25%), at least min_chunk and at most max_chunk, and at least the part of the
@@ -23,7 +23,9 @@
 // roll back by RAII). ReleaseFreeChunks stops at a refused unmap, leaving that chunk
 // mapped and the heap valid; a refused release keeps the handle and retries it later.
 //
-// Thread-safety: none; the owning CachingAllocator's mutex guards every call.
+// Thread-safety: none. The owning CachingAllocator serializes the calls: under its mutex,
+// or, for the heaps of a tag being paused or resumed, under that tag's transition lock
+// alone (the tag is frozen, no other call touches its heaps; Note [Pause/Resume Protocol]).
 #ifndef VMSTASH_ALLOCATOR_HEAP_H_
 #define VMSTASH_ALLOCATOR_HEAP_H_
 
@@ -87,8 +89,6 @@ class Heap {
   // Moves the free blocks of `stream` freed at or before `epoch` into the shared index.
   // Returns how many moved.
   std::size_t ShareFreeBlocks(Stream stream, std::uint64_t epoch);
-  // True when a free block of stream `stream` (not shared) exists.
-  bool HasFreeBlocksOf(Stream stream) const;
   // Streams that own free blocks (excluding the shared index).
   std::vector<Stream> StreamsWithFreeBlocks() const;
 

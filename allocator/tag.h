@@ -1,4 +1,4 @@
-// Tags: named groups of allocations paused and resumed together (DESIGN §2, §5).
+// Tags: named groups of allocations paused and resumed together (docs/architecture.md §2, §5).
 //
 // A tag name is 1..64 printable ASCII characters (0x21..0x7e; no spaces or control
 // characters). Names are interned process-wide into small integer TagIds, so the current

@@ -7,7 +7,7 @@
 // threads never interleave. The arguments are formatted only when the level is enabled.
 // The level is process-wide and set from Options (`log_level`); default kWarning.
 // Thread-safety: all functions may be called from any thread. Never call VMSTASH_LOG while
-// holding an allocator lock if the sink may block (DESIGN §9); the default sink does not.
+// holding an allocator lock if the sink may block (docs/architecture.md §10); the default sink does not.
 #ifndef VMSTASH_BASE_LOG_H_
 #define VMSTASH_BASE_LOG_H_
 

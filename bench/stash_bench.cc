@@ -1,5 +1,5 @@
-// stash_bench: the paged stash kernels against the same-run physical limits (reference/
-// paged_stash.md §5): device tier vs a device-to-device cudaMemcpyAsync of the same bytes,
+// stash_bench: the paged stash kernels against the same-run physical limits
+// (docs/architecture.md §6): device tier vs a device-to-device cudaMemcpyAsync of the same bytes,
 // host tier vs a pinned device-to-host copy, GPU time of an empty stash, host launch cost.
 //
 // Usage: stash_bench [GRID THREADS]...   (GPU required; rows of 14336 bytes = bf16 hidden

@@ -1,5 +1,5 @@
 // The control endpoint: a Unix-domain socket served by one thread of a process using
-// vmstash, and the client side the CLI uses (DESIGN §8; protocol in protocol.h).
+// vmstash, and the client side the CLI uses (docs/architecture.md §8; protocol in protocol.h).
 //
 // Where: `<dir>/<pid>.sock`, dir = $VMSTASH_RUNTIME_DIR, else $XDG_RUNTIME_DIR/vmstash,
 // else /tmp/vmstash-<uid>. The directory is created 0700 and must be owned by this user

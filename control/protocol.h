@@ -1,5 +1,5 @@
 // The control protocol: line-delimited JSON between the `vmstash` CLI and the control
-// endpoint of a process using vmstash (DESIGN §8).
+// endpoint of a process using vmstash (docs/architecture.md §8).
 //
 // One request per connection: a single line (at most kMaxMessageBytes, '\n'-terminated)
 // holding a flat JSON object:

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 scripts/setup_debian.sh
 bazel test //... "$@"
 # The allocator's stress and fault-injection tests again under AddressSanitizer and
-# ThreadSanitizer (DESIGN §9), the control endpoint under ASAN, and the protocol fuzzer.
+# ThreadSanitizer (docs/architecture.md §10), the control endpoint under ASAN, and the protocol fuzzer.
 if [[ $# -eq 0 ]]; then
   bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test \
     //allocator:pause_resume_stress_test //allocator:pause_resume_test //allocator:pause_resume_hardening_test \

@@ -1,5 +1,5 @@
-// StashArena: one page class of the paged stash tier on one device (reference/
-// paged_stash.md §3.1-3.4, §3.10). Host side of the kernels in stash_kernels.h.
+// StashArena: one page class of the paged stash tier on one device
+// (docs/architecture.md §6). Host side of the kernels in stash_kernels.h.
 //
 // Prepare(capacity pages per tier) allocates, from the CachingAllocator under the arena's
 // tag (default "stash", policy discard: released when paused, stable VA), the device

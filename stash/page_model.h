@@ -1,5 +1,5 @@
 // PageModel: the CPU reference model of the paged stash tier's page manager and copies
-// (DESIGN §6; spec: reference/paged_stash.md §3). Same semantics as the device state
+// (docs/architecture.md §6). Same semantics as the device state
 // block and kernels, on host memory, so CI tests the semantics without a GPU and the GPU
 // tests use it as their oracle.
 //

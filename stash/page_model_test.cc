@@ -1,5 +1,5 @@
-// The paged stash reference model against the spec's functional scenarios that need no
-// GPU (reference/paged_stash.md §4: T1, T2, T3, T5 zero tail and 64-bit offsets, T8, T9).
+// The paged stash reference model against its functional scenarios that need no
+// GPU (docs/architecture.md §6): zero tail, 64-bit offsets, and the other CPU scenarios below.
 #include "stash/page_model.h"
 
 #include <algorithm>

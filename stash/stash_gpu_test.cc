@@ -1,5 +1,5 @@
 // The paged stash kernels on a GPU (label gpu), checked against the CPU reference model
-// (page_model.h) — reference/paged_stash.md §4: T1 round trips {0, 1, P-1, P, P+1, max}
+// (page_model.h), scenario by scenario: T1 round trips {0, 1, P-1, P, P+1, max}
 // released out of order; T2 sticky overflow and reset; T3 host spill; T4 one captured
 // graph replayed with several device counts, an overflow, then a clean replay; T5 zero
 // tail; T6 pause/resume of an idle arena (memory released, graph replays after resume;

@@ -1,4 +1,4 @@
-// The paged stash kernels: see stash_kernels.h and reference/paged_stash.md §3.4-3.6.
+// The paged stash kernels: see stash_kernels.h and docs/architecture.md §6.
 #include <cuda_runtime.h>
 
 #include "stash/stash_kernels.h"

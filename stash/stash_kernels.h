@@ -3,7 +3,7 @@
 // max_rows; row counts are read on the device through `n_rows` (int64). Each returns the
 // CUDA launch status (0 = cudaSuccess); the arena wraps it in an absl::Status.
 //
-// Single-stream rule (Mode A, reference/paged_stash.md §3.6): all operations of one arena
+// Single-stream rule (Mode A, docs/architecture.md §6): all operations of one arena
 // are issued on one stream; the last block of each launch publishes head/tail after every
 // block has read the old value (an atomic ticket), so no block sees a half-updated state.
 #ifndef VMSTASH_STASH_STASH_KERNELS_H_

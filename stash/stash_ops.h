@@ -6,7 +6,7 @@
 //                    "device" memory (a DevicePtr is a host address there), whose streams
 //                    complete work when it is queued. With it the arena, the C ABI and the
 //                    Python wrappers run in CI without a GPU.
-// Both implement the semantics of reference/paged_stash.md §3.4-3.6, which the CPU model
+// Both implement the semantics of docs/architecture.md §6, which the CPU model
 // (page_model.h) states independently; tests compare each executor with the model.
 //
 // Every method returns 0 on success or a nonzero CUDA error code. Stateless; thread-safe.

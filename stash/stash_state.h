@@ -1,4 +1,4 @@
-// The paged stash tier's device-side data (reference/paged_stash.md §3.3): one POD state
+// The paged stash tier's device-side data (docs/architecture.md §6): one POD state
 // block per arena at a fixed device address, and one handle per stashed tensor. Shared by
 // the CUDA kernels (stash_kernels.cu) and the host code; no abseil, no host-only types.
 //

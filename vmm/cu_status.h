@@ -1,4 +1,4 @@
-// The one CUresult -> absl::Status mapping (DESIGN §9).
+// The one CUresult -> absl::Status mapping (docs/architecture.md §10).
 //
 //   CUDA_ERROR_OUT_OF_MEMORY                      -> ResourceExhausted
 //   CUDA_ERROR_NOT_SUPPORTED                      -> Unimplemented

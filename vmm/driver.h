@@ -5,7 +5,7 @@
 // SimDriver (a CPU simulation used by CI and available at run time, VMSTASH_DRIVER=sim).
 // The concrete driver is chosen at the top (CreateDriver in driver_factory.h, or a test).
 //
-// Vocabulary (DESIGN §2): a *reservation* is a VA range; a *chunk* is one physical
+// Vocabulary (docs/architecture.md §2): a *reservation* is a VA range; a *chunk* is one physical
 // allocation, always mapped whole; the *granularity* is the unit every reservation,
 // chunk and mapping size and address is a multiple of (query it, never assume 2 MiB).
 //

@@ -1,5 +1,5 @@
 // CreateDriver: picks the concrete Driver at the top of a program (C ABI init, the demo,
-// tests), as DESIGN §3 asks; nothing below chooses one.
+// tests), as docs/architecture.md §3 asks; nothing below chooses one.
 //
 //   driver:cuda  CudaDriver, or its error (Unavailable without a usable GPU)
 //   driver:sim   SimDriver configured from the sim_* options

@@ -308,15 +308,6 @@ absl::Status DriverLedger::CheckEvent(Event event, int device) const {
   return absl::OkStatus();
 }
 
-std::size_t DriverLedger::ChunkBytes(int device) const {
-  MutexLock lock(&mu_);
-  std::size_t total = 0;
-  for (const auto& [handle, record] : chunks_) {
-    if (record.device == device) total += record.size_bytes;
-  }
-  return total;
-}
-
 std::vector<Stream> DriverLedger::TakeAllStreams() {
   MutexLock lock(&mu_);
   std::vector<Stream> out;

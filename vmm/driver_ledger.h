@@ -107,8 +107,6 @@ class DriverLedger {
   absl::Status TakeEvent(Event event, int device);
   absl::Status CheckEvent(Event event, int device) const;
 
-  // Bytes of chunks alive on `device` (released-but-mapped included).
-  std::size_t ChunkBytes(int device) const;
   absl::Status CheckNoLeaks() const;
   // Streams and events still alive, taken out of the ledger (a driver's teardown frees
   // them, as destroying a CUDA context does).

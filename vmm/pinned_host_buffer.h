@@ -1,5 +1,5 @@
 // PinnedHostBuffer: RAII page-locked host memory, the only kind of host memory the
-// copy engines move at link speed (pageable D2H runs ~30x slower; DESIGN §4).
+// copy engines move at link speed (pageable D2H runs ~30x slower; docs/architecture.md §4).
 //
 // Two ways to get one: Allocate() (Driver::HostAlloc, pinned by the driver), or Register()
 // of memory the caller already owns (Driver::HostRegister; e.g. an mmap-backed arena; the

@@ -1,5 +1,5 @@
 // TorchSnapshotPickle: our snapshot (allocator/snapshot.h JSON, one device or a list) in
-// the pickle schema PyTorch's memory tools read (torch_integration.md §8.3): `python -m
+// the pickle schema PyTorch's memory tools read (docs/architecture.md §7): `python -m
 // torch.cuda._memory_viz stats|segments|... FILE` and the memory_viz web page.
 //
 // Mapping: every maximal run of mapped chunks becomes a torch segment (blocks tile it:

@@ -1,5 +1,5 @@
 // vmstash: inspect and steer processes that use vmstash, through their control endpoints
-// (control/endpoint.h, DESIGN §8).
+// (control/endpoint.h, docs/architecture.md §8).
 //
 //   vmstash ps [--json]                      processes on this node, per GPU
 //   vmstash show PID [--json]                tags: policy, state, bytes, chunks, timings

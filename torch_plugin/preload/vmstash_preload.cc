@@ -1,5 +1,5 @@
 // libvmstash_preload.so: the CUDA allocation calls of a whole process, routed to vmstash
-// while a thread is in a region (LD_PRELOAD mode; DESIGN §7, torch_integration.md §9).
+// while a thread is in a region (LD_PRELOAD mode; docs/architecture.md §7, docs/architecture.md §7).
 //
 // Interposed (exact CUDA signatures, C linkage): cudaMalloc, cudaFree, cudaMallocAsync,
 // cudaFreeAsync (runtime) and cuMemAlloc_v2, cuMemFree_v2 (driver; what cuMemAlloc and

@@ -1,7 +1,7 @@
 /* vmstash paged stash C ABI (libvmstash.so, built with the CUDA kernels): arenas of
  * fixed-size pages that hold variable-size activations (MoE expert inputs) between
  * forward and backward with CUDA-graph-capturable launches. Semantics:
- * reference/paged_stash.md; C++ class: stash/arena.h.
+ * docs/architecture.md §6; C++ class: stash/arena.h.
  *
  * Contract (as vmstash.h): every function is noexcept, returns a vmstash_code (0 = OK)
  * and sets vmstash_last_error() on failure.

@@ -15,7 +15,7 @@ idle, and is refused while pages are live.
     with vmstash.stash.saved_tensors(arena, max_rows=capacity):       # autograd helper
         y = expert_mlp(x)          # saved [capacity, ...] activations go to the arena
 
-Rules (reference/paged_stash.md):
+Rules (docs/architecture.md §6):
   - Call `arena.reset()` at the start of every step (inside the captured graph, if any);
     it forgets everything stashed and clears the sticky overflow flag.
   - Check `arena.flags()` (or `write_flags` into a device tensor, capturable) after the
