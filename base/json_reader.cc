@@ -97,7 +97,10 @@ class JsonParser {
       v->int_ = std::strtoll(digits.c_str(), nullptr, 10);
       if (errno == ERANGE) v->int_ = static_cast<std::int64_t>(v->number_ < 0 ? INT64_MIN : INT64_MAX);
     } else {
-      v->int_ = static_cast<std::int64_t>(v->number_);
+      // Truncated toward zero and clamped (a cast out of range is undefined; found by the fuzzer).
+      v->int_ = v->number_ >= 9.2233720368547758e18    ? INT64_MAX
+                : v->number_ <= -9.2233720368547758e18 ? INT64_MIN
+                                                       : static_cast<std::int64_t>(v->number_);
     }
     return absl::OkStatus();
   }

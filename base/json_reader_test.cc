@@ -1,5 +1,6 @@
 #include "base/json_reader.h"
 
+#include <cstdint>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -22,6 +23,15 @@ TEST(JsonReaderTest, ReadsDocuments) {
   EXPECT_EQ(a.items()[5].String(), "x\ty");
   EXPECT_EQ((*v)["b"]["c"].Int(), 9007199254740993);  // exact beyond a double's 53 bits
   EXPECT_EQ((*v)["missing"]["deeper"].type(), JsonValue::Type::kNull);
+}
+
+TEST(JsonReaderTest, HugeNonIntegralNumbersClampTheirIntegerView) {
+  absl::StatusOr<JsonValue> v = JsonValue::Parse("[1e20, -1e20, 2.5, 99999999999999999999]");
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->items()[0].Int(), INT64_MAX);
+  EXPECT_EQ(v->items()[1].Int(), INT64_MIN);
+  EXPECT_EQ(v->items()[2].Int(), 2);
+  EXPECT_EQ(v->items()[3].Int(), INT64_MAX);
 }
 
 TEST(JsonReaderTest, UnicodeEscapesBecomeUtf8) {
