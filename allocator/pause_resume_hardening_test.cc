@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
@@ -22,17 +23,6 @@ using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kGiB = std::size_t{1} << 30;
-
-void Fill(DevicePtr p, std::size_t n, std::uint8_t seed) {
-  auto* b = reinterpret_cast<std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::uint8_t>(seed + i * 7);
-}
-std::size_t WrongBytes(DevicePtr p, std::size_t n, std::uint8_t seed) {
-  auto* b = reinterpret_cast<const std::uint8_t*>(p);
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < n; ++i) wrong += b[i] != static_cast<std::uint8_t>(seed + i * 7);
-  return wrong;
-}
 
 // Runs `fn` on another thread; a call that does not return within 20 s is a hang, which
 // ends the test binary at once (a hung thread cannot be joined).
@@ -90,7 +80,7 @@ class HardeningTest : public ::testing::Test {
 // bytes; the resume then restored 2 MiB of garbage.
 TEST_F(HardeningTest, PrepareAndReleaseBackupOfAPausedTagAreRefusedAndTheBytesSurvive) {
   DevicePtr p = Alloc(2 * kMiB, weights_);
-  Fill(p, 2 * kMiB, 41);
+  FillPattern(p, 2 * kMiB, 41);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
   const std::int64_t arena = StatsOf(weights_).backup_arena_bytes;
   for (std::size_t bytes : {std::size_t{0}, 64 * kMiB, std::size_t{1}}) {
@@ -114,7 +104,7 @@ TEST_F(HardeningTest, PrepareAndReleaseBackupOfAPausedTagAreRefusedAndTheBytesSu
 TEST_F(HardeningTest, BackgroundPreparationDueWhilePausedLeavesTheBackupAlone) {
   Make(/*auto_prepare=*/true, /*settle_ms=*/50);
   DevicePtr p = Alloc(2 * kMiB, weights_);
-  Fill(p, 2 * kMiB, 17);
+  FillPattern(p, 2 * kMiB, 17);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);  // the request is still settling
   const std::int64_t arena = StatsOf(weights_).backup_arena_bytes;
   DevicePtr grow = 0;
@@ -125,7 +115,7 @@ TEST_F(HardeningTest, BackgroundPreparationDueWhilePausedLeavesTheBackupAlone) {
   // Many pause/resume cycles racing growth-triggered preparations.
   for (int i = 0; i < 20; ++i) {
     grow = Alloc(std::size_t(i + 1) * 3 * kMiB, weights_);
-    Fill(grow, 3 * kMiB, static_cast<std::uint8_t>(i));
+    FillPattern(grow, 3 * kMiB, static_cast<std::uint8_t>(i));
     ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
     ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
     ASSERT_EQ(WrongBytes(p, 2 * kMiB, 17), 0u) << i;
@@ -172,7 +162,7 @@ TEST_F(HardeningTest, FreesRecordedAfterThePauseSynchronizeStillWaitForTheirEven
 // transition lock.
 TEST_F(HardeningTest, HooksMayFreeAndAllocateInTheirOwnTag) {
   DevicePtr keep = Alloc(3 * kMiB, weights_);
-  Fill(keep, 3 * kMiB, 5);
+  FillPattern(keep, 3 * kMiB, 5);
   DevicePtr scratch = Alloc(kMiB, weights_);
   absl::Status freed, reallocated;
   DevicePtr after_block = 0;
@@ -239,7 +229,7 @@ TEST_F(HardeningTest, AHookPausingItsOwnTagFailsFastWithAClearError) {
 // Item 4: ptr + size wrapped, and ReadBackup copied SIZE_MAX - 15 bytes (segfault).
 TEST_F(HardeningTest, ReadBackupRejectsRangesThatWrapTheAddressSpace) {
   DevicePtr p = Alloc(kMiB, weights_);
-  Fill(p, kMiB, 3);
+  FillPattern(p, kMiB, 3);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
   std::vector<std::uint8_t> host(64);
   absl::Status s = alloc_->ReadBackup(p + 16, SIZE_MAX - 15, host.data());

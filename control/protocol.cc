@@ -124,6 +124,12 @@ std::string ErrorReply(const absl::Status& status) {
 
 absl::StatusOr<std::string> ParseReply(absl::string_view line) {
   while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.remove_suffix(1);
+  // OkReply's exact framing: the result is the text between its prefix and the final '}'.
+  // It is not parsed here: its reader parses it once (a snapshot can be hundreds of MiB).
+  const std::string ok_prefix = absl::StrCat("{\"v\":", kProtocolVersion, ",\"ok\":true,\"result\":");
+  if (absl::StartsWith(line, ok_prefix) && absl::EndsWith(line, "}")) {
+    return std::string(line.substr(ok_prefix.size(), line.size() - ok_prefix.size() - 1));
+  }
   absl::StatusOr<JsonValue> doc = JsonValue::Parse(line);
   if (!doc.ok() || !doc->is_object()) {
     return absl::InternalError(absl::StrCat("malformed control reply (", doc.ok() ? "not an object" : doc.status().message(),
@@ -133,11 +139,6 @@ absl::StatusOr<std::string> ParseReply(absl::string_view line) {
   if (v.type() != JsonValue::Type::kNumber || v.Int() != kProtocolVersion) {
     return absl::FailedPreconditionError(absl::StrCat("the process answered with another control protocol version: ",
                                                       line.substr(0, 40)));
-  }
-  // OkReply's exact framing: the result is the text between its prefix and the final '}'.
-  const std::string ok_prefix = absl::StrCat("{\"v\":", kProtocolVersion, ",\"ok\":true,\"result\":");
-  if ((*doc)["ok"].Bool() && absl::StartsWith(line, ok_prefix)) {
-    return std::string(line.substr(ok_prefix.size(), line.size() - ok_prefix.size() - 1));
   }
   const JsonValue& error = (*doc)["error"];
   if ((*doc)["ok"].type() != JsonValue::Type::kBool || (*doc)["ok"].Bool() || !error.is_object()) {

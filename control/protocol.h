@@ -47,8 +47,9 @@ std::string FormatRequest(const Request& request);
 // Reply lines (with the '\n'); `result_json` must be valid JSON.
 std::string OkReply(absl::string_view result_json);
 std::string ErrorReply(const absl::Status& status);
-// Splits a reply line into the result JSON (ok) or the error it carries. The whole line
-// must be valid JSON; the result is returned as text.
+// Splits a reply line into the result JSON (ok) or the error it carries. An ok reply is
+// recognised by OkReply's exact framing and its result returned as text, unparsed (the
+// caller's reader parses it once); any other line is read in full (version, error).
 absl::StatusOr<std::string> ParseReply(absl::string_view line);
 
 }  // namespace vmstash::control

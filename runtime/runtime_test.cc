@@ -3,10 +3,10 @@
 // never used staying untouched, and the control service's answers.
 #include "runtime/runtime.h"
 
-#include <cstring>
 #include <memory>
 #include <string>
 
+#include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/control_service.h"
@@ -42,16 +42,10 @@ TagId Tag(const char* name) { return InternTag(name).value(); }
 DevicePtr Filled(Runtime& rt, int device, TagId tag, unsigned char seed) {
   CachingAllocator* a = rt.Allocator(device).value();
   DevicePtr p = a->Allocate(kBlock, Stream{}, tag).value();
-  std::memset(reinterpret_cast<void*>(p), seed, kBlock);
+  FillPattern(p, kBlock, seed);
   return p;
 }
-bool Holds(DevicePtr p, unsigned char seed) {
-  const auto* bytes = reinterpret_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < kBlock; i += 4096) {
-    if (bytes[i] != seed) return false;
-  }
-  return true;
-}
+bool Holds(DevicePtr p, unsigned char seed) { return WrongBytes(p, kBlock, seed) == 0; }
 
 TEST(RuntimeTest, ANullDriverIsRefused) {
   EXPECT_EQ(Runtime::Create(nullptr, AllocatorOptions{}).status().code(), absl::StatusCode::kInvalidArgument);

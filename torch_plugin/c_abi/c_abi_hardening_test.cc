@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "control/endpoint.h"
+#include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
@@ -41,18 +42,6 @@ void* MallocIn(const char* tag, std::size_t n, int device) {
   void* p = vmstash_malloc(n, device, nullptr);
   EXPECT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
   return p;
-}
-
-void Fill(void* p, std::size_t n, unsigned seed) {
-  auto* b = static_cast<unsigned char*>(p);
-  for (std::size_t i = 0; i < n; i += 4099) b[i] = static_cast<unsigned char>(seed + i);
-}
-bool Holds(const void* p, std::size_t n, unsigned seed) {
-  auto* b = static_cast<const unsigned char*>(p);
-  for (std::size_t i = 0; i < n; i += 4099) {
-    if (b[i] != static_cast<unsigned char>(seed + i)) return false;
-  }
-  return true;
 }
 
 // Item 5: calls racing a shutdown complete or fail with a clear error (ASAN/TSAN find any
@@ -131,7 +120,7 @@ struct TwoDevices {
   void* block[2] = {nullptr, nullptr};
   unsigned seed = 0;
   static constexpr std::size_t kBytes = 3 << 20;
-  bool Intact() const { return Holds(block[0], kBytes, seed) && Holds(block[1], kBytes, seed + 1); }
+  bool Intact() const { return vmstash::WrongBytes(block[0], kBytes, seed) == 0 && vmstash::WrongBytes(block[1], kBytes, seed + 1) == 0; }
 };
 TwoDevices SetUpTwoDevices(const char* tag, const char* faults, unsigned seed) {
   TwoDevices t;
@@ -143,7 +132,7 @@ TwoDevices SetUpTwoDevices(const char* tag, const char* faults, unsigned seed) {
   for (int d = 0; d < 2; ++d) {
     t.block[d] = MallocIn(tag, TwoDevices::kBytes, d);
     EXPECT_NE(t.block[d], nullptr) << vmstash_last_error();
-    if (t.block[d] != nullptr) Fill(t.block[d], TwoDevices::kBytes, seed + d);
+    if (t.block[d] != nullptr) vmstash::FillPattern(t.block[d], TwoDevices::kBytes, seed + d);
   }
   return t;
 }
