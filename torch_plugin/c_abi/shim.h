@@ -37,9 +37,13 @@ int Guard(Fn fn) noexcept {
 template <typename Fn>
 int WithRuntime(Fn fn) noexcept {
   return Guard([&](process::Call& call) {
-    absl::StatusOr<Runtime*> rt = call.runtime();
-    if (!rt.ok()) return Fail(rt.status());
-    return fn(**rt);
+    Runtime* rt = call.runtime_if_initialized();  // the fast path: a plain pointer
+    if (rt == nullptr) {
+      absl::StatusOr<Runtime*> made = call.runtime();  // first use: initializes
+      if (!made.ok()) return Fail(made.status());
+      rt = *made;
+    }
+    return fn(*rt);
   });
 }
 

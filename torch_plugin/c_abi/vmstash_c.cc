@@ -78,11 +78,21 @@ int Transition(const char* tag, int device, bool pause, const CachingAllocator::
   });
 }
 
+// The allocator of `device` in *out (lock-free once it exists): 0, or the failure's code.
+int AllocatorFor(Runtime& rt, int device, CachingAllocator** out) {
+  *out = rt.AllocatorInUse(device);
+  if (*out != nullptr) return 0;
+  absl::StatusOr<CachingAllocator*> made = rt.Allocator(device);
+  if (!made.ok()) return Fail(made.status());
+  *out = *made;
+  return 0;
+}
+
 // The body of every allocation entry point: a code, with the pointer in *out.
 int Allocate(Runtime& rt, std::size_t size, int device, cudaStream_t stream, TagId tag, void** out) {
-  absl::StatusOr<CachingAllocator*> a = rt.Allocator(device);
-  if (!a.ok()) return Fail(a.status());
-  absl::StatusOr<DevicePtr> p = (*a)->Allocate(size, StreamArg(stream), tag);
+  CachingAllocator* a = nullptr;
+  if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+  absl::StatusOr<DevicePtr> p = a->Allocate(size, StreamArg(stream), tag);
   if (!p.ok()) return Fail(p.status());
   *out = reinterpret_cast<void*>(*p);
   return 0;
@@ -179,9 +189,9 @@ void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexc
   (void)stream;  // the block's own stream orders its reuse; see Note [Stream-Ordered Reuse]
   if (ptr == nullptr) return;
   WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<CachingAllocator*> a = rt.Allocator(device);
-    if (!a.ok()) return Fail(a.status());
-    absl::Status s = (*a)->Free(reinterpret_cast<DevicePtr>(ptr));
+    CachingAllocator* a = nullptr;
+    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+    absl::Status s = a->Free(reinterpret_cast<DevicePtr>(ptr));
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash_free: {}", s.ToString());
     return Code(s);
   });
@@ -199,9 +209,9 @@ int vmstash_owner_device(const void* ptr) noexcept {
 
 int vmstash_record_stream(void* ptr, int device, cudaStream_t stream) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<CachingAllocator*> a = rt.Allocator(device);
-    if (!a.ok()) return Fail(a.status());
-    return Code((*a)->RecordStream(reinterpret_cast<DevicePtr>(ptr), StreamArg(stream)));
+    CachingAllocator* a = nullptr;
+    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+    return Code(a->RecordStream(reinterpret_cast<DevicePtr>(ptr), StreamArg(stream)));
   });
 }
 
@@ -271,9 +281,9 @@ int vmstash_resume(const char* tag, int device) noexcept { return Transition(tag
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<CachingAllocator*> a = rt.Allocator(device);
-    if (!a.ok()) return Fail(a.status());
-    return Code((*a)->ReadBackup(reinterpret_cast<DevicePtr>(ptr), size, dst));
+    CachingAllocator* a = nullptr;
+    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+    return Code(a->ReadBackup(reinterpret_cast<DevicePtr>(ptr), size, dst));
   });
 }
 
