@@ -126,6 +126,18 @@ absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
   return PoolLocked(tag, true, policy).status();
 }
 
+bool CachingAllocator::DropEmptyTag(TagId tag) {
+  MutexLock lock(&mu_);
+  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) return false;
+  const TagPool& pool = *pools_[tag];
+  const bool empty = pool.state == TagState::kActive && pool.small->chunk_count() == 0 &&
+                     pool.large->chunk_count() == 0 && pool.small->va_bytes() == 0 && pool.large->va_bytes() == 0 &&
+                     pool.hooks.empty() && pool.arena == nullptr && pool.copy_stream == nullptr;
+  if (!empty) return false;
+  pools_[tag].reset();
+  return true;
+}
+
 absl::StatusOr<Policy> CachingAllocator::TagPolicy(TagId tag) const {
   MutexLock lock(&mu_);
   if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {

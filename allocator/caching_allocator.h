@@ -46,7 +46,8 @@
 //   number of the next pending free; afterwards only pending frees older than that are
 //   taken as complete, newer ones still wait for their events.
 //
-// Note [Pause/Resume Protocol] (docs/architecture.md §5; implemented in pause_resume.cc)
+// Note [Pause/Resume Protocol] (docs/architecture.md §5; planned in transition_plan.h,
+//   executed in pause_resume.cc and heap_pause.cc)
 //   Pause(tag): the tag's transition lock is taken (pause/resume of one tag are serial;
 //   other tags and devices proceed), the state becomes "pausing" (allocations into the tag
 //   fail with FailedPrecondition, frees of its blocks wait), before-pause hooks run, then
@@ -117,6 +118,7 @@
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/tag.h"
+#include "allocator/transition_plan.h"
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
 #include "vmm/mapping.h"
@@ -160,6 +162,9 @@ class CachingAllocator {
   // created with policy discard.
   absl::Status CreateTag(TagId tag, Policy policy);
   absl::StatusOr<Policy> TagPolicy(TagId tag) const;
+  // Undoes CreateTag (a caller's rollback): removes the tag's pool if it holds nothing —
+  // no mapped memory, no live block, no hooks, no backup arena. True when removed.
+  bool DropEmptyTag(TagId tag);
 
   // Synchronizes the device and unmaps/releases every chunk lying entirely in free
   // blocks, of all tags or of one.
@@ -172,7 +177,7 @@ class CachingAllocator {
   // caches inside our blocks (PyTorch's MemPool: its active blocks inside our segments).
   // A `backup` pause then copies only the parts of live blocks inside these ranges; the
   // other bytes of those blocks are not preserved. Ranges may be unsorted or overlap.
-  using LiveRanges = std::vector<std::pair<DevicePtr, std::size_t>>;
+  using LiveRanges = ByteRanges;
   absl::StatusOr<Transition> Pause(TagId tag, const LiveRanges* live = nullptr);
   absl::StatusOr<Transition> Resume(TagId tag);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
@@ -211,11 +216,6 @@ class CachingAllocator {
 
  private:
   enum class TagState { kActive, kPausing, kPaused, kResuming, kBroken };
-  struct BackupExtent {  // bytes [address, address + size) are at arena offset arena_offset
-    DevicePtr address = 0;
-    std::size_t size_bytes = 0;
-    std::size_t arena_offset = 0;
-  };
   struct TagPool {
     TagId id = kDefaultTag;
     // Block records of this tag's heaps: per tag, so a pause or resume (which runs
@@ -235,7 +235,7 @@ class CachingAllocator {
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
     std::size_t auto_prepared_bytes = 0;        // last background request (mu_)
     // While paused: where each live block's backed-up bytes are in the arena.
-    absl::flat_hash_map<const Block*, std::vector<BackupExtent>> backup_extents;
+    BackupExtents backup_extents;
     std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
     bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
     // Pools whose heaps are not in a consistent mapped state: skipped by cache release,
@@ -308,9 +308,18 @@ class CachingAllocator {
   // The background preparer's work: Prepare() for an active tag whose arena is smaller
   // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
-  absl::Status BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
-                              absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
-                              std::size_t* backed_up, absl::Status* undo_error);
+  // Executes a backup pause's plan (transition_plan.h): reserves the arena, queues the
+  // copies of every stage and unmaps each stage's chunks as its copies complete; on
+  // failure waits for the copies and maps everything back (*undo_error: whether that
+  // failed). *backed_up: the bytes copied.
+  absl::Status BackupAndUnmap(TagPool* pool, const BackupLayout& layout, std::size_t* backed_up,
+                              absl::Status* undo_error);
+  // Executes one heap's resume plan into *txn: maps its covers piece by piece and, when
+  // `restore`, queues each piece's restore copies as soon as it is mapped.
+  absl::Status MapBack(TagPool* pool, Heap* heap, Heap::ResumeTxn* txn, bool restore, std::size_t first_piece_bytes,
+                       std::size_t* restored);
+  // Creates the tag's copy stream on first use.
+  absl::Status EnsureCopyStream(TagPool* pool);
   TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pools_[block->heap->config().owner_id].get();
   }

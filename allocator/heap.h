@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/block.h"
 #include "allocator/free_index.h"
+#include "allocator/transition_plan.h"
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
 #include "vmm/mapping.h"
@@ -101,9 +102,9 @@ class Heap {
   // While paused the heap has no chunks and no free blocks; its live blocks keep their
   // addresses (the reservations stay) and Free() of one just drops the record.
   bool paused() const { return paused_; }
-  // Allocated blocks in address order (paused or not).
+  // Allocated blocks, segment by segment, in address order inside a segment (paused or not).
   std::vector<Block*> LiveBlocks() const;
-  // Mapped chunks in address order (all segments), for planning a pipelined pause.
+  // Mapped chunks, segment by segment (address order inside one), for planning a pause.
   std::vector<ChunkView> Chunks() const;
   // Step 1 of a pause, one chunk at a time (pipelined with the backup copies): unmaps the
   // chunk at `address`, keeping its handle. RemapAll undoes it.
@@ -117,12 +118,15 @@ class Heap {
   // Step 2: releases the handles (a refused release keeps the handle for a later retry and
   // goes to *error), drops free blocks and runs; the heap is paused. Returns the bytes.
   std::size_t ReleaseAllAndPause(absl::Status* error);
-  // Resume, in two steps. PrepareResume covers the live blocks with maximal granule-aligned
-  // runs and maps each at the same VA, one chunk per run, or, when first_piece_bytes > 0,
-  // in pieces growing geometrically from first_piece_bytes to max_chunk_bytes, so that
-  // creating and mapping piece k+1 overlaps the restore copies of piece k.
-  // `on_mapped(va, size)` runs after each piece is mapped (to queue its restore copies).
-  // Destroying the ResumeTxn without CommitResume undoes everything it made.
+  // Resume, in three steps. PlanResume covers the live blocks with maximal granule-aligned
+  // runs (PlanCovers in transition_plan.h; the live blocks in the order it takes them are
+  // LiveBlocks()). PrepareResume maps each cover at the same VA, one chunk per cover, or,
+  // when first_piece_bytes > 0, in pieces growing geometrically from first_piece_bytes to
+  // max_chunk_bytes (PlanPieces), so that creating and mapping piece k+1 overlaps the
+  // restore copies of piece k. `on_mapped(va, size)` runs after each piece is mapped (to
+  // queue its restore copies). Destroying the ResumeTxn without CommitResume undoes
+  // everything it made.
+  absl::StatusOr<std::vector<CoverSpan>> PlanResume() const;
   class ResumeTxn {
    public:
     struct Piece {
@@ -133,15 +137,15 @@ class Heap {
     };
     struct Cover {
       void* segment = nullptr;  // the Segment it lies in
-      DevicePtr address = 0;
-      std::size_t size_bytes = 0;
+      CoverSpan span;             // its plan: address, size, the live blocks it covers
       std::vector<Piece> pieces;  // address order, tiling the cover
     };
-    std::vector<Cover> covers;  // address order
+    std::vector<Cover> covers;  // the plan's order
   };
   // On failure *txn holds what was made so far: the caller waits for the copies it queued
   // into those pieces, then destroys *txn (which unmaps and releases them).
-  absl::Status PrepareResume(ResumeTxn* txn, const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
+  absl::Status PrepareResume(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
+                             const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
                              std::size_t first_piece_bytes = 0);
   // Rebuilds chunks, runs and free filler blocks from the transaction; never fails.
   void CommitResume(std::unique_ptr<ResumeTxn> txn);

@@ -102,40 +102,31 @@ std::size_t Heap::ReleaseAllAndPause(absl::Status* error) {
   return released;
 }
 
-absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
-                                 std::size_t first_piece_bytes) {
-  const std::size_t gran = config_.granularity_bytes;
-  // Covers: granule-aligned extents of the live blocks, merged when they touch.
-  std::size_t i = 0;
-  for (auto& segment : segments_) {
-    const DevicePtr lo = segment->reservation.address();
-    const DevicePtr hi = lo + segment->reservation.size_bytes();
-    while (i < paused_live_.size() && paused_live_[i]->address >= lo && paused_live_[i]->address < hi) {
-      DevicePtr start = paused_live_[i]->address / gran * gran;
-      DevicePtr end = (paused_live_[i]->end() + gran - 1) / gran * gran;
-      if (!txn->covers.empty() && txn->covers.back().segment == segment.get() &&
-          txn->covers.back().address + txn->covers.back().size_bytes >= start) {
-        CoverChunk& last = txn->covers.back();
-        last.size_bytes = std::max(last.address + last.size_bytes, end) - last.address;
-      } else {
-        CoverChunk c;
-        c.segment = segment.get();
-        c.address = start;
-        c.size_bytes = end - start;
-        txn->covers.push_back(std::move(c));
-      }
-      ++i;
-    }
+absl::StatusOr<std::vector<CoverSpan>> Heap::PlanResume() const {
+  std::vector<ChunkSpan> segments;
+  for (const auto& segment : segments_) {
+    segments.push_back({segment->reservation.address(), segment->reservation.size_bytes()});
   }
-  const std::size_t max_piece = std::max(RoundUp(config_.max_chunk_bytes, gran), gran);
-  for (CoverChunk& c : txn->covers) {
-    std::size_t piece = first_piece_bytes == 0 ? c.size_bytes : std::min(RoundUp(first_piece_bytes, gran), max_piece);
-    for (std::size_t done = 0; done < c.size_bytes;) {
-      std::size_t size = std::min(piece, c.size_bytes - done);
-      // A short last piece joins the one before it (fewer chunks; nothing left to overlap).
-      if (c.size_bytes - done - size < piece / 2) size = c.size_bytes - done;
+  return PlanCovers(std::vector<const Block*>(paused_live_.begin(), paused_live_.end()), segments,
+                    config_.granularity_bytes);
+}
+
+absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
+                                 const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
+                                 std::size_t first_piece_bytes) {
+  for (const CoverSpan& span : covers) {
+    if (span.segment >= segments_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(config_.name, ": resume plan names segment ", span.segment,
+                                                     " of ", segments_.size()));
+    }
+    CoverChunk& c = txn->covers.emplace_back();
+    c.segment = segments_[span.segment].get();
+    c.span = span;
+    DevicePtr va = span.address;
+    for (std::size_t size :
+         PlanPieces(span.size_bytes, first_piece_bytes, config_.max_chunk_bytes, config_.granularity_bytes)) {
       ResumeTxn::Piece p;
-      p.address = c.address + done;
+      p.address = va;
       p.size_bytes = size;
       VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size, ChunkOptions{}));
       VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, p.address,
@@ -143,19 +134,17 @@ absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::function<absl::Statu
       c.pieces.push_back(std::move(p));
       // Copies queued into this piece may still run if a later step fails: the caller
       // drains them before *txn is destroyed.
-      VMSTASH_RETURN_IF_ERROR(on_mapped(c.address + done, size));
-      done += size;
-      piece = std::min(piece * 2, max_piece);
+      VMSTASH_RETURN_IF_ERROR(on_mapped(va, size));
+      va += size;
     }
   }
   return absl::OkStatus();
 }
 
 void Heap::CommitResume(std::unique_ptr<ResumeTxn> txn) {
-  std::size_t next_live = 0;
   for (CoverChunk& c : txn->covers) {
     auto* segment = static_cast<Segment*>(c.segment);
-    const DevicePtr end = c.address + c.size_bytes;
+    const DevicePtr end = c.span.address + c.span.size_bytes;
     Block* first = nullptr;
     Block* last = nullptr;
     auto append = [&](Block* b) {
@@ -174,15 +163,17 @@ void Heap::CommitResume(std::unique_ptr<ResumeTxn> txn) {
       append(f);
       shared_->Insert(f);
     };
-    DevicePtr cursor = c.address;
-    while (next_live < paused_live_.size() && paused_live_[next_live]->address < end) {
-      Block* b = paused_live_[next_live++];
+    // The cover's own live blocks (the plan names them: segments need not be in address
+    // order, so "every block below the cover's end" could reach into another segment).
+    DevicePtr cursor = c.span.address;
+    for (std::size_t i = c.span.first_block; i < c.span.end_block; ++i) {
+      Block* b = paused_live_[i];
       filler(cursor, b->address);
       append(b);
       cursor = b->end();
     }
     filler(cursor, end);
-    segment->run_heads[c.address] = first;
+    segment->run_heads[c.span.address] = first;
     for (ResumeTxn::Piece& p : c.pieces) {
       segment->chunks.emplace(p.address, MappedChunk{std::move(p.chunk), std::move(p.mapping)});
       mapped_bytes_ += p.size_bytes;

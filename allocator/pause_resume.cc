@@ -15,11 +15,6 @@ namespace vmstash {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr std::size_t kBackupAlign = 4096;  // page-aligned pieces copy fastest
-// Pipelined pause: at most kMaxStages stages (AllocatorOptions::pause_stage_bytes).
-constexpr std::size_t kMaxStages = 16;
-
-std::size_t AlignUp(std::size_t v) { return (v + kBackupAlign - 1) / kBackupAlign * kBackupAlign; }
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
@@ -100,7 +95,7 @@ absl::Status CachingAllocator::PrepareImpl(TagId tag, std::size_t bytes, bool ba
   }
   if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
   // Every live block rounds up to a page in the arena; leave room for that.
-  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(want + want / 64 + kBackupAlign));
+  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(want + want / 64 + kBackupAlignBytes));
   MutexLock lock(&mu_);
   pool->stats.backup_arena_bytes = static_cast<std::int64_t>(pool->arena->capacity_bytes());
   return absl::OkStatus();
@@ -215,108 +210,41 @@ absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::TransitionPool(TagI
   return pools_[tag].get();
 }
 
-absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<Block*>& live, const LiveRanges* ranges,
-                                              absl::flat_hash_map<const Block*, std::vector<BackupExtent>>* extents,
-                                              std::size_t* backed_up, absl::Status* undo_error) {
-  std::vector<const Block*> blocks(live.begin(), live.end());
-  std::sort(blocks.begin(), blocks.end(), [](const Block* a, const Block* b) { return a->address < b->address; });
-  // The hint, sorted and merged.
-  LiveRanges hint;
-  if (ranges != nullptr) {
-    hint = *ranges;
-    std::sort(hint.begin(), hint.end());
-    LiveRanges merged;
-    for (const auto& [a, n] : hint) {
-      if (n == 0) continue;
-      if (!merged.empty() && merged.back().first + merged.back().second >= a) {
-        merged.back().second = std::max(merged.back().first + merged.back().second, a + n) - merged.back().first;
-      } else {
-        merged.emplace_back(a, n);
-      }
-    }
-    hint = std::move(merged);
-  }
-  // Extents: the requested bytes of each live block (within the hint, if any), each at a
-  // page-aligned arena offset, in address order.
-  std::vector<BackupExtent> all;
-  std::size_t arena_bytes = 0, h = 0;
-  for (const Block* b : blocks) {
-    const DevicePtr b_end = b->address + b->requested_bytes;
-    std::vector<BackupExtent>& mine = (*extents)[b];
-    auto add = [&](DevicePtr from, DevicePtr to) {
-      if (to <= from) return;
-      mine.push_back({from, to - from, arena_bytes});
-      all.push_back(mine.back());
-      arena_bytes += AlignUp(to - from);
-    };
-    if (ranges == nullptr) {
-      add(b->address, b_end);
-      continue;
-    }
-    while (h < hint.size() && hint[h].first + hint[h].second <= b->address) ++h;
-    for (std::size_t i = h; i < hint.size() && hint[i].first < b_end; ++i) {
-      add(std::max<DevicePtr>(hint[i].first, b->address), std::min<DevicePtr>(hint[i].first + hint[i].second, b_end));
-    }
-  }
-  if (arena_bytes == 0) return UnmapHeaps(pool, undo_error);
-
-  // Stages: runs of whole chunks (address order) holding about 1/kMaxStages of the live
-  // bytes each, at least pause_stage_bytes. All copies are queued at once with an event after
-  // each stage; while the copy engine works on stage k, the chunks of the stages before
-  // it (whose copies are done) are unmapped. Unmapping keeps the handles, so a failure
-  // re-maps and the tag is as it was; the release waits until every copy succeeded.
-  struct Copy {
-    std::size_t arena_offset;
-    DevicePtr src;
-    std::size_t size_bytes;
-  };
-  struct Stage {
-    std::vector<std::pair<Heap*, DevicePtr>> chunks;
-    std::vector<Copy> copies;
-    std::size_t bytes = 0;
-  };
-  std::vector<std::pair<Heap*, ChunkView>> chunks;
-  for (Heap* heap : {pool->small.get(), pool->large.get()}) {
-    for (const ChunkView& c : heap->Chunks()) chunks.emplace_back(heap, c);
-  }
-  std::sort(chunks.begin(), chunks.end(),
-            [](const auto& a, const auto& b) { return a.second.address < b.second.address; });
-  const std::size_t stage_target = std::max<std::size_t>({options_.pause_stage_bytes, arena_bytes / kMaxStages, 1});
-  std::vector<Stage> stages(1);
-  std::size_t next = 0;
-  for (const auto& [heap, c] : chunks) {
-    const DevicePtr end = c.address + c.size_bytes;
-    while (next < all.size() && all[next].address + all[next].size_bytes <= c.address) ++next;
-    Stage& stage = stages.back();
-    // The part of every extent that lies in this chunk (a block may span chunks).
-    for (std::size_t i = next; i < all.size() && all[i].address < end; ++i) {
-      const BackupExtent& e = all[i];
-      const DevicePtr from = std::max<DevicePtr>(e.address, c.address);
-      const DevicePtr to = std::min<DevicePtr>(e.address + e.size_bytes, end);
-      if (to <= from) continue;
-      stage.copies.push_back({e.arena_offset + (from - e.address), from, to - from});
-      stage.bytes += to - from;
-    }
-    stage.chunks.emplace_back(heap, c.address);
-    if (stage.bytes >= stage_target) stages.emplace_back();
-  }
-  if (stages.back().chunks.empty()) stages.pop_back();
-
-  // Everything that can fail before the first copy: arena, stream, events.
-  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
-  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(arena_bytes));
+absl::Status CachingAllocator::EnsureCopyStream(TagPool* pool) {
   if (pool->copy_stream == nullptr) {
     VMSTASH_ASSIGN_OR_RETURN(pool->copy_stream, driver_->CreateStream(device_));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const BackupLayout& layout, std::size_t* backed_up,
+                                              absl::Status* undo_error) {
+  if (layout.arena_bytes == 0) return UnmapHeaps(pool, undo_error);
+  std::vector<std::pair<Heap*, DevicePtr>> owners;  // parallel to `chunks`
+  std::vector<ChunkSpan> chunks;
+  for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+    for (const ChunkView& c : heap->Chunks()) {
+      owners.emplace_back(heap, c.address);
+      chunks.push_back({c.address, c.size_bytes});
+    }
+  }
+  const std::vector<PauseStage> stages = PlanPauseStages(layout, chunks, options_.pause_stage_bytes);
+
+  // Everything that can fail before the first copy: arena, stream, events.
+  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+  VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(layout.arena_bytes));
+  VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(pool));
   while (pool->copy_events.size() < stages.size()) {
     VMSTASH_ASSIGN_OR_RETURN(Event e, driver_->CreateEvent(device_, false));
     pool->copy_events.push_back(e);
   }
 
+  // All copies are queued at once, an event after each stage; while the copy engine works
+  // on stage k, the chunks of the stages before it are unmapped (handles kept).
   absl::Status status;
   for (std::size_t k = 0; k < stages.size() && status.ok(); ++k) {
-    for (const Copy& c : stages[k].copies) {
-      status = driver_->CopyToHostAsync(device_, pool->arena->data() + c.arena_offset, c.src, c.size_bytes,
+    for (const CopyStep& c : stages[k].copies) {
+      status = driver_->CopyToHostAsync(device_, pool->arena->data() + c.arena_offset, c.device, c.size_bytes,
                                         pool->copy_stream);
       if (!status.ok()) break;
     }
@@ -324,9 +252,9 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const std::vector<B
   }
   for (std::size_t k = 0; k < stages.size() && status.ok(); ++k) {
     status = driver_->SynchronizeEvent(device_, pool->copy_events[k]);
-    for (const auto& [heap, address] : stages[k].chunks) {
+    for (std::size_t chunk : stages[k].chunks) {
       if (!status.ok()) break;
-      status = heap->UnmapChunk(address);
+      status = owners[chunk].first->UnmapChunk(owners[chunk].second);
     }
     if (status.ok()) *backed_up += stages[k].bytes;
   }
@@ -375,23 +303,23 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   // (1) No queued work may touch the tag.
   absl::Status sync = driver_->SynchronizeDevice(device_);
   if (!sync.ok()) return fail(sync);
-  std::vector<Block*> live;
+  std::vector<const Block*> live;
   Policy policy;
   {
     MutexLock lock(&mu_);
     ProcessPendingLocked(synced_before, tag);
-    live = pool->small->LiveBlocks();
-    std::vector<Block*> large = pool->large->LiveBlocks();
-    live.insert(live.end(), large.begin(), large.end());
+    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+      for (const Block* b : heap->LiveBlocks()) live.push_back(b);
+    }
     policy = pool->stats.policy;
   }
   // (2)+(3a) Backup of live bytes only, pipelined with the unmapping (BackupAndUnmap).
-  absl::flat_hash_map<const Block*, std::vector<BackupExtent>> extents;
+  BackupLayout layout;
+  if (policy == Policy::kBackup) layout = PlanBackupLayout(std::move(live), live_ranges);
   std::size_t backed_up = 0;
   absl::Status undo;
-  absl::Status staged = policy == Policy::kBackup
-                            ? BackupAndUnmap(pool, live, live_ranges, &extents, &backed_up, &undo)
-                            : UnmapHeaps(pool, &undo);
+  absl::Status staged = policy == Policy::kBackup ? BackupAndUnmap(pool, layout, &backed_up, &undo)
+                                                  : UnmapHeaps(pool, &undo);
   if (!staged.ok()) return fail(staged, undo);
   // (3b) Every copy succeeded and every chunk is unmapped: release.
   absl::Status release_error;
@@ -404,7 +332,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(&mu_);
   pool->state = TagState::kPaused;
-  pool->backup_extents = std::move(extents);
+  pool->backup_extents = std::move(layout.by_block);
   TagStats& s = pool->stats;
   s.reserved_bytes.Add(-s.reserved_bytes.current);
   s.chunks = 0;
@@ -449,6 +377,26 @@ absl::Status CachingAllocator::RunHooks(TagId tag, const std::vector<std::pair<T
   return absl::OkStatus();
 }
 
+absl::Status CachingAllocator::MapBack(TagPool* pool, Heap* heap, Heap::ResumeTxn* txn, bool restore,
+                                       std::size_t first_piece_bytes, std::size_t* restored) {
+  VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
+  const std::vector<Block*> live = heap->LiveBlocks();
+  RestorePlanner planner(std::vector<const Block*>(live.begin(), live.end()), covers, &pool->backup_extents);
+  return heap->PrepareResume(
+      txn, covers,
+      [&](DevicePtr va, std::size_t size) -> absl::Status {
+        if (!restore) return absl::OkStatus();
+        VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> copies, planner.CopiesInto(va, size));
+        for (const CopyStep& c : copies) {
+          VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, c.device, pool->arena->data() + c.arena_offset,
+                                                             c.size_bytes, pool->copy_stream));
+          *restored += c.size_bytes;
+        }
+        return absl::OkStatus();
+      },
+      first_piece_bytes);
+}
+
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(TagPool* pool) {
   const Clock::time_point start = Clock::now();
   MutexLock t(pool->transition_mu.get());
@@ -467,75 +415,44 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(
   if (restore && pool->arena == nullptr) {
     return fail(absl::InternalError(absl::StrCat("resume of tag '", pool->stats.name, "': its backup arena is gone")));
   }
-  if (restore && pool->copy_stream == nullptr) {
-    absl::StatusOr<Stream> s = driver_->CreateStream(device_);
-    if (!s.ok()) return fail(s.status());
-    pool->copy_stream = *s;
+  if (restore) {
+    absl::Status ready = EnsureCopyStream(pool);
+    if (!ready.ok()) return fail(ready);
   }
-  std::size_t restored = 0;
-  // Queues the restore copies of the parts of live blocks inside a freshly mapped piece
-  // (a block may span pieces: each part is copied once its piece is mapped).
-  auto restorer = [&](const std::vector<Block*>& blocks) {
-    auto cursor = std::make_shared<std::size_t>(0);
-    return [&, blocks, cursor](DevicePtr va, std::size_t size) -> absl::Status {
-      if (!restore) return absl::OkStatus();
-      const DevicePtr end = va + size;
-      for (std::size_t i = *cursor; i < blocks.size() && blocks[i]->address < end; ++i) {
-        const Block* b = blocks[i];
-        const DevicePtr b_end = b->address + b->requested_bytes;
-        if (b_end <= end && i == *cursor) ++*cursor;  // done with it after this piece
-        auto found = pool->backup_extents.find(b);
-        if (found == pool->backup_extents.end()) continue;
-        for (const BackupExtent& e : found->second) {
-          const DevicePtr from = std::max<DevicePtr>(e.address, va);
-          const DevicePtr to = std::min<DevicePtr>(e.address + e.size_bytes, end);
-          if (to <= from) continue;
-          VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(
-              device_, from, pool->arena->data() + e.arena_offset + (from - e.address), to - from, pool->copy_stream));
-          restored += to - from;
-        }
-      }
-      return absl::OkStatus();
-    };
-  };
-  // On failure: wait for the copies queued into pieces already mapped, then the
-  // transactions' destructors unmap and release those pieces.
-  auto small = std::make_unique<Heap::ResumeTxn>();
-  auto large = std::make_unique<Heap::ResumeTxn>();
-  auto undo = [&](const absl::Status& status) {
-    if (restore) DrainCopyStream(pool);
-    small.reset();
-    large.reset();
-    return fail(status);
-  };
-  absl::Status made = pool->small->PrepareResume(small.get(), restorer(pool->small->LiveBlocks()));
-  if (!made.ok()) return undo(made);
   // The large heap comes back in pieces when there is something to copy, so that creating
   // and mapping piece k+1 overlaps the copies of piece k; with nothing to copy, one chunk
   // per cover is fastest.
-  made = pool->large->PrepareResume(large.get(), restorer(pool->large->LiveBlocks()),
-                                    restore ? options_.resume_first_piece_bytes : 0);
-  if (!made.ok()) return undo(made);
-  if (restore) {
-    absl::Status drained = driver_->SynchronizeStream(device_, pool->copy_stream);
-    if (!drained.ok()) return undo(drained);
+  std::size_t restored = 0;
+  auto small = std::make_unique<Heap::ResumeTxn>();
+  auto large = std::make_unique<Heap::ResumeTxn>();
+  absl::Status made = MapBack(pool, pool->small.get(), small.get(), restore, 0, &restored);
+  if (made.ok()) {
+    made = MapBack(pool, pool->large.get(), large.get(), restore, restore ? options_.resume_first_piece_bytes : 0,
+                   &restored);
+  }
+  if (made.ok() && restore) made = driver_->SynchronizeStream(device_, pool->copy_stream);
+  if (!made.ok()) {
+    // Wait for the copies queued into pieces already mapped, then the transactions'
+    // destructors unmap and release those pieces; the tag stays paused, its backup intact.
+    if (restore) DrainCopyStream(pool);
+    small.reset();
+    large.reset();
+    return fail(made);
   }
   pool->small->CommitResume(std::move(small));
   pool->large->CommitResume(std::move(large));
   if (pool->arena != nullptr) pool->arena->DropContents();
-  {
-    const double ms = Ms(Clock::now() - start);
-    MutexLock lock(&mu_);
-    pool->state = TagState::kActive;
-    pool->backup_extents.clear();
-    TagStats& s = pool->stats;
-    NoteReservedLocked(pool);
-    s.paused_bytes = 0;
-    s.backed_up_bytes = 0;
-    ++s.resumes;
-    s.last_resume_ms = ms;
-    s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
-  }
+  const double ms = Ms(Clock::now() - start);
+  MutexLock lock(&mu_);
+  pool->state = TagState::kActive;
+  pool->backup_extents.clear();
+  TagStats& s = pool->stats;
+  NoteReservedLocked(pool);
+  s.paused_bytes = 0;
+  s.backed_up_bytes = 0;
+  ++s.resumes;
+  s.last_resume_ms = ms;
+  s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
   return Transition::kDone;
 }
 

@@ -74,14 +74,31 @@ absl::StatusOr<std::vector<CachingAllocator*>> Runtime::ExistingTargets(int devi
 
 absl::Status Runtime::CreateTag(TagId tag, Policy policy) {
   MutexLock lock(&mu_);
+  // All or nothing: a device where the tag was used before its declaration has it with
+  // policy discard; refuse another policy before any device changes.
+  for (auto& a : owned_) {
+    if (a == nullptr || registry_.PolicyOf(tag).has_value()) continue;  // declared: the registry answers
+    absl::StatusOr<Policy> there = a->TagPolicy(tag);
+    if (there.ok() && *there != policy) {
+      return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' is already in use on device ",
+                                                        a->device(), " with policy ", PolicyName(*there),
+                                                        " (it was allocated in before being declared); declare "
+                                                        "tags before their first allocation"));
+    }
+  }
   VMSTASH_ASSIGN_OR_RETURN(const bool added, registry_.Declare(tag, policy));
   if (!added) return absl::OkStatus();
+  std::vector<CachingAllocator*> created;
   for (auto& a : owned_) {
     if (a == nullptr) continue;
+    const bool existed = a->TagPolicy(tag).ok();
     if (absl::Status s = a->CreateTag(tag, policy); !s.ok()) {
+      // A concurrent first allocation made the tag here meanwhile: undo this call's pools.
+      for (CachingAllocator* c : created) c->DropEmptyTag(tag);
       registry_.Forget(tag);
       return s;
     }
+    if (!existed) created.push_back(a.get());
   }
   return absl::OkStatus();
 }

@@ -72,6 +72,41 @@ TEST(RuntimeTest, DeclaredTagsReachPresentAndFutureAllocators) {
   EXPECT_FALSE(f.rt->TagPolicy(Tag("rt_never")).has_value());
 }
 
+// A tag allocated in on one device before it was declared exists there with policy
+// discard; declaring it backup then fails on every device or none.
+TEST(RuntimeTest, ADeclarationThatOneDeviceRefusesChangesNoDevice) {
+  Fixture f = Make(2);
+  ASSERT_TRUE(f.rt->Allocator(0).ok());
+  const TagId tag = Tag("rt_used_first");
+  const DevicePtr p = Filled(*f.rt, 1, tag, 9);
+  absl::Status declared = f.rt->CreateTag(tag, Policy::kBackup);
+  EXPECT_EQ(declared.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(declared.message()), HasSubstr("already in use on device 1 with policy discard"));
+  EXPECT_EQ(f.rt->AllocatorInUse(0)->TagPolicy(tag).status().code(), absl::StatusCode::kNotFound)
+      << "device 0 got no pool";
+  EXPECT_FALSE(f.rt->TagPolicy(tag).has_value()) << "the registry does not know it";
+  EXPECT_TRUE(f.rt->CreateTag(tag, Policy::kDiscard).ok()) << "its actual policy can be declared";
+  EXPECT_TRUE(Holds(p, 9));
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p).ok());
+}
+
+TEST(RuntimeTest, DropEmptyTagRemovesOnlyPoolsThatHoldNothing) {
+  Fixture f = Make(1);
+  CachingAllocator* a = f.rt->Allocator(0).value();
+  const TagId empty = Tag("rt_drop_empty"), used = Tag("rt_drop_used");
+  ASSERT_TRUE(a->CreateTag(empty, Policy::kBackup).ok());
+  ASSERT_TRUE(a->CreateTag(used, Policy::kBackup).ok());
+  const DevicePtr p = Filled(*f.rt, 0, used, 4);
+  EXPECT_TRUE(a->DropEmptyTag(empty));
+  EXPECT_EQ(a->TagPolicy(empty).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(a->DropEmptyTag(empty)) << "already gone";
+  EXPECT_FALSE(a->DropEmptyTag(used)) << "holds memory";
+  ASSERT_TRUE(a->Free(p).ok());
+  EXPECT_FALSE(a->DropEmptyTag(used)) << "its freed chunk is still cached";
+  ASSERT_TRUE(a->EmptyCache().ok());
+  EXPECT_TRUE(a->Validate().ok());
+}
+
 TEST(RuntimeTest, HooksAndTheMarginReachAllocatorsCreatedLater) {
   Fixture f = Make(2);
   const TagId tag = Tag("rt_hooked");
