@@ -7,6 +7,7 @@
 #include <dlfcn.h>
 #include <stdlib.h>
 
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -123,6 +124,76 @@ TEST(PreloadTest, RoutesByTagForwardsTheRestAndFreesWhatItOwns) {
   EXPECT_EQ(cuda_free(nullptr), 1);
   dlclose(lib);
   dlclose(fake);
+}
+
+// Whole-process mode (torch_memory_saver's TMS_INIT_ENABLE=1 with
+// TMS_INIT_ENABLE_CPU_BACKUP=1) is read from the environment once, so it runs in a child
+// process of its own: every thread's allocations go to the process tag with policy
+// backup, its pause/resume keeps the bytes, and a thread's override (disable()) sends its
+// allocations to CUDA.
+#define CHILD_CHECK(cond)                                            \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      std::fprintf(stderr, "line %d: %s failed\n", __LINE__, #cond); \
+      std::_Exit(1);                                                 \
+    }                                                                \
+  } while (0)
+
+void WholeProcessChild() {
+  setenv("TMS_INIT_ENABLE", "1", 1);
+  setenv("TMS_INIT_ENABLE_CPU_BACKUP", "1", 1);
+  void* fake = dlopen(LibraryPath("libfake_cudart_for_test.so").c_str(), RTLD_NOW | RTLD_GLOBAL);
+  CHILD_CHECK(fake != nullptr);
+  void* lib = dlopen(LibraryPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(lib != nullptr);
+  CHILD_CHECK(Get<InitFn>(lib, "vmstash_init")("driver:sim,sim_devices:1,sim_capacity:1G") == 0);
+  auto cuda_malloc = Get<MallocFn>(lib, "cudaMalloc");
+  auto cuda_free = Get<FreeFn>(lib, "cudaFree");
+  auto owner = Get<OwnerFn>(lib, "vmstash_owner_device");
+  auto pause = Get<int (*)(const char*, int)>(lib, "vmstash_pause");
+  auto resume = Get<int (*)(const char*, int)>(lib, "vmstash_resume");
+  auto policy = Get<const char* (*)(const char*)>(lib, "vmstash_tag_policy");
+  auto set_routed = Get<void (*)(int)>(lib, "vmstash_preload_set_routed");
+  auto routed = Get<int (*)()>(lib, "vmstash_preload_routed");
+  auto process_tag = Get<const char* (*)()>(lib, "vmstash_preload_process_tag");
+  CHILD_CHECK(set_routed != nullptr && routed != nullptr && process_tag != nullptr);
+  CHILD_CHECK(std::strcmp(process_tag(), "process") == 0);
+  CHILD_CHECK(routed() == 1);
+
+  // No region anywhere: this thread's and another thread's allocations are vmstash's.
+  void* p = nullptr;
+  CHILD_CHECK(cuda_malloc(&p, 3 << 20) == 0);
+  CHILD_CHECK(owner(p) == 0);
+  CHILD_CHECK(policy("process") != nullptr && std::strcmp(policy("process"), "backup") == 0);
+  void* other = nullptr;
+  std::thread([&] { CHILD_CHECK(cuda_malloc(&other, 1 << 20) == 0); }).join();
+  CHILD_CHECK(owner(other) == 0);
+  std::memset(p, 0x5c, 3 << 20);
+  CHILD_CHECK(pause("process", -1) == 0);
+  CHILD_CHECK(resume("process", -1) == 0);
+  for (int i = 0; i < (3 << 20); i += 4099) CHILD_CHECK(static_cast<unsigned char*>(p)[i] == 0x5c);
+
+  // disable(): this thread's allocations go to CUDA (none here: a clean failure), others'
+  // stay routed; dropping the override restores whole-process routing.
+  set_routed(0);
+  CHILD_CHECK(routed() == 0);
+  void* bypassed = nullptr;
+  CHILD_CHECK(cuda_malloc(&bypassed, 1 << 20) == 2);  // forwarded: no CUDA runtime here
+  std::thread([&] {
+    void* q = nullptr;
+    CHILD_CHECK(cuda_malloc(&q, 1 << 20) == 0);
+    CHILD_CHECK(cuda_free(q) == 0);
+  }).join();
+  set_routed(-1);
+  CHILD_CHECK(routed() == 1);
+  CHILD_CHECK(cuda_free(p) == 0 && cuda_free(other) == 0);
+  CHILD_CHECK(owner(p) == -1);
+  std::_Exit(0);
+}
+
+TEST(PreloadTest, WholeProcessModeCapturesEveryThreadIntoABackedUpProcessTag) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(WholeProcessChild(), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace

@@ -10,8 +10,17 @@
 //
 // Routing: a call goes to vmstash when the calling thread's current tag (vmstash's
 // thread-local tag, set by the Python package's region() or vmstash_set_current_tag) is
-// not "default", or for every thread when VMSTASH_PRELOAD_ALL=1 (TMS_INIT_ENABLE=1 is
-// read the same way). Everything else, and every free of a pointer vmstash did not return,
+// not "default", or for every thread in whole-process mode (VMSTASH_PRELOAD_ALL=1, or
+// torch_memory_saver's TMS_INIT_ENABLE=1). A thread may override this either way
+// (vmstash_preload_set_routed: torch_memory_saver's interesting-region flag; its
+// disable() and slime's DeepEP buffers turn it off). In whole-process mode, allocations
+// of threads outside any region go to the process tag (VMSTASH_PRELOAD_TAG, default
+// "process"), created at the first one with policy backup when VMSTASH_PRELOAD_BACKUP=1
+// or TMS_INIT_ENABLE_CPU_BACKUP=1, else discard: pausing it (vmstash_pause of that tag)
+// releases what the whole process allocated. PyTorch's expandable_segments builds on
+// cuMemCreate, which is not interposed: whole-process mode would then capture nothing,
+// so it says so on stderr at load (the Python layer refuses to start).
+// Everything else, and every free of a pointer vmstash did not return,
 // goes to the real function, found with dlsym(RTLD_NEXT), else in the process's global
 // scope (never this library's own hook). A routed call whose helper (cudaGetDevice,
 // cuCtxGetDevice, cudaStreamIsCapturing) cannot be found or fails returns an error and
@@ -111,23 +120,80 @@ struct Depth {
   ~Depth() { --depth; }
 };
 
+bool EnvFlag(std::initializer_list<const char*> names) {
+  for (const char* name : names) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0)) return true;
+  }
+  return false;
+}
+
 bool RouteAll() {
-  static const bool all = [] {
-    for (const char* name : {"VMSTASH_PRELOAD_ALL", "TMS_INIT_ENABLE"}) {
-      const char* v = std::getenv(name);
-      if (v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0)) return true;
-    }
-    return false;
-  }();
+  static const bool all = EnvFlag({"VMSTASH_PRELOAD_ALL", "TMS_INIT_ENABLE"});
   return all;
 }
 
-// The calling thread's allocations go to vmstash.
-bool Routed() {
-  if (depth > 0) return false;
-  if (RouteAll()) return true;
+// The whole-process tag's name (only meaningful when RouteAll()).
+const char* ProcessTagName() {
+  static const char* const name = [] {
+    const char* v = std::getenv("VMSTASH_PRELOAD_TAG");
+    return v != nullptr && *v != '\0' ? v : "process";
+  }();
+  return name;
+}
+
+// Per thread: 0 follows the tag (and whole-process mode), 1 always routed, 2 never.
+thread_local int routed_override = 0;
+
+bool InRegion() {
   const char* tag = vmstash_get_current_tag();
   return tag != nullptr && std::strcmp(tag, "default") != 0;
+}
+
+// The calling thread's allocations go to vmstash (ignoring the re-entrancy guard).
+bool RoutedByState() {
+  if (routed_override != 0) return routed_override == 1;
+  return RouteAll() || InRegion();
+}
+
+bool Routed() { return depth == 0 && RoutedByState(); }
+
+std::atomic<bool> said_process_tag{false};
+
+// Creates the whole-process tag once; false (said on stderr) when that failed.
+bool ProcessTagReady() {
+  static const bool ready = [] {
+    const char* policy = EnvFlag({"VMSTASH_PRELOAD_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"}) ? "backup" : "discard";
+    if (vmstash_create_tag(ProcessTagName(), policy) == 0) return true;
+    std::fprintf(stderr, "vmstash preload: cannot create the whole-process tag '%s' (%s): %s; its allocations fail\n",
+                 ProcessTagName(), policy, vmstash_last_error());
+    return false;
+  }();
+  return ready;
+}
+
+// vmstash_malloc into the thread's tag, or, for a thread outside any region in
+// whole-process mode, into the process tag. The caller holds a Depth.
+void* RoutedMalloc(size_t size, int device, cudaStream_t stream) {
+  if (!RouteAll() || InRegion()) return vmstash_malloc(size, device, stream);
+  if (!ProcessTagReady()) return nullptr;
+  if (vmstash_set_current_tag(ProcessTagName()) != 0) {
+    SayOnce(said_process_tag, "cannot switch to the whole-process tag; its allocations fail");
+    return nullptr;
+  }
+  void* p = vmstash_malloc(size, device, stream);
+  (void)vmstash_set_current_tag("default");
+  return p;
+}
+
+// At load: whole-process mode cannot see expandable segments (cuMemCreate).
+__attribute__((constructor)) void WarnAboutExpandableSegments() {
+  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  if (RouteAll() && conf != nullptr && std::strstr(conf, "expandable_segments:True") != nullptr) {
+    std::fprintf(stderr, "vmstash preload: whole-process mode (TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL) cannot see "
+                         "PyTorch's expandable segments (cuMemCreate is not interposed); unset "
+                         "expandable_segments:True in PYTORCH_CUDA_ALLOC_CONF\n");
+  }
 }
 
 // The runtime's current device, or the error to return (never a guessed device 0).
@@ -162,13 +228,25 @@ cudaError_t NotCapturing(cudaStream_t stream) {
 
 extern "C" {
 
+// The thread's routing override: 1 routes its allocations to vmstash, 0 sends them to
+// CUDA (torch_memory_saver's interesting-region flag), -1 drops the override.
+__attribute__((visibility("default"))) void vmstash_preload_set_routed(int routed) {
+  routed_override = routed < 0 ? 0 : routed != 0 ? 1 : 2;
+}
+// Whether the calling thread's allocations go to vmstash now (1) or not (0).
+__attribute__((visibility("default"))) int vmstash_preload_routed(void) { return RoutedByState() ? 1 : 0; }
+// The whole-process tag's name, or NULL when whole-process mode is off.
+__attribute__((visibility("default"))) const char* vmstash_preload_process_tag(void) {
+  return RouteAll() ? ProcessTagName() : nullptr;
+}
+
 __attribute__((visibility("default"))) cudaError_t cudaMalloc(void** ptr, size_t size) {
   if (ptr == nullptr) return kCudaErrorInvalidValue;
   if (Routed()) {
     Depth d;
     int device = 0;
     if (const cudaError_t rc = RuntimeDevice(&device); rc != kCudaSuccess) return rc;
-    *ptr = vmstash_malloc(size, device, nullptr);
+    *ptr = RoutedMalloc(size, device, nullptr);
     return *ptr != nullptr || size == 0 ? kCudaSuccess : kCudaErrorMemoryAllocation;
   }
   auto real = RealFn<MallocFn>(real_malloc, "cudaMalloc");
@@ -197,7 +275,7 @@ __attribute__((visibility("default"))) cudaError_t cudaMallocAsync(void** ptr, s
     if (const cudaError_t rc = NotCapturing(stream); rc != kCudaSuccess) return rc;
     int device = 0;
     if (const cudaError_t rc = RuntimeDevice(&device); rc != kCudaSuccess) return rc;
-    *ptr = vmstash_malloc(size, device, stream);
+    *ptr = RoutedMalloc(size, device, stream);
     return *ptr != nullptr || size == 0 ? kCudaSuccess : kCudaErrorMemoryAllocation;
   }
   auto real = RealFn<MallocAsyncFn>(real_malloc_async, "cudaMallocAsync");
@@ -233,7 +311,7 @@ __attribute__((visibility("default"))) CUresult cuMemAlloc_v2(CUdeviceptr* ptr, 
       return kCuErrorNotInitialized;
     }
     if (const CUresult rc = get(&device); rc != kCuSuccess) return rc;
-    void* p = vmstash_malloc(size, device, nullptr);
+    void* p = RoutedMalloc(size, device, nullptr);
     *ptr = reinterpret_cast<CUdeviceptr>(p);
     return p != nullptr || size == 0 ? kCuSuccess : kCuErrorOutOfMemory;
   }
