@@ -188,6 +188,10 @@ class CachingAllocator {
   // its backed-up bytes — from the backup arena to host memory `dst`. InvalidArgument
   // when the range wraps the address space; NotFound when no paused backup holds it.
   absl::Status ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst);
+  // Where ReadBackup would read from: the host address of those backed-up bytes, valid
+  // until the tag is resumed (or its backup released); the caller keeps them paused
+  // while it reads. Same errors as ReadBackup.
+  absl::StatusOr<const void*> BackupAddress(DevicePtr ptr, std::size_t size_bytes);
   // Refuse to map new memory when the device's free memory would drop below `bytes`
   // (0: no margin; the allocation then fails like an OOM, after the OOM ladder).
   void SetMemoryMargin(std::size_t bytes);
@@ -312,6 +316,9 @@ class CachingAllocator {
   // copies of every stage and unmaps each stage's chunks as its copies complete; on
   // failure waits for the copies and maps everything back (*undo_error: whether that
   // failed). *backed_up: the bytes copied.
+  // Finds the backed-up bytes [ptr, ptr + size_bytes) of a paused tag and calls `use`
+  // with their host address, holding that tag's transition lock (no resume meanwhile).
+  absl::Status WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use);
   absl::Status BackupAndUnmap(TagPool* pool, const BackupLayout& layout, std::size_t* backed_up,
                               absl::Status* undo_error);
   // Executes one heap's resume plan into *txn: maps its covers piece by piece and, when

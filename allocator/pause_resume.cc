@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -101,11 +102,11 @@ absl::Status CachingAllocator::PrepareImpl(TagId tag, std::size_t bytes, bool ba
   return absl::OkStatus();
 }
 
-absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {
-  if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("ReadBackup: null destination");
+absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
+                                          const std::function<void(const char*)>& use) {
   if (size_bytes > ~DevicePtr{0} - ptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("ReadBackup: ", size_bytes, " bytes at ", Hex(ptr), " run past the end of the address space"));
+        absl::StrCat("backup read: ", size_bytes, " bytes at ", Hex(ptr), " run past the end of the address space"));
   }
   std::vector<TagPool*> paused;
   {
@@ -124,7 +125,7 @@ absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes,
       if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
       for (const BackupExtent& e : extents) {
         if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) {
-          std::memcpy(dst, pool->arena->data() + e.arena_offset + (ptr - e.address), size_bytes);
+          use(pool->arena->data() + e.arena_offset + (ptr - e.address));
           return absl::OkStatus();
         }
       }
@@ -133,6 +134,17 @@ absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes,
     }
   }
   return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
+}
+
+absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {
+  if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("ReadBackup: null destination");
+  return WithBackup(ptr, size_bytes, [&](const char* src) { std::memcpy(dst, src, size_bytes); });
+}
+
+absl::StatusOr<const void*> CachingAllocator::BackupAddress(DevicePtr ptr, std::size_t size_bytes) {
+  const void* found = nullptr;
+  VMSTASH_RETURN_IF_ERROR(WithBackup(ptr, size_bytes, [&](const char* src) { found = src; }));
+  return found;
 }
 
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {

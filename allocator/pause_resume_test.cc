@@ -1,3 +1,4 @@
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -258,7 +259,14 @@ TEST_F(PauseResumeTest, BackupBytesAreReadableWhilePaused) {
     if (at % 4093 == 0) EXPECT_EQ(host[i], static_cast<std::uint8_t>(9 + at / 4093)) << i;
   }
   EXPECT_EQ(alloc_->ReadBackup(p + 4 * kMiB, 2 * kMiB, host.data()).code(), absl::StatusCode::kNotFound);  // past it
+  // Without a copy: the address of the same bytes in the backup.
+  absl::StatusOr<const void*> at = alloc_->BackupAddress(p + 2 * kMiB, kMiB);
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(std::memcmp(*at, host.data(), kMiB), 0);
+  EXPECT_EQ(alloc_->BackupAddress(p + 4 * kMiB, 2 * kMiB).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(alloc_->BackupAddress(p + 16, SIZE_MAX - 15).status().code(), absl::StatusCode::kInvalidArgument);
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_EQ(alloc_->BackupAddress(p, kMiB).status().code(), absl::StatusCode::kNotFound);  // resumed
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 

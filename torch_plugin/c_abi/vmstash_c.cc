@@ -287,6 +287,19 @@ int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noe
   });
 }
 
+int vmstash_backup_address(const void* ptr, size_t size, int device, const void** address) noexcept {
+  if (address == nullptr) return Fail(absl::InvalidArgumentError("vmstash_backup_address: null output"));
+  *address = nullptr;
+  return WithRuntime([&](Runtime& rt) {
+    CachingAllocator* a = nullptr;
+    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+    absl::StatusOr<const void*> found = a->BackupAddress(reinterpret_cast<DevicePtr>(ptr), size);
+    if (!found.ok()) return Fail(found.status());
+    *address = *found;
+    return 0;
+  });
+}
+
 int vmstash_set_memory_margin(size_t bytes) noexcept {
   return WithRuntime([&](Runtime& rt) {
     rt.SetMemoryMargin(bytes);

@@ -153,7 +153,7 @@ void WholeProcessChild() {
   auto pause = Get<int (*)(const char*, int)>(lib, "vmstash_pause");
   auto resume = Get<int (*)(const char*, int)>(lib, "vmstash_resume");
   auto policy = Get<const char* (*)(const char*)>(lib, "vmstash_tag_policy");
-  auto set_routed = Get<void (*)(int)>(lib, "vmstash_preload_set_routed");
+  auto set_routed = Get<int (*)(int)>(lib, "vmstash_preload_set_routed");
   auto routed = Get<int (*)()>(lib, "vmstash_preload_routed");
   auto process_tag = Get<const char* (*)()>(lib, "vmstash_preload_process_tag");
   CHILD_CHECK(set_routed != nullptr && routed != nullptr && process_tag != nullptr);
@@ -175,7 +175,7 @@ void WholeProcessChild() {
 
   // disable(): this thread's allocations go to CUDA (none here: a clean failure), others'
   // stay routed; dropping the override restores whole-process routing.
-  set_routed(0);
+  CHILD_CHECK(set_routed(0) == -1);  // no override before
   CHILD_CHECK(routed() == 0);
   void* bypassed = nullptr;
   CHILD_CHECK(cuda_malloc(&bypassed, 1 << 20) == 2);  // forwarded: no CUDA runtime here
@@ -184,7 +184,7 @@ void WholeProcessChild() {
     CHILD_CHECK(cuda_malloc(&q, 1 << 20) == 0);
     CHILD_CHECK(cuda_free(q) == 0);
   }).join();
-  set_routed(-1);
+  CHILD_CHECK(set_routed(-1) == 0);
   CHILD_CHECK(routed() == 1);
   CHILD_CHECK(cuda_free(p) == 0 && cuda_free(other) == 0);
   CHILD_CHECK(owner(p) == -1);

@@ -229,9 +229,12 @@ cudaError_t NotCapturing(cudaStream_t stream) {
 extern "C" {
 
 // The thread's routing override: 1 routes its allocations to vmstash, 0 sends them to
-// CUDA (torch_memory_saver's interesting-region flag), -1 drops the override.
-__attribute__((visibility("default"))) void vmstash_preload_set_routed(int routed) {
+// CUDA (torch_memory_saver's interesting-region flag), -1 drops the override. Returns
+// the previous override in the same terms (to restore it).
+__attribute__((visibility("default"))) int vmstash_preload_set_routed(int routed) {
+  const int previous = routed_override == 0 ? -1 : routed_override == 1 ? 1 : 0;
   routed_override = routed < 0 ? 0 : routed != 0 ? 1 : 2;
+  return previous;
 }
 // Whether the calling thread's allocations go to vmstash now (1) or not (0).
 __attribute__((visibility("default"))) int vmstash_preload_routed(void) { return RoutedByState() ? 1 : 0; }

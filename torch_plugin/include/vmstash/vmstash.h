@@ -111,6 +111,10 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
  * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
  * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) VMSTASH_NOEXCEPT;
+/* Sets *address to the host address where the backup of those `size` bytes lies (no
+ * copy); same errors as vmstash_read_backup. Valid until the tag is resumed or its backup
+ * released: the caller keeps the tag paused while it reads there. */
+int vmstash_backup_address(const void* ptr, size_t size, int device, const void** address) VMSTASH_NOEXCEPT;
 /* Refuse to map new device memory when the device's free memory would fall below `bytes`
  * (0: no margin). Applies to every device, now and later. */
 int vmstash_set_memory_margin(size_t bytes) VMSTASH_NOEXCEPT;

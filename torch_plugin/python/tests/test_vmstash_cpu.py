@@ -6,6 +6,7 @@ The simulator's device memory is host memory, so tests read and write it with ct
 """
 import ctypes
 import os
+import sys
 import unittest
 
 os.environ.setdefault("VMSTASH_CONF", "driver:sim,sim_capacity:1G,auto_prepare:0")
@@ -194,9 +195,26 @@ class VmstashCpuTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             tms.hook_mode = "bogus"
         tms.hook_mode = "torch"
+        self.assertFalse(tms.retain_cpu_backup)  # torch_memory_saver's default
+        tms.retain_cpu_backup = True
         self.assertTrue(tms.retain_cpu_backup)
-        tms.retain_cpu_backup = False
-        self.assertFalse(tms.retain_cpu_backup)
+        # Not under the preload library: hook mode torch, interesting region = in a region.
+        self.assertEqual(TorchMemorySaver().hook_mode, "torch")
+        tms._ensure_initialized()
+        cdll = tms._impl._binary_wrapper.cdll
+        self.assertFalse(cdll.tms_get_interesting_region())
+        vmstash.set_current_tag("cpu_interesting")
+        self.assertTrue(cdll.tms_get_interesting_region())
+        cdll.tms_set_interesting_region(False)
+        self.assertEqual(vmstash.current_tag(), "default")
+        # Whole-process mode without the preload library is refused, not silently empty.
+        os.environ["TMS_INIT_ENABLE"] = "1"
+        try:
+            with self.assertRaises(vmstash.Error) as e:
+                TorchMemorySaver()._ensure_initialized()
+            self.assertIn("LD_PRELOAD", str(e.exception))
+        finally:
+            del os.environ["TMS_INIT_ENABLE"]
         tms.memory_margin_bytes = 0
         self.assertEqual(tms.memory_margin_bytes, 0)
         # pause/resume of tags this instance never saw: nothing to do.
@@ -211,6 +229,45 @@ class VmstashCpuTest(unittest.TestCase):
         finally:
             del os.environ["VMSTASH_PRELOAD_LIBRARY"]
             del os.environ["LD_PRELOAD"]
+
+    def test_torch_memory_saver_dropin_wheel_installs_the_package_and_the_preload_names(self):
+        import subprocess
+        import tempfile
+        import zipfile
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        builder = os.path.join(root, "scripts", "build_tms_dropin_wheel.py")
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = os.path.join(tmp, "libvmstash_preload.so")
+            with open(fake, "wb") as f:
+                f.write(b"not really a library")
+            out = subprocess.run([sys.executable, builder, "--preload", fake, "--out", tmp], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+            self.assertRegex(os.path.basename(out), r"^torch_memory_saver-0\.0\.10\+vmstash\.[0-9.]+-py3-none-")
+            site = os.path.join(tmp, "site")
+            with zipfile.ZipFile(out) as z:
+                self.assertIsNone(z.testzip())
+                record = z.read([n for n in z.namelist() if n.endswith("/RECORD")][0]).decode()
+                for name in z.namelist():
+                    self.assertIn(name + ",", record)
+                z.extractall(site)  # what pip puts into site-packages
+            probe = (
+                "import os, torch_memory_saver as t\n"
+                "from torch_memory_saver import torch_memory_saver, configure_subprocess\n"
+                "from torch_memory_saver.hooks.mode_preload import configure_subprocess as c2\n"
+                "from torch_memory_saver.entrypoint import TorchMemorySaver\n"
+                "import vmstash.compat.torch_memory_saver as compat\n"
+                "assert torch_memory_saver is compat.torch_memory_saver and c2 is configure_subprocess\n"
+                "assert isinstance(torch_memory_saver, TorchMemorySaver) and t.served_by == 'vmstash'\n"
+                "here = os.path.dirname(os.path.dirname(t.__file__))\n"  # slime's lookup
+                "assert os.path.exists(os.path.join(here, 'torch_memory_saver_hook_mode_preload_cu13.abi3.so'))\n"
+                "assert os.path.exists(os.path.join(here, 'torch_memory_saver_hook_mode_preload.abi3.so'))\n"
+                "torch_memory_saver._ensure_initialized()\n"
+                "assert torch_memory_saver._impl._binary_wrapper.cdll.tms_get_interesting_region() is False\n"
+                "print('dropin ok')\n")
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.path.join(root, "torch_plugin", "python")]))
+            result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            self.assertIn("dropin ok", result.stdout)
 
     def test_stash_arena_round_trip_overflow_reset_and_pause_refusal(self):
         from vmstash import stash

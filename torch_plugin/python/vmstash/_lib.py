@@ -53,9 +53,37 @@ def preloaded_library():
     """The libvmstash_preload.so named in LD_PRELOAD, or None. When the process runs with
     it, it is also the C ABI library (one vmstash runtime per process)."""
     for entry in os.environ.get("LD_PRELOAD", "").replace(":", " ").split():
-        if os.path.basename(entry).startswith("libvmstash_preload"):
+        base = os.path.basename(entry)
+        if base.startswith("libvmstash_preload"):
+            return entry
+        # The torch_memory_saver drop-in installs it under torch_memory_saver's names.
+        if base.startswith("torch_memory_saver_hook_mode_preload") and _is_vmstash_preload(entry):
             return entry
     return None
+
+
+def _is_vmstash_preload(path):
+    try:
+        return hasattr(ctypes.CDLL(path), "vmstash_preload_routed")  # already loaded: same handle
+    except OSError:
+        return False
+
+
+def preload_hooks():
+    """The preload library's routing calls (vmstash_preload_*), or None when the process
+    was not started with it."""
+    if preloaded_library() is None:
+        return None
+    l = lib()
+    if not hasattr(l, "vmstash_preload_routed"):
+        return None
+    l.vmstash_preload_set_routed.restype = ctypes.c_int
+    l.vmstash_preload_set_routed.argtypes = [ctypes.c_int]
+    l.vmstash_preload_routed.restype = ctypes.c_int
+    l.vmstash_preload_routed.argtypes = []
+    l.vmstash_preload_process_tag.restype = ctypes.c_char_p
+    l.vmstash_preload_process_tag.argtypes = []
+    return l
 
 
 def preload_library_path():
@@ -125,6 +153,7 @@ def _declare(l):
         "vmstash_pause_live": (c_int, [c_char_p, c_int, u64p, u64p, c_size_t]),
         "vmstash_resume": (c_int, [c_char_p, c_int]),
         "vmstash_read_backup": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
+        "vmstash_backup_address": (c_int, [c_void_p, c_size_t, c_int, ctypes.POINTER(c_void_p)]),
         "vmstash_set_memory_margin": (c_int, [c_size_t]),
         "vmstash_prepare": (c_int, [c_char_p, c_int, c_size_t]),
         "vmstash_release_backup": (c_int, [c_char_p, c_int]),

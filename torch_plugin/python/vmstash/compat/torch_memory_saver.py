@@ -1,28 +1,34 @@
-"""torch_memory_saver's Python API on vmstash: switch with one import change.
+"""torch_memory_saver's Python API on vmstash.
 
     from vmstash.compat.torch_memory_saver import torch_memory_saver, configure_subprocess
 
-Same names and arguments (region, cuda_graph, disable, pause, resume, get_cpu_backup,
-hook_mode, memory_margin_bytes, retain_cpu_backup, enabled, set_disk_backup_dir,
-configure_subprocess; TMS_* environment variables). What differs, on purpose:
+or, unchanged, `import torch_memory_saver` once the drop-in wheel is installed
+(scripts/build_tms_dropin_wheel.py; README "torch_memory_saver drop-in"). Same names and
+arguments (region, cuda_graph, disable, pause, resume, get_cpu_backup, hook_mode,
+memory_margin_bytes, retain_cpu_backup, enabled, set_disk_backup_dir, _ensure_initialized,
+configure_subprocess; TMS_* environment variables) with torch_memory_saver 0.0.10's
+defaults: retain_cpu_backup False (TMS_RETAIN_CPU_BACKUP), hook_mode "preload" when the
+process runs under the preload library (else "torch", where torch_memory_saver would
+fail). Whole-process mode: under the preload library with TMS_INIT_ENABLE=1 every CUDA
+allocation outside a region goes to the preload library's process tag (backed up with
+TMS_INIT_ENABLE_CPU_BACKUP=1); pause()/resume() without a tag, and with tag "default",
+act on it too. disable() sends the calling thread's allocations to CUDA (also in
+whole-process mode and while paused) through a throw-away PyTorch pool.
+
+What differs, on purpose:
   * Errors raise vmstash.Error (out of memory: vmstash.OutOfMemoryError, also a
     torch.OutOfMemoryError); nothing exits the process.
   * A torch_memory_saver tag maps to a vmstash tag per backup setting: the first setting
     seen keeps the name, the other gets ":backup" / ":discard" appended; pause(tag) and
     resume(tag) act on both.
-  * Pause copies only PyTorch's live blocks; the pinned backup is kept across cycles
-    (retain_cpu_backup defaults to True; False gives the host memory back after resume,
-    as torch_memory_saver's default does, at the price of re-pinning at the next pause).
-  * cuda_graph works in torch mode: the graph's memory goes to the tag's MemPool (shared
-    by every graph of that tag, so a `pool=` argument is not needed and is ignored).
-  * hook_mode "preload" and TMS_INIT_ENABLE need the process started with
-    LD_PRELOAD=libvmstash_preload.so (configure_subprocess() sets it for children); tensors
-    still go through the tag's MemPool, and raw cudaMalloc/cuMemAlloc calls of a thread in
-    a region go to its tag. Disk backup is not supported (UNIMPLEMENTED).
+  * Pause copies only PyTorch's live blocks of a region's pool.
+  * cuda_graph works in torch mode too: the graph's memory goes to the tag's MemPool.
   * cpu_backup_backend "mmap" is process-wide in vmstash (VMSTASH_CONF backup:pageable,
-    or TMS_INIT_CPU_BACKUP_BACKEND=mmap before the first use).
+    or TMS_INIT_CPU_BACKUP_BACKEND=mmap before the first use). Disk backup is not
+    supported yet (UNIMPLEMENTED).
 """
 import contextlib
+import ctypes
 import os
 import threading
 import warnings
@@ -65,22 +71,69 @@ def _if_created(fn, name):
     return True
 
 
+class _CdllView:
+    """What frameworks reach through torch_memory_saver._impl._binary_wrapper.cdll: the
+    calling thread's interesting-region flag (whether its CUDA allocations are managed).
+    Under the preload library it is the library's per-thread routing override; without
+    it, only the thread's region tag."""
+
+    def tms_get_interesting_region(self):
+        hooks = _lib.preload_hooks()
+        if hooks is not None:
+            return bool(hooks.vmstash_preload_routed())
+        return _api.current_tag() != "default"
+
+    def tms_set_interesting_region(self, value):
+        hooks = _lib.preload_hooks()
+        if hooks is not None:
+            hooks.vmstash_preload_set_routed(1 if value else 0)
+        elif not value:
+            _api.set_current_tag("default")
+
+
+class _BinaryWrapperView:
+    def __init__(self):
+        self.cdll = _CdllView()
+
+
+class _ImplView:
+    def __init__(self):
+        self._binary_wrapper = _BinaryWrapperView()
+
+
 class TorchMemorySaver:
     """The torch_memory_saver singleton's interface (see the module docstring)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._names = {}  # (tms tag, policy) -> vmstash tag
-        self._hook_mode = "torch"
+        self._hook_mode = None  # chosen at the first use (see hook_mode)
         self._used = False
         self._margin = 0
-        self._retain = _env_flag("TMS_RETAIN_CPU_BACKUP", default=True)
+        self._retain = _env_flag("TMS_RETAIN_CPU_BACKUP", default=False)
         self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR", "/tmp")
-        if _env_flag("TMS_INIT_ENABLE") and _lib.preloaded_library() is None:
-            warnings.warn("TMS_INIT_ENABLE (every thread inside a region) needs the process started with "
-                          "LD_PRELOAD=<libvmstash_preload.so>; without it, allocations outside regions are not managed", RuntimeWarning)
+        self._impl = None
+
+    def _ensure_initialized(self):
+        """Checks the process set-up once (torch_memory_saver does it at the first use):
+        whole-process mode needs the preload library and cannot work with PyTorch's
+        expandable segments; both are refused with a clear error."""
+        if self._impl is not None:
+            return
+        whole = _env_flag("TMS_INIT_ENABLE")
+        if whole and _lib.preloaded_library() is None:
+            raise _lib.Error("TMS_INIT_ENABLE=1 (every CUDA allocation of the process managed) needs the process "
+                             "started with LD_PRELOAD=<libvmstash_preload.so> (configure_subprocess() does it for "
+                             "children); refusing to manage nothing", 9)
+        if (whole or self.hook_mode == "preload") and \
+                "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
+            raise RuntimeError("torch_memory_saver on vmstash: PyTorch's expandable_segments allocates through "
+                               "cuMemCreate, which the preload library cannot see; unset expandable_segments:True "
+                               "in PYTORCH_CUDA_ALLOC_CONF (torch_memory_saver refuses it too)")
         if _env_flag("TMS_INIT_ENABLE_DISK_BACKUP"):
-            warnings.warn("TMS_INIT_ENABLE_DISK_BACKUP: vmstash has no disk backup tier; ignored", RuntimeWarning)
+            raise _unimplemented("TMS_INIT_ENABLE_DISK_BACKUP (disk backup)")
+        _process_backend()
+        self._impl = _ImplView()
 
     # --- configuration ---------------------------------------------------------------
     @property
@@ -89,6 +142,8 @@ class TorchMemorySaver:
 
     @property
     def hook_mode(self):
+        if self._hook_mode is None:
+            return "preload" if _lib.preloaded_library() is not None else "torch"
         return self._hook_mode
 
     @hook_mode.setter
@@ -98,7 +153,7 @@ class TorchMemorySaver:
         if mode == "preload" and _lib.preloaded_library() is None:
             raise _lib.Error("hook_mode='preload' needs the process started with LD_PRELOAD=<libvmstash_preload.so> "
                              "(vmstash.preload_library_path(); configure_subprocess() does it for children)", 9)
-        if self._used and mode != self._hook_mode:
+        if self._used and mode != self.hook_mode:
             raise _lib.Error("hook_mode must be set before the first region", 9)
         self._hook_mode = mode
 
@@ -120,6 +175,7 @@ class TorchMemorySaver:
         self._retain = bool(value)
 
     def set_disk_backup_dir(self, path):
+        os.makedirs(path, exist_ok=True)
         self._disk_dir = str(path)
 
     # --- tags -------------------------------------------------------------------------
@@ -135,7 +191,16 @@ class TorchMemorySaver:
 
     def _targets(self, tag):
         with self._lock:
-            return [(name, policy) for (t, policy), name in self._names.items() if tag is None or t == tag]
+            out = [(name, policy) for (t, policy), name in self._names.items() if tag is None or t == tag]
+        # Whole-process mode: what threads allocated outside regions (torch_memory_saver's
+        # implicit tag "default").
+        hooks = _lib.preload_hooks()
+        process = hooks.vmstash_preload_process_tag() if hooks is not None else None
+        if process is not None and (tag is None or tag == "default"):
+            name = process.decode()
+            if all(n != name for n, _ in out):
+                out.append((name, _api.policy_of(name) or "discard"))
+        return out
 
     def _check_backup_args(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
         if enable_disk_backup:
@@ -150,6 +215,7 @@ class TorchMemorySaver:
     # --- regions and graphs -----------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag="default", enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
+        self._ensure_initialized()
         backup = bool(enable_cpu_backup)
         self._check_backup_args(backup, enable_disk_backup, cpu_backup_backend)
         _process_backend()
@@ -161,8 +227,8 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag="default",
                    enable_cpu_backup=False, cpu_backup_backend=None):
+        self._ensure_initialized()
         self._check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
-        _process_backend()
         name, policy = self._vmstash_tag(tag, enable_cpu_backup)
         self._used = True
         kwargs = {"capture_error_mode": capture_error_mode}
@@ -173,10 +239,14 @@ class TorchMemorySaver:
 
     @contextlib.contextmanager
     def disable(self):
-        """Allocations of this thread inside go to a throw-away PyTorch pool (never paused),
+        """Allocations of this thread inside go to CUDA, not vmstash (also in whole-process
+        mode and while managed memory is paused), through a throw-away PyTorch pool
         released on exit."""
         import torch
+        self._ensure_initialized()
         previous = _api.current_tag()
+        hooks = _lib.preload_hooks()
+        override = hooks.vmstash_preload_set_routed(0) if hooks is not None else None
         _api.set_current_tag("default")
         pool = torch.cuda.MemPool()
         try:
@@ -184,32 +254,45 @@ class TorchMemorySaver:
                 yield
         finally:
             _api.set_current_tag(previous)
+            if hooks is not None:
+                hooks.vmstash_preload_set_routed(override)
             del pool
 
     # --- pause / resume ----------------------------------------------------------------
     def pause(self, tag=None):
+        self._ensure_initialized()
         for name, _ in self._targets(tag):
             _if_created(_api.pause, name)
 
     def resume(self, tag=None):
+        self._ensure_initialized()
         for name, policy in self._targets(tag):
             if _if_created(_api.resume, name) and policy == "backup" and not self._retain:
                 _api.release_backup(name)
 
     def get_cpu_backup(self, x, zero_copy=False):
-        """A CPU copy of what the pause saved for tensor `x` (contiguous), or None when `x`
-        is not paused with a backup. zero_copy is accepted; the result is always a copy."""
+        """What the pause saved for tensor `x` (contiguous) as a CPU tensor, or None when
+        `x` is not paused with a backup. zero_copy=True views the backup itself (valid
+        until the resume; no copy), False returns a copy."""
         import torch
+        self._ensure_initialized()
         if not x.is_contiguous():
             raise ValueError("get_cpu_backup needs a contiguous tensor")
-        out = torch.empty(x.shape, dtype=x.dtype, device="cpu")
-        try:
-            _api.read_backup(x.data_ptr(), x.numel() * x.element_size(), out.data_ptr(), device=x.device.index)
-        except _lib.Error as e:
-            if e.code == _lib.NOT_FOUND:
-                return None
-            raise
-        return out
+        nbytes = x.numel() * x.element_size()
+        device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        out = ctypes.c_void_p()
+        code = _lib.lib().vmstash_backup_address(x.data_ptr(), nbytes, device, ctypes.byref(out))
+        if code == _lib.NOT_FOUND:
+            return None
+        _lib.check(code, "get_cpu_backup")
+        address = out.value
+        if nbytes == 0:
+            return torch.empty(x.shape, dtype=x.dtype, device="cpu")
+        raw = (ctypes.c_uint8 * nbytes).from_address(address)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "non-writable buffer": it is writable
+            view = torch.frombuffer(raw, dtype=torch.uint8).view(x.dtype).view(x.shape)
+        return view if zero_copy else view.clone()
 
 
 torch_memory_saver = TorchMemorySaver()
