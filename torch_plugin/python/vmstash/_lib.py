@@ -75,15 +75,7 @@ def preload_hooks():
     if preloaded_library() is None:
         return None
     l = lib()
-    if not hasattr(l, "vmstash_preload_routed"):
-        return None
-    l.vmstash_preload_set_routed.restype = ctypes.c_int
-    l.vmstash_preload_set_routed.argtypes = [ctypes.c_int]
-    l.vmstash_preload_routed.restype = ctypes.c_int
-    l.vmstash_preload_routed.argtypes = []
-    l.vmstash_preload_process_tag.restype = ctypes.c_char_p
-    l.vmstash_preload_process_tag.argtypes = []
-    return l
+    return l if hasattr(l, "vmstash_preload_routed") else None  # prototypes: _declare
 
 
 def preload_library_path():
@@ -167,8 +159,9 @@ def _declare(l):
         fn = getattr(l, name)
         fn.restype = restype
         fn.argtypes = argtypes
-    # The paged stash entry points (vmstash_stash.h): absent from libvmstash_preload.so and
-    # from builds without the CUDA kernels; vmstash.stash reports that when used.
+    # Optional entry points: the paged stash (vmstash_stash.h; absent from
+    # libvmstash_preload.so and from builds without the CUDA kernels, vmstash.stash reports
+    # that when used) and the preload library's routing calls (only there).
     vpp, u64, c_uint32, i64p = ctypes.POINTER(c_void_p), ctypes.c_uint64, ctypes.c_uint32, ctypes.c_void_p
     stash_protos = {
         "vmstash_stash_create": (c_int, [c_int, c_char_p, u64, c_uint32, vpp]),
@@ -185,6 +178,12 @@ def _declare(l):
         "vmstash_stash_pages_in_use": (c_int, [c_void_p, u64p]),
         "vmstash_stash_info": (c_int, [c_void_p, u64p, ctypes.POINTER(c_char_p)]),
     }
+    # The preload library's routing calls (only in libvmstash_preload.so).
+    stash_protos.update({
+        "vmstash_preload_set_routed": (c_int, [c_int]),
+        "vmstash_preload_routed": (c_int, []),
+        "vmstash_preload_process_tag": (c_char_p, []),
+    })
     for name, (restype, argtypes) in stash_protos.items():
         fn = getattr(l, name, None)
         if fn is not None:
