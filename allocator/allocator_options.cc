@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/conf.h"
 
@@ -14,9 +15,13 @@ absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value
     if (!flag.ok()) return flag.status();
     (key == "bypass" ? options.bypass : options.auto_prepare) = *flag;
   } else if (key == "backup") {
-    if (value == "pinned") options.backup_kind = BackupArena::Kind::kPinned;
-    else if (value == "pageable") options.backup_kind = BackupArena::Kind::kPageable;
-    else return BadConfValue(key, value, "expected pinned or pageable");
+    if (value == "pinned" || value == "pageable") {
+      options.backup_store = BackupStore{*ParseBackupStoreKind(value), ""};
+    } else if (absl::StartsWith(value, "disk:") && value.size() > 5) {
+      options.backup_store = BackupStore{BackupStore::Kind::kDisk, std::string(value.substr(5))};
+    } else {
+      return BadConfValue(key, value, "expected pinned, pageable or disk:<directory>");
+    }
   } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va") {
     absl::StatusOr<std::uint64_t> size = ParseSize(value);
     if (!size.ok()) return BadConfValue(key, value, size.status().message());
@@ -37,7 +42,7 @@ void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
   absl::StrAppend(out, out->empty() ? "" : ",", "bypass:", options.bypass ? 1 : 0,
                   ",min_chunk:", SizeToString(options.min_chunk_bytes),
                   ",max_chunk:", SizeToString(options.max_chunk_bytes), ",heap_va:", SizeToString(options.heap_va_bytes),
-                  ",backup:", options.backup_kind == BackupArena::Kind::kPageable ? "pageable" : "pinned",
+                  ",backup:", DescribeBackupStore(options.backup_store),
                   ",auto_prepare:", options.auto_prepare ? 1 : 0);
 }
 

@@ -8,8 +8,10 @@
 //   max_chunk     largest chunk made by geometric growth (default 2G); a single larger
 //                 request still gets one chunk of its own size
 //   heap_va       VA reserved per heap at a time (default 0 = 2x device memory)
-//   backup        pinned | pageable   where paused `backup` bytes go: pinned host memory
-//                 (default; link speed) or pageable mmap (RSS given back after resume)
+//   backup        pinned | pageable | disk:<dir>   where paused `backup` bytes go by
+//                 default (a tag may choose its own: CachingAllocator::SetBackupStore):
+//                 pinned host memory (default; link speed), pageable mmap (RSS given back
+//                 after resume) or a file in <dir> (backup_arena.h, Note [Disk Backup])
 //   auto_prepare  1 | 0   a background thread sizes the backup arena of a `backup` tag as
 //                 the tag grows, so even the first pause runs at link speed (default 1;
 //                 0: only explicit Prepare)
@@ -39,7 +41,7 @@ struct AllocatorOptions {
 #else
   bool validate_each_op = true;
 #endif
-  BackupArena::Kind backup_kind = BackupArena::Kind::kPinned;
+  BackupStore backup_store;  // pinned
   // Pipelining (Note [Pause/Resume Protocol]): a pause unmaps in stages of at least this
   // many copied bytes (at most 16 stages); a resume maps a large cover in pieces growing
   // from resume_first_piece_bytes to max_chunk_bytes (0: one chunk per cover).

@@ -15,7 +15,7 @@ TEST(AllocatorOptionsTest, ParsesEveryKeyAndRoundTrips) {
   EXPECT_EQ(options.min_chunk_bytes, std::size_t{4} << 20);
   EXPECT_EQ(options.max_chunk_bytes, std::size_t{1} << 30);
   EXPECT_EQ(options.heap_va_bytes, std::size_t{64} << 30);
-  EXPECT_EQ(options.backup_kind, BackupArena::Kind::kPageable);
+  EXPECT_EQ(options.backup_store.kind, BackupStore::Kind::kPageable);
   EXPECT_FALSE(options.auto_prepare);
   std::string text;
   AppendAllocatorOptions(options, &text);

@@ -1,15 +1,68 @@
 #include "allocator/backup_arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 
 namespace vmstash {
+namespace {
+
+constexpr std::size_t kUnit = std::size_t{2} << 20;
+
+std::string Errno(int err) { return std::strerror(err); }
+
+bool IsNoRoom(int err) { return err == ENOSPC || err == EDQUOT || err == EFBIG; }
+
+}  // namespace
+
+absl::StatusOr<BackupStore::Kind> ParseBackupStoreKind(absl::string_view text) {
+  if (text == "pinned") return BackupStore::Kind::kPinned;
+  if (text == "pageable") return BackupStore::Kind::kPageable;
+  if (text == "disk") return BackupStore::Kind::kDisk;
+  return absl::InvalidArgumentError(
+      absl::StrCat("backup store '", text, "' is not one of pinned, pageable, disk"));
+}
+
+absl::string_view BackupStoreKindName(BackupStore::Kind kind) {
+  switch (kind) {
+    case BackupStore::Kind::kPinned: return "pinned";
+    case BackupStore::Kind::kPageable: return "pageable";
+    case BackupStore::Kind::kDisk: return "disk";
+  }
+  return "?";
+}
+
+std::string DescribeBackupStore(const BackupStore& store) {
+  if (store.kind != BackupStore::Kind::kDisk) return std::string(BackupStoreKindName(store.kind));
+  return absl::StrCat("disk:", store.directory);
+}
+
+absl::Status CheckBackupStore(const BackupStore& store) {
+  if (store.kind != BackupStore::Kind::kDisk) {
+    if (store.directory.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("backup store ", BackupStoreKindName(store.kind),
+                                                   " takes no directory (got '", store.directory, "')"));
+  }
+  if (store.directory.empty()) return absl::InvalidArgumentError("backup store disk needs a directory");
+  struct stat st;
+  if (stat(store.directory.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat("disk backup directory '", store.directory, "': ", Errno(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat("disk backup directory '", store.directory, "' is not a directory"));
+  }
+  return absl::OkStatus();
+}
 
 BackupArena::~BackupArena() {
   absl::Status s = Release();
@@ -17,39 +70,100 @@ BackupArena::~BackupArena() {
 }
 
 absl::Status BackupArena::Reserve(std::size_t size_bytes) {
-  constexpr std::size_t kUnit = std::size_t{2} << 20;
   if (size_bytes <= capacity_bytes_) return absl::OkStatus();
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
   VMSTASH_RETURN_IF_ERROR(Release());
-  if (kind_ == Kind::kPinned) {
-    VMSTASH_ASSIGN_OR_RETURN(pinned_, PinnedHostBuffer::Allocate(driver_, device_, want));
-  } else {
-    void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("backup arena: mmap of ", want, " bytes failed: ", std::strerror(errno)));
+  switch (store_.kind) {
+    case BackupStore::Kind::kPinned: {
+      VMSTASH_ASSIGN_OR_RETURN(pinned_, PinnedHostBuffer::Allocate(driver_, device_, want));
+      break;
     }
-    pageable_ = p;
+    case BackupStore::Kind::kPageable: {
+      void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p == MAP_FAILED) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("backup arena: mmap of ", want, " bytes failed: ", Errno(errno)));
+      }
+      mapped_ = p;
+      break;
+    }
+    case BackupStore::Kind::kDisk:
+      VMSTASH_RETURN_IF_ERROR(ReserveDisk(want));
+      break;
   }
   capacity_bytes_ = want;
   return absl::OkStatus();
 }
 
+absl::Status BackupArena::ReserveDisk(std::size_t want) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store_));
+  std::string path = absl::StrCat(store_.directory, "/vmstash-backup-", getpid(), "-XXXXXX");
+  std::vector<char> name(path.begin(), path.end());
+  name.push_back('\0');
+  const int fd = mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    std::string what = absl::StrCat("disk backup directory '", store_.directory, "': cannot create a file: ", Errno(err));
+    if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(what);
+    if (IsNoRoom(err)) return absl::ResourceExhaustedError(what);
+    return absl::FailedPreconditionError(what);
+  }
+  unlink(name.data());  // Note [Disk Backup]: nothing is left behind
+  // posix_fallocate returns the error number (it does not set errno).
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(want)); err != 0) {
+    close(fd);
+    std::string what = absl::StrCat("disk backup directory '", store_.directory, "' has no room for ", want,
+                                    " bytes: ", Errno(err));
+    return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::FailedPreconditionError(what);
+  }
+  void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::ResourceExhaustedError(absl::StrCat("disk backup in '", store_.directory, "': mmap of ", want,
+                                                     " bytes failed: ", Errno(err)));
+  }
+  fd_ = fd;
+  mapped_ = p;
+  return absl::OkStatus();
+}
+
 absl::Status BackupArena::Release() {
-  if (kind_ == Kind::kPinned) {
+  if (store_.kind == BackupStore::Kind::kPinned) {
     if (pinned_.valid()) VMSTASH_RETURN_IF_ERROR(pinned_.Release());
-  } else if (pageable_ != nullptr) {
-    if (munmap(pageable_, capacity_bytes_) != 0) {
-      return absl::InternalError(absl::StrCat("backup arena: munmap failed: ", std::strerror(errno)));
+  } else if (mapped_ != nullptr) {
+    if (munmap(mapped_, capacity_bytes_) != 0) {
+      return absl::InternalError(absl::StrCat("backup arena: munmap failed: ", Errno(errno)));
     }
-    pageable_ = nullptr;
+    mapped_ = nullptr;
+  }
+  if (fd_ >= 0) {
+    close(fd_);  // the file was unlinked at creation: its blocks are freed now
+    fd_ = -1;
   }
   capacity_bytes_ = 0;
   return absl::OkStatus();
 }
 
+absl::Status BackupArena::Seal() {
+  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr) return absl::OkStatus();
+  if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
+    return absl::DataLossError(absl::StrCat("disk backup in '", store_.directory, "': writing ", capacity_bytes_,
+                                            " bytes back failed: ", Errno(errno)));
+  }
+  DropContents();
+  return absl::OkStatus();
+}
+
 void BackupArena::DropContents() {
-  if (kind_ == Kind::kPageable && pageable_ != nullptr) madvise(pageable_, capacity_bytes_, MADV_DONTNEED);
+  if (mapped_ == nullptr) return;
+  if (store_.kind == BackupStore::Kind::kPageable) {
+    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
+  } else if (store_.kind == BackupStore::Kind::kDisk) {
+    // Clean shared pages: dropping them loses nothing (the file has the bytes).
+    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
+    posix_fadvise(fd_, 0, static_cast<off_t>(capacity_bytes_), POSIX_FADV_DONTNEED);
+  }
 }
 
 }  // namespace vmstash

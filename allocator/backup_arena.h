@@ -1,10 +1,25 @@
-// BackupArena: host memory holding a paused `backup` tag's live bytes (docs/architecture.md §2, §5).
+// BackupArena: host memory (or a disk file) holding a paused `backup` tag's live bytes
+// (docs/architecture.md §2, §5). Each tag chooses its BackupStore; AllocatorOptions::backup
+// gives the default.
 //
 // Pinned (default): page-locked once through the driver and reused across pause/resume
 // cycles, so copies run at link speed; pinning costs ~0.4 s/GiB, which is why Prepare()
-// exists: pin ahead of the first pause. Pageable (option backup:pageable): an anonymous
-// mmap for users short of host RAM; copies are slower, and after a resume its pages are
-// given back to the OS (MADV_DONTNEED) so the RSS drops.
+// exists: pin ahead of the first pause. Pageable: an anonymous mmap for users short of
+// host RAM; copies are slower, and after a resume its pages are given back to the OS
+// (MADV_DONTNEED) so the RSS drops.
+//
+// Note [Disk Backup]
+//   Disk: a file in BackupStore::directory, created with mkstemp and unlinked at once (no
+//   file is left behind by a crash; the space is freed when the arena is released), its
+//   blocks allocated up front with posix_fallocate, so a full disk is an error of
+//   Reserve() — before the pause touches the device — never a SIGBUS while copying. The
+//   file is mapped shared; the pause copies into the mapping, then Seal() writes it back
+//   (msync) and drops the pages from the process and the page cache, so the paused bytes
+//   occupy disk, not host memory. A resume reads them back through the mapping (page
+//   faults read the file) and drops the pages again afterwards (DropContents). The file
+//   stays open while the arena exists, so removing the directory during a pause loses
+//   nothing. A missing directory is NotFound; no room (ENOSPC, EDQUOT, EFBIG) is
+//   ResourceExhausted; both name the directory and the size.
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back.
@@ -14,37 +29,67 @@
 #define VMSTASH_ALLOCATOR_BACKUP_ARENA_H_
 
 #include <cstddef>
+#include <string>
+#include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "vmm/driver.h"
 #include "vmm/pinned_host_buffer.h"
 
 namespace vmstash {
 
+// Where a `backup` tag's paused bytes go.
+struct BackupStore {
+  enum class Kind { kPinned, kPageable, kDisk };
+  Kind kind = Kind::kPinned;
+  std::string directory;  // kDisk only: an existing directory
+
+  bool operator==(const BackupStore& o) const { return kind == o.kind && directory == o.directory; }
+  bool operator!=(const BackupStore& o) const { return !(*this == o); }
+};
+// "pinned" | "pageable" | "disk"; InvalidArgument otherwise.
+absl::StatusOr<BackupStore::Kind> ParseBackupStoreKind(absl::string_view text);
+absl::string_view BackupStoreKindName(BackupStore::Kind kind);
+// A store as a user would write it: "pinned", "pageable" or "disk:<directory>".
+std::string DescribeBackupStore(const BackupStore& store);
+// OK, or InvalidArgument (a directory given for a host store, or none for disk) / NotFound
+// (the directory does not exist or is not a directory).
+absl::Status CheckBackupStore(const BackupStore& store);
+
 class BackupArena {
  public:
-  enum class Kind { kPinned, kPageable };
-
-  BackupArena(Driver* driver, int device, Kind kind) : driver_(driver), device_(device), kind_(kind) {}
+  BackupArena(Driver* driver, int device, BackupStore store)
+      : driver_(driver), device_(device), store_(std::move(store)) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
 
-  // Capacity >= size_bytes (rounded up to 2 MiB). ResourceExhausted when the host refuses.
+  // Capacity >= size_bytes (rounded up to 2 MiB). ResourceExhausted when the host (or the
+  // disk) refuses; NotFound for a disk store whose directory is missing.
   absl::Status Reserve(std::size_t size_bytes);
   absl::Status Release();
-  // Pageable arenas: returns the pages to the OS (contents lost). No-op when pinned.
+  // After the pause's copies completed: a disk arena is written back and its pages
+  // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
+  absl::Status Seal();
+  // After a resume: pageable and disk arenas give their pages back to the OS (a pageable
+  // arena's contents are lost; a disk arena's stay in the file). No-op when pinned.
   void DropContents();
 
-  char* data() const { return static_cast<char*>(kind_ == Kind::kPinned ? pinned_.data() : pageable_); }
+  char* data() const { return static_cast<char*>(store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : mapped_); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
+  const BackupStore& store() const { return store_; }
 
  private:
+  absl::Status ReserveDisk(std::size_t size_bytes);
+
   Driver* const driver_;
   const int device_;
-  const Kind kind_;
+  const BackupStore store_;
   PinnedHostBuffer pinned_;
-  void* pageable_ = nullptr;
+  void* mapped_ = nullptr;  // pageable and disk stores
+  int fd_ = -1;             // disk store
   std::size_t capacity_bytes_ = 0;
 };
 

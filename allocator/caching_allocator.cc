@@ -88,6 +88,8 @@ absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId ta
   pool->id = tag;
   pool->stats.name = std::string(TagName(tag));
   pool->stats.policy = policy;
+  pool->store = options_.backup_store;
+  pool->stats.backup_store = DescribeBackupStore(pool->store);
   std::size_t va = options_.heap_va_bytes != 0 ? options_.heap_va_bytes : 2 * device_total_bytes_;
   va = RoundUp(std::max(va, granularity_bytes_), granularity_bytes_);
   HeapConfig base;
@@ -344,8 +346,10 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
   // A `backup` tag outgrowing its prepared arena: pin ahead of the first pause, with 25%
   // headroom (see auto_preparer.h).
   const auto bytes = static_cast<std::size_t>(reserved);
+  // Only pinned arenas: the others cost nothing to make at pause time (and a disk arena
+  // made early would take the disk before it is needed).
   if (preparer_ != nullptr && pool->stats.policy == Policy::kBackup && pool->state == TagState::kActive &&
-      bytes > pool->auto_prepared_bytes) {
+      pool->store.kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepared_bytes) {
     pool->auto_prepared_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
     preparer_->Request(pool->id, pool->auto_prepared_bytes);
   }

@@ -202,6 +202,13 @@ class CachingAllocator {
   // Gives the tag's backup arena host memory back (and stops preparing it automatically
   // until it grows again). FailedPrecondition while paused (the arena holds its bytes).
   absl::Status ReleaseBackup(TagId tag);
+  // Where the `backup` tag's later pauses put its bytes (backup_arena.h; default
+  // AllocatorOptions::backup_store). A different store drops the tag's present arena.
+  // FailedPrecondition for a discard tag or one that is not active (a paused tag's arena
+  // holds its bytes); NotFound when the tag has no pool here or a disk directory is
+  // missing; InvalidArgument for a malformed store.
+  absl::Status SetBackupStore(TagId tag, const BackupStore& store);
+  absl::StatusOr<BackupStore> TagBackupStore(TagId tag) const;
   // Callbacks for one tag, run without allocator locks (only the tag's control lock, see
   // Note [Pause/Resume Protocol]): before_pause may veto the pause by returning an error;
   // after_resume errors are returned by Resume (the tag is resumed).
@@ -235,6 +242,7 @@ class CachingAllocator {
     std::unique_ptr<Mutex> transition_mu = std::make_unique<Mutex>();
     std::string broken_reason;                  // state kBroken: why (mu_)
     std::unique_ptr<BackupArena> arena;         // guarded by transition_mu
+    BackupStore store;                          // written holding transition_mu and mu_
     Stream copy_stream = nullptr;               // guarded by transition_mu
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
     std::size_t auto_prepared_bytes = 0;        // last background request (mu_)

@@ -94,7 +94,7 @@ absl::Status CachingAllocator::PrepareImpl(TagId tag, std::size_t bytes, bool ba
     }
     if (want == 0) want = static_cast<std::size_t>(pool->stats.requested_bytes.current);
   }
-  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, pool->store);
   // Every live block rounds up to a page in the arena; leave room for that.
   VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(want + want / 64 + kBackupAlignBytes));
   MutexLock lock(&mu_);
@@ -167,6 +167,45 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   pool->stats.backup_arena_bytes = 0;
   pool->auto_prepared_bytes = 0;
   return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store));
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, false, Policy::kDiscard));
+  }
+  std::unique_ptr<BackupArena> dropped;  // freed after the locks are released
+  MutexLock t(pool->transition_mu.get());
+  MutexLock lock(&mu_);
+  if (pool->stats.policy != Policy::kBackup) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", pool->stats.name, "' has policy discard: its pauses "
+                                                      "keep no bytes, so it has no backup store"));
+  }
+  if (pool->store == store) return absl::OkStatus();
+  if (pool->state != TagState::kActive) {
+    return absl::FailedPreconditionError(absl::StrCat("backup store of tag '", pool->stats.name, "' on device ",
+                                                      device_, ": the tag is ", StateName(pool->state), " and its ",
+                                                      pool->stats.backup_store, " backup holds its bytes; change "
+                                                      "the store while the tag is active"));
+  }
+  // The arena is touched only under the transition lock, which is held: no pause can be
+  // using it.
+  dropped = std::move(pool->arena);
+  pool->store = store;
+  pool->stats.backup_store = DescribeBackupStore(store);
+  pool->stats.backup_arena_bytes = 0;
+  pool->auto_prepared_bytes = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BackupStore> CachingAllocator::TagBackupStore(TagId tag) const {
+  MutexLock lock(&mu_);
+  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
+    return absl::NotFoundError(absl::StrCat("tag id ", tag, " is not used on device ", device_));
+  }
+  return pools_[tag]->store;
 }
 
 void CachingAllocator::DrainCopyStream(TagPool* pool) {
@@ -243,7 +282,7 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const BackupLayout&
   const std::vector<PauseStage> stages = PlanPauseStages(layout, chunks, options_.pause_stage_bytes);
 
   // Everything that can fail before the first copy: arena, stream, events.
-  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, options_.backup_kind);
+  if (pool->arena == nullptr) pool->arena = std::make_unique<BackupArena>(driver_, device_, pool->store);
   VMSTASH_RETURN_IF_ERROR(pool->arena->Reserve(layout.arena_bytes));
   VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(pool));
   while (pool->copy_events.size() < stages.size()) {
@@ -271,6 +310,7 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const BackupLayout&
     if (status.ok()) *backed_up += stages[k].bytes;
   }
   if (status.ok()) status = driver_->SynchronizeStream(device_, pool->copy_stream);
+  if (status.ok()) status = pool->arena->Seal();  // a disk arena writes back (Note [Disk Backup])
   if (!status.ok()) {
     // Nothing was released: wait for the queued copies, then map back what was unmapped.
     DrainCopyStream(pool);

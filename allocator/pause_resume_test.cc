@@ -411,7 +411,7 @@ TEST_F(PauseResumeTest, PrepareMakesTheFirstPausePinNothing) {
 
 TEST_F(PauseResumeTest, PageableBackupRoundTrips) {
   AllocatorOptions options;
-  options.backup_kind = BackupArena::Kind::kPageable;
+  options.backup_store.kind = BackupStore::Kind::kPageable;
   Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options);
   DevicePtr p = Alloc(50 * kMiB, weights_);
   FillPattern(p, 50 * kMiB, 11);

@@ -30,6 +30,7 @@ void WriteTag(JsonWriter& w, const TagStats& t) {
   w.Field("backed_up_bytes", t.backed_up_bytes);
   w.Field("state", t.state);
   w.Field("backup_arena_bytes", t.backup_arena_bytes);
+  if (t.policy == Policy::kBackup) w.Field("backup_store", t.backup_store);
   w.Field("pauses", t.pauses);
   w.Field("resumes", t.resumes);
   w.Field("last_pause_ms", t.last_pause_ms);

@@ -34,6 +34,7 @@ struct Stat {
 struct TagStats {
   std::string name;
   Policy policy = Policy::kDiscard;
+  std::string backup_store;  // a `backup` tag's BackupStore (DescribeBackupStore)
   Stat allocated_bytes;
   Stat requested_bytes;
   Stat reserved_bytes;

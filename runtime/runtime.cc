@@ -41,6 +41,7 @@ absl::StatusOr<CachingAllocator*> Runtime::Allocator(int device) {
     VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> a,
                              CachingAllocator::Create(driver_.get(), device, options_));
     for (const auto& [tag, policy] : registry_.Declared()) VMSTASH_RETURN_IF_ERROR(a->CreateTag(tag, policy));
+    for (const auto& [tag, store] : registry_.Stores()) VMSTASH_RETURN_IF_ERROR(a->SetBackupStore(tag, store));
     for (const TagHooks& h : registry_.Hooks()) {
       VMSTASH_RETURN_IF_ERROR(a->AddHooks(h.tag, h.before_pause, h.after_resume));
     }
@@ -113,6 +114,45 @@ std::vector<std::pair<TagId, Policy>> Runtime::Tags() const {
   return registry_.Declared();
 }
 
+absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store));
+  MutexLock lock(&mu_);
+  const std::optional<Policy> policy = registry_.PolicyOf(tag);
+  if (!policy) {
+    return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' was never declared; declare it with policy "
+                                            "backup before choosing its backup store"));
+  }
+  if (*policy != Policy::kBackup) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' has policy discard: its pauses keep "
+                                                      "no bytes, so it has no backup store"));
+  }
+  // All or nothing: a device that refuses (the tag is paused there) puts back the others.
+  std::vector<std::pair<CachingAllocator*, BackupStore>> changed;
+  for (auto& a : owned_) {
+    if (a == nullptr) continue;
+    absl::StatusOr<BackupStore> before = a->TagBackupStore(tag);
+    if (!before.ok()) continue;  // declared tags exist on every allocator; defensive
+    if (absl::Status s = a->SetBackupStore(tag, store); !s.ok()) {
+      for (auto& [c, previous] : changed) {
+        if (absl::Status undo = c->SetBackupStore(tag, previous); !undo.ok()) {
+          return absl::Status(s.code(), absl::StrCat(s.message(), "; putting back the store on device ", c->device(),
+                                                     " failed too: ", undo.message()));
+        }
+      }
+      return s;
+    }
+    changed.emplace_back(a.get(), *before);
+  }
+  registry_.SetStore(tag, store);
+  return absl::OkStatus();
+}
+
+BackupStore Runtime::TagBackupStore(TagId tag) const {
+  MutexLock lock(&mu_);
+  if (std::optional<BackupStore> s = registry_.StoreOf(tag)) return *s;
+  return options_.backup_store;
+}
+
 absl::StatusOr<int> Runtime::BindSlot(TagId tag) {
   MutexLock lock(&mu_);
   return registry_.BindSlot(tag);
@@ -150,12 +190,14 @@ absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, cons
   const char* verb = pause ? "pause" : "resume";
   std::vector<CachingAllocator*> changed;
   for (CachingAllocator* a : targets) {
+    // A device where the tag never had memory has nothing to do. Asked first, so that a
+    // NotFound of the transition itself (a disk backup directory that is gone) is an error.
+    if (!a->TagPolicy(tag).ok()) continue;
     absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(tag, live) : a->Resume(tag);
     if (r.ok()) {
       if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
       continue;
     }
-    if (absl::IsNotFound(r.status())) continue;  // no memory of the tag on this device
     std::string rollback;
     for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
       absl::StatusOr<CachingAllocator::Transition> undo = pause ? (*it)->Resume(tag) : (*it)->Pause(tag);

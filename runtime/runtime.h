@@ -83,6 +83,12 @@ class Runtime {
   std::optional<Policy> TagPolicy(TagId tag) const;
   // Declared tags with their policies, in declaration order.
   std::vector<std::pair<TagId, Policy>> Tags() const;
+  // Where the declared `backup` tag's later pauses put its bytes, on every allocator,
+  // present and future (CachingAllocator::SetBackupStore); all or nothing. NotFound for an
+  // undeclared tag, FailedPrecondition for a discard tag or one paused on some device.
+  absl::Status SetBackupStore(TagId tag, const BackupStore& store);
+  // The tag's store: its choice, else the allocator options' default.
+  BackupStore TagBackupStore(TagId tag) const;
   absl::StatusOr<int> BindSlot(TagId tag);
   TagId SlotTag(int slot) const { return registry_.SlotTag(slot); }
   // Hooks run around every pause/resume of `tag` on each device (CachingAllocator::AddHooks).

@@ -26,7 +26,7 @@ TEST(RuntimeOptionsTest, EachLayersKeysReachThatLayer) {
   EXPECT_EQ(options->vmm.sim_faults.size(), 1u);
   EXPECT_TRUE(options->allocator.bypass);
   EXPECT_EQ(options->allocator.max_chunk_bytes, std::size_t{1} << 30);
-  EXPECT_EQ(options->allocator.backup_kind, BackupArena::Kind::kPageable);
+  EXPECT_EQ(options->allocator.backup_store.kind, BackupStore::Kind::kPageable);
   EXPECT_FALSE(options->allocator.auto_prepare);
   EXPECT_FALSE(options->control.serve);
   // The canonical string parses back to the same options.

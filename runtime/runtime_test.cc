@@ -3,6 +3,9 @@
 // never used staying untouched, and the control service's answers.
 #include "runtime/runtime.h"
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -105,6 +108,55 @@ TEST(RuntimeTest, DropEmptyTagRemovesOnlyPoolsThatHoldNothing) {
   EXPECT_FALSE(a->DropEmptyTag(used)) << "its freed chunk is still cached";
   ASSERT_TRUE(a->EmptyCache().ok());
   EXPECT_TRUE(a->Validate().ok());
+}
+
+// A tag's backup store reaches present and future allocators; a device that refuses it
+// (the tag is paused there) leaves every device as it was.
+TEST(RuntimeTest, ABackupStoreReachesEveryAllocatorOrNone) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_stored"), kv = Tag("rt_stored_kv");
+  const BackupStore pageable{BackupStore::Kind::kPageable, ""};
+  EXPECT_EQ(f.rt->SetBackupStore(tag, pageable).code(), absl::StatusCode::kNotFound) << "undeclared";
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(kv, Policy::kDiscard).ok());
+  EXPECT_EQ(f.rt->SetBackupStore(kv, pageable).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.rt->SetBackupStore(tag, BackupStore{BackupStore::Kind::kDisk, "/nonexistent/vmstash"}).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.rt->TagBackupStore(tag), BackupStore{}) << "the options' default";
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 1);
+  ASSERT_TRUE(f.rt->SetBackupStore(tag, pageable).ok());
+  EXPECT_EQ(f.rt->TagBackupStore(tag), pageable);
+  EXPECT_EQ(f.rt->AllocatorInUse(0)->TagBackupStore(tag).value(), pageable);
+  const DevicePtr p1 = Filled(*f.rt, 1, tag, 2);  // device 1's allocator is made now
+  EXPECT_EQ(f.rt->AllocatorInUse(1)->TagBackupStore(tag).value(), pageable);
+  // Device 1 paused: setting pinned is refused there and undone on device 0.
+  ASSERT_TRUE(f.rt->Pause(tag, 1).value());
+  absl::Status refused = f.rt->SetBackupStore(tag, BackupStore{});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(f.rt->AllocatorInUse(0)->TagBackupStore(tag).value(), pageable);
+  EXPECT_EQ(f.rt->TagBackupStore(tag), pageable);
+  ASSERT_TRUE(f.rt->Resume(tag, 1).value());
+  // A disk directory that disappears: the pause fails (its NotFound is not taken for "no
+  // memory here") and no device is left paused.
+  char dir[] = "/tmp/vmstash_rt_store_XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  ASSERT_TRUE(f.rt->SetBackupStore(tag, BackupStore{BackupStore::Kind::kDisk, dir}).ok());
+  ASSERT_EQ(rmdir(dir), 0);
+  absl::StatusOr<bool> gone = f.rt->Pause(tag, Runtime::kAllDevices);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_THAT(gone.status().message(), HasSubstr(dir));
+  for (int d = 0; d < 2; ++d) {
+    for (const TagStats& t : f.rt->AllocatorInUse(d)->Stats().tags) {
+      if (t.name == "rt_stored") EXPECT_EQ(t.state, "active") << "device " << d;
+    }
+  }
+  ASSERT_TRUE(f.rt->SetBackupStore(tag, pageable).ok());
+  ASSERT_TRUE(f.rt->Pause(tag, Runtime::kAllDevices).value());
+  ASSERT_TRUE(f.rt->Resume(tag, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(p0, 1));
+  EXPECT_TRUE(Holds(p1, 2));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
 }
 
 TEST(RuntimeTest, HooksAndTheMarginReachAllocatorsCreatedLater) {

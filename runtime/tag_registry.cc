@@ -24,11 +24,30 @@ absl::StatusOr<bool> TagRegistry::Declare(TagId tag, Policy policy) {
 void TagRegistry::Forget(TagId tag) {
   declared_.erase(std::remove_if(declared_.begin(), declared_.end(), [tag](const auto& d) { return d.first == tag; }),
                   declared_.end());
+  stores_.erase(std::remove_if(stores_.begin(), stores_.end(), [tag](const auto& d) { return d.first == tag; }),
+                stores_.end());
 }
 
 std::optional<Policy> TagRegistry::PolicyOf(TagId tag) const {
   for (const auto& [known, policy] : declared_) {
     if (known == tag) return policy;
+  }
+  return std::nullopt;
+}
+
+void TagRegistry::SetStore(TagId tag, const BackupStore& store) {
+  for (auto& [known, s] : stores_) {
+    if (known == tag) {
+      s = store;
+      return;
+    }
+  }
+  stores_.emplace_back(tag, store);
+}
+
+std::optional<BackupStore> TagRegistry::StoreOf(TagId tag) const {
+  for (const auto& [known, s] : stores_) {
+    if (known == tag) return s;
   }
   return std::nullopt;
 }

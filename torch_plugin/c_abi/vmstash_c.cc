@@ -323,6 +323,25 @@ int vmstash_release_backup(const char* tag, int device) noexcept {
   });
 }
 
+int vmstash_set_backup_store(const char* tag, const char* store, const char* directory) noexcept {
+  return WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<TagId> id = TagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    if (store == nullptr) return Fail(absl::InvalidArgumentError("vmstash_set_backup_store: NULL store"));
+    absl::StatusOr<BackupStore::Kind> kind = ParseBackupStoreKind(store);
+    if (!kind.ok()) return Fail(kind.status());
+    return Code(rt.SetBackupStore(*id, BackupStore{*kind, directory != nullptr ? directory : ""}));
+  });
+}
+
+char* vmstash_backup_store(const char* tag) noexcept {
+  return JsonCall([&](Runtime& rt) -> absl::StatusOr<std::string> {
+    absl::StatusOr<TagId> id = TagArg(tag);
+    if (!id.ok()) return id.status();
+    return DescribeBackupStore(rt.TagBackupStore(*id));
+  });
+}
+
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) noexcept {
   return WithRuntime([&](Runtime& rt) {

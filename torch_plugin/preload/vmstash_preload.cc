@@ -15,8 +15,9 @@
 // (vmstash_preload_set_routed: torch_memory_saver's interesting-region flag; its
 // disable() and slime's DeepEP buffers turn it off). In whole-process mode, allocations
 // of threads outside any region go to the process tag (VMSTASH_PRELOAD_TAG, default
-// "process"), created at the first one with policy backup when VMSTASH_PRELOAD_BACKUP=1
-// or TMS_INIT_ENABLE_CPU_BACKUP=1, else discard: pausing it (vmstash_pause of that tag)
+// "process"), created at the first one with policy backup when VMSTASH_PRELOAD_BACKUP=1,
+// TMS_INIT_ENABLE_CPU_BACKUP=1 or TMS_INIT_ENABLE_DISK_BACKUP=1 (where its bytes go is the
+// tag's backup store: vmstash_set_backup_store), else discard: pausing it (vmstash_pause of that tag)
 // releases what the whole process allocated. PyTorch's expandable_segments builds on
 // cuMemCreate, which is not interposed: whole-process mode would then capture nothing,
 // so it says so on stderr at load (the Python layer refuses to start).
@@ -160,14 +161,38 @@ bool Routed() { return depth == 0 && RoutedByState(); }
 
 std::atomic<bool> said_process_tag{false};
 
+// The backed-up process tag's store, from torch_memory_saver's variables, set before its
+// first allocation so that no pinned arena is prepared for a disk or pageable backup:
+// TMS_INIT_ENABLE_DISK_BACKUP=1 -> disk in TMS_DISK_BACKUP_DIR (default /tmp);
+// TMS_INIT_CPU_BACKUP_BACKEND=mmap -> pageable; else the VMSTASH_CONF default. A refusal
+// (a missing directory) is said on stderr; the pause then reports it.
+void ChooseProcessStore() {
+  const char* backend = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+  int rc = 0;
+  if (EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"})) {
+    const char* dir = std::getenv("TMS_DISK_BACKUP_DIR");
+    rc = vmstash_set_backup_store(ProcessTagName(), "disk", dir != nullptr && dir[0] != '\0' ? dir : "/tmp");
+  } else if (backend != nullptr && std::strcmp(backend, "mmap") == 0) {
+    rc = vmstash_set_backup_store(ProcessTagName(), "pageable", nullptr);
+  }
+  if (rc != 0) {
+    std::fprintf(stderr, "vmstash preload: backup store of the whole-process tag '%s': %s\n", ProcessTagName(),
+                 vmstash_last_error());
+  }
+}
+
 // Creates the whole-process tag once; false (said on stderr) when that failed.
 bool ProcessTagReady() {
   static const bool ready = [] {
-    const char* policy = EnvFlag({"VMSTASH_PRELOAD_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP"}) ? "backup" : "discard";
-    if (vmstash_create_tag(ProcessTagName(), policy) == 0) return true;
-    std::fprintf(stderr, "vmstash preload: cannot create the whole-process tag '%s' (%s): %s; its allocations fail\n",
-                 ProcessTagName(), policy, vmstash_last_error());
-    return false;
+    const char* policy =
+        EnvFlag({"VMSTASH_PRELOAD_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"}) ? "backup" : "discard";
+    if (vmstash_create_tag(ProcessTagName(), policy) != 0) {
+      std::fprintf(stderr, "vmstash preload: cannot create the whole-process tag '%s' (%s): %s; its allocations "
+                   "fail\n", ProcessTagName(), policy, vmstash_last_error());
+      return false;
+    }
+    if (std::strcmp(policy, "backup") == 0) ChooseProcessStore();
+    return true;
   }();
   return ready;
 }

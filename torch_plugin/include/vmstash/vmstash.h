@@ -123,6 +123,16 @@ int vmstash_set_memory_margin(size_t bytes) VMSTASH_NOEXCEPT;
  * arena holds the paused bytes). vmstash_release_backup gives that host memory back. */
 int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
 int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
+/* Where the declared `backup` tag's later pauses put its bytes, on every device: store
+ * "pinned" (pinned host memory, link speed), "pageable" (anonymous mmap, given back after
+ * each resume) or "disk" with `directory` (an existing directory: a file there holds the
+ * paused bytes, not host memory; NULL otherwise). VMSTASH_NOT_FOUND for an undeclared tag
+ * or a missing directory; VMSTASH_FAILED_PRECONDITION for a discard tag or one paused on
+ * some device (nothing changed). The default is VMSTASH_CONF's backup key. */
+int vmstash_set_backup_store(const char* tag, const char* store, const char* directory) VMSTASH_NOEXCEPT;
+/* The tag's store as "pinned", "pageable" or "disk:<directory>"; free with
+ * vmstash_string_free. NULL on failure. */
+char* vmstash_backup_store(const char* tag) VMSTASH_NOEXCEPT;
 /* Callbacks around transitions of `tag` on every device (e.g. NCCL/RDMA re-registration),
  * called without vmstash locks (the tag is active in both): they may allocate and free,
  * in their own tag too; pausing or resuming their own tag, or vmstash_shutdown, fails

@@ -179,16 +179,28 @@ class VmstashCpuTest(unittest.TestCase):
         self.assertTrue(torch_memory_saver.enabled)
         tms = TorchMemorySaver()
         # Tag naming: the first backup setting keeps the name.
-        self.assertEqual(tms._vmstash_tag("kv", False), ("kv", "discard"))
-        self.assertEqual(tms._vmstash_tag("kv", True), ("kv:backup", "backup"))
-        self.assertEqual(tms._vmstash_tag("kv", False), ("kv", "discard"))
-        self.assertEqual(sorted(n for n, _ in tms._targets("kv")), ["kv", "kv:backup"])
+        self.assertEqual(tms._vmstash_tag("kv", "discard"), ("kv", "discard"))
+        self.assertEqual(tms._vmstash_tag("kv", "pinned"), ("kv:pinned", "backup"))
+        self.assertEqual(tms._vmstash_tag("kv", "discard"), ("kv", "discard"))
+        self.assertEqual(sorted(n for n, _ in tms._targets("kv")), ["kv", "kv:pinned"])
         self.assertEqual(tms._targets("other"), [])
-        with self.assertRaises(vmstash.Error) as e:
-            tms._check_backup_args(True, True, None)
-        self.assertEqual(e.exception.code_name, "UNIMPLEMENTED")
-        with self.assertRaises(ValueError):
-            tms._check_backup_args(True, False, "disk")
+        # torch_memory_saver's argument checks.
+        self.assertEqual(tms._setting(False, False, None), "discard")
+        self.assertEqual(tms._setting(True, False, None), "pinned")
+        self.assertEqual(tms._setting(True, False, "mmap"), "mmap")
+        self.assertEqual(tms._setting(False, True, None), "disk")
+        for bad in [(True, True, None), (True, False, "disk"), (False, False, "mmap")]:
+            with self.assertRaises(ValueError, msg=str(bad)):
+                tms._setting(*bad)
+        os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "mmap"
+        try:
+            self.assertEqual(tms._setting(True, False, None), "mmap")
+            self.assertEqual(tms._setting(True, False, "pinned"), "pinned")
+            os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "tape"
+            with self.assertRaises(ValueError):
+                tms._setting(True, False, None)
+        finally:
+            del os.environ["TMS_INIT_CPU_BACKUP_BACKEND"]
         with self.assertRaises(vmstash.Error) as e:
             tms.hook_mode = "preload"  # this process was not started with LD_PRELOAD
         self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
@@ -229,6 +241,95 @@ class VmstashCpuTest(unittest.TestCase):
         finally:
             del os.environ["VMSTASH_PRELOAD_LIBRARY"]
             del os.environ["LD_PRELOAD"]
+
+    def test_backup_stores(self):
+        import tempfile
+        vmstash.create_tag("cpu_store", "backup")
+        vmstash.create_tag("cpu_store_kv", "discard")
+        self.assertEqual(vmstash.backup_store("cpu_store"), "pinned")
+        with tempfile.TemporaryDirectory() as d:
+            p = malloc("cpu_store", 5 * MiB)
+            fill(p, 5 * MiB, 0x3C)
+            vmstash.set_backup_store("cpu_store", "disk", d)
+            self.assertEqual(vmstash.backup_store("cpu_store"), "disk:" + d)
+            self.assertEqual(vmstash.tag_stats("cpu_store")["backup_store"], "disk:" + d)
+            self.assertTrue(vmstash.pause("cpu_store"))
+            self.assertEqual(os.listdir(d), [])  # the file is unlinked: nothing left behind
+            with self.assertRaises(vmstash.Error) as e:
+                vmstash.set_backup_store("cpu_store", "pinned")
+            self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+            self.assertTrue(vmstash.resume("cpu_store"))
+            self.assertTrue(holds(p, 5 * MiB, 0x3C))
+            vmstash.set_backup_store("cpu_store", "pageable")
+            self.assertTrue(vmstash.pause("cpu_store"))
+            self.assertTrue(vmstash.resume("cpu_store"))
+            self.assertTrue(holds(p, 5 * MiB, 0x3C))
+            free(p, 5 * MiB)
+        for args, error in [(("cpu_store", "tape"), ValueError), (("cpu_store", "disk"), ValueError),
+                            (("cpu_store", "pinned", "/tmp"), ValueError)]:
+            with self.assertRaises(error, msg=str(args)):
+                vmstash.set_backup_store(*args)
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.set_backup_store("cpu_store", "disk", "/nonexistent/vmstash_dir")
+        self.assertEqual(e.exception.code_name, "NOT_FOUND")
+        self.assertIn("/nonexistent/vmstash_dir", str(e.exception))
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.set_backup_store("cpu_store_kv", "pageable")
+        self.assertEqual(e.exception.code_name, "FAILED_PRECONDITION")
+        vmstash.release_backup("cpu_store")
+
+    def test_torch_memory_saver_backends_disk_and_retain(self):
+        """torch_memory_saver's per-region backends (pinned, mmap, disk) on one tag, the disk
+        directory's errors, and retain_cpu_backup both ways."""
+        import tempfile
+        from vmstash.compat.torch_memory_saver import TorchMemorySaver
+        tms = TorchMemorySaver()
+        tms.hook_mode = "torch"
+        n = 4 * MiB
+        with tempfile.TemporaryDirectory() as d:
+            spill = os.path.join(d, "spill")
+            tms.set_disk_backup_dir(spill)  # created
+            names = {}
+            for setting in ("disk", "mmap", "pinned"):
+                names[setting], _ = tms._vmstash_tag("st", setting)
+            self.assertEqual(names, {"disk": "st", "mmap": "st:mmap", "pinned": "st:pinned"})
+            self.assertEqual(vmstash.backup_store("st"), "disk:" + spill)
+            self.assertEqual(vmstash.backup_store("st:mmap"), "pageable")
+            self.assertEqual(vmstash.backup_store("st:pinned"), "pinned")
+            ptrs = {s: malloc(name, n) for s, name in names.items()}
+            for i, p in enumerate(ptrs.values()):
+                fill(p, n, 0x40 + i)
+
+            def round_trip():
+                tms.pause("st")
+                self.assertEqual({vmstash.tag_stats(v)["state"] for v in names.values()}, {"paused"})
+                tms.resume("st")
+                for i, p in enumerate(ptrs.values()):
+                    self.assertTrue(holds(p, n, 0x40 + i))
+
+            round_trip()
+            # retain_cpu_backup False (torch_memory_saver's default): every backup is given back.
+            self.assertEqual([vmstash.tag_stats(v)["backup_arena_bytes"] for v in names.values()], [0, 0, 0])
+            tms.retain_cpu_backup = True
+            round_trip()
+            self.assertTrue(all(vmstash.tag_stats(v)["backup_arena_bytes"] > 0 for v in names.values()))
+            tms.retain_cpu_backup = False
+            round_trip()
+            self.assertEqual(os.listdir(spill), [])
+            # A missing directory fails the pause with a clear error; the tag stays active, intact.
+            os.rmdir(spill)
+            with self.assertRaises(vmstash.Error) as e:
+                tms.pause("st")
+            self.assertEqual(e.exception.code_name, "NOT_FOUND")
+            self.assertIn(spill, str(e.exception))
+            self.assertEqual(vmstash.tag_stats("st")["state"], "active")
+            self.assertTrue(holds(ptrs["disk"], n, 0x40))
+            # A new directory is used from the next pause on.
+            tms.set_disk_backup_dir(os.path.join(d, "spill2"))
+            round_trip()
+            self.assertEqual(vmstash.backup_store("st"), "disk:" + os.path.join(d, "spill2"))
+            for p in ptrs.values():
+                free(p, n)
 
     def test_torch_memory_saver_dropin_wheel_installs_the_package_and_the_preload_names(self):
         import subprocess

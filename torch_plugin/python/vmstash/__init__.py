@@ -13,15 +13,16 @@ Errors raise vmstash.Error (OutOfMemoryError, also a torch.OutOfMemoryError, whe
 runs out); nothing in vmstash exits the process. See torch_plugin/README.md. The paged
 stash tier for MoE activations is vmstash.stash (Arena, saved_tensors).
 """
-from ._api import (create_tag, current_tag, empty_cache, init, pause, prepare, read_backup, release_backup, resume,
-                   set_current_tag, set_memory_margin, snapshot, stats, tag_stats, tags, version)
+from ._api import (backup_store, create_tag, current_tag, empty_cache, init, pause, prepare, read_backup,
+                   release_backup, resume, set_backup_store, set_current_tag, set_memory_margin, snapshot, stats,
+                   tag_stats, tags, version)
 from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, preloaded_library
 from ._torch import cuda_graph, install, pool, region, warm_blas_workspaces
 from . import stash  # noqa: F401  (vmstash.stash.Arena, the paged stash tier)
 
 __all__ = [
-    "Error", "OutOfMemoryError", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
+    "Error", "OutOfMemoryError", "backup_store", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
     "library_path", "pause", "preload_library_path", "preloaded_library", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
-    "set_current_tag", "set_memory_margin",
+    "set_backup_store", "set_current_tag", "set_memory_margin",
     "snapshot", "stash", "stats", "tag_stats", "tags", "version", "warm_blas_workspaces",
 ]

@@ -7,6 +7,7 @@ cache tensors inside our segments (vmstash.region), pause asks PyTorch which of 
 blocks are in use so that free cached blocks are not copied (see _torch.live_ranges).
 """
 import ctypes
+import os
 
 from . import _lib
 
@@ -133,6 +134,27 @@ def prepare(tag, device=None, nbytes=0):
 def release_backup(tag, device=None):
     """Gives the pinned host memory of a tag's backup arena back (not while paused)."""
     _lib.check(_lib.lib().vmstash_release_backup(_lib.encode(tag), _device_arg(device)), f"release_backup({tag!r})")
+
+
+def set_backup_store(tag, store, directory=None):
+    """Where the later pauses of a declared `backup` tag put its bytes, on every device:
+    "pinned" (pinned host memory; link speed; the default unless VMSTASH_CONF's backup key
+    says otherwise), "pageable" (anonymous mmap, given back to the OS after each resume) or
+    "disk" with `directory` (an existing directory; a file there, unlinked at creation,
+    holds the paused bytes instead of host memory). Not while the tag is paused; a different
+    store drops the tag's present backup arena."""
+    if store not in ("pinned", "pageable", "disk"):
+        raise ValueError(f"store must be 'pinned', 'pageable' or 'disk', got {store!r}")
+    if (store == "disk") != (directory is not None):
+        raise ValueError("a directory is given for store 'disk' and only for it")
+    d = None if directory is None else _lib.encode(os.fspath(directory), "directory")
+    _lib.check(_lib.lib().vmstash_set_backup_store(_lib.encode(tag), store.encode(), d),
+               f"set_backup_store({tag!r}, {store!r})")
+
+
+def backup_store(tag):
+    """The store of a tag's backups: "pinned", "pageable" or "disk:<directory>"."""
+    return _lib.string_call(_lib.lib().vmstash_backup_store, _lib.encode(tag), f"backup_store({tag!r})")
 
 
 def empty_cache(device=None, tag=None):

@@ -149,6 +149,8 @@ def _declare(l):
         "vmstash_set_memory_margin": (c_int, [c_size_t]),
         "vmstash_prepare": (c_int, [c_char_p, c_int, c_size_t]),
         "vmstash_release_backup": (c_int, [c_char_p, c_int]),
+        "vmstash_set_backup_store": (c_int, [c_char_p, c_char_p, c_char_p]),
+        "vmstash_backup_store": (c_void_p, [c_char_p]),
         "vmstash_empty_cache": (c_int, [c_int, c_char_p]),
         "vmstash_stats_json": (c_void_p, [c_int]),
         "vmstash_snapshot_json": (c_void_p, [c_int]),
@@ -210,6 +212,17 @@ def raise_for(code, what):
 
 def check(code, what):
     raise_for(code, what)
+
+
+def string_call(fn, arg, what):
+    """The string fn(arg) returns, freed after reading."""
+    raw = fn(arg)
+    if not raw:
+        raise Error(f"{what}: {last_error()}", 13)
+    try:
+        return ctypes.string_at(raw).decode()
+    finally:
+        lib().vmstash_string_free(raw)
 
 
 def json_call(fn, device, what):

@@ -18,14 +18,20 @@ whole-process mode and while paused) through a throw-away PyTorch pool.
 What differs, on purpose:
   * Errors raise vmstash.Error (out of memory: vmstash.OutOfMemoryError, also a
     torch.OutOfMemoryError); nothing exits the process.
-  * A torch_memory_saver tag maps to a vmstash tag per backup setting: the first setting
-    seen keeps the name, the other gets ":backup" / ":discard" appended; pause(tag) and
-    resume(tag) act on both.
+  * A torch_memory_saver tag maps to a vmstash tag per backup setting (discard, pinned,
+    mmap, disk): the first setting seen keeps the name, the others get ":<setting>"
+    appended; pause(tag) and resume(tag) act on all of them.
   * Pause copies only PyTorch's live blocks of a region's pool.
   * cuda_graph works in torch mode too: the graph's memory goes to the tag's MemPool.
-  * cpu_backup_backend "mmap" is process-wide in vmstash (VMSTASH_CONF backup:pageable,
-    or TMS_INIT_CPU_BACKUP_BACKEND=mmap before the first use). Disk backup is not
-    supported yet (UNIMPLEMENTED).
+  * Backups go to vmstash backup stores (vmstash.set_backup_store): cpu_backup_backend
+    "pinned" -> "pinned", "mmap" -> "pageable" (its RSS is given back after each resume),
+    enable_disk_backup -> "disk" in the disk backup directory (TMS_DISK_BACKUP_DIR or
+    set_disk_backup_dir(), default /tmp; read when a tag pauses). The disk file is
+    unlinked at creation, so nothing is left in the directory; a missing or full directory
+    fails the pause (vmstash.Error NOT_FOUND / OutOfMemoryError) with the tag untouched.
+    With whole-process mode the process tag follows TMS_INIT_CPU_BACKUP_BACKEND and
+    TMS_INIT_ENABLE_DISK_BACKUP. Each setting of one torch_memory_saver tag is its own
+    vmstash tag (see above: ":pinned", ":mmap", ":disk", ":discard").
 """
 import contextlib
 import ctypes
@@ -46,28 +52,25 @@ def _env_flag(name, default=False):
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def _process_backend():
-    conf = os.environ.get("VMSTASH_CONF", "")
-    if os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND", "").strip().lower() == "mmap" and "backup:" not in conf:
-        if not _lib.lib().vmstash_is_initialized():
-            os.environ["VMSTASH_CONF"] = (conf + "," if conf else "") + "backup:pageable"
-            conf = os.environ["VMSTASH_CONF"]
-    return "mmap" if "backup:pageable" in conf.replace(" ", "") else "pinned"
+# torch_memory_saver's backup settings and the vmstash backup store of each.
+_STORES = {"pinned": "pinned", "mmap": "pageable", "disk": "disk"}
 
 
-def _unimplemented(what):
-    return _lib.Error(f"torch_memory_saver compatibility: {what} is not supported by this vmstash version", 12)
+def _default_backend():
+    """cpu_backup_backend=None: TMS_INIT_CPU_BACKUP_BACKEND, else pinned."""
+    value = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND", "").strip().lower() or "pinned"
+    if value not in ("pinned", "mmap"):
+        raise ValueError(f"TMS_INIT_CPU_BACKUP_BACKEND must be 'pinned' or 'mmap', got {value!r}")
+    return value
 
 
 def _if_created(fn, name):
-    """fn(name), unless no region of that tag was ever entered (vmstash does not know the
-    name yet: torch_memory_saver treats such a tag as empty). True when fn ran."""
-    try:
-        fn(name)
-    except Error as e:
-        if e.code_name != "NOT_FOUND":
-            raise
+    """fn(name), unless the tag was never declared (torch_memory_saver treats a tag it never
+    saw as empty). True when fn ran; its errors (a missing disk directory's NOT_FOUND
+    among them) propagate."""
+    if _api.policy_of(name) is None:
         return False
+    fn(name)
     return True
 
 
@@ -106,7 +109,8 @@ class TorchMemorySaver:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._names = {}  # (tms tag, policy) -> vmstash tag
+        self._names = {}  # (tms tag, setting) -> vmstash tag; setting: discard | pinned | mmap | disk
+        self._stores = {}  # vmstash tag -> the store last set on it (disk: with its directory)
         self._hook_mode = None  # chosen at the first use (see hook_mode)
         self._used = False
         self._margin = 0
@@ -130,9 +134,7 @@ class TorchMemorySaver:
             raise RuntimeError("torch_memory_saver on vmstash: PyTorch's expandable_segments allocates through "
                                "cuMemCreate, which the preload library cannot see; unset expandable_segments:True "
                                "in PYTORCH_CUDA_ALLOC_CONF (torch_memory_saver refuses it too)")
-        if _env_flag("TMS_INIT_ENABLE_DISK_BACKUP"):
-            raise _unimplemented("TMS_INIT_ENABLE_DISK_BACKUP (disk backup)")
-        _process_backend()
+        _default_backend()  # a bad TMS_INIT_CPU_BACKUP_BACKEND fails here, not at a pause
         self._impl = _ImplView()
 
     # --- configuration ---------------------------------------------------------------
@@ -175,51 +177,79 @@ class TorchMemorySaver:
         self._retain = bool(value)
 
     def set_disk_backup_dir(self, path):
+        """Where disk backups of later pauses go (created if needed); process-wide."""
         os.makedirs(path, exist_ok=True)
-        self._disk_dir = str(path)
+        self._disk_dir = os.fspath(path)
 
     # --- tags -------------------------------------------------------------------------
-    def _vmstash_tag(self, tag, backup):
-        policy = "backup" if backup else "discard"
+    def _setting(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
+        """discard | pinned | mmap | disk, checked as torch_memory_saver checks them."""
+        if cpu_backup_backend not in (None, "pinned", "mmap"):
+            raise ValueError(f"cpu_backup_backend must be None, 'pinned' or 'mmap', got {cpu_backup_backend!r}")
+        if cpu_backup_backend is not None and not enable_cpu_backup:
+            raise ValueError("cpu_backup_backend requires enable_cpu_backup=True")
+        if enable_cpu_backup and enable_disk_backup:
+            raise ValueError("enable_cpu_backup and enable_disk_backup are mutually exclusive")
+        if enable_disk_backup:
+            return "disk"
+        if enable_cpu_backup:
+            return cpu_backup_backend or _default_backend()
+        return "discard"
+
+    def _vmstash_tag(self, tag, setting):
+        """The vmstash tag of (tag, setting), declared with its policy and store."""
+        policy = "discard" if setting == "discard" else "backup"
         with self._lock:
-            name = self._names.get((tag, policy))
+            name = self._names.get((tag, setting))
             if name is None:
                 taken = any(t == tag for (t, _) in self._names)
-                name = f"{tag}:{policy}" if taken else tag
-                self._names[(tag, policy)] = name
-            return name, policy
+                name = f"{tag}:{setting}" if taken else tag
+                self._names[(tag, setting)] = name
+        _api.create_tag(name, policy)
+        if policy == "backup":
+            self._apply_store(name, setting)
+        return name, policy
+
+    def _apply_store(self, name, setting):
+        """Sets the vmstash store of `name` for `setting` unless it is already that (disk:
+        in the present disk backup directory). Not while `name` is paused (a paused tag
+        keeps the store its bytes are in; the next pause uses the new one)."""
+        store = _STORES[setting]
+        directory = self._disk_dir if store == "disk" else None
+        if self._stores.get(name) == (store, directory):
+            return
+        _api.set_backup_store(name, store, directory)
+        self._stores[name] = (store, directory)
+
+    def _process_setting(self):
+        """The whole-process tag's setting (TMS_INIT_* variables), or None for discard."""
+        if _env_flag("TMS_INIT_ENABLE_DISK_BACKUP"):
+            return "disk"
+        if _env_flag("TMS_INIT_ENABLE_CPU_BACKUP") or _env_flag("VMSTASH_PRELOAD_BACKUP"):
+            return _default_backend()
+        return None
 
     def _targets(self, tag):
+        """(vmstash tag, setting) for `tag`, or for every tag when None."""
         with self._lock:
-            out = [(name, policy) for (t, policy), name in self._names.items() if tag is None or t == tag]
+            out = [(name, setting) for (t, setting), name in self._names.items() if tag is None or t == tag]
         # Whole-process mode: what threads allocated outside regions (torch_memory_saver's
         # implicit tag "default").
         hooks = _lib.preload_hooks()
         process = hooks.vmstash_preload_process_tag() if hooks is not None else None
         if process is not None and (tag is None or tag == "default"):
             name = process.decode()
-            if all(n != name for n, _ in out):
-                out.append((name, _api.policy_of(name) or "discard"))
+            policy = _api.policy_of(name)  # None until the first captured allocation
+            if policy is not None and all(n != name for n, _ in out):
+                out.append((name, (self._process_setting() or "pinned") if policy == "backup" else "discard"))
         return out
-
-    def _check_backup_args(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-        if enable_disk_backup:
-            raise _unimplemented("enable_disk_backup")
-        if cpu_backup_backend not in (None, "pinned", "mmap"):
-            raise ValueError(f"cpu_backup_backend must be None, 'pinned' or 'mmap', got {cpu_backup_backend!r}")
-        if enable_cpu_backup and cpu_backup_backend is not None and cpu_backup_backend != _process_backend():
-            raise _lib.Error(f"cpu_backup_backend={cpu_backup_backend!r}: vmstash's backup backend is process-wide "
-                             f"and is {_process_backend()!r} here (VMSTASH_CONF backup:pinned|pageable, or "
-                             "TMS_INIT_CPU_BACKUP_BACKEND before the first use)", 9)
 
     # --- regions and graphs -----------------------------------------------------------
     @contextlib.contextmanager
     def region(self, tag="default", enable_cpu_backup=False, enable_disk_backup=False, cpu_backup_backend=None):
+        setting = self._setting(enable_cpu_backup, enable_disk_backup, cpu_backup_backend)
         self._ensure_initialized()
-        backup = bool(enable_cpu_backup)
-        self._check_backup_args(backup, enable_disk_backup, cpu_backup_backend)
-        _process_backend()
-        name, policy = self._vmstash_tag(tag, backup)
+        name, policy = self._vmstash_tag(tag, setting)
         self._used = True
         with _torch.region(name, policy):
             yield
@@ -227,9 +257,9 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def cuda_graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", tag="default",
                    enable_cpu_backup=False, cpu_backup_backend=None):
+        setting = self._setting(enable_cpu_backup, False, cpu_backup_backend)
         self._ensure_initialized()
-        self._check_backup_args(enable_cpu_backup, False, cpu_backup_backend)
-        name, policy = self._vmstash_tag(tag, enable_cpu_backup)
+        name, policy = self._vmstash_tag(tag, setting)
         self._used = True
         kwargs = {"capture_error_mode": capture_error_mode}
         if stream is not None:
@@ -261,13 +291,19 @@ class TorchMemorySaver:
     # --- pause / resume ----------------------------------------------------------------
     def pause(self, tag=None):
         self._ensure_initialized()
-        for name, _ in self._targets(tag):
+        for name, setting in self._targets(tag):
+            if setting != "discard":
+                try:
+                    self._apply_store(name, setting)  # the disk directory may have changed
+                except Error as e:
+                    if e.code_name != "FAILED_PRECONDITION":  # already paused: the pause is a no-op
+                        raise
             _if_created(_api.pause, name)
 
     def resume(self, tag=None):
         self._ensure_initialized()
-        for name, policy in self._targets(tag):
-            if _if_created(_api.resume, name) and policy == "backup" and not self._retain:
+        for name, setting in self._targets(tag):
+            if _if_created(_api.resume, name) and setting != "discard" and not self._retain:
                 _api.release_backup(name)
 
     def get_cpu_backup(self, x, zero_copy=False):

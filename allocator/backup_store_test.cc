@@ -1,0 +1,288 @@
+// Backup stores per tag (backup_arena.h): pinned, pageable and disk round trips, the
+// store's choice and its refusals, and the disk store's failures — a missing or full
+// directory fails the pause and leaves the tag active with every byte; driver faults
+// during a disk pause or resume roll back as with host memory; nothing leaks (no device
+// memory, no file descriptor).
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "vmm/sim_driver.h"
+
+namespace vmstash {
+namespace {
+
+using ::testing::HasSubstr;
+using Transition = CachingAllocator::Transition;
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+void Fill(DevicePtr p, std::size_t n, std::uint8_t seed) {
+  auto* b = reinterpret_cast<std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; i += 4093) b[i] = static_cast<std::uint8_t>(seed + i / 4093);
+  b[n - 1] = static_cast<std::uint8_t>(seed ^ 0x5a);
+}
+bool Has(DevicePtr p, std::size_t n, std::uint8_t seed) {
+  auto* b = reinterpret_cast<const std::uint8_t*>(p);
+  for (std::size_t i = 0; i < n; i += 4093) {
+    if (b[i] != static_cast<std::uint8_t>(seed + i / 4093)) return false;
+  }
+  return b[n - 1] == static_cast<std::uint8_t>(seed ^ 0x5a);
+}
+
+// Open descriptors of this process naming a file in `dir` (the disk arena's file is
+// unlinked, so /proc shows it as "<dir>/vmstash-backup-... (deleted)").
+int OpenBackupFiles(const std::string& dir) {
+  int n = 0;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    char target[4096];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t len = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (len <= 0) continue;
+    target[len] = '\0';
+    if (std::string(target).rfind(dir + "/vmstash-backup-", 0) == 0) ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+int EntriesIn(const std::string& dir) {
+  int n = 0;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") ++n;
+  }
+  closedir(d);
+  return n;
+}
+
+class BackupStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    std::string pattern = std::string(tmp != nullptr ? tmp : "/tmp") + "/vmstash_store_XXXXXX";
+    std::vector<char> buf(pattern.begin(), pattern.end());
+    buf.push_back('\0');
+    ASSERT_NE(mkdtemp(buf.data()), nullptr);
+    dir_ = buf.data();
+    sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 1024 * kMiB, 2 * kMiB, {}});
+    AllocatorOptions options;
+    options.validate_each_op = true;
+    options.auto_prepare = false;
+    options.pause_stage_bytes = 8 * kMiB;
+    options.resume_first_piece_bytes = 4 * kMiB;
+    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    weights_ = *InternTag("store_weights");
+    kv_ = *InternTag("store_kv");
+    ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
+    ASSERT_TRUE(alloc_->CreateTag(kv_, Policy::kDiscard).ok());
+    for (std::size_t i = 0; i < 4; ++i) {
+      const std::size_t n = std::size_t{3} * kMiB * (i * i + 1) + 1000 * i;
+      DevicePtr p = *alloc_->Allocate(n, nullptr, weights_);
+      Fill(p, n, static_cast<std::uint8_t>(7 * i + 3));
+      blocks_.emplace_back(p, n);
+    }
+  }
+  void TearDown() override {
+    for (auto [p, n] : blocks_) EXPECT_TRUE(alloc_->Free(p).ok());
+    alloc_.reset();
+    absl::Status leaks = sim_->CheckNoLeaks();
+    EXPECT_TRUE(leaks.ok()) << leaks;
+    EXPECT_EQ(OpenBackupFiles(dir_), 0) << "a disk arena outlived its allocator";
+    rmdir(dir_.c_str());
+  }
+  bool Intact() const {
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      if (!Has(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(7 * i + 3))) return false;
+    }
+    return true;
+  }
+  TagStats Tag(TagId tag) const {
+    for (const TagStats& t : alloc_->Stats().tags) {
+      if (t.name == TagName(tag)) return t;
+    }
+    return {};
+  }
+  BackupStore Disk() const { return BackupStore{BackupStore::Kind::kDisk, dir_}; }
+  void RoundTrip() {
+    ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+    ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+    ASSERT_TRUE(Intact());
+  }
+
+  std::string dir_;
+  std::unique_ptr<SimDriver> sim_;
+  std::unique_ptr<CachingAllocator> alloc_;
+  TagId weights_ = 0, kv_ = 0;
+  std::vector<std::pair<DevicePtr, std::size_t>> blocks_;
+};
+
+TEST_F(BackupStoreTest, DiskBackupHoldsThePausedBytesInAnUnlinkedFile) {
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  EXPECT_EQ(Tag(weights_).backup_store, "disk:" + dir_);
+  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins) << "no pinned host memory for a disk store";
+  EXPECT_EQ(OpenBackupFiles(dir_), 1);
+  EXPECT_EQ(EntriesIn(dir_), 0) << "the file is unlinked at creation: nothing is left behind";
+  // The paused bytes are readable (the file, through the mapping).
+  std::vector<std::uint8_t> host(blocks_[1].second);
+  ASSERT_TRUE(alloc_->ReadBackup(blocks_[1].first, host.size(), host.data()).ok());
+  EXPECT_TRUE(Has(reinterpret_cast<DevicePtr>(host.data()), host.size(), 10));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(Intact());
+  // The arena is kept for the next pause (like a pinned one) until released.
+  EXPECT_EQ(OpenBackupFiles(dir_), 1);
+  RoundTrip();
+  ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+  EXPECT_EQ(OpenBackupFiles(dir_), 0);
+  RoundTrip();  // a new file
+}
+
+TEST_F(BackupStoreTest, EveryStoreRoundTripsAndSwitchingDropsTheArena) {
+  RoundTrip();  // pinned (the options' default)
+  EXPECT_EQ(Tag(weights_).backup_store, "pinned");
+  EXPECT_GT(Tag(weights_).backup_arena_bytes, 0);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kPageable, ""}).ok());
+  EXPECT_EQ(Tag(weights_).backup_arena_bytes, 0) << "the pinned arena is given back";
+  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  RoundTrip();
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  RoundTrip();
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok()) << "the same store again: no-op";
+  EXPECT_EQ(OpenBackupFiles(dir_), 1);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{}).ok());
+  EXPECT_EQ(OpenBackupFiles(dir_), 0);
+  RoundTrip();
+  EXPECT_EQ(*alloc_->TagBackupStore(weights_), BackupStore{});
+}
+
+TEST_F(BackupStoreTest, BadStoresAndStatesAreRefusedAndChangeNothing) {
+  EXPECT_EQ(alloc_->SetBackupStore(kv_, Disk()).code(), absl::StatusCode::kFailedPrecondition) << "discard tag";
+  EXPECT_EQ(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kDisk, ""}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kPinned, dir_}).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::Status missing = alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kDisk, dir_ + "/nope"});
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr(dir_ + "/nope"));
+  EXPECT_EQ(alloc_->SetBackupStore(*InternTag("store_never_used"), Disk()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Tag(weights_).backup_store, "pinned");
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  absl::Status paused = alloc_->SetBackupStore(weights_, Disk());
+  EXPECT_EQ(paused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(paused.message(), HasSubstr("paused"));
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(Intact());
+  EXPECT_THAT(ParseBackupStoreKind("tape").status().message(), HasSubstr("pinned, pageable, disk"));
+}
+
+TEST_F(BackupStoreTest, AMissingDirectoryFailsThePauseAndLeavesTheTagActive) {
+  const std::string gone = dir_ + "/gone";
+  ASSERT_EQ(mkdir(gone.c_str(), 0700), 0);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kDisk, gone}).ok());
+  ASSERT_EQ(rmdir(gone.c_str()), 0);
+  const std::size_t used = sim_->UsedBytes(0);
+  absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+  ASSERT_EQ(paused.status().code(), absl::StatusCode::kNotFound) << paused.status();
+  EXPECT_THAT(paused.status().message(), HasSubstr(gone));
+  EXPECT_EQ(Tag(weights_).state, "active");
+  EXPECT_EQ(sim_->UsedBytes(0), used);
+  EXPECT_TRUE(Intact());
+  DevicePtr more = *alloc_->Allocate(kMiB, nullptr, weights_);  // the tag still works
+  ASSERT_TRUE(alloc_->Free(more).ok());
+  ASSERT_EQ(mkdir(gone.c_str(), 0700), 0);
+  RoundTrip();
+  ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+  rmdir(gone.c_str());
+}
+
+TEST_F(BackupStoreTest, AFullDiskFailsThePauseAndLeavesTheTagActive) {
+  // A file size limit below the backup: posix_fallocate fails with EFBIG, as a full disk
+  // fails with ENOSPC (SIGXFSZ ignored, so the call returns the error).
+  struct sigaction ignore {}, previous {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &previous), 0);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 8 * kMiB;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  const std::size_t used = sim_->UsedBytes(0);
+  absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &saved), 0);
+  ASSERT_EQ(sigaction(SIGXFSZ, &previous, nullptr), 0);
+  ASSERT_EQ(paused.status().code(), absl::StatusCode::kResourceExhausted) << paused.status();
+  EXPECT_THAT(paused.status().message(), HasSubstr("has no room"));
+  EXPECT_THAT(paused.status().message(), HasSubstr(dir_));
+  EXPECT_EQ(Tag(weights_).state, "active");
+  EXPECT_EQ(sim_->UsedBytes(0), used);
+  EXPECT_EQ(OpenBackupFiles(dir_), 0);
+  EXPECT_EQ(EntriesIn(dir_), 0);
+  EXPECT_TRUE(Intact());
+  RoundTrip();  // room again
+}
+
+TEST_F(BackupStoreTest, RemovingTheDirectoryWhilePausedLosesNothing) {
+  const std::string sub = dir_ + "/sub";
+  ASSERT_EQ(mkdir(sub.c_str(), 0700), 0);
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kDisk, sub}).ok());
+  ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+  ASSERT_EQ(rmdir(sub.c_str()), 0) << "the directory is empty: the file is unlinked";
+  ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+  EXPECT_TRUE(Intact());
+  ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+}
+
+// Driver faults at every call of a disk pause and resume roll back as with host memory:
+// a failed pause leaves the tag active and intact, a failed resume leaves it paused with
+// its file; a retry succeeds.
+TEST_F(BackupStoreTest, DriverFaultsDuringADiskTransitionRollBack) {
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  const DriverCounters before = sim_->Counters();
+  RoundTrip();
+  DriverCounters clean = sim_->Counters();
+  for (int i = 0; i < kNumDriverOps; ++i) clean.calls[i] -= before.calls[i];
+  int pause_failures = 0, resume_failures = 0;
+  for (DriverOp op : {DriverOp::kSynchronizeDevice, DriverOp::kCopyToHost, DriverOp::kSynchronizeEvent,
+                      DriverOp::kUnmap, DriverOp::kReleaseChunk, DriverOp::kSynchronizeStream, DriverOp::kCreateChunk,
+                      DriverOp::kMap, DriverOp::kSetAccess, DriverOp::kCopyToDevice}) {
+    for (std::uint64_t nth = 1; nth <= clean.Calls(op); ++nth) {
+      SCOPED_TRACE(std::string(DriverOpName(op)) + "@" + std::to_string(nth));
+      sim_->InjectFault(FaultRule{op, static_cast<int>(nth), 1, absl::StatusCode::kInternal});
+      absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+      if (!paused.ok()) {
+        ++pause_failures;
+        EXPECT_EQ(Tag(weights_).state, "active");
+        EXPECT_TRUE(Intact());
+      } else if (absl::StatusOr<Transition> resumed = alloc_->Resume(weights_); !resumed.ok()) {
+        ++resume_failures;
+        EXPECT_EQ(Tag(weights_).state, "paused");
+      }
+      sim_->ClearFaults();
+      ASSERT_TRUE(alloc_->Validate().ok());
+      ASSERT_TRUE(alloc_->Resume(weights_).ok());
+      ASSERT_TRUE(Intact());
+      EXPECT_LE(OpenBackupFiles(dir_), 1);
+    }
+  }
+  EXPECT_GT(pause_failures, 0);
+  EXPECT_GT(resume_failures, 0);
+}
+
+}  // namespace
+}  // namespace vmstash
