@@ -349,7 +349,8 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
   // Only pinned arenas: the others cost nothing to make at pause time (and a disk arena
   // made early would take the disk before it is needed).
   if (preparer_ != nullptr && pool->stats.policy == Policy::kBackup && pool->state == TagState::kActive &&
-      pool->store.kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepared_bytes) {
+      pool->store.kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepared_bytes &&
+      bytes > pool->auto_prepare_floor) {
     pool->auto_prepared_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
     preparer_->Request(pool->id, pool->auto_prepared_bytes);
   }

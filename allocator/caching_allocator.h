@@ -246,6 +246,9 @@ class CachingAllocator {
     Stream copy_stream = nullptr;               // guarded by transition_mu
     std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
     std::size_t auto_prepared_bytes = 0;        // last background request (mu_)
+    // ReleaseBackup's reserved bytes: background preparation waits until the tag grows
+    // past them, so a released arena is not pinned again at the next resume (mu_).
+    std::size_t auto_prepare_floor = 0;
     // While paused: where each live block's backed-up bytes are in the arena.
     BackupExtents backup_extents;
     std::vector<std::pair<TransitionHook, TransitionHook>> hooks;

@@ -165,7 +165,8 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   if (pool->arena != nullptr) VMSTASH_RETURN_IF_ERROR(pool->arena->Release());
   MutexLock lock(&mu_);
   pool->stats.backup_arena_bytes = 0;
-  pool->auto_prepared_bytes = 0;
+  pool->auto_prepared_bytes = 0;  // a queued background request finds this and does nothing
+  pool->auto_prepare_floor = static_cast<std::size_t>(pool->stats.reserved_bytes.current);
   return absl::OkStatus();
 }
 

@@ -296,6 +296,33 @@ TEST_F(PauseResumeTest, StoppedBackgroundWorkPreparesNothing) {
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+// torch_memory_saver's default (retain_cpu_backup False) releases the backup after each
+// resume: the background preparer must not pin it again at once, only when the tag grows.
+TEST_F(PauseResumeTest, AReleasedBackupIsNotPreparedAgainUntilTheTagGrows) {
+  AllocatorOptions options;
+  options.auto_prepare_settle_ms = 0;
+  Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options, /*auto_prepare=*/true);
+  DevicePtr p = Alloc(100 * kMiB, weights_);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_GT(Stats(weights_).backup_arena_bytes, 0);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+    ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
+    alloc_->WaitForBackgroundPrepare();  // a request made by the resume would run now
+    // Cycle 0 pauses into the prepared arena; later ones pin once, in the pause itself.
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc) - pins, cycle == 0 ? 0u : 1u) << "cycle " << cycle;
+    ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
+    alloc_->WaitForBackgroundPrepare();
+    EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0) << "cycle " << cycle;
+  }
+  DevicePtr more = Alloc(200 * kMiB, weights_);  // grown: prepared again
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_GT(Stats(weights_).backup_arena_bytes, static_cast<std::int64_t>(300 * kMiB));
+  ASSERT_TRUE(alloc_->Free(more).ok());
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
 TEST_F(PauseResumeTest, OnlyLiveBytesAreCopiedFreeCachedBlocksAreDropped) {
   std::vector<DevicePtr> blocks;
   for (int i = 0; i < 20; ++i) blocks.push_back(Alloc(10 * kMiB, weights_));

@@ -7,10 +7,18 @@ unchanged, each in a fresh process, the way the frameworks start them:
                    step, pause(), a weight read through get_cpu_backup(zero_copy=True), a
                    weight update under disable() while paused, resume(), the next step
                    equal to a run that never paused
+  slime_training_disk  the same with TMS_INIT_ENABLE_DISK_BACKUP=1 (the process's memory
+                   goes to a file in TMS_DISK_BACKUP_DIR while paused)
   sglang_server    SGLang: the parent enters configure_subprocess() and starts the
                    scheduler; the child (preload mode, the default there) holds weights,
                    kv_cache and a CUDA graph, releases kv_cache -> weights -> cuda_graph and
                    resumes in reverse
+  megatron_rl      Megatron-LM's RL loop in torch hook mode: rl_inference_model (backup),
+                   inference_context with and without backup, the first matmul inside a
+                   region, a training step and a disable() buffer while paused
+  backends         cpu_backup_backend pinned and mmap, enable_disk_backup, with
+                   retain_cpu_backup False and True: device memory, host memory (RSS,
+                   MemAvailable) and disk space measured at each step
 
     python3 gpu_tms_dropin_scenarios.py            (VMSTASH_PRELOAD_LIBRARY: the library)
 """
@@ -18,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,7 +149,143 @@ def sglang_scheduler():
     print("sglang_scheduler: OK")
 
 
-SCENARIOS = [slime_training, sglang_server]
+def slime_training_disk():
+    slime_training()
+
+
+def _owner(t):
+    """The device whose vmstash allocator holds the tensor's memory, or -1."""
+    from vmstash import _lib
+    return _lib.lib().vmstash_owner_device(t.data_ptr())
+
+
+def megatron_rl():
+    import torch
+    from torch_memory_saver import torch_memory_saver as tms
+    tms.hook_mode = "torch"  # Megatron-LM sets it before the first region
+    torch.zeros(1, device="cuda")
+    free0 = _free()
+    torch.manual_seed(1)
+    with tms.region(tag="rl_inference_model", enable_cpu_backup=True):
+        model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(6)]).cuda().to(torch.bfloat16)
+    with tms.region(tag="inference_context", enable_cpu_backup=False):
+        kv = torch.empty(1024 * MiB // 2, dtype=torch.bfloat16, device="cuda")
+    with tms.region(tag="inference_context", enable_cpu_backup=True):
+        block_table = torch.arange(4 * MiB, dtype=torch.int32, device="cuda")
+    x = torch.randn(32, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad(), tms.region(tag="inference_context"):  # the prefill: first matmul inside a region
+        out = model(x)
+        kv[: out.numel()].copy_(out.flatten())
+    ref_out = out.clone()
+    ref_weights = [p.detach().clone() for p in model.parameters()]  # outside regions
+    ref_table = block_table.clone()
+    addresses = [p.data_ptr() for p in model.parameters()] + [kv.data_ptr(), block_table.data_ptr()]
+    held = free0 - _free()
+    tms.pause("inference_context")
+    tms.pause("rl_inference_model")
+    released = _free() - (free0 - held)
+    assert released >= 1024 * MiB + 6 * 32 * MiB, f"released {released / MiB:.0f} MiB of {held / MiB:.0f}"
+    # Training while the inference engine sleeps: plain PyTorch memory, and a buffer under
+    # disable() that vmstash must not manage.
+    train = torch.nn.Linear(4096, 4096).cuda()
+    opt = torch.optim.SGD(train.parameters(), lr=0.1)
+    train(torch.randn(64, 4096, device="cuda")).square().mean().backward()
+    opt.step()
+    with tms.region(tag="inference_context"), tms.disable():
+        synced = torch.full((64 * MiB // 4,), 2.0, device="cuda")
+    assert _owner(synced) == -1 and _owner(train.weight) == -1, (_owner(synced), _owner(train.weight))
+    tms.resume("rl_inference_model")
+    tms.resume("inference_context")
+    assert [p.data_ptr() for p in model.parameters()] + [kv.data_ptr(), block_table.data_ptr()] == addresses
+    assert all(torch.equal(p, r) for p, r in zip(model.parameters(), ref_weights))
+    assert torch.equal(block_table, ref_table)
+    with torch.no_grad(), tms.region(tag="inference_context"):
+        again = model(x)
+    assert torch.equal(again, ref_out)
+    assert torch.all(synced == 2.0)
+    kv.fill_(1.0)
+    assert kv.float().sum().item() == kv.numel()
+    print(f"megatron_rl: OK (held {held / MiB:.0f} MiB, released {released / MiB:.0f} MiB)")
+
+
+def _rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _available():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable")
+
+
+def backends():
+    import torch
+    from torch_memory_saver import torch_memory_saver as tms
+    tms.hook_mode = "torch"
+    size = 1024 * MiB
+    disk_dir = tempfile.mkdtemp(prefix="vmstash_tms_disk_", dir=os.environ.get("VMSTASH_TEST_DISK_DIR"))
+    tms.set_disk_backup_dir(disk_dir)
+    tensors, refs = {}, {}
+    settings = {"pinned": dict(enable_cpu_backup=True, cpu_backup_backend="pinned"),
+                "mmap": dict(enable_cpu_backup=True, cpu_backup_backend="mmap"),
+                "disk": dict(enable_disk_backup=True)}
+    for i, (tag, kwargs) in enumerate(settings.items()):
+        with tms.region(tag=tag, **kwargs):
+            tensors[tag] = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda",
+                                         generator=torch.Generator("cuda").manual_seed(i))
+        refs[tag] = tensors[tag].clone()  # outside regions
+    addresses = {t: x.data_ptr() for t, x in tensors.items()}
+    for tag in settings:  # a first cycle: a pinned arena prepared in the background is given back
+        tms.pause(tag)
+        tms.resume(tag)
+    report = []
+    for retain in (False, True):
+        tms.retain_cpu_backup = retain
+        for tag in settings:
+            torch.cuda.synchronize()
+            free0, rss0, avail0, disk0 = _free(), _rss(), _available(), os.statvfs(disk_dir).f_bavail
+            tms.pause(tag)
+            free1, rss1, avail1 = _free(), _rss(), _available()
+            disk1 = os.statvfs(disk_dir).f_bavail
+            assert os.listdir(disk_dir) == [], os.listdir(disk_dir)
+            tms.resume(tag)
+            time.sleep(1.0)  # time for a background preparation, which must not pin the backup again
+            rss2, avail2 = _rss(), _available()
+            assert tensors[tag].data_ptr() == addresses[tag] and torch.equal(tensors[tag], refs[tag]), tag
+            frsize = os.statvfs(disk_dir).f_frsize
+            row = dict(tag=tag, retain=retain, device_freed=(free1 - free0) / MiB, rss_paused=(rss1 - rss0) / MiB,
+                       rss_resumed=(rss2 - rss0) / MiB, avail_paused=(avail0 - avail1) / MiB,
+                       avail_resumed=(avail0 - avail2) / MiB, disk_paused=(disk0 - disk1) * frsize / MiB)
+            report.append(row)
+            print("backends:", " ".join(f"{k}={v:.0f}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in row.items()))
+            assert row["device_freed"] >= 1000, row
+            if tag == "disk":
+                assert row["rss_paused"] < 200 and row["disk_paused"] >= 1000, row  # on disk, not in memory
+            else:
+                assert row["avail_paused"] >= 900, row  # in host memory
+            if tag == "mmap":
+                assert row["rss_paused"] >= 900 and row["rss_resumed"] < 200, row  # RSS given back
+            if tag == "pinned":
+                if retain:
+                    assert row["avail_resumed"] >= 900, row  # kept for the next pause
+                else:
+                    assert row["avail_resumed"] < 300, row  # returned after the resume
+    tms.retain_cpu_backup = False
+    for tag in settings:  # the retained arenas are given back at the next resume
+        tms.pause(tag)
+        tms.resume(tag)
+    os.rmdir(disk_dir)
+    print("backends: OK")
+
+
+SCENARIOS = [slime_training, slime_training_disk, sglang_server, megatron_rl, backends]
 
 
 def install_dropin(folder):
@@ -183,7 +328,11 @@ def main(names):
         envs = {
             "slime_training": dict(base, LD_PRELOAD=slime_preload_path(site, base), TMS_INIT_ENABLE="1",
                                    TMS_INIT_ENABLE_CPU_BACKUP="1"),
+            "slime_training_disk": dict(base, LD_PRELOAD=slime_preload_path(site, base), TMS_INIT_ENABLE="1",
+                                        TMS_INIT_ENABLE_DISK_BACKUP="1", TMS_DISK_BACKUP_DIR=tmp),
             "sglang_server": base,
+            "megatron_rl": base,
+            "backends": base,
         }
         failed = [f.__name__ for f in SCENARIOS
                   if subprocess.run([sys.executable, os.path.abspath(__file__), f.__name__],
