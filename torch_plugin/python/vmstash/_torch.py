@@ -69,6 +69,16 @@ def pool(tag, policy="discard", device=None):
         return mp
 
 
+# Regions open in any thread: while one is, its MemPool context is active on the device,
+# and PyTorch aborts the process when a pool is destroyed or its cache emptied then.
+_open_regions = 0
+
+
+def open_regions():
+    """How many region() blocks are open, over all threads."""
+    return _open_regions
+
+
 @contextlib.contextmanager
 def region(tag, policy="discard", *, all_threads=False, device=None):
     """Allocations of this thread inside go to `tag`'s MemPool (policy "discard" or
@@ -81,6 +91,9 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
     if previous == "default":  # not nested: PyTorch's current pool is its own
         warm_blas_workspaces(device=dev)
     _api.set_current_tag(tag)  # global mode and C++ callers route by the thread's tag
+    global _open_regions
+    with _lock:
+        _open_regions += 1
     try:
         if all_threads:
             torch._C._cuda_beginAllocateToPool(dev, mp.id)
@@ -94,6 +107,8 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
                 yield mp
     finally:
         _api.set_current_tag(previous)
+        with _lock:
+            _open_regions -= 1
 
 
 # Note [Library Workspaces]

@@ -117,6 +117,7 @@ class TorchMemorySaver:
         self._retain = _env_flag("TMS_RETAIN_CPU_BACKUP", default=False)
         self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR", "/tmp")
         self._impl = None
+        self._parked_pools = []  # disable()'s pools made inside regions (see disable)
 
     def _ensure_initialized(self):
         """Checks the process set-up once (torch_memory_saver does it at the first use):
@@ -270,8 +271,12 @@ class TorchMemorySaver:
     @contextlib.contextmanager
     def disable(self):
         """Allocations of this thread inside go to CUDA, not vmstash (also in whole-process
-        mode and while managed memory is paused), through a throw-away PyTorch pool
-        released on exit."""
+        mode, inside a region, and while managed memory is paused), through a throw-away
+        PyTorch pool given back on exit. Note [Throw-Away Pools]: PyTorch asserts (and
+        aborts the process) when a MemPool is destroyed while a pool context is active on
+        the device, so while a region is open (in any thread) the pool is parked and given
+        back at the next exit of disable() with none open. A pool context of the program's
+        own (torch.cuda.use_mem_pool, a graph capture) in another thread is not seen."""
         import torch
         self._ensure_initialized()
         previous = _api.current_tag()
@@ -286,6 +291,10 @@ class TorchMemorySaver:
             _api.set_current_tag(previous)
             if hooks is not None:
                 hooks.vmstash_preload_set_routed(override)
+            with self._lock:
+                self._parked_pools.append(pool)
+                if _torch.open_regions() == 0:
+                    self._parked_pools.clear()  # no region's pool context is active
             del pool
 
     # --- pause / resume ----------------------------------------------------------------
