@@ -147,7 +147,9 @@ TEST(RuntimeTest, ABackupStoreReachesEveryAllocatorOrNone) {
   EXPECT_THAT(gone.status().message(), HasSubstr(dir));
   for (int d = 0; d < 2; ++d) {
     for (const TagStats& t : f.rt->AllocatorInUse(d)->Stats().tags) {
-      if (t.name == "rt_stored") EXPECT_EQ(t.state, "active") << "device " << d;
+      if (t.name == "rt_stored") {
+        EXPECT_EQ(t.state, "active") << "device " << d;
+      }
     }
   }
   ASSERT_TRUE(f.rt->SetBackupStore(tag, pageable).ok());
