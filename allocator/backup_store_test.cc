@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
@@ -25,19 +26,6 @@ namespace {
 using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
 constexpr std::size_t kMiB = std::size_t{1} << 20;
-
-void Fill(DevicePtr p, std::size_t n, std::uint8_t seed) {
-  auto* b = reinterpret_cast<std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; i += 4093) b[i] = static_cast<std::uint8_t>(seed + i / 4093);
-  b[n - 1] = static_cast<std::uint8_t>(seed ^ 0x5a);
-}
-bool Has(DevicePtr p, std::size_t n, std::uint8_t seed) {
-  auto* b = reinterpret_cast<const std::uint8_t*>(p);
-  for (std::size_t i = 0; i < n; i += 4093) {
-    if (b[i] != static_cast<std::uint8_t>(seed + i / 4093)) return false;
-  }
-  return b[n - 1] == static_cast<std::uint8_t>(seed ^ 0x5a);
-}
 
 // Open descriptors of this process naming a file in `dir` (the disk arena's file is
 // unlinked, so /proc shows it as "<dir>/vmstash-backup-... (deleted)").
@@ -89,9 +77,9 @@ class BackupStoreTest : public ::testing::Test {
     ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
     ASSERT_TRUE(alloc_->CreateTag(kv_, Policy::kDiscard).ok());
     for (std::size_t i = 0; i < 4; ++i) {
-      const std::size_t n = std::size_t{3} * kMiB * (i * i + 1) + 1000 * i;
+      const std::size_t n = kMiB * (i * i + 1) + 1000 * i;
       DevicePtr p = *alloc_->Allocate(n, nullptr, weights_);
-      Fill(p, n, static_cast<std::uint8_t>(7 * i + 3));
+      FillPattern(p, n, static_cast<std::uint8_t>(7 * i + 3));
       blocks_.emplace_back(p, n);
     }
   }
@@ -105,7 +93,7 @@ class BackupStoreTest : public ::testing::Test {
   }
   bool Intact() const {
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
-      if (!Has(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(7 * i + 3))) return false;
+      if (WrongBytes(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(7 * i + 3)) != 0) return false;
     }
     return true;
   }
@@ -140,7 +128,7 @@ TEST_F(BackupStoreTest, DiskBackupHoldsThePausedBytesInAnUnlinkedFile) {
   // The paused bytes are readable (the file, through the mapping).
   std::vector<std::uint8_t> host(blocks_[1].second);
   ASSERT_TRUE(alloc_->ReadBackup(blocks_[1].first, host.size(), host.data()).ok());
-  EXPECT_TRUE(Has(reinterpret_cast<DevicePtr>(host.data()), host.size(), 10));
+  EXPECT_EQ(WrongBytes(host.data(), host.size(), 10), 0u);
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
   EXPECT_TRUE(Intact());
   // The arena is kept for the next pause (like a pinned one) until released.
