@@ -40,6 +40,49 @@ def _free():
     return torch.cuda.mem_get_info()[0]
 
 
+class _RawBuffer:
+    """A buffer made the way DeepEP makes its NVL buffer: cudaMalloc called directly (found
+    in the process's global scope, so the preload library's hook sees it), not PyTorch."""
+
+    def __init__(self, nbytes):
+        import ctypes
+        self._rt = ctypes.CDLL(None)  # global scope: the interposed cudaMalloc
+        self.ptr, self.nbytes = ctypes.c_void_p(), nbytes
+        assert self._rt.cudaMalloc(ctypes.byref(self.ptr), ctypes.c_size_t(nbytes)) == 0
+        assert self._rt.cudaMemset(self.ptr, ctypes.c_int(0x5A), ctypes.c_size_t(nbytes)) == 0
+        assert self._rt.cudaDeviceSynchronize() == 0
+
+    def owner(self):
+        from vmstash import _lib
+        return _lib.lib().vmstash_owner_device(self.ptr.value)
+
+    def check_and_free(self):
+        import ctypes
+        host = (ctypes.c_uint8 * self.nbytes)()
+        assert self._rt.cudaMemcpy(host, self.ptr, ctypes.c_size_t(self.nbytes), 2) == 0  # device to host
+        assert bytes(host) == b"\x5a" * self.nbytes, "the DeepEP buffer lost its bytes"
+        assert self._rt.cudaFree(self.ptr) == 0
+
+
+def _deepep_buffer(tms):
+    """slime's DeepEP patch: the interesting-region flag off around the buffer's creation, so
+    the buffer is plain CUDA memory that pause() does not touch."""
+    tms._ensure_initialized()  # as any earlier torch_memory_saver call does
+    cdll = tms._impl._binary_wrapper.cdll
+    routed = _RawBuffer(MiB)
+    assert routed.owner() == 0, "whole-process mode: a raw cudaMalloc is managed"
+    routed.check_and_free()
+    previous = cdll.tms_get_interesting_region()
+    assert previous
+    cdll.tms_set_interesting_region(False)
+    try:
+        buf = _RawBuffer(64 * MiB)
+    finally:
+        cdll.tms_set_interesting_region(previous)
+    assert buf.owner() == -1, "the DeepEP buffer must bypass vmstash"
+    return buf
+
+
 def slime_training():
     import copy
     import torch
@@ -60,6 +103,7 @@ def slime_training():
         o.step()
 
     step(model, opt)
+    deepep = _deepep_buffer(tms)
     with tms.region(tag="kv_cache"):  # a region besides the whole process
         kv = torch.ones(256 * MiB // 4, device="cuda")
     torch.cuda.synchronize()
@@ -87,6 +131,7 @@ def slime_training():
         assert torch.equal(v.cpu(), ref_model[k]), k
     kv.fill_(3.0)
     assert kv.sum().item() == 3.0 * kv.numel()
+    deepep.check_and_free()
     # The next step equals that of a run that never paused.
     twin = copy.deepcopy(model)
     twin.load_state_dict({k: v.cuda() for k, v in ref_model.items()})
