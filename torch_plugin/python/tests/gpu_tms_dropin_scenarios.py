@@ -239,6 +239,7 @@ def megatron_rl():
     with tms.region(tag="inference_context"), tms.disable():
         synced = torch.full((64 * MiB // 4,), 2.0, device="cuda")
     assert _owner(synced) == -1 and _owner(train.weight) == -1, (_owner(synced), _owner(train.weight))
+    assert _owner(kv) == 0, "the KV cache (its segment's first block) is vmstash memory"
     tms.resume("rl_inference_model")
     tms.resume("inference_context")
     assert [p.data_ptr() for p in model.parameters()] + [kv.data_ptr(), block_table.data_ptr()] == addresses

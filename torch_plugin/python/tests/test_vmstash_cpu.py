@@ -86,6 +86,8 @@ class VmstashCpuTest(unittest.TestCase):
         self.assertFalse(vmstash.resume("cpu_drop"))
         self.assertTrue(holds(keep, 3 * MiB, 0x5A))
         self.assertFalse(holds(drop, 3 * MiB, 0x5A))  # discard does not keep memory silently
+        self.assertEqual(_lib.lib().vmstash_owner_device(keep), 0)  # a 64-bit address, not truncated
+        self.assertEqual(_lib.lib().vmstash_owner_device(keep + 512), -1)
         free(keep, 3 * MiB)
         free(drop, 3 * MiB)
         vmstash.release_backup("cpu_keep")

@@ -135,6 +135,7 @@ def _declare(l):
         "vmstash_version": (c_char_p, []),
         "vmstash_malloc": (c_void_p, [c_size_t, c_int, c_void_p]),
         "vmstash_free": (None, [c_void_p, c_size_t, c_int, c_void_p]),
+        "vmstash_owner_device": (c_int, [c_void_p]),
         "vmstash_create_tag": (c_int, [c_char_p, c_char_p]),
         "vmstash_set_current_tag": (c_int, [c_char_p]),
         "vmstash_tag_policy": (c_char_p, [c_char_p]),
