@@ -50,9 +50,10 @@ def bazel_tests():
 
 
 def cmake_configure(build):
-    if not os.path.exists(os.path.join(build, "compile_commands.json")):
-        subprocess.run(["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
-                        "-DCMAKE_CUDA_ARCHITECTURES=90"], check=True, stdout=subprocess.DEVNULL)
+    # Every time (it is incremental): a folder configured before a CMakeLists.txt changed
+    # would compare the old lists.
+    subprocess.run(["cmake", "-S", ROOT, "-B", build, "-G", "Ninja", "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+                    "-DCMAKE_CUDA_ARCHITECTURES=90"], check=True, stdout=subprocess.DEVNULL)
 
 
 def cmake_sources(build):
