@@ -22,4 +22,7 @@ if [[ $# -eq 0 ]]; then
   scripts/check_layering.sh
   scripts/check_thread_safety.sh
   scripts/check_build_parity.py
+  # The wheels (the whole product and the torch_memory_saver drop-in), built as a user
+  # would and checked: NEEDED entries, glibc tag, the paged stash kernels.
+  scripts/build_wheel.sh build/ci-dist
 fi

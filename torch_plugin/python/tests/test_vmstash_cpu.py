@@ -340,12 +340,12 @@ class VmstashCpuTest(unittest.TestCase):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         builder = os.path.join(root, "scripts", "build_tms_dropin_wheel.py")
         with tempfile.TemporaryDirectory() as tmp:
-            fake = os.path.join(tmp, "libvmstash_preload.so")
-            with open(fake, "wb") as f:
-                f.write(b"not really a library")
-            out = subprocess.run([sys.executable, builder, "--preload", fake, "--out", tmp], check=True,
+            # A real ELF file stands in for the preload library (its glibc needs give the tag).
+            stand_in = _lib.library_path()
+            out = subprocess.run([sys.executable, builder, "--preload", stand_in, "--out", tmp], check=True,
                                  capture_output=True, text=True).stdout.strip()
-            self.assertRegex(os.path.basename(out), r"^torch_memory_saver-0\.0\.10\+vmstash\.[0-9.]+-py3-none-")
+            self.assertRegex(os.path.basename(out),
+                             r"^torch_memory_saver-0\.0\.10\+vmstash\.[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl$")
             site = os.path.join(tmp, "site")
             with zipfile.ZipFile(out) as z:
                 self.assertIsNone(z.testzip())

@@ -1,8 +1,8 @@
 """Shared by the RL phase-switch demo (rl_phase_switch.py, vmstash) and its peer run
-(tms_phase_switch.py, any module with torch_memory_saver's API): the same-run pinned copy
+(tms_peer.py, any module with torch_memory_saver's API): the same-run pinned copy
 bandwidth, the memory timeline, and the per-switch line and summary both print, so the two
 report the same figures the same way. torch is imported where it is used, so the criteria,
-the summary and the plot are tested without it (phase_switch_common_test.py)."""
+the summary and the plot are tested without it (tests/test_demo_common.py)."""
 import json
 import statistics
 import time

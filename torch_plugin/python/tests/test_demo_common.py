@@ -1,4 +1,4 @@
-"""CPU test of what the RL demo and its peer run decide and print (phase_switch_common.py):
+"""CPU test of what the RL demo and its peer run decide and print (vmstash/demo/common.py):
 issue 8's two criteria at their edges, the per-direction summary, and the timeline plot."""
 import os
 import sys
@@ -6,8 +6,8 @@ import tempfile
 import unittest
 import xml.etree.ElementTree as ET
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import phase_switch_common as c  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from vmstash.demo import common as c  # noqa: E402
 
 GiB = 1 << 30
 

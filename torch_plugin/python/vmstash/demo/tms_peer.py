@@ -1,8 +1,8 @@
 """The memory side of the RL phase switch under torch_memory_saver's API: the peer run of
-rl_phase_switch.py, which starts it (inside the module's configure_subprocess()) with the
+the demo (rl_phase_switch.py), which starts it (inside the module's configure_subprocess()) with the
 tag layout it measured.
 
-    python3 examples/tms_phase_switch.py --module torch_memory_saver --layout JSON [--cycles 10]
+    python3 -m vmstash.demo.tms_peer --module torch_memory_saver --layout JSON [--cycles 10]
 
 JSON: [{"tag": "weights", "phase": "rollout", "backup": true, "bytes": N}, ...]. Each tag
 gets its bytes as 256 MiB tensors allocated in `region(tag, enable_cpu_backup=backup)`;
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from phase_switch_common import (GiB, criteria_failures, pinned_bandwidth, summarize, switch_line, switch_record,
+from vmstash.demo.common import (GiB, criteria_failures, pinned_bandwidth, summarize, switch_line, switch_record,
                                  write_json)
 
 PIECE = 256 << 20
