@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's main job. On a machine with a usable GPU and PyTorch: build the library with
-# CMake (scripts/gpu_build.sh) and run the RL phase-switch demo (examples/rl_phase_switch.py:
-# rollout and training alternate on one GPU, both CUDA graphs captured once). Elsewhere:
+# The README's main job. On a machine with a usable GPU and PyTorch: install the wheel
+# (dist/vmstash-*.whl from scripts/build_wheel.sh, into build/site with pip; without a
+# wheel, build the library with CMake: scripts/gpu_build.sh) and run the RL phase-switch
+# demo (python3 -m vmstash.demo: rollout and training alternate on one GPU, both CUDA
+# graphs captured once). Elsewhere:
 # set up Debian 12 and run the C++ demo on the simulated driver (reserve, map, write, pause
 # with backup, resume at the same address, verify). Both end with a short summary.
 #
@@ -27,11 +29,18 @@ if [ -z "$mode" ]; then
   fi
 fi
 if [ "$mode" = rl ]; then
+  [ $# -gt 0 ] || set -- --cycles 10 --plot build/rl_phase_switch_memory.svg
+  wheel=$(ls dist/vmstash-*.whl 2>/dev/null | tail -1 || true)
+  if [ -n "$wheel" ]; then
+    rm -rf build/site
+    python3 -m pip install --quiet --no-deps --no-index --target build/site "$wheel"
+    echo "installed $wheel into build/site"
+    PYTHONPATH="$PWD/build/site" exec python3 -m vmstash.demo "$@"
+  fi
   source scripts/gpu_build.sh
   vmstash_build vmstash vmstash_preload
   vmstash_python_env
-  [ $# -gt 0 ] || set -- --cycles 10 --plot build/rl_phase_switch_memory.svg
-  exec python3 examples/rl_phase_switch.py "$@"
+  exec python3 -m vmstash.demo "$@"
 fi
 if command -v bazel >/dev/null || grep -qs '^12' /etc/debian_version; then  # Debian 12: Bazel
   scripts/setup_debian.sh
