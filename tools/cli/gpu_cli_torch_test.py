@@ -6,9 +6,12 @@ snapshot that PyTorch's memory_viz loads.
 Env: VMSTASH_CLI (the vmstash binary), VMSTASH_LIBRARY / PYTHONPATH for the package.
 """
 import os
+import select
 import subprocess
 import sys
 import tempfile
+
+STEP_TIMEOUT_S = 120
 
 CHILD = r"""
 import sys, torch, vmstash
@@ -38,15 +41,25 @@ def main():
     def ask(cmd):
         child.stdin.write(cmd + "\n")
         child.stdin.flush()
+        return read_line(f"the child's answer to {cmd!r}")
+
+    def read_line(what):
+        # A bounded wait: a stuck child fails the test, naming the step, instead of hanging it.
+        ready, _, _ = select.select([child.stdout], [], [], STEP_TIMEOUT_S)
+        assert ready, f"no {what} within {STEP_TIMEOUT_S} s"
         return child.stdout.readline().strip()
 
     def run(*args):
-        r = subprocess.run([cli, *args], capture_output=True, text=True)
+        try:
+            r = subprocess.run([cli, *args], capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"`vmstash {' '.join(args)}` did not finish within {STEP_TIMEOUT_S} s; "
+                                 f"output so far: {e.stdout!r} {e.stderr!r}") from None
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         return r.stdout
 
     try:
-        assert child.stdout.readline().strip() == "READY"
+        assert read_line("READY from the child") == "READY"
         pid = str(child.pid)
         ps = run("ps")
         assert pid in ps, ps
@@ -64,19 +77,23 @@ def main():
             print(run("snapshot", pid, "-o", pickle_path, "--format=torch"), end="")
             run("resume", pid, "kv_cache")
             viz = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "stats", pickle_path],
-                                 capture_output=True, text=True)
+                                 capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
             assert viz.returncode == 0, viz.stderr
             print("memory_viz stats:\n" + "\n".join(viz.stdout.splitlines()[-6:]))
             # (`segments` fetches flamegraph.pl from the internet; segment_plot works offline.)
             html = os.path.join(d, "segments.html")
             plot = subprocess.run([sys.executable, "-m", "torch.cuda._memory_viz", "segment_plot", pickle_path, "-o",
-                                   html], capture_output=True, text=True)
+                                   html], capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
             assert plot.returncode == 0 and os.path.getsize(html) > 0, plot.stderr
         print(f"cli against PyTorch process {pid}: remote pause freed {(free1 - free0) / (1 << 20):.0f} MiB, "
               "resume kept the weights, memory_viz loaded the snapshot: OK")
     finally:
-        ask("quit")
-        child.wait(timeout=30)
+        try:
+            child.stdin.write("quit\n")
+            child.stdin.flush()
+            child.wait(timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            child.kill()
     return 0
 
 
