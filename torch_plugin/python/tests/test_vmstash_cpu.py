@@ -333,6 +333,45 @@ class VmstashCpuTest(unittest.TestCase):
             for p in ptrs.values():
                 free(p, n)
 
+    def test_torch_memory_saver_pause_from_another_thread_while_this_one_allocates(self):
+        """SGLang and slime pause from an RPC thread while other threads keep working: the
+        paused tag comes back intact, the working thread's tag is untouched, no call fails."""
+        import threading
+        from vmstash.compat.torch_memory_saver import TorchMemorySaver
+        tms = TorchMemorySaver()
+        tms.hook_mode = "torch"
+        weights, _ = tms._vmstash_tag("thr_weights", "pinned")
+        work, _ = tms._vmstash_tag("thr_work", "discard")
+        p = malloc(weights, 6 * MiB)
+        fill(p, 6 * MiB, 0x77)
+        errors, done = [], threading.Event()
+
+        def worker():
+            try:
+                while not done.is_set():
+                    q = malloc(work, 3 * MiB)
+                    fill(q, 3 * MiB, 0x11)
+                    if not holds(q, 3 * MiB, 0x11):
+                        errors.append("worker's bytes changed")
+                    free(q, 3 * MiB)
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        t = threading.Thread(target=worker)
+        t.start()
+        try:
+            for _ in range(20):
+                tms.pause("thr_weights")
+                self.assertEqual(vmstash.tag_stats(weights)["state"], "paused")
+                tms.resume("thr_weights")
+                self.assertTrue(holds(p, 6 * MiB, 0x77))
+        finally:
+            done.set()
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(vmstash.tag_stats(work)["state"], "active")
+        free(p, 6 * MiB)
+
     def test_torch_memory_saver_dropin_wheel_installs_the_package_and_the_preload_names(self):
         import subprocess
         import tempfile

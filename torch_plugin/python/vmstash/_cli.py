@@ -1,7 +1,7 @@
 """The `vmstash` command: the wheel's console script runs the CLI binary shipped in the
 package (vmstash/bin/vmstash_cli; tools/cli), with the same arguments.
 
-    vmstash --help        (or: python3 -m vmstash._cli --help)
+    vmstash --help
 """
 import os
 import sys
@@ -27,7 +27,3 @@ def main():
         print(f"vmstash: {e}", file=sys.stderr)
         return 2
     os.execv(path, [path] + sys.argv[1:])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

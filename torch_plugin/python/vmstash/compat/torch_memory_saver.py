@@ -111,6 +111,7 @@ class TorchMemorySaver:
         self._lock = threading.Lock()
         self._names = {}  # (tms tag, setting) -> vmstash tag; setting: discard | pinned | mmap | disk
         self._stores = {}  # vmstash tag -> the store last set on it (disk: with its directory)
+        self._declared = set()  # vmstash tags created with their policy and store
         self._hook_mode = None  # chosen at the first use (see hook_mode)
         self._used = False
         self._margin = 0
@@ -206,9 +207,13 @@ class TorchMemorySaver:
                 taken = any(t == tag for (t, _) in self._names)
                 name = f"{tag}:{setting}" if taken else tag
                 self._names[(tag, setting)] = name
-        _api.create_tag(name, policy)
-        if policy == "backup":
-            self._apply_store(name, setting)
+            declared = name in self._declared
+        if not declared:  # once, not at every region entry (a failed attempt is retried)
+            _api.create_tag(name, policy)
+            if policy == "backup":
+                self._apply_store(name, setting)
+            with self._lock:
+                self._declared.add(name)
         return name, policy
 
     def _apply_store(self, name, setting):

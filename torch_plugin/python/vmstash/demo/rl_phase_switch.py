@@ -400,6 +400,3 @@ def run_peer(module, layout, cycles):
     result["exit_code"] = rc
     return result
 
-
-if __name__ == "__main__":
-    sys.exit(main())
