@@ -466,6 +466,37 @@ class VmstashCpuTest(unittest.TestCase):
         for p, size in ((src, max_rows * row), (dst, max_rows * row), (n, 8)):
             free(p, size)
 
+    def test_cli_shim_never_execs_a_script_named_by_vmstash_cli(self):
+        # VMSTASH_CLI naming the console script itself looped exec forever (hung on the H200).
+        import subprocess
+        import tempfile
+        from vmstash import _cli
+        with tempfile.TemporaryDirectory() as d:
+            script = os.path.join(d, "vmstash")
+            with open(script, "w") as f:
+                f.write("#!/usr/bin/env python3\nfrom vmstash._cli import main\nmain()\n")
+            os.chmod(script, 0o755)
+            env = dict(os.environ, VMSTASH_CLI=script)
+            old = os.environ.get("VMSTASH_CLI")
+            os.environ["VMSTASH_CLI"] = script
+            try:
+                try:
+                    path = _cli.cli_path()
+                    self.assertNotEqual(path, script)  # the package's own binary, never the script
+                except FileNotFoundError as e:
+                    self.assertIn("VMSTASH_CLI", str(e))  # a source tree: no binary, a clear error
+            finally:
+                if old is None:
+                    del os.environ["VMSTASH_CLI"]
+                else:
+                    os.environ["VMSTASH_CLI"] = old
+            # Started by itself, the shim stops at once with a clear message instead of looping.
+            env["_VMSTASH_CLI_SHIM"] = "1"
+            r = subprocess.run([sys.executable, "-c", "import sys; from vmstash._cli import main; sys.exit(main())",
+                                "ps"], env=env, capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("started by itself", r.stderr)
+
     def test_torch_functions_without_torch_raise_clearly(self):
         try:
             import torch  # noqa: F401
