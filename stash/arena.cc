@@ -197,6 +197,19 @@ absl::Status StashArena::Reset(Stream stream) {
   return absl::OkStatus();
 }
 
+absl::Status StashArena::LinkFlags(Stream stream, std::int64_t* overflow, std::int64_t* host_spill) {
+  if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
+  StashState before = host_state_;
+  host_state_.linked_overflow = overflow;
+  host_state_.linked_host_spill = host_spill;
+  absl::Status s = Reset(stream);
+  if (!s.ok()) {
+    host_state_ = before;
+    return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_t* n_rows_dev, std::uint64_t max_rows,
                                StashHandleHeader* handle) {
   if (!prepared_) return absl::FailedPreconditionError("StashArena: Prepare first");
@@ -208,7 +221,8 @@ absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_
     return absl::FailedPreconditionError(
         "StashArena::Stash: the handle still holds a stashed tensor; restore or discard it first");
   }
-  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Stash(Cu(stream), state_, src, n_rows_dev, max_rows, handle), "stash"));
+  VMSTASH_RETURN_IF_ERROR(
+      Launched(ops_->Stash(Cu(stream), state_, spec_.row_bytes, src, n_rows_dev, max_rows, handle), "stash"));
   info->stashed_epoch = epoch_;
   return absl::OkStatus();
 }
@@ -222,7 +236,7 @@ absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void*
   VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Restore"));
   VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Restore"));
   VMSTASH_RETURN_IF_ERROR(
-      Launched(ops_->Restore(Cu(stream), state_, handle, dst, max_rows, zero_tail), "restore"));
+      Launched(ops_->Restore(Cu(stream), state_, spec_.row_bytes, handle, dst, max_rows, zero_tail), "restore"));
   info->stashed_epoch = 0;
   return absl::OkStatus();
 }
@@ -232,7 +246,7 @@ absl::Status StashArena::Discard(Stream stream, StashHandleHeader* handle, std::
   if (handle == nullptr) return absl::InvalidArgumentError("StashArena::Discard: null handle");
   VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Discard"));
   VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Discard"));
-  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Discard(Cu(stream), state_, handle, max_rows), "discard"));
+  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Discard(Cu(stream), state_, spec_.row_bytes, handle, max_rows), "discard"));
   info->stashed_epoch = 0;
   return absl::OkStatus();
 }

@@ -65,6 +65,11 @@ class StashArena {
   absl::Status FreeHandle(StashHandleHeader* handle);
 
   absl::Status Reset(Stream stream);
+  // Links flags shared with other arenas (stash_state.h: linked_overflow / linked_host_spill;
+  // device-addressable int64s, e.g. Megatron-LM's overflow and host_spill tensors; null
+  // unlinks) and resets the arena (stream-ordered). The owner of the flags clears them;
+  // this arena's Reset does not.
+  absl::Status LinkFlags(Stream stream, std::int64_t* overflow, std::int64_t* host_spill);
   absl::Status Stash(Stream stream, const void* src, const std::int64_t* n_rows_dev, std::uint64_t max_rows,
                      StashHandleHeader* handle);
   absl::Status Restore(Stream stream, StashHandleHeader* handle, void* dst, std::uint64_t max_rows, bool zero_tail);

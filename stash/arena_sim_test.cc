@@ -2,7 +2,8 @@
 // the CPU reference model (page_model.h) over random stash/restore/discard/reset
 // sequences, and the arena's host-side logic: the pause refusal with live pages, an idle
 // arena's pause releasing its memory and a reset after resume, Prepare's rollback under
-// injected driver faults, and the pause hook outliving the arena.
+// injected driver faults, the pause hook outliving the arena, and flags linked among
+// arenas (Megatron-LM's shared overflow).
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -140,6 +141,75 @@ TEST_F(ArenaSimTest, RestoreIntoASmallerBufferWritesAtMostMaxRows) {
   EXPECT_EQ(dst[(kP + 1) * kRowBytes], 0xAB);  // past max_rows: untouched
   EXPECT_EQ(FreeList(0).size(), 8u);           // every page came back
   ASSERT_TRUE(arena_->FreeHandle(h).ok());
+}
+
+TEST_F(ArenaSimTest, LinkedFlagsAreSharedAmongArenasAsMegatronSharesItsOverflow) {
+  // Megatron-LM keeps one int64 overflow and one host-spill flag for all its buffers
+  // (one per dtype and hidden size): an overflow in any buffer makes every later stash
+  // and restore of every buffer a no-op until the owner clears the flag and resets.
+  MakeArena(2, 1);
+  auto other = *StashArena::Create(sim_.get(), alloc_.get(), StashArenaSpec{2 * kRowBytes, kP, "stash"});
+  ASSERT_TRUE(other->Prepare(4, 0, nullptr).ok());
+  auto* flags = reinterpret_cast<std::int64_t*>(Buffer(16));
+  std::int64_t* overflow = flags;
+  std::int64_t* host_spill = flags + 1;
+  overflow[0] = host_spill[0] = 0;
+  ASSERT_TRUE(arena_->LinkFlags(nullptr, overflow, host_spill).ok());
+  ASSERT_TRUE(other->LinkFlags(nullptr, overflow, host_spill).ok());
+
+  std::uint8_t* src = Buffer(2 * kP * 2 * kRowBytes);
+  std::uint8_t* dst = Buffer(2 * kP * 2 * kRowBytes);
+  for (std::uint64_t i = 0; i < 2 * kP * 2 * kRowBytes; ++i) src[i] = static_cast<std::uint8_t>(i * 13 + 1);
+  auto* n = reinterpret_cast<std::int64_t*>(Buffer(8));
+  StashHandleHeader* b0 = *other->NewHandle(2 * kP);
+  StashHandleHeader* b1 = *other->NewHandle(2 * kP);
+  StashHandleHeader* a[3] = {*arena_->NewHandle(2 * kP), *arena_->NewHandle(2 * kP), *arena_->NewHandle(2 * kP)};
+
+  *n = kP;
+  ASSERT_TRUE(other->Stash(nullptr, src, n, 2 * kP, b0).ok());  // the other arena: device tier
+  *n = 2 * kP;
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, a[0]).ok());  // both device pages
+  *n = kP;
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, a[1]).ok());  // the host page
+  EXPECT_EQ(a[1]->status, kHandleHost);
+  EXPECT_EQ(*host_spill, 1);
+  EXPECT_EQ(*overflow, 0);
+  ASSERT_TRUE(arena_->Stash(nullptr, src, n, 2 * kP, a[2]).ok());  // no room anywhere
+  EXPECT_EQ(*overflow, 1);
+
+  // The other arena has room, but the shared overflow makes its stash and restore no-ops.
+  ASSERT_TRUE(other->Stash(nullptr, src, n, 2 * kP, b1).ok());
+  EXPECT_EQ(b1->status, kHandleOverflowed);
+  std::memset(dst, 0xAB, 2 * kP * 2 * kRowBytes);
+  ASSERT_TRUE(other->Restore(nullptr, b0, dst, 2 * kP, false).ok());
+  EXPECT_EQ(dst[0], 0xAB);
+  EXPECT_EQ(other->ReadFlags(nullptr)->overflow, 0u);  // its own flag: it did not overflow itself
+
+  // A reset leaves the shared flags to their owner; with them cleared, all works again.
+  ASSERT_TRUE(other->Reset(nullptr).ok());
+  EXPECT_EQ(*overflow, 1);
+  ASSERT_TRUE(other->Stash(nullptr, src, n, 2 * kP, b0).ok());
+  EXPECT_EQ(b0->status, kHandleOverflowed);
+  *overflow = 0;
+  *host_spill = 0;
+  ASSERT_TRUE(other->Reset(nullptr).ok());
+  ASSERT_TRUE(arena_->Reset(nullptr).ok());
+  *n = 2 * kP;
+  ASSERT_TRUE(other->Stash(nullptr, src, n, 2 * kP, b0).ok());
+  ASSERT_TRUE(other->Restore(nullptr, b0, dst, 2 * kP, false).ok());
+  EXPECT_EQ(0, std::memcmp(dst, src, 2 * kP * 2 * kRowBytes));
+  EXPECT_EQ(*overflow, 0);
+  EXPECT_EQ(*host_spill, 0);
+
+  // Unlinked, the arena no longer looks at the shared flag.
+  ASSERT_TRUE(other->LinkFlags(nullptr, nullptr, nullptr).ok());
+  *overflow = 1;
+  ASSERT_TRUE(other->Stash(nullptr, src, n, 2 * kP, b0).ok());
+  EXPECT_EQ(b0->status, kHandleDevice);
+  ASSERT_TRUE(other->Discard(nullptr, b0, 2 * kP).ok());
+  for (StashHandleHeader* h : {b0, b1}) ASSERT_TRUE(other->FreeHandle(h).ok());
+  for (StashHandleHeader* h : a) ASSERT_TRUE(arena_->FreeHandle(h).ok());
+  other.reset();
 }
 
 TEST_F(ArenaSimTest, PauseIsRefusedWithLivePagesAndReleasesAnIdleArena) {

@@ -50,12 +50,12 @@ class HostOps final : public StashOps {
     return 0;
   }
 
-  int Stash(CUstream_st*, StashState* s, const void* src, const int64_t* n_rows, uint64_t max_rows,
+  int Stash(CUstream_st*, StashState* s, uint64_t, const void* src, const int64_t* n_rows, uint64_t max_rows,
             StashHandleHeader* h) const override {
     const uint64_t n = Clamp(*n_rows, max_rows);
     const uint64_t need = (n + s->page_rows - 1) / s->page_rows;
     h->rows = n;
-    if (s->overflow != 0) {
+    if (Overflowed(*s)) {
       h->status = kHandleOverflowed;
       return 0;
     }
@@ -68,23 +68,27 @@ class HostOps final : public StashOps {
       tier.head += need;
       const uint64_t used = tier.cap - (tier.tail - tier.head);
       if (used > s->peak_pages[t]) s->peak_pages[t] = used;
-      if (t == 1) s->host_spill = 1;
+      if (t == 1) {
+        s->host_spill = 1;
+        if (s->linked_host_spill != nullptr) *s->linked_host_spill = 1;
+      }
       h->status = t == 0 ? kHandleDevice : kHandleHost;
       return 0;
     }
     s->overflow = 1;
     s->overflow_count += 1;
     s->last_failed_pages = need;
+    if (s->linked_overflow != nullptr) *s->linked_overflow = 1;
     h->status = kHandleOverflowed;
     return 0;
   }
 
-  int Restore(CUstream_st*, StashState* s, StashHandleHeader* h, void* dst, uint64_t max_rows,
+  int Restore(CUstream_st*, StashState* s, uint64_t, StashHandleHeader* h, void* dst, uint64_t max_rows,
               bool zero_tail) const override {
     return Give(s, h, static_cast<uint8_t*>(dst), max_rows, zero_tail, true);
   }
 
-  int Discard(CUstream_st*, StashState* s, StashHandleHeader* h, uint64_t max_rows) const override {
+  int Discard(CUstream_st*, StashState* s, uint64_t, StashHandleHeader* h, uint64_t max_rows) const override {
     return Give(s, h, nullptr, max_rows, false, false);
   }
 
@@ -96,7 +100,7 @@ class HostOps final : public StashOps {
  private:
   static int Give(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
                   bool copy_back) {
-    const bool placed = s->overflow == 0 && (h->status == kHandleDevice || h->status == kHandleHost);
+    const bool placed = !Overflowed(*s) && (h->status == kHandleDevice || h->status == kHandleHost);
     uint64_t live = 0;
     if (placed) {
       StashTier& tier = s->tier[h->status == kHandleDevice ? 0 : 1];
@@ -107,7 +111,7 @@ class HostOps final : public StashOps {
       for (uint64_t slot = 0; slot < need; ++slot) tier.free_list[(tier.tail + slot) % tier.cap] = table[slot];
       tier.tail += need;
       h->status = kHandleEmpty;
-    } else if (s->overflow == 0) {
+    } else if (!Overflowed(*s)) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
     if (copy_back && zero_tail && max_rows > live) {

@@ -8,29 +8,106 @@ namespace vmstash::stash {
 namespace {
 
 constexpr uint32_t kThreads = 256;  // reset
-// Stash/restore launch shape (SetLaunchShape). 264 blocks of 1024 threads (2 per SM of an
-// H200) beat 2048 x 256, 1056 x 256 and 528 x 512 at every size of bench/stash_bench.
-uint32_t max_grid = 264;
-uint32_t copy_threads = 1024;
+constexpr uint32_t kUnroll = 4;     // vectors each thread has in flight per loop trip
+// Stash/restore launch shape (SetLaunchShape): at most max_grid blocks of copy_threads
+// threads; a launch for fewer rows gets fewer (GridFor), and a launch whose row count on
+// the device is smaller still runs on the blocks it needs (ActiveBlocks), the others
+// leave at once.
+uint32_t max_grid = 1056;
+uint32_t copy_threads = 512;
 
 struct Decision {
   int tier;        // 0 / 1: place there; -1: sticky overflow (no-op); -2: this stash overflows
   uint64_t need;   // pages
   uint64_t n;      // rows
   uint64_t counter;  // head (stash) or tail (restore) read before anyone publishes
+  uint64_t start;    // counter % cap of the chosen tier (no modulo per vector)
+  uint32_t active;   // blocks taking part in this launch (the others return at once)
 };
 
 __device__ uint64_t Load(const volatile uint64_t* p) { return *p; }
 __device__ uint32_t Load(const volatile uint32_t* p) { return *p; }
 
-// Copies one row with the whole block: 16-byte vectors when both ends allow it.
-__device__ void CopyRow(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
-  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | bytes) & 15) == 0) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-    for (uint64_t i = threadIdx.x; i < bytes / 16; i += blockDim.x) d[i] = s[i];
+// Copy geometry: rows of `row_bytes` moved in units of sizeof(Unit) (16, 4 or 1 bytes,
+// the widest both ends' alignment allows), spread over the grid as one flat index space
+// of n * units-per-row, so narrow rows (MXFP8 scales: 224 bytes) keep every thread busy.
+__device__ uint32_t UnitBytes(uintptr_t a, uintptr_t b, uint64_t row_bytes) {
+  const uint64_t bits = a | b | row_bytes;
+  return (bits & 15) == 0 ? 16 : ((bits & 3) == 0 ? 4 : 1);
+}
+
+// Page id of page slot `slot` of the tensor: stash reads the free list from its head,
+// restore the handle's page table.
+struct FreeListPages {
+  const uint32_t* free_list;
+  uint64_t start, cap;
+  __device__ uint32_t operator()(uint64_t slot) const {
+    uint64_t i = start + slot;
+    if (i >= cap) i -= cap;  // slot < cap: one wrap at most
+    return free_list[i];
+  }
+};
+struct TablePages {
+  const uint32_t* table;
+  __device__ uint32_t operator()(uint64_t slot) const { return table[slot]; }
+};
+
+// Moves rows [0, n) between `tensor` (contiguous rows) and `pages` (page p, row k at
+// (p * P + k) * row_bytes). to_pages: stash (and records page ids in `table`, if given).
+template <typename Unit, typename Index, typename PageOf>
+__device__ void CopyRows(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
+                         const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
+  const Index per_row = static_cast<Index>(row_bytes / sizeof(Unit));
+  const Index items = static_cast<Index>(n) * per_row;
+  const Index stride = static_cast<Index>(active) * blockDim.x;
+  const uint32_t log_p = __ffsll(static_cast<long long>(P)) - 1;  // P is a power of two
+  for (Index base = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; base < items;
+       base += stride * kUnroll) {
+    Unit v[kUnroll];
+    Unit* to[kUnroll];
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      const Index i = base + u * stride;
+      to[u] = nullptr;
+      if (i < items) {
+        const Index r = i / per_row, c = i - r * per_row;
+        const uint64_t slot = static_cast<uint64_t>(r) >> log_p;
+        const uint32_t page = page_of(slot);
+        Unit* paged = reinterpret_cast<Unit*>(pages + ((static_cast<uint64_t>(page) << log_p) +
+                                                       (static_cast<uint64_t>(r) & (P - 1))) * row_bytes) + c;
+        Unit* flat = reinterpret_cast<Unit*>(tensor + static_cast<uint64_t>(r) * row_bytes) + c;
+        if (to_pages) {
+          if (table != nullptr && c == 0 && (static_cast<uint64_t>(r) & (P - 1)) == 0) table[slot] = page;
+          v[u] = *flat;
+          to[u] = paged;
+        } else {
+          v[u] = *paged;
+          to[u] = flat;
+        }
+      }
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kUnroll; ++u) {
+      if (to[u] != nullptr) *to[u] = v[u];
+    }
+  }
+}
+
+template <typename PageOf>
+__device__ void Copy(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
+                     const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
+  const uint32_t unit = UnitBytes(reinterpret_cast<uintptr_t>(pages), reinterpret_cast<uintptr_t>(tensor), row_bytes);
+  const bool narrow = n * (row_bytes / unit) + static_cast<uint64_t>(active) * blockDim.x * kUnroll <= 0xffffffffull;
+  if (unit == 16) {
+    if (narrow) {
+      CopyRows<uint4, uint32_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
+    } else {
+      CopyRows<uint4, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
+    }
+  } else if (unit == 4) {
+    CopyRows<uint32_t, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
   } else {
-    for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    CopyRows<uint8_t, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
   }
 }
 
@@ -43,14 +120,23 @@ __device__ void ZeroRow(uint8_t* dst, uint64_t bytes) {
   }
 }
 
-// True in exactly one thread of the last block to get here (after a fence): it publishes.
-__device__ bool LastBlock(StashState* s) {
+// Blocks that take part in moving `rows` rows (at least one: block 0 publishes).
+__device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes) {
+  const uint64_t per_block = static_cast<uint64_t>(blockDim.x) * kUnroll * 16;  // bytes a block moves per trip
+  const uint64_t want = (rows * row_bytes + per_block - 1) / per_block;
+  return want == 0 ? 1u : (want < gridDim.x ? static_cast<uint32_t>(want) : gridDim.x);
+}
+
+// True in exactly one thread of the last of `active` blocks to get here (after a fence):
+// it publishes. Blocks past `active` never call it.
+__device__ bool LastBlock(StashState* s, uint32_t active) {
   __shared__ bool last;
+  if (active == 1) return threadIdx.x == 0;  // block 0 alone: __syncthreads ends its copies
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
     const uint32_t ticket = atomicAdd(&s->ticket, 1u);
-    last = ticket == gridDim.x - 1;
+    last = ticket == active - 1;
     if (last) s->ticket = 0;  // re-armed for the next launch
   }
   __syncthreads();
@@ -90,7 +176,7 @@ __global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_
     d.n = n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
     d.need = (d.n + P - 1) / P;
     d.tier = -1;
-    if (Load(&s->overflow) == 0) {
+    if (!Overflowed(*s)) {
       d.tier = -2;
       for (int t = 0; t < 2; ++t) {
         const StashTier& tier = s->tier[t];
@@ -101,32 +187,35 @@ __global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_
       }
     }
     d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].head) : 0;
+    d.start = d.tier >= 0 ? d.counter % s->tier[d.tier].cap : 0;
+    d.active = ActiveBlocks(d.tier >= 0 ? d.n : 0, row_bytes);
   }
   __syncthreads();
+  if (blockIdx.x >= d.active) return;
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
   if (d.tier >= 0) {
     const StashTier& tier = s->tier[d.tier];
-    for (uint64_t r = blockIdx.x; r < d.n; r += gridDim.x) {
-      const uint64_t slot = r / P;
-      const uint32_t page = tier.free_list[(d.counter + slot) % tier.cap];
-      if (r % P == 0 && threadIdx.x == 0) table[slot] = page;
-      CopyRow(tier.pages + (static_cast<uint64_t>(page) * P + r % P) * row_bytes, src + r * row_bytes, row_bytes);
-    }
+    Copy(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, FreeListPages{tier.free_list, d.start, tier.cap},
+         /*to_pages=*/true, table, d.active);
   }
-  if (LastBlock(s)) {
+  if (LastBlock(s, d.active)) {
     h->rows = d.n;
     if (d.tier >= 0) {
       StashTier& tier = s->tier[d.tier];
       tier.head = d.counter + d.need;
       const uint64_t used = tier.cap - (tier.tail - tier.head);
       if (used > s->peak_pages[d.tier]) s->peak_pages[d.tier] = used;
-      if (d.tier == 1) s->host_spill = 1;
+      if (d.tier == 1) {
+        s->host_spill = 1;
+        if (s->linked_host_spill != nullptr) *s->linked_host_spill = 1;
+      }
       h->status = d.tier == 0 ? kHandleDevice : kHandleHost;
     } else {
       if (d.tier == -2) {
         s->overflow = 1;
         s->overflow_count += 1;
         s->last_failed_pages = d.need;
+        if (s->linked_overflow != nullptr) *s->linked_overflow = 1;
       }
       h->status = kHandleOverflowed;
     }
@@ -143,36 +232,40 @@ __global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst,
     const uint32_t status = Load(&h->status);
     d.n = h->rows;
     d.need = (d.n + P - 1) / P;
-    d.tier = (Load(&s->overflow) != 0 || (status != kHandleDevice && status != kHandleHost))
+    d.tier = (Overflowed(*s) || (status != kHandleDevice && status != kHandleHost))
                  ? -1 : (status == kHandleDevice ? 0 : 1);
     d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].tail) : 0;
+    const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
+    // Blocks for the copy, the zeroed tail, and the page ids given back (one per thread).
+    uint32_t active = ActiveBlocks(copy_back ? (zero_tail ? max_rows : live) : 0, row_bytes);
+    const uint64_t give = d.tier >= 0 ? (d.need + blockDim.x - 1) / blockDim.x : 0;
+    if (give > active) active = give < gridDim.x ? static_cast<uint32_t>(give) : gridDim.x;
+    d.active = active;
   }
   __syncthreads();
+  if (blockIdx.x >= d.active) return;
   const uint32_t* table = reinterpret_cast<const uint32_t*>(h + 1);
   // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
   const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
   if (d.tier >= 0) {
     const StashTier& tier = s->tier[d.tier];
     if (copy_back) {
-      for (uint64_t r = blockIdx.x; r < live; r += gridDim.x) {
-        const uint64_t page = table[r / P];
-        CopyRow(dst + r * row_bytes, tier.pages + (page * P + r % P) * row_bytes, row_bytes);
-      }
+      Copy(tier.pages, dst, live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
-    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    const uint64_t stride = static_cast<uint64_t>(d.active) * blockDim.x;
     for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < d.need; slot += stride) {
       tier.free_list[(d.counter + slot) % tier.cap] = table[slot];
     }
   }
   if (copy_back && zero_tail) {
-    for (uint64_t r = live + blockIdx.x; r < max_rows; r += gridDim.x) ZeroRow(dst + r * row_bytes, row_bytes);
+    for (uint64_t r = live + blockIdx.x; r < max_rows; r += d.active) ZeroRow(dst + r * row_bytes, row_bytes);
   }
-  if (LastBlock(s)) {
+  if (LastBlock(s, d.active)) {
     if (d.tier >= 0) {
       s->tier[d.tier].tail = d.counter + d.need;
       h->status = kHandleEmpty;
-    } else if (Load(&s->overflow) == 0) {
+    } else if (!Overflowed(*s)) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
     __threadfence();
@@ -183,8 +276,10 @@ __global__ void FlagsKernel(const StashState* s, StashFlags* out) { CopyFlags(*s
 
 }  // namespace
 
-uint32_t GridFor(uint64_t max_rows) {
-  return max_rows == 0 ? 1u : static_cast<uint32_t>(max_rows < max_grid ? max_rows : max_grid);
+uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes) {
+  const uint64_t per_block = static_cast<uint64_t>(copy_threads) * kUnroll * 16;
+  const uint64_t want = (max_rows * row_bytes + per_block - 1) / per_block;
+  return want == 0 ? 1u : static_cast<uint32_t>(want < max_grid ? want : max_grid);
 }
 
 void SetLaunchShape(uint32_t grid, uint32_t threads) {
@@ -199,22 +294,24 @@ int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, 
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchStash(CUstream_st* stream, StashState* state, const void* src, const int64_t* n_rows, uint64_t max_rows,
-                StashHandleHeader* handle) {
-  StashKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, static_cast<const uint8_t*>(src), n_rows, max_rows,
-                                                          handle);
+int LaunchStash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src, const int64_t* n_rows,
+                uint64_t max_rows, StashHandleHeader* handle) {
+  StashKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, static_cast<const uint8_t*>(src),
+                                                                        n_rows, max_rows, handle);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchRestore(CUstream_st* stream, StashState* state, StashHandleHeader* handle, void* dst, uint64_t max_rows,
-                  bool zero_tail) {
-  RestoreKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, handle, static_cast<uint8_t*>(dst), max_rows,
-                                                            zero_tail, true);
+int LaunchRestore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle, void* dst,
+                  uint64_t max_rows, bool zero_tail) {
+  RestoreKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, handle, static_cast<uint8_t*>(dst),
+                                                                          max_rows, zero_tail, true);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchDiscard(CUstream_st* stream, StashState* state, StashHandleHeader* handle, uint64_t max_rows) {
-  RestoreKernel<<<GridFor(max_rows), copy_threads, 0, stream>>>(state, handle, nullptr, max_rows, false, false);
+int LaunchDiscard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+                  uint64_t max_rows) {
+  RestoreKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, handle, nullptr, max_rows, false,
+                                                                          false);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -230,16 +327,17 @@ class KernelOps final : public StashOps {
   int Reset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap) const override {
     return LaunchReset(stream, state, init, max_cap);
   }
-  int Stash(CUstream_st* stream, StashState* state, const void* src, const int64_t* n_rows, uint64_t max_rows,
-            StashHandleHeader* handle) const override {
-    return LaunchStash(stream, state, src, n_rows, max_rows, handle);
+  int Stash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src, const int64_t* n_rows,
+            uint64_t max_rows, StashHandleHeader* handle) const override {
+    return LaunchStash(stream, state, row_bytes, src, n_rows, max_rows, handle);
   }
-  int Restore(CUstream_st* stream, StashState* state, StashHandleHeader* handle, void* dst, uint64_t max_rows,
-              bool zero_tail) const override {
-    return LaunchRestore(stream, state, handle, dst, max_rows, zero_tail);
+  int Restore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle, void* dst,
+              uint64_t max_rows, bool zero_tail) const override {
+    return LaunchRestore(stream, state, row_bytes, handle, dst, max_rows, zero_tail);
   }
-  int Discard(CUstream_st* stream, StashState* state, StashHandleHeader* handle, uint64_t max_rows) const override {
-    return LaunchDiscard(stream, state, handle, max_rows);
+  int Discard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+              uint64_t max_rows) const override {
+    return LaunchDiscard(stream, state, row_bytes, handle, max_rows);
   }
   int ReadFlags(CUstream_st* stream, const StashState* state, StashFlags* out) const override {
     return LaunchReadFlags(stream, state, out);

@@ -30,6 +30,13 @@ struct StashState {
   uint64_t last_failed_pages;
   uint32_t ticket;  // last-block-publishes counter; 0 between launches
   uint32_t reserved;
+  // Optional flags shared with other arenas (null: none), e.g. Megatron-LM's one int64
+  // overflow and host-spill tensors for all its buffers: a nonzero linked overflow makes
+  // this arena's stashes and restores no-ops as its own sticky overflow does, and this
+  // arena's overflow / host spill sets them too. Reset leaves them alone (their owner
+  // clears them).
+  int64_t* linked_overflow;
+  int64_t* linked_host_spill;
 };
 
 // Handle status values (device memory).
@@ -56,6 +63,12 @@ struct StashFlags {
 #else
 #define VMSTASH_HOST_DEVICE
 #endif
+
+// Whether stashes and restores are no-ops: this arena's sticky overflow or a linked one.
+VMSTASH_HOST_DEVICE inline bool Overflowed(const StashState& s) {
+  return *static_cast<const volatile uint32_t*>(&s.overflow) != 0 ||
+         (s.linked_overflow != nullptr && *static_cast<const volatile int64_t*>(s.linked_overflow) != 0);
+}
 
 // The flags of a state block, for both executors (the kernels and the host one).
 VMSTASH_HOST_DEVICE inline void CopyFlags(const StashState& s, StashFlags* out) {

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "stash/arena.h"
+#include "stash/stash_kernels.h"
 #include "torch_plugin/c_abi/shim.h"
 #include "torch_plugin/include/vmstash/vmstash_stash.h"
 
@@ -96,6 +98,20 @@ int vmstash_stash_free_handle(vmstash_stash_arena* arena, void* handle) noexcept
 
 int vmstash_stash_reset(vmstash_stash_arena* arena, cudaStream_t stream) noexcept {
   return OnArena(arena, [&](StashArena& a) { return a.Reset(S(stream)); });
+}
+
+int vmstash_stash_link_flags(vmstash_stash_arena* arena, cudaStream_t stream, int64_t* overflow,
+                             int64_t* host_spill) noexcept {
+  return OnArena(arena, [&](StashArena& a) { return a.LinkFlags(S(stream), overflow, host_spill); });
+}
+
+int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads) noexcept {
+  if (threads != 0 && (threads < 32 || threads > 1024 || threads % 32 != 0)) {
+    return vmstash::c_abi::Fail(absl::InvalidArgumentError(
+        absl::StrCat("vmstash_stash_set_launch_shape: threads must be a multiple of 32 in [32, 1024], got ", threads)));
+  }
+  vmstash::stash::SetLaunchShape(max_grid, threads);
+  return VMSTASH_OK;
 }
 
 int vmstash_stash_stash(vmstash_stash_arena* arena, cudaStream_t stream, const void* src, const int64_t* n_rows,

@@ -52,6 +52,16 @@ int vmstash_stash_new_handle(vmstash_stash_arena* arena, uint64_t max_rows, void
 int vmstash_stash_free_handle(vmstash_stash_arena* arena, void* handle) VMSTASH_NOEXCEPT;
 
 int vmstash_stash_reset(vmstash_stash_arena* arena, cudaStream_t stream) VMSTASH_NOEXCEPT;
+/* Links int64 flags in device memory shared with other arenas (null: unlinked), as
+ * Megatron-LM shares one overflow and one host-spill tensor among its buffers: a nonzero
+ * *overflow makes this arena's stashes and restores no-ops; this arena's overflow and host
+ * spill set them to 1. Resets the arena (stream-ordered). Not capturable. */
+int vmstash_stash_link_flags(vmstash_stash_arena* arena, cudaStream_t stream, int64_t* overflow,
+                             int64_t* host_spill) VMSTASH_NOEXCEPT;
+/* Tuning (benchmarks): the most blocks and the threads per block of later stash/restore
+ * launches of every arena (0 keeps a value; threads: a multiple of 32 up to 1024). A
+ * captured graph keeps the shape it was captured with. Not thread-safe with launches. */
+int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads) VMSTASH_NOEXCEPT;
 int vmstash_stash_stash(vmstash_stash_arena* arena, cudaStream_t stream, const void* src, const int64_t* n_rows,
                         uint64_t max_rows, void* handle) VMSTASH_NOEXCEPT;
 /* Copies min(stashed rows, max_rows) rows to dst and gives the pages back; zero_tail

@@ -466,6 +466,44 @@ class VmstashCpuTest(unittest.TestCase):
         for p, size in ((src, max_rows * row), (dst, max_rows * row), (n, 8)):
             free(p, size)
 
+    def test_stash_linked_flags_and_launch_shape(self):
+        from vmstash import stash
+        with self.assertRaises(vmstash.Error) as e:
+            stash.set_launch_shape(264, 33)
+        self.assertIn("multiple of 32", str(e.exception))
+        stash.set_launch_shape(0, 0)  # keeps both
+        row, p_rows, max_rows = 32, 4, 8
+        a = stash.Arena(row_bytes=row, device_pages=2, page_rows=p_rows, tag="stash_link", device=0)
+        b = stash.Arena(row_bytes=2 * row, device_pages=4, page_rows=p_rows, tag="stash_link", device=0)
+        flags = malloc("default", 16)
+        ctypes.memset(flags, 0, 16)
+        a.link_flags(flags, flags + 8)
+        b.link_flags(flags, flags + 8)
+        src, dst, n = malloc("default", max_rows * 2 * row), malloc("default", max_rows * 2 * row), malloc("default", 8)
+        ctypes.memmove(src, bytes(range(256))[: max_rows * 2 * row], max_rows * 2 * row)
+        ha, hb = a._new_handle(max_rows), b._new_handle(max_rows)
+        ctypes.c_int64.from_address(n).value = max_rows + 1   # clamped to 8 rows: 2 pages, fits
+        a.stash_ptr(src, n, max_rows, ha)
+        a.discard_ptr(ha, max_rows)
+        ctypes.c_int64.from_address(n).value = max_rows
+        a.stash_ptr(src, n, max_rows, ha)
+        hc = a._new_handle(max_rows)
+        a.stash_ptr(src, n, max_rows, hc)                    # no room: the shared overflow is set
+        self.assertEqual(ctypes.c_int64.from_address(flags).value, 1)
+        b.stash_ptr(src, n, max_rows, hb)                    # a no-op in the other arena
+        self.assertEqual(b.pages_in_use(), 0)
+        ctypes.c_int64.from_address(flags).value = 0         # the owner clears it, then resets
+        a.reset()
+        b.reset()
+        b.stash_ptr(src, n, max_rows, hb)
+        ctypes.memset(dst, 0, max_rows * 2 * row)
+        b.restore_ptr(hb, dst, max_rows)
+        self.assertEqual(ctypes.string_at(dst, max_rows * 2 * row), ctypes.string_at(src, max_rows * 2 * row))
+        a.close()
+        b.close()
+        for p, size in ((src, max_rows * 2 * row), (dst, max_rows * 2 * row), (n, 8), (flags, 16)):
+            free(p, size)
+
     def test_cli_shim_never_execs_a_script_named_by_vmstash_cli(self):
         # VMSTASH_CLI naming the console script itself looped exec forever (hung on the H200).
         import subprocess

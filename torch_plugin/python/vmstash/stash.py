@@ -35,7 +35,14 @@ import threading
 from . import _lib
 from ._lib import Error, check, encode
 
-__all__ = ["Arena", "Stashed", "Flags", "saved_tensors"]
+__all__ = ["Arena", "Stashed", "Flags", "saved_tensors", "set_launch_shape"]
+
+
+def set_launch_shape(max_grid=0, threads=0):
+    """Tuning for benchmarks: the most blocks and the threads per block of later
+    stash/restore launches (0 keeps a value). Graphs keep the shape they were captured with."""
+    check(_fn("vmstash_stash_set_launch_shape")(ctypes.c_uint32(max_grid), ctypes.c_uint32(threads)),
+          f"vmstash.stash.set_launch_shape({max_grid}, {threads})")
 
 
 class _CFlags(ctypes.Structure):
@@ -175,6 +182,26 @@ class Arena:
         """Forgets every stash and clears the flags (capturable). Stashed objects not yet
         restored become invalid."""
         check(_fn("vmstash_stash_reset")(self._live(), self._raw_stream(stream)), "vmstash.stash: reset")
+
+    def link_flags(self, overflow=None, host_spill=None, stream=None):
+        """Shares flags with other arenas: `overflow` / `host_spill` are int64 device
+        tensors (or addresses; None unlinks), as Megatron-LM shares one of each among its
+        buffers. A nonzero overflow makes this arena's stashes and restores no-ops; its own
+        overflow / host spill sets them to 1. Their owner clears them (reset does not).
+        Resets the arena; not capturable."""
+        def addr(t, name):
+            if t is None:
+                return None
+            if hasattr(t, "data_ptr"):
+                import torch
+                if t.dtype != torch.int64 or t.numel() < 1 or not t.is_cuda or t.device.index != self.device:
+                    raise ValueError(f"link_flags: {name} must be an int64 tensor on cuda:{self.device}, got "
+                                     f"{t.dtype} on {t.device}")
+                return ctypes.c_void_p(t.data_ptr())
+            return ctypes.c_void_p(int(t))
+        check(_fn("vmstash_stash_link_flags")(self._live(), self._raw_stream(stream), addr(overflow, "overflow"),
+                                              addr(host_spill, "host_spill")), "vmstash.stash: link_flags")
+        self._linked = (overflow, host_spill)  # kept alive while linked
 
     def stash_ptr(self, src, n_rows_ptr, max_rows, handle, stream=None):
         check(_fn("vmstash_stash_stash")(self._live(), self._raw_stream(stream), src, n_rows_ptr, max_rows, handle),
