@@ -222,7 +222,7 @@ absl::Status StashArena::Stash(Stream stream, const void* src, const std::int64_
         "StashArena::Stash: the handle still holds a stashed tensor; restore or discard it first");
   }
   VMSTASH_RETURN_IF_ERROR(
-      Launched(ops_->Stash(Cu(stream), state_, spec_.row_bytes, src, n_rows_dev, max_rows, handle), "stash"));
+      Launched(ops_->Stash(Cu(stream), state_, host_state_, src, n_rows_dev, max_rows, handle), "stash"));
   info->stashed_epoch = epoch_;
   return absl::OkStatus();
 }
@@ -236,7 +236,7 @@ absl::Status StashArena::Restore(Stream stream, StashHandleHeader* handle, void*
   VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Restore"));
   VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Restore"));
   VMSTASH_RETURN_IF_ERROR(
-      Launched(ops_->Restore(Cu(stream), state_, spec_.row_bytes, handle, dst, max_rows, zero_tail), "restore"));
+      Launched(ops_->Restore(Cu(stream), state_, host_state_, handle, dst, max_rows, zero_tail), "restore"));
   info->stashed_epoch = 0;
   return absl::OkStatus();
 }
@@ -246,7 +246,7 @@ absl::Status StashArena::Discard(Stream stream, StashHandleHeader* handle, std::
   if (handle == nullptr) return absl::InvalidArgumentError("StashArena::Discard: null handle");
   VMSTASH_ASSIGN_OR_RETURN(HandleInfo * info, CheckHandle(handle, max_rows, "Discard"));
   VMSTASH_RETURN_IF_ERROR(CheckStashed(*info, "Discard"));
-  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Discard(Cu(stream), state_, spec_.row_bytes, handle, max_rows), "discard"));
+  VMSTASH_RETURN_IF_ERROR(Launched(ops_->Discard(Cu(stream), state_, host_state_, handle, max_rows), "discard"));
   info->stashed_epoch = 0;
   return absl::OkStatus();
 }

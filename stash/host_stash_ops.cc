@@ -50,7 +50,7 @@ class HostOps final : public StashOps {
     return 0;
   }
 
-  int Stash(CUstream_st*, StashState* s, uint64_t, const void* src, const int64_t* n_rows, uint64_t max_rows,
+  int Stash(CUstream_st*, StashState* s, const StashState&, const void* src, const int64_t* n_rows, uint64_t max_rows,
             StashHandleHeader* h) const override {
     const uint64_t n = Clamp(*n_rows, max_rows);
     const uint64_t need = (n + s->page_rows - 1) / s->page_rows;
@@ -83,12 +83,12 @@ class HostOps final : public StashOps {
     return 0;
   }
 
-  int Restore(CUstream_st*, StashState* s, uint64_t, StashHandleHeader* h, void* dst, uint64_t max_rows,
+  int Restore(CUstream_st*, StashState* s, const StashState&, StashHandleHeader* h, void* dst, uint64_t max_rows,
               bool zero_tail) const override {
     return Give(s, h, static_cast<uint8_t*>(dst), max_rows, zero_tail, true);
   }
 
-  int Discard(CUstream_st*, StashState* s, uint64_t, StashHandleHeader* h, uint64_t max_rows) const override {
+  int Discard(CUstream_st*, StashState* s, const StashState&, StashHandleHeader* h, uint64_t max_rows) const override {
     return Give(s, h, nullptr, max_rows, false, false);
   }
 

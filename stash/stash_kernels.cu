@@ -8,12 +8,15 @@ namespace vmstash::stash {
 namespace {
 
 constexpr uint32_t kThreads = 256;  // reset
-constexpr uint32_t kUnroll = 4;     // vectors each thread has in flight per loop trip
-// Stash/restore launch shape (SetLaunchShape): at most max_grid blocks of copy_threads
-// threads; a launch for fewer rows gets fewer (GridFor), and a launch whose row count on
-// the device is smaller still runs on the blocks it needs (ActiveBlocks), the others
-// leave at once.
-uint32_t max_grid = 1056;
+constexpr uint32_t kUnroll = 4;     // units each thread has in flight per loop trip
+constexpr uint32_t kBlocksPerSm = 2;  // copy_threads x kBlocksPerSm threads resident per SM
+// Stash/restore launch shape (SetLaunchShape): at most max_grid blocks (0: one wave,
+// kBlocksPerSm per SM of the device) of copy_threads threads; a launch for fewer bytes
+// gets fewer (GridFor), and of those only the blocks the row count read on the device
+// needs take part (ActiveBlocks); the others leave at once. Measured on the H200 (bench/
+// megatron_stash_bench.py --shapes): one wave of 512-thread blocks is the fastest at
+// 128 MB - 2 GB and keeps an empty stash short; 4 waves cost 2x on an empty stash.
+uint32_t max_grid = 0;
 uint32_t copy_threads = 512;
 
 struct Decision {
@@ -21,16 +24,25 @@ struct Decision {
   uint64_t need;   // pages
   uint64_t n;      // rows
   uint64_t counter;  // head (stash) or tail (restore) read before anyone publishes
-  uint64_t start;    // counter % cap of the chosen tier (no modulo per vector)
+  uint64_t start;    // counter % cap of the chosen tier (no modulo per unit)
   uint32_t active;   // blocks taking part in this launch (the others return at once)
 };
 
-__device__ uint64_t Load(const volatile uint64_t* p) { return *p; }
-__device__ uint32_t Load(const volatile uint32_t* p) { return *p; }
+// q = n / d for a divisor fixed per launch, by multiply and shift (Granlund-Montgomery):
+// a page slot per 16-byte unit costs two instructions instead of a division.
+struct FastDiv {
+  uint32_t d, m, shift;
+  __device__ explicit FastDiv(uint32_t divisor) : d(divisor) {
+    shift = 0;
+    while ((uint64_t{1} << shift) < divisor) ++shift;
+    m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor)) / divisor + 1);
+  }
+  __device__ uint32_t operator()(uint32_t n) const {
+    return static_cast<uint32_t>((static_cast<uint64_t>(__umulhi(n, m)) + n) >> shift);
+  }
+};
 
-// Copy geometry: rows of `row_bytes` moved in units of sizeof(Unit) (16, 4 or 1 bytes,
-// the widest both ends' alignment allows), spread over the grid as one flat index space
-// of n * units-per-row, so narrow rows (MXFP8 scales: 224 bytes) keep every thread busy.
+// Copy unit: 16, 4 or 1 bytes, the widest that both ends' alignment and the row size allow.
 __device__ uint32_t UnitBytes(uintptr_t a, uintptr_t b, uint64_t row_bytes) {
   const uint64_t bits = a | b | row_bytes;
   return (bits & 15) == 0 ? 16 : ((bits & 3) == 0 ? 4 : 1);
@@ -52,15 +64,17 @@ struct TablePages {
   __device__ uint32_t operator()(uint64_t slot) const { return table[slot]; }
 };
 
-// Moves rows [0, n) between `tensor` (contiguous rows) and `pages` (page p, row k at
-// (p * P + k) * row_bytes). to_pages: stash (and records page ids in `table`, if given).
-template <typename Unit, typename Index, typename PageOf>
-__device__ void CopyRows(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
-                         const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
-  const Index per_row = static_cast<Index>(row_bytes / sizeof(Unit));
-  const Index items = static_cast<Index>(n) * per_row;
+// Page slot k of a tensor (rows kP .. kP+P-1) is contiguous on both sides: page_bytes
+// bytes at tensor + k * page_bytes and at pages + page_id * page_bytes. So the copy is one
+// flat index over the live bytes in units; each unit finds its slot by a division by the
+// units per page, its page id by one cached load. Narrow rows (MXFP8 scales: 224 bytes)
+// keep every thread busy; wide rows pay no per-row work.
+template <typename Unit, typename Index, typename Div, typename PageOf>
+__device__ void CopyLinear(uint8_t* pages, uint8_t* tensor, Index items, Index per_page, const Div& div,
+                           const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
   const Index stride = static_cast<Index>(active) * blockDim.x;
-  const uint32_t log_p = __ffsll(static_cast<long long>(P)) - 1;  // P is a power of two
+  Unit* const flat = reinterpret_cast<Unit*>(tensor);
+  Unit* const paged = reinterpret_cast<Unit*>(pages);
   for (Index base = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; base < items;
        base += stride * kUnroll) {
     Unit v[kUnroll];
@@ -70,19 +84,17 @@ __device__ void CopyRows(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P
       const Index i = base + u * stride;
       to[u] = nullptr;
       if (i < items) {
-        const Index r = i / per_row, c = i - r * per_row;
-        const uint64_t slot = static_cast<uint64_t>(r) >> log_p;
+        const Index slot = div(i);
+        const Index off = i - slot * per_page;
         const uint32_t page = page_of(slot);
-        Unit* paged = reinterpret_cast<Unit*>(pages + ((static_cast<uint64_t>(page) << log_p) +
-                                                       (static_cast<uint64_t>(r) & (P - 1))) * row_bytes) + c;
-        Unit* flat = reinterpret_cast<Unit*>(tensor + static_cast<uint64_t>(r) * row_bytes) + c;
+        Unit* p = paged + static_cast<uint64_t>(page) * per_page + off;
         if (to_pages) {
-          if (table != nullptr && c == 0 && (static_cast<uint64_t>(r) & (P - 1)) == 0) table[slot] = page;
-          v[u] = *flat;
-          to[u] = paged;
+          if (table != nullptr && off == 0) table[slot] = page;
+          v[u] = flat[i];
+          to[u] = p;
         } else {
-          v[u] = *paged;
-          to[u] = flat;
+          v[u] = *p;
+          to[u] = flat + i;
         }
       }
     }
@@ -93,21 +105,35 @@ __device__ void CopyRows(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P
   }
 }
 
+struct SlowDiv {
+  uint64_t d;
+  __device__ uint64_t operator()(uint64_t n) const { return n / d; }
+};
+
+template <typename Unit, typename PageOf>
+__device__ void CopyUnits(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t page_bytes, uint64_t row_bytes,
+                          const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
+  const uint64_t items = n * (row_bytes / sizeof(Unit));
+  const uint64_t per_page = page_bytes / sizeof(Unit);
+  if (items + static_cast<uint64_t>(active) * blockDim.x * kUnroll <= 0xffffffffull && per_page <= 0xffffffffull) {
+    CopyLinear<Unit, uint32_t>(pages, tensor, static_cast<uint32_t>(items), static_cast<uint32_t>(per_page),
+                               FastDiv(static_cast<uint32_t>(per_page)), page_of, to_pages, table, active);
+  } else {
+    CopyLinear<Unit, uint64_t>(pages, tensor, items, per_page, SlowDiv{per_page}, page_of, to_pages, table, active);
+  }
+}
+
 template <typename PageOf>
 __device__ void Copy(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
                      const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
   const uint32_t unit = UnitBytes(reinterpret_cast<uintptr_t>(pages), reinterpret_cast<uintptr_t>(tensor), row_bytes);
-  const bool narrow = n * (row_bytes / unit) + static_cast<uint64_t>(active) * blockDim.x * kUnroll <= 0xffffffffull;
+  const uint64_t page_bytes = P * row_bytes;
   if (unit == 16) {
-    if (narrow) {
-      CopyRows<uint4, uint32_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
-    } else {
-      CopyRows<uint4, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
-    }
+    CopyUnits<uint4>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   } else if (unit == 4) {
-    CopyRows<uint32_t, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<uint32_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   } else {
-    CopyRows<uint8_t, uint64_t>(pages, tensor, n, P, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<uint8_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   }
 }
 
@@ -131,7 +157,7 @@ __device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes) {
 // it publishes. Blocks past `active` never call it.
 __device__ bool LastBlock(StashState* s, uint32_t active) {
   __shared__ bool last;
-  if (active == 1) return threadIdx.x == 0;  // block 0 alone: __syncthreads ends its copies
+  if (active == 1) return threadIdx.x == 0;  // block 0 alone: the next launch sees all it wrote
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -141,6 +167,24 @@ __device__ bool LastBlock(StashState* s, uint32_t active) {
   }
   __syncthreads();
   return last && threadIdx.x == 0;
+}
+
+// The counters and flags a launch decides on, loaded at once (independent loads, one
+// round trip); the fixed geometry and the linked flags' addresses are launch arguments.
+struct Live {
+  uint64_t head[2], tail[2];
+  bool overflowed;
+};
+__device__ Live LoadLive(const StashState* s, const StashState& geo) {
+  Live l;
+  const uint32_t own = s->overflow;
+  const int64_t linked = geo.linked_overflow != nullptr ? *geo.linked_overflow : 0;
+  for (int t = 0; t < 2; ++t) {
+    l.head[t] = s->tier[t].head;
+    l.tail[t] = s->tier[t].tail;
+  }
+  l.overflowed = own != 0 || linked != 0;
+  return l;
 }
 
 // `init` (a kernel argument, frozen at capture) carries the arena's fixed geometry, so a
@@ -167,34 +211,34 @@ __global__ void ResetKernel(StashState* s, StashState init, uint64_t max_cap) {
   }
 }
 
-__global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_rows, uint64_t max_rows,
-                            StashHandleHeader* h) {
+__global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* src, const int64_t* n_rows,
+                            uint64_t max_rows, StashHandleHeader* h) {
   __shared__ Decision d;
-  const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
+  const uint64_t P = geo.page_rows, row_bytes = geo.row_bytes;
   if (threadIdx.x == 0) {
-    int64_t n = *n_rows;
+    const int64_t n = *n_rows;
+    const Live live = LoadLive(s, geo);
     d.n = n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
     d.need = (d.n + P - 1) / P;
     d.tier = -1;
-    if (!Overflowed(*s)) {
+    if (!live.overflowed) {
       d.tier = -2;
       for (int t = 0; t < 2; ++t) {
-        const StashTier& tier = s->tier[t];
-        if (tier.cap != 0 && Load(&tier.tail) - Load(&tier.head) >= d.need) {
+        if (geo.tier[t].cap != 0 && live.tail[t] - live.head[t] >= d.need) {
           d.tier = t;
           break;
         }
       }
     }
-    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].head) : 0;
-    d.start = d.tier >= 0 ? d.counter % s->tier[d.tier].cap : 0;
+    d.counter = d.tier == 0 ? live.head[0] : (d.tier == 1 ? live.head[1] : 0);
+    d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
     d.active = ActiveBlocks(d.tier >= 0 ? d.n : 0, row_bytes);
   }
   __syncthreads();
   if (blockIdx.x >= d.active) return;
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
   if (d.tier >= 0) {
-    const StashTier& tier = s->tier[d.tier];
+    const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
     Copy(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, FreeListPages{tier.free_list, d.start, tier.cap},
          /*to_pages=*/true, table, d.active);
   }
@@ -207,7 +251,7 @@ __global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_
       if (used > s->peak_pages[d.tier]) s->peak_pages[d.tier] = used;
       if (d.tier == 1) {
         s->host_spill = 1;
-        if (s->linked_host_spill != nullptr) *s->linked_host_spill = 1;
+        if (geo.linked_host_spill != nullptr) *geo.linked_host_spill = 1;
       }
       h->status = d.tier == 0 ? kHandleDevice : kHandleHost;
     } else {
@@ -215,7 +259,7 @@ __global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_
         s->overflow = 1;
         s->overflow_count += 1;
         s->last_failed_pages = d.need;
-        if (s->linked_overflow != nullptr) *s->linked_overflow = 1;
+        if (geo.linked_overflow != nullptr) *geo.linked_overflow = 1;
       }
       h->status = kHandleOverflowed;
     }
@@ -224,20 +268,23 @@ __global__ void StashKernel(StashState* s, const uint8_t* src, const int64_t* n_
 }
 
 // copy_back: restore (true) or discard (false).
-__global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst, uint64_t max_rows, bool zero_tail,
-                              bool copy_back) {
+__global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHeader* h, uint8_t* dst,
+                              uint64_t max_rows, bool zero_tail, bool copy_back) {
   __shared__ Decision d;
-  const uint64_t P = s->page_rows, row_bytes = s->row_bytes;
+  const uint64_t P = geo.page_rows, row_bytes = geo.row_bytes;
   if (threadIdx.x == 0) {
-    const uint32_t status = Load(&h->status);
-    d.n = h->rows;
+    const uint32_t status = h->status;
+    const uint64_t rows = h->rows;
+    const Live live = LoadLive(s, geo);
+    d.n = rows;
     d.need = (d.n + P - 1) / P;
-    d.tier = (Overflowed(*s) || (status != kHandleDevice && status != kHandleHost))
+    d.tier = (live.overflowed || (status != kHandleDevice && status != kHandleHost))
                  ? -1 : (status == kHandleDevice ? 0 : 1);
-    d.counter = d.tier >= 0 ? Load(&s->tier[d.tier].tail) : 0;
-    const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
+    d.counter = d.tier == 0 ? live.tail[0] : (d.tier == 1 ? live.tail[1] : 0);
+    d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
+    const uint64_t n_live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
     // Blocks for the copy, the zeroed tail, and the page ids given back (one per thread).
-    uint32_t active = ActiveBlocks(copy_back ? (zero_tail ? max_rows : live) : 0, row_bytes);
+    uint32_t active = ActiveBlocks(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes);
     const uint64_t give = d.tier >= 0 ? (d.need + blockDim.x - 1) / blockDim.x : 0;
     if (give > active) active = give < gridDim.x ? static_cast<uint32_t>(give) : gridDim.x;
     d.active = active;
@@ -246,26 +293,28 @@ __global__ void RestoreKernel(StashState* s, StashHandleHeader* h, uint8_t* dst,
   if (blockIdx.x >= d.active) return;
   const uint32_t* table = reinterpret_cast<const uint32_t*>(h + 1);
   // At most max_rows rows are written to dst (a smaller buffer than the stashed one).
-  const uint64_t live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
+  const uint64_t n_live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
   if (d.tier >= 0) {
-    const StashTier& tier = s->tier[d.tier];
+    const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
     if (copy_back) {
-      Copy(tier.pages, dst, live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
+      Copy(tier.pages, dst, n_live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
     const uint64_t stride = static_cast<uint64_t>(d.active) * blockDim.x;
     for (uint64_t slot = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; slot < d.need; slot += stride) {
-      tier.free_list[(d.counter + slot) % tier.cap] = table[slot];
+      uint64_t i = d.start + slot;
+      if (i >= tier.cap) i -= tier.cap;
+      tier.free_list[i] = table[slot];
     }
   }
   if (copy_back && zero_tail) {
-    for (uint64_t r = live + blockIdx.x; r < max_rows; r += d.active) ZeroRow(dst + r * row_bytes, row_bytes);
+    for (uint64_t r = n_live + blockIdx.x; r < max_rows; r += d.active) ZeroRow(dst + r * row_bytes, row_bytes);
   }
   if (LastBlock(s, d.active)) {
     if (d.tier >= 0) {
       s->tier[d.tier].tail = d.counter + d.need;
       h->status = kHandleEmpty;
-    } else if (!Overflowed(*s)) {
+    } else if (!Overflowed(*s) && (geo.linked_overflow == nullptr || *geo.linked_overflow == 0)) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
     __threadfence();
@@ -276,14 +325,32 @@ __global__ void FlagsKernel(const StashState* s, StashFlags* out) { CopyFlags(*s
 
 }  // namespace
 
+namespace {
+// One wave: kBlocksPerSm blocks per SM of the current device (asked once per device).
+uint32_t OneWave() {
+  static uint32_t sms[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 264;
+  if (sms[device] == 0) {
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0) {
+      return 264;
+    }
+    sms[device] = static_cast<uint32_t>(count);
+  }
+  return sms[device] * kBlocksPerSm;
+}
+}  // namespace
+
 uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes) {
   const uint64_t per_block = static_cast<uint64_t>(copy_threads) * kUnroll * 16;
   const uint64_t want = (max_rows * row_bytes + per_block - 1) / per_block;
-  return want == 0 ? 1u : static_cast<uint32_t>(want < max_grid ? want : max_grid);
+  const uint64_t cap = max_grid != 0 ? max_grid : OneWave();
+  return want == 0 ? 1u : static_cast<uint32_t>(want < cap ? want : cap);
 }
 
 void SetLaunchShape(uint32_t grid, uint32_t threads) {
-  if (grid > 0) max_grid = grid;
+  max_grid = grid;
   if (threads >= 32 && threads <= 1024 && threads % 32 == 0) copy_threads = threads;
 }
 
@@ -294,24 +361,24 @@ int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, 
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchStash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src, const int64_t* n_rows,
+int LaunchStash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src, const int64_t* n_rows,
                 uint64_t max_rows, StashHandleHeader* handle) {
-  StashKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, static_cast<const uint8_t*>(src),
-                                                                        n_rows, max_rows, handle);
+  StashKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(
+      state, geo, static_cast<const uint8_t*>(src), n_rows, max_rows, handle);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchRestore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle, void* dst,
+int LaunchRestore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle, void* dst,
                   uint64_t max_rows, bool zero_tail) {
-  RestoreKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, handle, static_cast<uint8_t*>(dst),
-                                                                          max_rows, zero_tail, true);
+  RestoreKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(
+      state, geo, handle, static_cast<uint8_t*>(dst), max_rows, zero_tail, true);
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchDiscard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+int LaunchDiscard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                   uint64_t max_rows) {
-  RestoreKernel<<<GridFor(max_rows, row_bytes), copy_threads, 0, stream>>>(state, handle, nullptr, max_rows, false,
-                                                                          false);
+  RestoreKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, nullptr,
+                                                                              max_rows, false, false);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -327,17 +394,17 @@ class KernelOps final : public StashOps {
   int Reset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap) const override {
     return LaunchReset(stream, state, init, max_cap);
   }
-  int Stash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src, const int64_t* n_rows,
+  int Stash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src, const int64_t* n_rows,
             uint64_t max_rows, StashHandleHeader* handle) const override {
-    return LaunchStash(stream, state, row_bytes, src, n_rows, max_rows, handle);
+    return LaunchStash(stream, state, geo, src, n_rows, max_rows, handle);
   }
-  int Restore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle, void* dst,
+  int Restore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle, void* dst,
               uint64_t max_rows, bool zero_tail) const override {
-    return LaunchRestore(stream, state, row_bytes, handle, dst, max_rows, zero_tail);
+    return LaunchRestore(stream, state, geo, handle, dst, max_rows, zero_tail);
   }
-  int Discard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+  int Discard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
               uint64_t max_rows) const override {
-    return LaunchDiscard(stream, state, row_bytes, handle, max_rows);
+    return LaunchDiscard(stream, state, geo, handle, max_rows);
   }
   int ReadFlags(CUstream_st* stream, const StashState* state, StashFlags* out) const override {
     return LaunchReadFlags(stream, state, out);

@@ -20,7 +20,8 @@ namespace vmstash::stash {
 // Blocks of a stash/restore launch for up to `max_rows` rows of `row_bytes` (enough for
 // every thread to move kUnroll 16-byte vectors per trip, at most the max grid, at least 1).
 uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes);
-// Tuning: the most blocks (default 1056) and the threads per block (default 512) of
+// Tuning: the most blocks (0, the default: one wave, 2 blocks per SM) and the threads per
+// block (default 512; 0 keeps it) of
 // stash/restore/discard launches. Not thread-safe; call before launching or capturing
 // (a captured graph keeps the shape it was captured with).
 void SetLaunchShape(uint32_t max_grid, uint32_t threads);
@@ -28,11 +29,11 @@ void SetLaunchShape(uint32_t max_grid, uint32_t threads);
 // `init`: the arena's geometry (tier pointers, caps, page_rows, row_bytes); the rest of
 // the state is rebuilt (full free lists, zero counters and flags).
 int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap);
-int LaunchStash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src, const int64_t* n_rows,
+int LaunchStash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src, const int64_t* n_rows,
                 uint64_t max_rows, StashHandleHeader* handle);
-int LaunchRestore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle, void* dst,
+int LaunchRestore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle, void* dst,
                   uint64_t max_rows, bool zero_tail);
-int LaunchDiscard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+int LaunchDiscard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                   uint64_t max_rows);
 int LaunchReadFlags(CUstream_st* stream, const StashState* state, StashFlags* out);
 

@@ -27,13 +27,15 @@ class StashOps {
   virtual const char* Name() const = 0;
   // `init`: the arena's geometry; the rest of the state is rebuilt.
   virtual int Reset(CUstream_st* stream, StashState* state, const StashState& init, uint64_t max_cap) const = 0;
-  // `row_bytes`: the arena's (host copy of the state's geometry; it sizes the launch).
-  virtual int Stash(CUstream_st* stream, StashState* state, uint64_t row_bytes, const void* src,
+  // `geo`: the arena's host copy of the state block's fixed part (tier pointers and caps,
+  // page_rows, row_bytes, linked flags); the kernels take it as a launch argument, so only
+  // the counters and flags are read from device memory.
+  virtual int Stash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src,
                     const int64_t* n_rows, uint64_t max_rows, StashHandleHeader* handle) const = 0;
   // Writes min(rows stashed, max_rows) rows to dst (zero_tail: zeroes the rest up to max_rows).
-  virtual int Restore(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+  virtual int Restore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                       void* dst, uint64_t max_rows, bool zero_tail) const = 0;
-  virtual int Discard(CUstream_st* stream, StashState* state, uint64_t row_bytes, StashHandleHeader* handle,
+  virtual int Discard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                       uint64_t max_rows) const = 0;
   virtual int ReadFlags(CUstream_st* stream, const StashState* state, StashFlags* out) const = 0;
 };

@@ -59,7 +59,8 @@ int vmstash_stash_reset(vmstash_stash_arena* arena, cudaStream_t stream) VMSTASH
 int vmstash_stash_link_flags(vmstash_stash_arena* arena, cudaStream_t stream, int64_t* overflow,
                              int64_t* host_spill) VMSTASH_NOEXCEPT;
 /* Tuning (benchmarks): the most blocks and the threads per block of later stash/restore
- * launches of every arena (0 keeps a value; threads: a multiple of 32 up to 1024). A
+ * launches of every arena (max_grid 0: one wave, the default; threads 0 keeps the
+ * current value, else a multiple of 32 up to 1024). A
  * captured graph keeps the shape it was captured with. Not thread-safe with launches. */
 int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads) VMSTASH_NOEXCEPT;
 int vmstash_stash_stash(vmstash_stash_arena* arena, cudaStream_t stream, const void* src, const int64_t* n_rows,

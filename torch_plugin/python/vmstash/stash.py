@@ -40,7 +40,7 @@ __all__ = ["Arena", "Stashed", "Flags", "saved_tensors", "set_launch_shape"]
 
 def set_launch_shape(max_grid=0, threads=0):
     """Tuning for benchmarks: the most blocks and the threads per block of later
-    stash/restore launches (0 keeps a value). Graphs keep the shape they were captured with."""
+    stash/restore launches (max_grid 0: one wave, the default; threads 0 keeps it). Graphs keep the shape they were captured with."""
     check(_fn("vmstash_stash_set_launch_shape")(ctypes.c_uint32(max_grid), ctypes.c_uint32(threads)),
           f"vmstash.stash.set_launch_shape({max_grid}, {threads})")
 
