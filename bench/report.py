@@ -62,6 +62,11 @@ def benchmarks(build, torch_ok):
         ("stash_bench", "The paged stash kernels against a same-run device-to-device copy "
          "(bench/stash_bench.cc).",
          [os.path.join(build, "bench/stash_bench")], {}, [r"^\s+MB\s", r"^\s+\d+\s", r"host tier", r"empty stash"], False),
+        ("megatron_stash_bench", "The paged stash side by side with megatron-core 0.19's own Triton kernels "
+         "(PagedStashBuffer / PagedTensor), both in CUDA graphs, against the same run's D2D and pinned D2H "
+         "copies (bench/megatron_stash_bench.py); megatron-core must be importable.",
+         [py, "bench/megatron_stash_bench.py", "--json", "bench/results/megatron_stash.json"], {},
+         [r"^case", r"^(bf16|uint8|mxfp8|tiny|host)", r"^(MISS|WRONG|empty stash|goals)"], True),
         ("moe_stash_bench", "Expert-activation memory of a synthetic MoE with and without the paged stash "
          "(bench/moe_stash_bench.py).",
          [py, "bench/moe_stash_bench.py"], {}, [r"^\|", r"^\(gradients"], True),

@@ -37,6 +37,57 @@ from ._lib import Error, check, encode
 
 __all__ = ["Arena", "Stashed", "Flags", "saved_tensors", "set_launch_shape"]
 
+# torch.library custom ops (registered on first use; see Arena.stash_op): torch.compile
+# sees vmstash::stash / vmstash::restore as opaque operators with fake (meta) kernels, so
+# a compiled function that stashes and restores runs them eagerly, in order, with the
+# result it would have eagerly. The token between them is a CPU int64 tensor naming the
+# Stashed object on the host (no device read).
+_ops_lock = threading.Lock()
+_ops_registered = False
+_op_arenas = {}
+_op_tokens = {}
+_op_next = [1]
+
+
+def _register_ops():
+    global _ops_registered
+    with _ops_lock:
+        if _ops_registered:
+            return
+        import torch
+
+        @torch.library.custom_op("vmstash::stash", mutates_args=())
+        def _stash_op(x: torch.Tensor, rows: torch.Tensor, arena: int) -> torch.Tensor:
+            a = _op_arenas.get(arena)
+            if a is None:
+                raise Error(f"vmstash::stash: arena {arena} is closed", 9)
+            stashed = a.stash(x.contiguous(), a._rows_tensor(rows))
+            with _ops_lock:
+                key = _op_next[0]
+                _op_next[0] += 1
+                _op_tokens[key] = stashed
+            return torch.tensor([key], dtype=torch.int64)
+
+        @_stash_op.register_fake
+        def _(x, rows, arena):
+            return torch.empty(1, dtype=torch.int64)
+
+        @torch.library.custom_op("vmstash::restore", mutates_args=())
+        def _restore_op(token: torch.Tensor, shape: list[int], dtype: torch.dtype,
+                        device: torch.device) -> torch.Tensor:
+            with _ops_lock:
+                stashed = _op_tokens.pop(int(token[0]), None)
+            if stashed is None:
+                raise Error("vmstash::restore: the token was restored already or never stashed", 9)
+            out = torch.empty(shape, dtype=dtype, device=device)
+            return stashed.restore(out=out, zero_tail=True)
+
+        @_restore_op.register_fake
+        def _(token, shape, dtype, device):
+            return torch.empty(shape, dtype=dtype, device=device)
+
+        _ops_registered = True
+
 
 def set_launch_shape(max_grid=0, threads=0):
     """Tuning for benchmarks: the most blocks and the threads per block of later
@@ -123,6 +174,16 @@ class Arena:
             raise
         self.device_pages = device_pages
         self.host_pages = host_pages
+        self._op_id = None
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            return  # the raw methods work without torch; the operators need it
+        _register_ops()
+        with _ops_lock:
+            self._op_id = _op_next[0]
+            _op_next[0] += 1
+            _op_arenas[self._op_id] = self
 
     @staticmethod
     def _torch_device():
@@ -182,6 +243,20 @@ class Arena:
         """Forgets every stash and clears the flags (capturable). Stashed objects not yet
         restored become invalid."""
         check(_fn("vmstash_stash_reset")(self._live(), self._raw_stream(stream)), "vmstash.stash: reset")
+
+    # --- torch.library operators (torch.compile) -------------------------------------
+    def stash_op(self, tensor, rows):
+        """stash() as the custom operator torch.ops.vmstash.stash, for code that
+        torch.compile traces: `rows` a device int64 tensor; returns a token (a CPU int64
+        tensor) for restore_op."""
+        import torch
+        return torch.ops.vmstash.stash(tensor, rows, self._op_id)
+
+    def restore_op(self, token, shape, dtype):
+        """The tensor stashed under `token` (torch.ops.vmstash.restore): a new tensor of
+        `shape` and `dtype` on the arena's device, rows past the live count zeroed."""
+        import torch
+        return torch.ops.vmstash.restore(token, list(shape), dtype, torch.device("cuda", self.device))
 
     def link_flags(self, overflow=None, host_spill=None, stream=None):
         """Shares flags with other arenas: `overflow` / `host_spill` are int64 device
@@ -299,6 +374,9 @@ class Arena:
         self._pool.clear()
         check(_fn("vmstash_stash_destroy")(self._arena), "vmstash.stash: destroy")
         self._arena = None
+        if getattr(self, "_op_id", None) is not None:
+            with _ops_lock:
+                _op_arenas.pop(self._op_id, None)
 
     def __enter__(self):
         return self
