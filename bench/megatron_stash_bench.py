@@ -13,7 +13,8 @@ restored tensors against the input.
 Cases: bf16 rows at hidden 2048 / 4096 / 7168 and 28 / 64 / 128 / 512 / 2048 MB live;
 uint8 rows (FP8 activations, 7168 bytes); MXFP8 scale rows (224 bytes, rows = tokens // 32
 of the uint8 case); an empty stash (n = 0) and tiny ones (1, 64, 4097 rows); the host tier
-(a one-page device tier, the rest pinned host). Per-op GPU time of the empty and tiny
+(a one-page device tier, the rest pinned host; its limits: pinned D2H for the stash,
+pinned H2D for the restore). Per-op GPU time of the empty and tiny
 stashes comes from one graph of 100 stashes (and one of 100 restores); the eager host cost
 per call is timed while the GPU is busy.
 
@@ -165,16 +166,24 @@ def run_case(case, timer, impls):
     device_pages, host_pages = (1, need_pages) if host else (need_pages, 0)
     out = {"case": case["label"], "rows": n, "row_bytes": row_bytes, "live_bytes": n * row_bytes, "count": count}
 
-    # Limits of the same run: the live bytes copied D2D, and D2H into pinned memory.
+    # Limits of the same run, captured and replayed like the implementations: the live
+    # bytes copied D2D; for the host tier, D2H into pinned memory (the stash's direction)
+    # and H2D from it (the restore's).
     dst_limit = torch.empty_like(src)
     live = src[:n] if n else src[:0]
     if host:
         pinned = torch.empty((max(n, 1), hidden), dtype=dtype, pin_memory=True)
-        limit = lambda: pinned[:n].copy_(live, non_blocking=True)  # noqa: E731
+        limits = [lambda: pinned[:n].copy_(live, non_blocking=True),  # noqa: E731
+                  lambda: dst_limit[:n].copy_(pinned[:n], non_blocking=True)]  # noqa: E731
     else:
-        limit = lambda: dst_limit[:n].copy_(live)  # noqa: E731
+        limits = [lambda: dst_limit[:n].copy_(live)] * 2  # noqa: E731
     out["limit"] = "pinned D2H" if host else "D2D copy"
-    out["limit_ms"] = timer.run([limit])[0] if n else None
+    out["restore_limit"] = "pinned H2D" if host else "D2D copy"
+    if n:
+        graphs = [graph_of(f) for f in limits]
+        out["limit_ms"], out["restore_limit_ms"] = timer.run([g.replay for g in graphs])
+    else:
+        out["limit_ms"] = out["restore_limit_ms"] = None
 
     for impl_cls in impls:
         impl = impl_cls(row_bytes, dtype, hidden, device_pages, host_pages, count)
@@ -247,14 +256,16 @@ def verdicts(results, case_list):
             if speed < 1.0:
                 misses += 1
                 lines.append(f"MISS {r['case']} {op}: {speed:.2f}x Megatron")
-            if r["limit_ms"] and not c.get("tiny"):
-                frac = r["limit_ms"] / ours[f"{op}_ms"]
+            limit_ms = r["limit_ms"] if op == "stash" else r["restore_limit_ms"]
+            if limit_ms and not c.get("tiny"):
+                frac = limit_ms / ours[f"{op}_ms"]
                 r[f"{op}_of_limit"] = frac
                 goal = GOAL_HOST_TIER if c["host"] else GOAL_D2D
                 if c["host"] or (c["hidden"] > 224 and c["mb"] >= 128):  # the goal's scope
                     if frac < goal:
                         misses += 1
-                        lines.append(f"MISS {r['case']} {op}: {100 * frac:.1f}% of {r['limit']} (goal {100 * goal:.0f}%)")
+                        which = r["limit"] if op == "stash" else r["restore_limit"]
+                        lines.append(f"MISS {r['case']} {op}: {100 * frac:.1f}% of {which} (goal {100 * goal:.0f}%)")
         if not (ours["correct"] and theirs["correct"]):
             misses += 1
             lines.append(f"WRONG {r['case']}: vmstash correct={ours['correct']}, megatron correct={theirs['correct']}")
@@ -269,7 +280,7 @@ def verdicts(results, case_list):
 
 def table(results):
     head = (f"{'case':40} {'live MB':>8} {'limit ms':>9} | {'stash ms':>9} {'mega ms':>9} {'x mega':>6} {'% lim':>6} | "
-            f"{'rest. ms':>9} {'mega ms':>9} {'x mega':>6} {'% lim':>6} | {'host us':>7} {'mega us':>7} ok")
+            f"{'r. limit':>9} {'rest. ms':>9} {'mega ms':>9} {'x mega':>6} {'% lim':>6} | {'host us':>7} {'mega us':>7} ok")
     print(head)
     for r in results:
         o, t = r["vmstash"], r["megatron"]
@@ -278,8 +289,9 @@ def table(results):
             v = r.get(f"{op}_of_limit")
             return f"{100 * v:5.1f}%" if v else "     -"
         lim = f"{r['limit_ms']:9.4f}" if r["limit_ms"] else "        -"
+        rlim = f"{r['restore_limit_ms']:9.4f}" if r["restore_limit_ms"] else "        -"
         print(f"{r['case']:40} {r['live_bytes'] / MiB:8.1f} {lim} | {o['stash_ms']:9.4f} {t['stash_ms']:9.4f} "
-              f"{r['stash_speedup_vs_megatron']:5.2f}x {pct('stash')} | {o['restore_ms']:9.4f} {t['restore_ms']:9.4f} "
+              f"{r['stash_speedup_vs_megatron']:5.2f}x {pct('stash')} | {rlim} {o['restore_ms']:9.4f} {t['restore_ms']:9.4f} "
               f"{r['restore_speedup_vs_megatron']:5.2f}x {pct('restore')} | {o['host_us_per_call']:7.1f} "
               f"{t['host_us_per_call']:7.1f} {'yes' if o['correct'] and t['correct'] else 'NO'}")
 
@@ -289,7 +301,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--shapes", help="launch shapes to compare first (GRIDxTHREADS,...), on a few cases")
+    ap.add_argument("--only", help="run only the cases whose label contains this text (e.g. under ncu)")
+    ap.add_argument("--shapes", help="launch shapes to compare first (GRIDxTHREADS[xUNITS],...; GRID 0: one "
+                    "wave), on a few cases")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("megatron_stash_bench: needs a CUDA GPU", file=sys.stderr)
@@ -303,14 +317,14 @@ def main():
                                                            "mxfp8 scales 224B (2048MB of fp8)",
                                                            "tiny bf16 h7168 n=0 (x100 per graph)")]
         for shape in args.shapes.split(","):
-            g, t = (int(x) for x in shape.split("x"))
-            stash.set_launch_shape(g, t)
+            g, t, u = (list(int(x) for x in shape.split("x")) + [4])[:3]
+            stash.set_launch_shape(g, t, u)
             for c in probe:
                 r = run_case(c, timer, [Ours])
                 print(f"shape {shape:>9} {c['label']:40} stash {r['vmstash']['stash_ms']:.4f} ms restore "
                       f"{r['vmstash']['restore_ms']:.4f} ms limit {r['limit_ms'] or 0:.4f} ms")
-        stash.set_launch_shape(0, 512)  # the defaults
-    case_list = cases(args.quick)
+        stash.set_launch_shape(0, 512, 4)  # the defaults
+    case_list = [c for c in cases(args.quick) if not args.only or args.only in c["label"]]
     results = []
     for c in case_list:
         results.append(run_case(c, timer, [Ours, Theirs]))

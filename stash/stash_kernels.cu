@@ -8,7 +8,10 @@ namespace vmstash::stash {
 namespace {
 
 constexpr uint32_t kThreads = 256;  // reset
-constexpr uint32_t kUnroll = 4;     // units each thread has in flight per loop trip
+// Units each thread has in flight per loop trip: a launch-time choice between the kernels'
+// two instantiations (SetLaunchShape; default kDefaultUnroll).
+constexpr uint32_t kDefaultUnroll = 4;
+uint32_t unroll = kDefaultUnroll;
 constexpr uint32_t kBlocksPerSm = 2;  // copy_threads x kBlocksPerSm threads resident per SM
 // Stash/restore launch shape (SetLaunchShape): at most max_grid blocks (0: one wave,
 // kBlocksPerSm per SM of the device) of copy_threads threads; a launch for fewer bytes
@@ -69,7 +72,7 @@ struct TablePages {
 // flat index over the live bytes in units; each unit finds its slot by a division by the
 // units per page, its page id by one cached load. Narrow rows (MXFP8 scales: 224 bytes)
 // keep every thread busy; wide rows pay no per-row work.
-template <typename Unit, typename Index, typename Div, typename PageOf>
+template <uint32_t kUnroll, typename Unit, typename Index, typename Div, typename PageOf>
 __device__ void CopyLinear(uint8_t* pages, uint8_t* tensor, Index items, Index per_page, const Div& div,
                            const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
   const Index stride = static_cast<Index>(active) * blockDim.x;
@@ -110,30 +113,30 @@ struct SlowDiv {
   __device__ uint64_t operator()(uint64_t n) const { return n / d; }
 };
 
-template <typename Unit, typename PageOf>
+template <uint32_t kUnroll, typename Unit, typename PageOf>
 __device__ void CopyUnits(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t page_bytes, uint64_t row_bytes,
                           const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
   const uint64_t items = n * (row_bytes / sizeof(Unit));
   const uint64_t per_page = page_bytes / sizeof(Unit);
   if (items + static_cast<uint64_t>(active) * blockDim.x * kUnroll <= 0xffffffffull && per_page <= 0xffffffffull) {
-    CopyLinear<Unit, uint32_t>(pages, tensor, static_cast<uint32_t>(items), static_cast<uint32_t>(per_page),
+    CopyLinear<kUnroll, Unit, uint32_t>(pages, tensor, static_cast<uint32_t>(items), static_cast<uint32_t>(per_page),
                                FastDiv(static_cast<uint32_t>(per_page)), page_of, to_pages, table, active);
   } else {
-    CopyLinear<Unit, uint64_t>(pages, tensor, items, per_page, SlowDiv{per_page}, page_of, to_pages, table, active);
+    CopyLinear<kUnroll, Unit, uint64_t>(pages, tensor, items, per_page, SlowDiv{per_page}, page_of, to_pages, table, active);
   }
 }
 
-template <typename PageOf>
+template <uint32_t kUnroll, typename PageOf>
 __device__ void Copy(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
                      const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
   const uint32_t unit = UnitBytes(reinterpret_cast<uintptr_t>(pages), reinterpret_cast<uintptr_t>(tensor), row_bytes);
   const uint64_t page_bytes = P * row_bytes;
   if (unit == 16) {
-    CopyUnits<uint4>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<kUnroll, uint4>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   } else if (unit == 4) {
-    CopyUnits<uint32_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<kUnroll, uint32_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   } else {
-    CopyUnits<uint8_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<kUnroll, uint8_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
   }
 }
 
@@ -147,6 +150,7 @@ __device__ void ZeroRow(uint8_t* dst, uint64_t bytes) {
 }
 
 // Blocks that take part in moving `rows` rows (at least one: block 0 publishes).
+template <uint32_t kUnroll>
 __device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes) {
   const uint64_t per_block = static_cast<uint64_t>(blockDim.x) * kUnroll * 16;  // bytes a block moves per trip
   const uint64_t want = (rows * row_bytes + per_block - 1) / per_block;
@@ -211,6 +215,7 @@ __global__ void ResetKernel(StashState* s, StashState init, uint64_t max_cap) {
   }
 }
 
+template <uint32_t kUnroll>
 __global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* src, const int64_t* n_rows,
                             uint64_t max_rows, StashHandleHeader* h) {
   __shared__ Decision d;
@@ -232,14 +237,14 @@ __global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* 
     }
     d.counter = d.tier == 0 ? live.head[0] : (d.tier == 1 ? live.head[1] : 0);
     d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
-    d.active = ActiveBlocks(d.tier >= 0 ? d.n : 0, row_bytes);
+    d.active = ActiveBlocks<kUnroll>(d.tier >= 0 ? d.n : 0, row_bytes);
   }
   __syncthreads();
   if (blockIdx.x >= d.active) return;
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
   if (d.tier >= 0) {
     const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
-    Copy(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, FreeListPages{tier.free_list, d.start, tier.cap},
+    Copy<kUnroll>(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, FreeListPages{tier.free_list, d.start, tier.cap},
          /*to_pages=*/true, table, d.active);
   }
   if (LastBlock(s, d.active)) {
@@ -268,6 +273,7 @@ __global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* 
 }
 
 // copy_back: restore (true) or discard (false).
+template <uint32_t kUnroll>
 __global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHeader* h, uint8_t* dst,
                               uint64_t max_rows, bool zero_tail, bool copy_back) {
   __shared__ Decision d;
@@ -284,7 +290,7 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHe
     d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
     const uint64_t n_live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
     // Blocks for the copy, the zeroed tail, and the page ids given back (one per thread).
-    uint32_t active = ActiveBlocks(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes);
+    uint32_t active = ActiveBlocks<kUnroll>(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes);
     const uint64_t give = d.tier >= 0 ? (d.need + blockDim.x - 1) / blockDim.x : 0;
     if (give > active) active = give < gridDim.x ? static_cast<uint32_t>(give) : gridDim.x;
     d.active = active;
@@ -297,7 +303,7 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHe
   if (d.tier >= 0) {
     const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
     if (copy_back) {
-      Copy(tier.pages, dst, n_live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
+      Copy<kUnroll>(tier.pages, dst, n_live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
     const uint64_t stride = static_cast<uint64_t>(d.active) * blockDim.x;
@@ -343,14 +349,15 @@ uint32_t OneWave() {
 }  // namespace
 
 uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes) {
-  const uint64_t per_block = static_cast<uint64_t>(copy_threads) * kUnroll * 16;
+  const uint64_t per_block = static_cast<uint64_t>(copy_threads) * unroll * 16;
   const uint64_t want = (max_rows * row_bytes + per_block - 1) / per_block;
   const uint64_t cap = max_grid != 0 ? max_grid : OneWave();
   return want == 0 ? 1u : static_cast<uint32_t>(want < cap ? want : cap);
 }
 
-void SetLaunchShape(uint32_t grid, uint32_t threads) {
+void SetLaunchShape(uint32_t grid, uint32_t threads, uint32_t units_in_flight) {
   max_grid = grid;
+  if (units_in_flight == 4 || units_in_flight == 8) unroll = units_in_flight;
   if (threads >= 32 && threads <= 1024 && threads % 32 == 0) copy_threads = threads;
 }
 
@@ -363,22 +370,25 @@ int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, 
 
 int LaunchStash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src, const int64_t* n_rows,
                 uint64_t max_rows, StashHandleHeader* handle) {
-  StashKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(
-      state, geo, static_cast<const uint8_t*>(src), n_rows, max_rows, handle);
+  auto* kernel = unroll == 8 ? &StashKernel<8> : &StashKernel<kDefaultUnroll>;
+  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, static_cast<const uint8_t*>(src),
+                                                                        n_rows, max_rows, handle);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchRestore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle, void* dst,
                   uint64_t max_rows, bool zero_tail) {
-  RestoreKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(
-      state, geo, handle, static_cast<uint8_t*>(dst), max_rows, zero_tail, true);
+  auto* kernel = unroll == 8 ? &RestoreKernel<8> : &RestoreKernel<kDefaultUnroll>;
+  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, static_cast<uint8_t*>(dst),
+                                                                        max_rows, zero_tail, true);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchDiscard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                   uint64_t max_rows) {
-  RestoreKernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, nullptr,
-                                                                              max_rows, false, false);
+  auto* kernel = unroll == 8 ? &RestoreKernel<8> : &RestoreKernel<kDefaultUnroll>;
+  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, nullptr, max_rows, false,
+                                                                        false);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -21,10 +21,10 @@ namespace vmstash::stash {
 // every thread to move kUnroll 16-byte vectors per trip, at most the max grid, at least 1).
 uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes);
 // Tuning: the most blocks (0, the default: one wave, 2 blocks per SM) and the threads per
-// block (default 512; 0 keeps it) of
-// stash/restore/discard launches. Not thread-safe; call before launching or capturing
+// block (default 512; 0 keeps it) of stash/restore/discard launches, and the 16-byte
+// units each thread keeps in flight (4, the default, or 8; others keep it). Not thread-safe; call before launching or capturing
 // (a captured graph keeps the shape it was captured with).
-void SetLaunchShape(uint32_t max_grid, uint32_t threads);
+void SetLaunchShape(uint32_t max_grid, uint32_t threads, uint32_t units_in_flight = 0);
 
 // `init`: the arena's geometry (tier pointers, caps, page_rows, row_bytes); the rest of
 // the state is rebuilt (full free lists, zero counters and flags).

@@ -105,12 +105,16 @@ int vmstash_stash_link_flags(vmstash_stash_arena* arena, cudaStream_t stream, in
   return OnArena(arena, [&](StashArena& a) { return a.LinkFlags(S(stream), overflow, host_spill); });
 }
 
-int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads) noexcept {
+int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads, uint32_t units_in_flight) noexcept {
   if (threads != 0 && (threads < 32 || threads > 1024 || threads % 32 != 0)) {
     return vmstash::c_abi::Fail(absl::InvalidArgumentError(
         absl::StrCat("vmstash_stash_set_launch_shape: threads must be a multiple of 32 in [32, 1024], got ", threads)));
   }
-  vmstash::stash::SetLaunchShape(max_grid, threads);
+  if (units_in_flight != 0 && units_in_flight != 4 && units_in_flight != 8) {
+    return vmstash::c_abi::Fail(absl::InvalidArgumentError(
+        absl::StrCat("vmstash_stash_set_launch_shape: units in flight must be 4 or 8, got ", units_in_flight)));
+  }
+  vmstash::stash::SetLaunchShape(max_grid, threads, units_in_flight);
   return VMSTASH_OK;
 }
 

@@ -60,9 +60,10 @@ int vmstash_stash_link_flags(vmstash_stash_arena* arena, cudaStream_t stream, in
                              int64_t* host_spill) VMSTASH_NOEXCEPT;
 /* Tuning (benchmarks): the most blocks and the threads per block of later stash/restore
  * launches of every arena (max_grid 0: one wave, the default; threads 0 keeps the
- * current value, else a multiple of 32 up to 1024). A
- * captured graph keeps the shape it was captured with. Not thread-safe with launches. */
-int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads) VMSTASH_NOEXCEPT;
+ * current value, else a multiple of 32 up to 1024) and the 16-byte units each thread
+ * keeps in flight (0 keeps it, else 4 or 8). A captured graph keeps the shape it was
+ * captured with. Not thread-safe with launches. */
+int vmstash_stash_set_launch_shape(uint32_t max_grid, uint32_t threads, uint32_t units_in_flight) VMSTASH_NOEXCEPT;
 int vmstash_stash_stash(vmstash_stash_arena* arena, cudaStream_t stream, const void* src, const int64_t* n_rows,
                         uint64_t max_rows, void* handle) VMSTASH_NOEXCEPT;
 /* Copies min(stashed rows, max_rows) rows to dst and gives the pages back; zero_tail

@@ -174,7 +174,7 @@ def _declare(l):
         "vmstash_stash_free_handle": (c_int, [c_void_p, c_void_p]),
         "vmstash_stash_reset": (c_int, [c_void_p, c_void_p]),
         "vmstash_stash_link_flags": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p]),
-        "vmstash_stash_set_launch_shape": (c_int, [c_uint32, c_uint32]),
+        "vmstash_stash_set_launch_shape": (c_int, [c_uint32, c_uint32, c_uint32]),
         "vmstash_stash_stash": (c_int, [c_void_p, c_void_p, c_void_p, i64p, u64, c_void_p]),
         "vmstash_stash_restore": (c_int, [c_void_p, c_void_p, c_void_p, c_void_p, u64, c_int]),
         "vmstash_stash_discard": (c_int, [c_void_p, c_void_p, c_void_p, u64]),

@@ -89,11 +89,13 @@ def _register_ops():
         _ops_registered = True
 
 
-def set_launch_shape(max_grid=0, threads=0):
+def set_launch_shape(max_grid=0, threads=0, units_in_flight=0):
     """Tuning for benchmarks: the most blocks and the threads per block of later
-    stash/restore launches (max_grid 0: one wave, the default; threads 0 keeps it). Graphs keep the shape they were captured with."""
-    check(_fn("vmstash_stash_set_launch_shape")(ctypes.c_uint32(max_grid), ctypes.c_uint32(threads)),
-          f"vmstash.stash.set_launch_shape({max_grid}, {threads})")
+    stash/restore launches (max_grid 0: one wave, the default; threads 0 keeps it), and the
+    16-byte units each thread keeps in flight (4, the default, or 8; 0 keeps it). Graphs keep the shape they were captured with."""
+    check(_fn("vmstash_stash_set_launch_shape")(ctypes.c_uint32(max_grid), ctypes.c_uint32(threads),
+                                                 ctypes.c_uint32(units_in_flight)),
+          f"vmstash.stash.set_launch_shape({max_grid}, {threads}, {units_in_flight})")
 
 
 class _CFlags(ctypes.Structure):
@@ -131,6 +133,25 @@ def _fn(name):
 def _stream_of(device):
     import torch
     return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
+_fast = {}
+
+
+def _fast_fns():
+    """The per-call entry points typed for plain ints (no ctypes objects built per call)
+    and torch's raw current-stream getter: the torch paths of stash() / restore() cost
+    a few microseconds of Python each (bench/megatron_stash_bench.py measures it)."""
+    if not _fast:
+        import torch
+        vp, u64 = ctypes.c_void_p, ctypes.c_uint64
+        _fast["stash"] = ctypes.cast(_fn("vmstash_stash_stash"),
+                                     ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, vp, u64, vp))
+        _fast["restore"] = ctypes.cast(_fn("vmstash_stash_restore"),
+                                       ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, vp, vp, u64, ctypes.c_int))
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        _fast["stream"] = raw if raw is not None else (lambda d: torch.cuda.current_stream(d).cuda_stream)
+    return _fast
 
 
 def _capturing():
@@ -352,16 +373,20 @@ class Arena:
         device) where n = rows (an int, or the first element of a device integer tensor,
         read on the device and clamped to [0, max_rows]). Returns a Stashed. Uses torch's
         current stream; the tensor may be freed right after (stream-ordered)."""
-        self._check_tensor(tensor, "vmstash.stash.Arena.stash")
-        rows_t = self._rows_tensor(rows)
+        # A fast check; the full one (which raises saying what is wrong) only when it fails.
+        if (tensor.get_device() != self.device or tensor.dim() < 1 or not tensor.is_contiguous()
+                or tensor.element_size() * tensor.stride(0) != self.row_bytes):
+            self._check_tensor(tensor, "vmstash.stash.Arena.stash")
+        rows_t = rows if (type(rows) is not int and rows.dtype is _int64() and rows.get_device() == self.device
+                          and rows.is_contiguous() and rows.numel() >= 1) else self._rows_tensor(rows)
         max_rows = tensor.shape[0]
         handle = self._take_handle(max_rows)
-        try:
-            self.stash_ptr(ctypes.c_void_p(tensor.data_ptr()), ctypes.c_void_p(rows_t.data_ptr()), max_rows,
-                           ctypes.c_void_p(handle))
-        except BaseException:
+        fast = _fast_fns()
+        code = fast["stash"](self._live(), fast["stream"](self.device), tensor.data_ptr(), rows_t.data_ptr(),
+                             max_rows, handle)
+        if code != 0:
             self._give_handle(max_rows, handle)
-            raise
+            check(code, "vmstash.stash: stash")
         return Stashed(self, handle, tuple(tensor.shape), tensor.dtype, rows_t)
 
     def close(self):
@@ -390,6 +415,16 @@ class Arena:
                 f"tag={self.tag!r}, device={self.device})")
 
 
+_torch_int64 = []
+
+
+def _int64():
+    if not _torch_int64:
+        import torch
+        _torch_int64.append(torch.int64)
+    return _torch_int64[0]
+
+
 def _prod(shape):
     out = 1
     for s in shape:
@@ -413,19 +448,22 @@ class Stashed:
         """Copies the rows back into `out` (or a new tensor of the stashed shape) on torch's
         current stream and returns the pages. Rows past n are left as they are unless
         zero_tail (then zeroed)."""
-        import torch
         if self._restored is not None:
             return self._restored
         if self._handle is None:
             raise Error("vmstash.stash: this tensor was discarded", 9)
+        arena = self.arena
         if out is None:
-            out = torch.empty(self.shape, dtype=self.dtype, device=f"cuda:{self.arena.device}")
-        else:
-            self.arena._check_tensor(out, "vmstash.stash.Stashed.restore(out=)")
+            import torch
+            out = torch.empty(self.shape, dtype=self.dtype, device=f"cuda:{arena.device}")
+        elif (out.get_device() != arena.device or out.dim() < 1 or not out.is_contiguous()
+              or out.element_size() * out.stride(0) != arena.row_bytes or out.shape[0] < self.max_rows):
+            arena._check_tensor(out, "vmstash.stash.Stashed.restore(out=)")
             if out.shape[0] < self.max_rows:
                 raise ValueError(f"restore: out has {out.shape[0]} rows, the stashed tensor {self.max_rows}")
-        self.arena.restore_ptr(ctypes.c_void_p(self._handle), ctypes.c_void_p(out.data_ptr()), self.max_rows,
-                               zero_tail)
+        fast = _fast_fns()
+        check(fast["restore"](arena._live(), fast["stream"](arena.device), self._handle, out.data_ptr(),
+                              self.max_rows, 1 if zero_tail else 0), "vmstash.stash: restore")
         self._release()
         self._restored = out
         return out
