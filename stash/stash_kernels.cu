@@ -35,21 +35,29 @@ struct Decision {
 // a page slot per 16-byte unit costs two instructions instead of a division.
 struct FastDiv {
   uint32_t d, m, shift;
-  __device__ explicit FastDiv(uint32_t divisor) : d(divisor) {
-    shift = 0;
-    while ((uint64_t{1} << shift) < divisor) ++shift;
-    m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << shift) - divisor)) / divisor + 1);
+  __host__ __device__ static FastDiv For(uint32_t divisor) {
+    FastDiv f{divisor, 0, 0};
+    while ((uint64_t{1} << f.shift) < divisor) ++f.shift;
+    f.m = static_cast<uint32_t>(((uint64_t{1} << 32) * ((uint64_t{1} << f.shift) - divisor)) / divisor + 1);
+    return f;
   }
   __device__ uint32_t operator()(uint32_t n) const {
     return static_cast<uint32_t>((static_cast<uint64_t>(__umulhi(n, m)) + n) >> shift);
   }
 };
 
-// Copy unit: 16, 4 or 1 bytes, the widest that both ends' alignment and the row size allow.
-__device__ uint32_t UnitBytes(uintptr_t a, uintptr_t b, uint64_t row_bytes) {
-  const uint64_t bits = a | b | row_bytes;
-  return (bits & 15) == 0 ? 16 : ((bits & 3) == 0 ? 4 : 1);
-}
+// What a launch's copy needs that the host can work out (a launch argument, so the
+// device spends no division on it): the unit (16, 4 or 1 bytes, the widest that the
+// tensor's alignment and the row size allow; the tiers' pages are allocation-aligned),
+// the units per page and their multiply-shift divisor when the launch's index fits
+// 32 bits, log2 of the page rows, and log2 of the bytes a block moves per trip.
+struct CopyPlan {
+  uint32_t unit;
+  bool narrow;         // 32-bit index and `div`
+  FastDiv div;         // by the units per page
+  uint32_t log_p;      // page_rows = 1 << log_p
+  int32_t log_block;   // bytes a block moves per trip = 1 << log_block; -1: not a power of two
+};
 
 // Page id of page slot `slot` of the tensor: stash reads the free list from its head,
 // restore the handle's page table.
@@ -108,6 +116,12 @@ __device__ void CopyLinear(uint8_t* pages, uint8_t* tensor, Index items, Index p
   }
 }
 
+// counter % cap in 32 bits when both fit (a 64-bit remainder is a long instruction sequence).
+__device__ uint64_t Mod(uint64_t counter, uint64_t cap) {
+  if ((counter | cap) >> 32 == 0) return static_cast<uint32_t>(counter) % static_cast<uint32_t>(cap);
+  return counter % cap;
+}
+
 struct SlowDiv {
   uint64_t d;
   __device__ uint64_t operator()(uint64_t n) const { return n / d; }
@@ -115,28 +129,28 @@ struct SlowDiv {
 
 template <uint32_t kUnroll, typename Unit, typename PageOf>
 __device__ void CopyUnits(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t page_bytes, uint64_t row_bytes,
-                          const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
+                          const CopyPlan& plan, const PageOf& page_of, bool to_pages, uint32_t* table,
+                          uint32_t active) {
   const uint64_t items = n * (row_bytes / sizeof(Unit));
   const uint64_t per_page = page_bytes / sizeof(Unit);
-  if (items + static_cast<uint64_t>(active) * blockDim.x * kUnroll <= 0xffffffffull && per_page <= 0xffffffffull) {
+  if (plan.narrow) {
     CopyLinear<kUnroll, Unit, uint32_t>(pages, tensor, static_cast<uint32_t>(items), static_cast<uint32_t>(per_page),
-                               FastDiv(static_cast<uint32_t>(per_page)), page_of, to_pages, table, active);
+                                        plan.div, page_of, to_pages, table, active);
   } else {
     CopyLinear<kUnroll, Unit, uint64_t>(pages, tensor, items, per_page, SlowDiv{per_page}, page_of, to_pages, table, active);
   }
 }
 
 template <uint32_t kUnroll, typename PageOf>
-__device__ void Copy(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes,
+__device__ void Copy(uint8_t* pages, uint8_t* tensor, uint64_t n, uint64_t P, uint64_t row_bytes, const CopyPlan& plan,
                      const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
-  const uint32_t unit = UnitBytes(reinterpret_cast<uintptr_t>(pages), reinterpret_cast<uintptr_t>(tensor), row_bytes);
   const uint64_t page_bytes = P * row_bytes;
-  if (unit == 16) {
-    CopyUnits<kUnroll, uint4>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
-  } else if (unit == 4) {
-    CopyUnits<kUnroll, uint32_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
+  if (plan.unit == 16) {
+    CopyUnits<kUnroll, uint4>(pages, tensor, n, page_bytes, row_bytes, plan, page_of, to_pages, table, active);
+  } else if (plan.unit == 4) {
+    CopyUnits<kUnroll, uint32_t>(pages, tensor, n, page_bytes, row_bytes, plan, page_of, to_pages, table, active);
   } else {
-    CopyUnits<kUnroll, uint8_t>(pages, tensor, n, page_bytes, row_bytes, page_of, to_pages, table, active);
+    CopyUnits<kUnroll, uint8_t>(pages, tensor, n, page_bytes, row_bytes, plan, page_of, to_pages, table, active);
   }
 }
 
@@ -151,9 +165,10 @@ __device__ void ZeroRow(uint8_t* dst, uint64_t bytes) {
 
 // Blocks that take part in moving `rows` rows (at least one: block 0 publishes).
 template <uint32_t kUnroll>
-__device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes) {
+__device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes, int32_t log_block) {
   const uint64_t per_block = static_cast<uint64_t>(blockDim.x) * kUnroll * 16;  // bytes a block moves per trip
-  const uint64_t want = (rows * row_bytes + per_block - 1) / per_block;
+  const uint64_t want = log_block >= 0 ? (rows * row_bytes + per_block - 1) >> log_block
+                                       : (rows * row_bytes + per_block - 1) / per_block;
   return want == 0 ? 1u : (want < gridDim.x ? static_cast<uint32_t>(want) : gridDim.x);
 }
 
@@ -216,15 +231,15 @@ __global__ void ResetKernel(StashState* s, StashState init, uint64_t max_cap) {
 }
 
 template <uint32_t kUnroll>
-__global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* src, const int64_t* n_rows,
-                            uint64_t max_rows, StashHandleHeader* h) {
+__global__ void StashKernel(StashState* s, const StashState geo, const CopyPlan plan, const uint8_t* src,
+                            const int64_t* n_rows, uint64_t max_rows, StashHandleHeader* h) {
   __shared__ Decision d;
   const uint64_t P = geo.page_rows, row_bytes = geo.row_bytes;
   if (threadIdx.x == 0) {
     const int64_t n = *n_rows;
     const Live live = LoadLive(s, geo);
     d.n = n < 0 ? 0 : (static_cast<uint64_t>(n) > max_rows ? max_rows : static_cast<uint64_t>(n));
-    d.need = (d.n + P - 1) / P;
+    d.need = (d.n + P - 1) >> plan.log_p;
     d.tier = -1;
     if (!live.overflowed) {
       d.tier = -2;
@@ -236,15 +251,15 @@ __global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* 
       }
     }
     d.counter = d.tier == 0 ? live.head[0] : (d.tier == 1 ? live.head[1] : 0);
-    d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
-    d.active = ActiveBlocks<kUnroll>(d.tier >= 0 ? d.n : 0, row_bytes);
+    d.start = d.tier >= 0 ? Mod(d.counter, d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
+    d.active = ActiveBlocks<kUnroll>(d.tier >= 0 ? d.n : 0, row_bytes, plan.log_block);
   }
   __syncthreads();
   if (blockIdx.x >= d.active) return;
   uint32_t* table = reinterpret_cast<uint32_t*>(h + 1);
   if (d.tier >= 0) {
     const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
-    Copy<kUnroll>(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, FreeListPages{tier.free_list, d.start, tier.cap},
+    Copy<kUnroll>(tier.pages, const_cast<uint8_t*>(src), d.n, P, row_bytes, plan, FreeListPages{tier.free_list, d.start, tier.cap},
          /*to_pages=*/true, table, d.active);
   }
   if (LastBlock(s, d.active)) {
@@ -274,8 +289,8 @@ __global__ void StashKernel(StashState* s, const StashState geo, const uint8_t* 
 
 // copy_back: restore (true) or discard (false).
 template <uint32_t kUnroll>
-__global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHeader* h, uint8_t* dst,
-                              uint64_t max_rows, bool zero_tail, bool copy_back) {
+__global__ void RestoreKernel(StashState* s, const StashState geo, const CopyPlan plan, StashHandleHeader* h,
+                              uint8_t* dst, uint64_t max_rows, bool zero_tail, bool copy_back) {
   __shared__ Decision d;
   const uint64_t P = geo.page_rows, row_bytes = geo.row_bytes;
   if (threadIdx.x == 0) {
@@ -283,15 +298,17 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHe
     const uint64_t rows = h->rows;
     const Live live = LoadLive(s, geo);
     d.n = rows;
-    d.need = (d.n + P - 1) / P;
+    d.need = (d.n + P - 1) >> plan.log_p;
     d.tier = (live.overflowed || (status != kHandleDevice && status != kHandleHost))
                  ? -1 : (status == kHandleDevice ? 0 : 1);
     d.counter = d.tier == 0 ? live.tail[0] : (d.tier == 1 ? live.tail[1] : 0);
-    d.start = d.tier >= 0 ? d.counter % (d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
+    d.start = d.tier >= 0 ? Mod(d.counter, d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
     const uint64_t n_live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
     // Blocks for the copy, the zeroed tail, and the page ids given back (one per thread).
-    uint32_t active = ActiveBlocks<kUnroll>(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes);
-    const uint64_t give = d.tier >= 0 ? (d.need + blockDim.x - 1) / blockDim.x : 0;
+    uint32_t active = ActiveBlocks<kUnroll>(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes, plan.log_block);
+    const uint64_t give = d.tier < 0 ? 0
+                          : ((blockDim.x & (blockDim.x - 1)) == 0 ? (d.need + blockDim.x - 1) >> (__ffs(blockDim.x) - 1)
+                                                                  : (d.need + blockDim.x - 1) / blockDim.x);
     if (give > active) active = give < gridDim.x ? static_cast<uint32_t>(give) : gridDim.x;
     d.active = active;
   }
@@ -303,7 +320,7 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, StashHandleHe
   if (d.tier >= 0) {
     const StashTier tier = d.tier == 0 ? geo.tier[0] : geo.tier[1];  // no dynamic index: no stack
     if (copy_back) {
-      Copy<kUnroll>(tier.pages, dst, n_live, P, row_bytes, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
+      Copy<kUnroll>(tier.pages, dst, n_live, P, row_bytes, plan, TablePages{table}, /*to_pages=*/false, nullptr, d.active);
     }
     // The pages go back in page-table order, one slot per thread (a discard copies nothing).
     const uint64_t stride = static_cast<uint64_t>(d.active) * blockDim.x;
@@ -348,6 +365,29 @@ uint32_t OneWave() {
 }
 }  // namespace
 
+namespace {
+int32_t Log2IfPow2(uint64_t v) {
+  if (v == 0 || (v & (v - 1)) != 0) return -1;
+  int32_t l = 0;
+  while ((uint64_t{1} << l) < v) ++l;
+  return l;
+}
+
+CopyPlan PlanCopy(const StashState& geo, const void* tensor, uint64_t max_rows, uint32_t grid, uint32_t unroll_now) {
+  CopyPlan plan{};
+  const uint64_t bits = reinterpret_cast<uintptr_t>(tensor) | geo.row_bytes;
+  plan.unit = (bits & 15) == 0 ? 16 : ((bits & 3) == 0 ? 4 : 1);
+  const uint64_t per_page = geo.page_rows * geo.row_bytes / plan.unit;
+  const uint64_t items = max_rows * (geo.row_bytes / plan.unit);
+  plan.narrow = per_page <= 0xffffffffull &&
+                items + static_cast<uint64_t>(grid) * copy_threads * unroll_now <= 0xffffffffull;
+  plan.div = FastDiv::For(plan.narrow ? static_cast<uint32_t>(per_page) : 1u);
+  plan.log_p = static_cast<uint32_t>(Log2IfPow2(geo.page_rows));
+  plan.log_block = Log2IfPow2(static_cast<uint64_t>(copy_threads) * unroll_now * 16);
+  return plan;
+}
+}  // namespace
+
 uint32_t GridFor(uint64_t max_rows, uint64_t row_bytes) {
   const uint64_t per_block = static_cast<uint64_t>(copy_threads) * unroll * 16;
   const uint64_t want = (max_rows * row_bytes + per_block - 1) / per_block;
@@ -371,24 +411,27 @@ int LaunchReset(CUstream_st* stream, StashState* state, const StashState& init, 
 int LaunchStash(CUstream_st* stream, StashState* state, const StashState& geo, const void* src, const int64_t* n_rows,
                 uint64_t max_rows, StashHandleHeader* handle) {
   auto* kernel = unroll == 8 ? &StashKernel<8> : &StashKernel<kDefaultUnroll>;
-  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, static_cast<const uint8_t*>(src),
-                                                                        n_rows, max_rows, handle);
+  const uint32_t grid = GridFor(max_rows, geo.row_bytes);
+  kernel<<<grid, copy_threads, 0, stream>>>(state, geo, PlanCopy(geo, src, max_rows, grid, unroll),
+                                            static_cast<const uint8_t*>(src), n_rows, max_rows, handle);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchRestore(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle, void* dst,
                   uint64_t max_rows, bool zero_tail) {
   auto* kernel = unroll == 8 ? &RestoreKernel<8> : &RestoreKernel<kDefaultUnroll>;
-  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, static_cast<uint8_t*>(dst),
-                                                                        max_rows, zero_tail, true);
+  const uint32_t grid = GridFor(max_rows, geo.row_bytes);
+  kernel<<<grid, copy_threads, 0, stream>>>(state, geo, PlanCopy(geo, dst, max_rows, grid, unroll), handle,
+                                            static_cast<uint8_t*>(dst), max_rows, zero_tail, true);
   return static_cast<int>(cudaGetLastError());
 }
 
 int LaunchDiscard(CUstream_st* stream, StashState* state, const StashState& geo, StashHandleHeader* handle,
                   uint64_t max_rows) {
   auto* kernel = unroll == 8 ? &RestoreKernel<8> : &RestoreKernel<kDefaultUnroll>;
-  kernel<<<GridFor(max_rows, geo.row_bytes), copy_threads, 0, stream>>>(state, geo, handle, nullptr, max_rows, false,
-                                                                        false);
+  const uint32_t grid = GridFor(max_rows, geo.row_bytes);
+  kernel<<<grid, copy_threads, 0, stream>>>(state, geo, PlanCopy(geo, nullptr, max_rows, grid, unroll), handle, nullptr,
+                                            max_rows, false, false);
   return static_cast<int>(cudaGetLastError());
 }
 
