@@ -83,19 +83,16 @@ struct TablePages {
 template <uint32_t kUnroll, typename Unit, typename Index, typename Div, typename PageOf>
 __device__ void CopyLinear(uint8_t* pages, uint8_t* tensor, Index items, Index per_page, const Div& div,
                            const PageOf& page_of, bool to_pages, uint32_t* table, uint32_t active) {
-  // Each trip a block moves one contiguous tile of blockDim x kUnroll units (32 KB at the
-  // defaults): contiguous tiles per block kept the DRAM closer to its peak than units
-  // interleaved across the grid (ncu on the H200).
-  const Index tile = static_cast<Index>(blockDim.x) * kUnroll;
+  const Index stride = static_cast<Index>(active) * blockDim.x;
   Unit* const flat = reinterpret_cast<Unit*>(tensor);
   Unit* const paged = reinterpret_cast<Unit*>(pages);
-  for (Index base = static_cast<Index>(blockIdx.x) * tile + threadIdx.x; base < items;
-       base += static_cast<Index>(active) * tile) {
+  for (Index base = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x; base < items;
+       base += stride * kUnroll) {
     Unit v[kUnroll];
     Unit* to[kUnroll];
 #pragma unroll
     for (uint32_t u = 0; u < kUnroll; ++u) {
-      const Index i = base + u * blockDim.x;
+      const Index i = base + u * stride;
       to[u] = nullptr;
       if (i < items) {
         const Index slot = div(i);
