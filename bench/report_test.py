@@ -8,6 +8,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402
 
 
+def _read(path):
+    with open(path) as f:
+        return f.read()
+
+
 class ReportTest(unittest.TestCase):
     def test_scrub_removes_machine_paths(self):
         text = (f"timeline: {report.ROOT}/bench/results/x.svg\n"
@@ -60,7 +65,7 @@ class ReportTest(unittest.TestCase):
             else:
                 target = os.path.basename(argv[0])
                 cmake = [os.path.join(report.ROOT, d, "CMakeLists.txt") for d in ("bench", "tools/demo")]
-                self.assertTrue(any(f"add_executable({target} " in open(c).read() for c in cmake), target)
+                self.assertTrue(any(f"add_executable({target} " in _read(c) for c in cmake), target)
 
     def test_unknown_benchmark_is_refused(self):
         sys.argv = ["report.py", "--build", "build/cmake", "--only", "no_such_bench"]
