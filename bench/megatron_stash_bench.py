@@ -44,7 +44,11 @@ GOAL_HOST_TIER = 0.95  # of the same-run pinned D2H copy
 
 
 def megatron():
-    from megatron.core.transformer.moe import paged_stash as m
+    try:
+        from megatron.core.transformer.moe import paged_stash as m
+    except ImportError as e:
+        raise SystemExit(f"megatron_stash_bench: megatron-core is not importable ({e}); it is pure Python: "
+                         "python3 -m pip install --no-deps megatron-core==0.19.2 (or its wheel, carried)") from None
     return m
 
 
