@@ -313,7 +313,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--only", help="run only the cases whose label contains this text (e.g. under ncu)")
+    ap.add_argument("--only", help="run only the cases whose label contains one of these comma-separated texts")
     ap.add_argument("--shapes", help="launch shapes to compare first (GRIDxTHREADS[xUNITS],...; GRID 0: one "
                     "wave), on a few cases")
     args = ap.parse_args()
@@ -336,7 +336,8 @@ def main():
                 print(f"shape {shape:>9} {c['label']:40} stash {r['vmstash']['stash_ms']:.4f} ms restore "
                       f"{r['vmstash']['restore_ms']:.4f} ms limit {r['limit_ms'] or 0:.4f} ms")
         stash.set_launch_shape(0, 512, 4)  # the defaults
-    case_list = [c for c in cases(args.quick) if not args.only or args.only in c["label"]]
+    wanted = args.only.split(",") if args.only else None
+    case_list = [c for c in cases(args.quick) if wanted is None or any(w in c["label"] for w in wanted)]
     results = []
     for c in case_list:
         results.append(run_case(c, timer, [Ours, Theirs]))
