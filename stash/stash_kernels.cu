@@ -164,7 +164,6 @@ __device__ void ZeroRow(uint8_t* dst, uint64_t bytes) {
 }
 
 // Blocks that take part in moving `rows` rows (at least one: block 0 publishes).
-template <uint32_t kUnroll>
 __device__ uint32_t ActiveBlocks(uint64_t rows, uint64_t row_bytes, int32_t log_block) {
   // One 16-byte unit per thread: a small copy spreads over as many SMs as it can use
   // (measured: 65 KB of MXFP8 scale rows on 3 blocks kept the busiest SM twice as long as
@@ -255,7 +254,7 @@ __global__ void StashKernel(StashState* s, const StashState geo, const CopyPlan 
     }
     d.counter = d.tier == 0 ? live.head[0] : (d.tier == 1 ? live.head[1] : 0);
     d.start = d.tier >= 0 ? Mod(d.counter, d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
-    d.active = ActiveBlocks<kUnroll>(d.tier >= 0 ? d.n : 0, row_bytes, plan.log_block);
+    d.active = ActiveBlocks(d.tier >= 0 ? d.n : 0, row_bytes, plan.log_block);
   }
   __syncthreads();
   if (blockIdx.x >= d.active) return;
@@ -308,7 +307,7 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, const CopyPla
     d.start = d.tier >= 0 ? Mod(d.counter, d.tier == 0 ? geo.tier[0].cap : geo.tier[1].cap) : 0;
     const uint64_t n_live = d.tier >= 0 ? (d.n < max_rows ? d.n : max_rows) : 0;
     // Blocks for the copy, the zeroed tail, and the page ids given back (one per thread).
-    uint32_t active = ActiveBlocks<kUnroll>(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes, plan.log_block);
+    uint32_t active = ActiveBlocks(copy_back ? (zero_tail ? max_rows : n_live) : 0, row_bytes, plan.log_block);
     const uint64_t give = d.tier < 0 ? 0
                           : ((blockDim.x & (blockDim.x - 1)) == 0 ? (d.need + blockDim.x - 1) >> (__ffs(blockDim.x) - 1)
                                                                   : (d.need + blockDim.x - 1) / blockDim.x);
@@ -340,7 +339,7 @@ __global__ void RestoreKernel(StashState* s, const StashState geo, const CopyPla
     if (d.tier >= 0) {
       s->tier[d.tier].tail = d.counter + d.need;
       h->status = kHandleEmpty;
-    } else if (!Overflowed(*s) && (geo.linked_overflow == nullptr || *geo.linked_overflow == 0)) {
+    } else if (!Overflowed(*s)) {
       h->status = kHandleEmpty;  // an overflowed handle after a reset
     }
     __threadfence();

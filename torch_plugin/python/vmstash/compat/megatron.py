@@ -186,12 +186,10 @@ def _allocate_stash_buffers(original):
 
 def _release_stash_buffers(self):
     """Pauses the arenas' tag instead of dropping the buffers (same addresses later)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    release(self.stash_buffers)
+    release()
 
 
-def release(stash_buffers=None):
+def release():
     """Gives the memory of every vmstash stash buffer back to the driver (the buffers'
     tag is paused; their addresses stay). Every stash is forgotten. The next reset() of
     a buffer resumes it."""
