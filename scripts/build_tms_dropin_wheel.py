@@ -14,12 +14,11 @@ Install: python3 -m pip install --no-deps DIR/torch_memory_saver-*.whl; uninstal
 python3 -m pip uninstall torch_memory_saver. LIB defaults to $VMSTASH_PRELOAD_LIBRARY,
 else build/cmake/torch_plugin/libvmstash_preload.so.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wheel_writer import ROOT, platform_tag, vmstash_version, write_wheel  # noqa: E402
+from wheel_writer import ROOT, platform_tag, run_cli, vmstash_version, write_wheel  # noqa: E402
 
 PACKAGE_DIR = os.path.join(ROOT, "torch_plugin", "python", "tms_dropin")
 UPSTREAM_VERSION = "0.0.10"  # the torch_memory_saver release whose behaviour it serves
@@ -53,13 +52,9 @@ def build(preload, out_dir):
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preload", default=os.environ.get("VMSTASH_PRELOAD_LIBRARY") or
-                        os.path.join(ROOT, "build", "cmake", "torch_plugin", "libvmstash_preload.so"))
-    parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
-    args = parser.parse_args(argv)
-    print(build(args.preload, args.out))
-    return 0
+    return run_cli(__doc__, argv, "--preload", "libvmstash_preload.so to carry", build,
+                   os.environ.get("VMSTASH_PRELOAD_LIBRARY") or
+                   os.path.join(ROOT, "build", "cmake", "torch_plugin", "libvmstash_preload.so"))
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ and fmt libraries they load through DT_RPATH $ORIGIN) and vmstash/bin/vmstash_cl
 the console commands `vmstash` (the CLI) and `vmstash-demo`. Its platform tag is the
 manylinux tag of the newest glibc its ELF files need. Prints the wheel's path.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from wheel_writer import ROOT, is_elf, platform_tag, vmstash_version, write_wheel  # noqa: E402
+from wheel_writer import ROOT, is_elf, platform_tag, run_cli, vmstash_version, write_wheel  # noqa: E402
 
 PACKAGE = os.path.join(ROOT, "torch_plugin", "python", "vmstash")
 REQUIRED = ("vmstash/lib/libvmstash.so", "vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli")
@@ -61,12 +60,7 @@ def build(stage, out_dir):
 
 
 def main(argv):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--stage", required=True, help="the CMake install prefix (cmake --install ... --prefix)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
-    args = parser.parse_args(argv)
-    print(build(args.stage, args.out))
-    return 0
+    return run_cli(__doc__, argv, "--stage", "the CMake install prefix (cmake --install ... --prefix)", build)
 
 
 if __name__ == "__main__":

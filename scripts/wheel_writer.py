@@ -68,3 +68,15 @@ def write_wheel(out_dir, name, version, tag, entries, summary, top_level, entry_
             info.compress_type = zipfile.ZIP_DEFLATED
             z.writestr(info, data)
     return path
+
+
+def run_cli(doc, argv, source_flag, source_help, build, source_default=None):
+    """The wheel scripts' command line: one source (`source_flag`, required unless it has a
+    default) and --out; prints the wheel built by build(source, out)."""
+    import argparse
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(source_flag, required=source_default is None, default=source_default, help=source_help)
+    parser.add_argument("--out", default=os.path.join(ROOT, "dist"))
+    args = parser.parse_args(argv)
+    print(build(getattr(args, source_flag.lstrip("-").replace("-", "_")), args.out))
+    return 0
