@@ -86,6 +86,39 @@
 //   can still be freed.
 //   Lock order: a tag's control lock, then its transition lock, then mu_.
 //
+// Note [Switch Protocol] (planned in handoff_plan.h, executed in switch.cc)
+//   Switch(pause P, resume R) is one transaction: every tag of P paused and every tag of R
+//   resumed, or, on any failure, every tag as it was. It exists because a phase switch run
+//   as pauses then resumes costs D2H + H2D although the link carries both directions at
+//   once, and releases physical memory only to create as much again right after.
+//   (1) Control locks, then transition locks, of all its tags in ascending tag id order
+//   (the one order every multi-tag caller uses); tags already in the requested state are
+//   left out (kAlreadyInState when all are). P's before-pause hooks run first; a veto
+//   runs the after-resume hooks of the P tags whose before-pause hooks already ran.
+//   (2) The device is synchronized once. The outgoing chunks become donors and the
+//   incoming covers recipients (PlanHandoff): a donor fitting a recipient's gap is mapped
+//   there as a second mapping of the same chunk (no create, no release), the rest of the
+//   recipient is created fresh, donors that fit nowhere are released at the commit. A
+//   discard tag's chunk only goes where no restore copy writes (a discard recipient).
+//   (3) The D2H copies of P's live bytes are queued at once on one outgoing tag's copy
+//   stream, cut per donor chunk, an event after every pause_stage_bytes; then the fresh
+//   pieces are created and mapped and their H2D restore copies queued at once on one
+//   incoming tag's copy stream; then the donor pieces are mapped and their restore copies
+//   queued, each after a wait for the event of the last D2H copy reading the bytes it
+//   overwrites. Both directions run concurrently; the host waits only at the end.
+//   (4) Both streams are synchronized (a disk backup is written back), then P's own
+//   mappings are unmapped (handles kept; re-mapped on failure).
+//   (5) Commit, which cannot fail: P's heaps pause handing their donors over, leftover
+//   donors are released (a refused release is retried later, as in a pause), R's heaps
+//   commit their transactions with the donors moved into their pieces.
+//   A failure in (2)-(4) waits for both streams, unmaps and releases what R's pieces
+//   made, re-maps P's chunks, restores from the new backup the live bytes of every P
+//   donor that restore copies may have written, and runs P's after-resume hooks; P stays
+//   active with its bytes, R paused with its backup. If that rollback itself fails, the
+//   P tag concerned is broken (as after a failed pause). R's after-resume hooks run after
+//   the commit, without locks.
+//   A hook run by a switch may not pause, resume or switch any tag of that switch.
+//
 // bypass (AllocatorOptions::bypass): every allocation gets its own reservation and chunk straight
 // from the driver, and every free synchronizes the device and releases them: slow, but
 // every byte is the user's, for compute-sanitizer and use-after-free hunts.
@@ -180,6 +213,15 @@ class CachingAllocator {
   using LiveRanges = ByteRanges;
   absl::StatusOr<Transition> Pause(TagId tag, const LiveRanges* live = nullptr);
   absl::StatusOr<Transition> Resume(TagId tag);
+  // Pauses `pause` and resumes `resume` in one transaction (Note [Switch Protocol]).
+  // InvalidArgument for a tag listed twice or in both lists; NotFound / FailedPrecondition
+  // as Pause and Resume; ResourceExhausted when the incoming tags need more memory than
+  // the device has once the outgoing tags' memory is handed over. kAlreadyInState when
+  // every tag already is in its requested state. `live` (optional): per outgoing tag, the
+  // byte ranges known to hold data, as for Pause.
+  using LiveRangesByTag = absl::flat_hash_map<TagId, LiveRanges>;
+  absl::StatusOr<Transition> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume,
+                                    const LiveRangesByTag* live = nullptr);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0. FailedPrecondition for a paused tag (its arena holds
   // the paused bytes and is never touched) or a discard tag.
@@ -314,7 +356,7 @@ class CachingAllocator {
   // Runs the tag's before-pause (or after-resume) hooks, marked as this thread's hooks of
   // `tag`; the first error, with the tag named.
   absl::Status RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
-                        bool before_pause);
+                        bool before_pause, const std::vector<TagId>& also_mine = {});
   // The pool for a Pause/Resume/hook, with its hooks; NotFound / FailedPrecondition.
   absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
   // Waits for the tag's copy stream (the device, if that wait fails) before a rollback
@@ -342,6 +384,15 @@ class CachingAllocator {
     return pools_[block->heap->config().owner_id].get();
   }
   static const char* StateName(TagState state);
+  // Switch steps (switch.cc). SwitchTransition runs (2)-(5) of Note [Switch Protocol]
+  // holding the tags' transition locks; it leaves every tag as it was on failure.
+  struct SwitchRun;
+  absl::StatusOr<std::vector<TagPool*>> SwitchPools(const std::vector<TagId>& tags, const char* what);
+  absl::Status SwitchTransition(SwitchRun& run);
+  absl::Status QueueSwitchBackups(SwitchRun& run);
+  absl::Status MapSwitchRecipients(SwitchRun& run);
+  void RollBackSwitch(SwitchRun& run, const absl::Status& cause);
+  void CommitSwitch(SwitchRun& run);
   absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases free chunks of one tag (or all when tag < 0); first error returned.
   absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

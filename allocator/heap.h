@@ -67,6 +67,7 @@ struct HeapConfig {
 struct ChunkView {
   DevicePtr address = 0;
   std::size_t size_bytes = 0;
+  const Chunk* chunk = nullptr;  // the heap's own (valid until the heap changes)
 };
 
 class Heap {
@@ -117,7 +118,10 @@ class Heap {
   absl::Status RemapAll();
   // Step 2: releases the handles (a refused release keeps the handle for a later retry and
   // goes to *error), drops free blocks and runs; the heap is paused. Returns the bytes.
-  std::size_t ReleaseAllAndPause(absl::Status* error);
+  // A switch hands chunks over instead (Note [Switch Protocol] in caching_allocator.h):
+  // those for which `hand_over(handle)` is true move to *handed, unreleased.
+  std::size_t ReleaseAllAndPause(absl::Status* error, const std::function<bool(ChunkHandle)>& hand_over = nullptr,
+                                 std::vector<Chunk>* handed = nullptr);
   // Resume, in three steps. PlanResume covers the live blocks with maximal granule-aligned
   // runs (PlanCovers in transition_plan.h; the live blocks in the order it takes them are
   // LiveBlocks()). PrepareResume maps each cover at the same VA, one chunk per cover, or,
@@ -132,7 +136,8 @@ class Heap {
     struct Piece {
       DevicePtr address = 0;
       std::size_t size_bytes = 0;
-      Chunk chunk;
+      Chunk chunk;      // empty for a handed-over chunk until the switch commits
+      ChunkHandle donor = 0;  // a switch: the outgoing chunk mapped here (owned elsewhere)
       Mapping mapping;  // declared after the chunk: unmapped before it is released
     };
     struct Cover {
@@ -147,7 +152,19 @@ class Heap {
   absl::Status PrepareResume(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
                              const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
                              std::size_t first_piece_bytes = 0);
-  // Rebuilds chunks, runs and free filler blocks from the transaction; never fails.
+  // A switch's resume: like PrepareResume, with each cover tiled by `pieces[i]` (sizes
+  // summing to the cover's), a piece with a donor mapped to that chunk (a second mapping
+  // of an outgoing chunk; the piece does not own it) and the others created fresh.
+  // `on_mapped(va, size, donor)` runs after each piece is mapped (donor: null if fresh).
+  struct PieceSource {
+    std::size_t size_bytes = 0;
+    const Chunk* donor = nullptr;
+  };
+  absl::Status PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
+                              const std::vector<std::vector<PieceSource>>& pieces,
+                              const std::function<absl::Status(DevicePtr, std::size_t, const Chunk*)>& on_mapped);
+  // Rebuilds chunks, runs and free filler blocks from the transaction; never fails. A
+  // switch has moved each donor chunk into its piece first.
   void CommitResume(std::unique_ptr<ResumeTxn> txn);
 
   std::size_t mapped_bytes() const { return mapped_bytes_; }
@@ -197,6 +214,8 @@ class Heap {
   std::size_t GrowthBytes(std::size_t need_bytes) const;
   void CutFree(Segment& segment, Block* block, DevicePtr from, DevicePtr to);
   void RetryOrphans(absl::Status* error);
+  // Creates (or maps a donor for) one piece at `va`, appended to `cover`.
+  absl::Status MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, const Chunk* donor);
 
   const HeapConfig config_;
   BlockPool* const blocks_;

@@ -29,7 +29,7 @@ std::vector<Block*> Heap::LiveBlocks() const {
 std::vector<ChunkView> Heap::Chunks() const {
   std::vector<ChunkView> out;
   for (const auto& segment : segments_) {
-    for (const auto& [start, mc] : segment->chunks) out.push_back({start, mc.chunk.size_bytes()});
+    for (const auto& [start, mc] : segment->chunks) out.push_back({start, mc.chunk.size_bytes(), &mc.chunk});
   }
   return out;
 }
@@ -68,10 +68,16 @@ absl::Status Heap::RemapAll() {
   return first;
 }
 
-std::size_t Heap::ReleaseAllAndPause(absl::Status* error) {
+std::size_t Heap::ReleaseAllAndPause(absl::Status* error, const std::function<bool(ChunkHandle)>& hand_over,
+                                     std::vector<Chunk>* handed) {
   paused_live_.clear();
   for (auto& segment : segments_) {
     for (auto& [start, mc] : segment->chunks) {
+      mc.mapping = Mapping();  // unmapped already (UnmapAll): nothing to undo
+      if (hand_over && handed != nullptr && hand_over(mc.chunk.handle())) {
+        handed->push_back(std::move(mc.chunk));
+        continue;
+      }
       absl::Status s = mc.chunk.Release();
       if (!s.ok()) {
         if (error->ok()) *error = s;
@@ -111,31 +117,71 @@ absl::StatusOr<std::vector<CoverSpan>> Heap::PlanResume() const {
                     config_.granularity_bytes);
 }
 
+absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, const Chunk* donor) {
+  ResumeTxn::Piece p;
+  p.address = va;
+  p.size_bytes = size_bytes;
+  if (donor != nullptr) {
+    if (donor->size_bytes() != size_bytes) {
+      return absl::InternalError(absl::StrCat(config_.name, ": handed-over chunk of ", donor->size_bytes(),
+                                              " bytes planned for a piece of ", size_bytes));
+    }
+    p.donor = donor->handle();
+    VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
+                                                        absl::MakeConstSpan(donor, 1)));
+  } else {
+    VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size_bytes, ChunkOptions{}));
+    VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
+                                                        absl::MakeConstSpan(&p.chunk, 1)));
+  }
+  cover->pieces.push_back(std::move(p));
+  return absl::OkStatus();
+}
+
 absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
                                  const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
                                  std::size_t first_piece_bytes) {
+  std::vector<std::vector<PieceSource>> pieces;
   for (const CoverSpan& span : covers) {
+    std::vector<PieceSource>& p = pieces.emplace_back();
+    for (std::size_t size :
+         PlanPieces(span.size_bytes, first_piece_bytes, config_.max_chunk_bytes, config_.granularity_bytes)) {
+      p.push_back({size, nullptr});
+    }
+  }
+  return PrepareHandoff(txn, covers, pieces,
+                        [&](DevicePtr va, std::size_t size, const Chunk*) { return on_mapped(va, size); });
+}
+
+absl::Status Heap::PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
+                                  const std::vector<std::vector<PieceSource>>& pieces,
+                                  const std::function<absl::Status(DevicePtr, std::size_t, const Chunk*)>& on_mapped) {
+  if (pieces.size() != covers.size()) {
+    return absl::InternalError(absl::StrCat(config_.name, ": ", pieces.size(), " piece lists for ", covers.size(),
+                                            " covers"));
+  }
+  for (std::size_t i = 0; i < covers.size(); ++i) {
+    const CoverSpan& span = covers[i];
     if (span.segment >= segments_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(config_.name, ": resume plan names segment ", span.segment,
                                                      " of ", segments_.size()));
+    }
+    std::size_t total = 0;
+    for (const PieceSource& p : pieces[i]) total += p.size_bytes;
+    if (total != span.size_bytes) {
+      return absl::InternalError(absl::StrCat(config_.name, ": pieces of ", total, " bytes for a cover of ",
+                                              span.size_bytes));
     }
     CoverChunk& c = txn->covers.emplace_back();
     c.segment = segments_[span.segment].get();
     c.span = span;
     DevicePtr va = span.address;
-    for (std::size_t size :
-         PlanPieces(span.size_bytes, first_piece_bytes, config_.max_chunk_bytes, config_.granularity_bytes)) {
-      ResumeTxn::Piece p;
-      p.address = va;
-      p.size_bytes = size;
-      VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size, ChunkOptions{}));
-      VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, p.address,
-                                                          absl::MakeConstSpan(&p.chunk, 1)));
-      c.pieces.push_back(std::move(p));
+    for (const PieceSource& p : pieces[i]) {
+      VMSTASH_RETURN_IF_ERROR(MakePiece(&c, va, p.size_bytes, p.donor));
       // Copies queued into this piece may still run if a later step fails: the caller
       // drains them before *txn is destroyed.
-      VMSTASH_RETURN_IF_ERROR(on_mapped(va, size));
-      va += size;
+      VMSTASH_RETURN_IF_ERROR(on_mapped(va, p.size_bytes, p.donor));
+      va += p.size_bytes;
     }
   }
   return absl::OkStatus();

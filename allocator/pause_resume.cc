@@ -34,12 +34,19 @@ bool InOwnHook(const void* allocator, TagId tag) {
   return false;
 }
 
+// Marks `tag` (and, for a switch, every other tag of it) as this thread's hooks' own.
 class HookScope {
  public:
-  HookScope(const void* allocator, TagId tag) { hook_frames.push_back({allocator, tag}); }
-  ~HookScope() { hook_frames.pop_back(); }
+  HookScope(const void* allocator, TagId tag, const std::vector<TagId>& also) : count_(1 + also.size()) {
+    hook_frames.push_back({allocator, tag});
+    for (TagId t : also) hook_frames.push_back({allocator, t});
+  }
+  ~HookScope() { hook_frames.resize(hook_frames.size() - count_); }
   HookScope(const HookScope&) = delete;
   HookScope& operator=(const HookScope&) = delete;
+
+ private:
+  std::size_t count_;
 };
 
 }  // namespace
@@ -250,8 +257,9 @@ absl::Status CachingAllocator::FailTransition(TagPool* pool, TagState state, con
 absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::TransitionPool(TagId tag, const char* what) {
   if (InOwnHook(this, tag)) {
     return absl::FailedPreconditionError(absl::StrCat(what, " of tag '", TagName(tag), "' on device ", device_,
-                                                      " from one of that tag's own hooks: a hook may allocate and "
-                                                      "free, but not pause or resume its own tag"));
+                                                      " from a hook of that tag (or of a switch moving it): a hook "
+                                                      "may allocate and free, but not pause, resume or switch the "
+                                                      "tags it runs for"));
   }
   MutexLock lock(&mu_);
   if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
@@ -415,8 +423,8 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
 }
 
 absl::Status CachingAllocator::RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
-                                        bool before_pause) {
-  HookScope scope(this, tag);
+                                        bool before_pause, const std::vector<TagId>& also_mine) {
+  HookScope scope(this, tag, also_mine);
   for (const auto& [before, after] : hooks) {
     const TransitionHook& hook = before_pause ? before : after;
     if (!hook) continue;

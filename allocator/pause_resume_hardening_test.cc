@@ -216,7 +216,7 @@ TEST_F(HardeningTest, AHookPausingItsOwnTagFailsFastWithAClearError) {
   EXPECT_EQ(WithinDeadline("pause from its own hook", [&] { return alloc_->Pause(weights_); }).value(),
             Transition::kDone);
   EXPECT_EQ(own_pause.code(), absl::StatusCode::kFailedPrecondition) << own_pause;
-  EXPECT_THAT(own_pause.message(), HasSubstr("own hooks"));
+  EXPECT_THAT(own_pause.message(), HasSubstr("from a hook of that tag"));
   ASSERT_TRUE(other.ok()) << other.status();
   EXPECT_EQ(*other, Transition::kDone);
   EXPECT_EQ(WithinDeadline("resume from its own hook", [&] { return alloc_->Resume(weights_); }).value(),

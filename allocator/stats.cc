@@ -33,6 +33,7 @@ void WriteTag(JsonWriter& w, const TagStats& t) {
   if (t.policy == Policy::kBackup) w.Field("backup_store", t.backup_store);
   w.Field("pauses", t.pauses);
   w.Field("resumes", t.resumes);
+  w.Field("switches", t.switches);
   w.Field("last_pause_ms", t.last_pause_ms);
   w.Field("last_resume_ms", t.last_resume_ms);
   w.Field("last_pause_gib_per_s", t.last_pause_gib_per_s);
@@ -63,6 +64,8 @@ std::string StatsToJson(const AllocatorStats& s) {
   w.Field("empty_cache_calls", s.empty_cache_calls);
   w.Field("released_bytes", s.released_bytes);
   w.Field("ooms", s.ooms);
+  w.Field("switches", s.switches);
+  w.Field("handed_over_bytes", s.handed_over_bytes);
   w.Field("pending_frees", s.pending_frees);
   w.Key("driver_calls");
   w.BeginObject();

@@ -50,6 +50,7 @@ struct TagStats {
   std::int64_t backup_arena_bytes = 0;
   std::uint64_t pauses = 0;
   std::uint64_t resumes = 0;
+  std::uint64_t switches = 0;  // pauses and resumes made by Switch (counted in both too)
   double last_pause_ms = 0;
   double last_resume_ms = 0;
   double last_pause_gib_per_s = 0;   // backed-up bytes / pause time (0 for discard)
@@ -69,6 +70,8 @@ struct AllocatorStats {
   std::uint64_t empty_cache_calls = 0;
   std::uint64_t released_bytes = 0;  // given back by EmptyCache and the OOM ladder
   std::uint64_t ooms = 0;            // ResourceExhausted returned to a caller
+  std::uint64_t switches = 0;           // Switch transactions committed
+  std::uint64_t handed_over_bytes = 0;  // chunks mapped from outgoing to incoming tags by them
   std::uint64_t pending_frees = 0;   // blocks waiting for RecordStream events
   DriverCounters driver_calls;
   std::uint64_t device_free_bytes = 0;

@@ -1,0 +1,102 @@
+// HandoffPlan: the pure half of a switch (Note [Switch Protocol] in caching_allocator.h).
+//
+// A switch pauses outgoing tags and resumes incoming tags in one transaction. Instead of
+// releasing the outgoing tags' chunks and creating new ones for the incoming tags, it maps
+// outgoing chunks (donors) into the incoming tags' covers (recipients). A chunk is mapped
+// whole, so a donor fits a recipient only where the recipient still has a gap at least as
+// large as the donor; the rest of each recipient is created fresh, and donors that fit
+// nowhere are released at the commit. Two decisions are made here, from plain values:
+//
+//   pieces   which donors tile which recipients (best fit, largest donors first), and the
+//            fresh pieces that fill the remainder (PlanPieces, as a resume makes them);
+//   ordering how the device-to-host copies of the outgoing `backup` tags are cut (inside
+//            one donor chunk each) and grouped (an event after each group), and which
+//            group a host-to-device restore copy into a donor must wait for: only the
+//            outgoing copies that read the bytes it overwrites.
+//
+// Safety rule: a donor of a `discard` tag has no backup of its bytes, so it only goes to
+// a recipient that receives no restore copies (a `discard` tag's cover). Were it written
+// and the switch then failed, its tag's bytes could not be put back. A `backup` donor may
+// go anywhere: a rollback restores its bytes from the backup the switch just made.
+//
+// No driver, no locks, no state: every case is unit-tested alone (handoff_plan_test.cc).
+#ifndef VMSTASH_ALLOCATOR_HANDOFF_PLAN_H_
+#define VMSTASH_ALLOCATOR_HANDOFF_PLAN_H_
+
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+#include "allocator/transition_plan.h"
+#include "vmm/driver.h"
+
+namespace vmstash {
+
+// A chunk of an outgoing tag.
+struct HandoffDonor {
+  std::size_t size_bytes = 0;
+  bool backed_up = false;  // its tag's policy is backup
+};
+// A cover of an incoming tag (PlanCovers).
+struct HandoffRecipient {
+  std::size_t size_bytes = 0;
+  bool restores = false;  // its tag's policy is backup: restore copies are written into it
+};
+// One piece of a recipient: a donor (index into the donors) or a fresh chunk (-1).
+struct HandoffPiece {
+  std::size_t size_bytes = 0;
+  int donor = -1;
+  friend bool operator==(const HandoffPiece& a, const HandoffPiece& b) {
+    return a.size_bytes == b.size_bytes && a.donor == b.donor;
+  }
+};
+struct HandoffPlan {
+  std::vector<std::vector<HandoffPiece>> pieces;  // per recipient: donors first, then fresh
+  std::vector<int> leftover;                      // donors used nowhere: released at the commit
+  std::size_t handed_bytes = 0;
+  std::size_t fresh_bytes = 0;
+  std::size_t leftover_bytes = 0;
+};
+// Every size is a multiple of `granularity`. Each recipient is tiled exactly; each donor is
+// used at most once, never by a restoring recipient unless backed_up. Fresh remainders are
+// cut by PlanPieces(gap, first_piece_bytes if the recipient restores else 0,
+// max_piece_bytes, granularity).
+HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
+                        std::size_t first_piece_bytes, std::size_t max_piece_bytes, std::size_t granularity);
+
+// One device-to-host copy of a switch, inside chunk `chunk` of the outgoing chunks.
+struct SwitchCopy {
+  CopyStep step;
+  std::size_t chunk = 0;
+  std::size_t group = 0;  // an event is recorded after the last copy of each group
+};
+// The copies of `extents` (address order, as BackupLayout::in_order), cut at the
+// boundaries of `chunks` (sorted by address, non-overlapping; every extent byte lies in
+// one), numbered into groups of at least `group_bytes` (> 0) starting at `first_group`.
+// InvalidArgument (Internal) when an extent byte lies in no chunk.
+absl::StatusOr<std::vector<SwitchCopy>> PlanSwitchCopies(const std::vector<BackupExtent>& extents,
+                                                         const std::vector<ChunkSpan>& chunks,
+                                                         std::size_t group_bytes, std::size_t first_group);
+
+// Which copy group must complete before device bytes of an outgoing chunk are overwritten.
+class CopyReadiness {
+ public:
+  // `copies` of all outgoing tags (any order), `chunk_count` outgoing chunks.
+  CopyReadiness(const std::vector<SwitchCopy>& copies, std::size_t chunk_count);
+  // The last group that reads any of [address, address + size_bytes) of chunk `chunk`
+  // (conservative: possibly a later group of the same chunk), or nothing when no copy
+  // reads them.
+  std::optional<std::size_t> WaitGroup(std::size_t chunk, DevicePtr address, std::size_t size_bytes) const;
+
+ private:
+  struct Read {
+    DevicePtr start = 0;
+    DevicePtr end = 0;
+    std::size_t group = 0;
+  };
+  std::vector<std::vector<Read>> by_chunk_;  // each sorted by start
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_HANDOFF_PLAN_H_

@@ -1,0 +1,484 @@
+// CachingAllocator: Switch, a pause of some tags and a resume of others in one
+// transaction, with physical chunks handed from the outgoing tags to the incoming ones and
+// both copy directions at once. See Note [Switch Protocol] in caching_allocator.h; the
+// decisions are made in handoff_plan.h.
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/handoff_plan.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Locks mutexes in the given order and unlocks them in reverse (the caller sorted them by
+// tag id: Note [Switch Protocol]'s lock order).
+class OrderedLocks {
+ public:
+  explicit OrderedLocks(std::vector<Mutex*> mus) ABSL_NO_THREAD_SAFETY_ANALYSIS : mus_(std::move(mus)) {
+    for (Mutex* m : mus_) m->Lock();
+  }
+  ~OrderedLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (auto it = mus_.rbegin(); it != mus_.rend(); ++it) (*it)->Unlock();
+  }
+  OrderedLocks(const OrderedLocks&) = delete;
+  OrderedLocks& operator=(const OrderedLocks&) = delete;
+
+ private:
+  std::vector<Mutex*> mus_;
+};
+
+std::string TagList(const std::vector<TagId>& tags) {
+  std::string out;
+  for (TagId t : tags) absl::StrAppend(&out, out.empty() ? "" : ",", TagName(t));
+  return out.empty() ? "-" : out;
+}
+
+}  // namespace
+
+// Everything one switch decided and made, for the commit or the rollback.
+struct CachingAllocator::SwitchRun {
+  struct Out {
+    TagPool* pool = nullptr;
+    bool backup = false;
+    const LiveRanges* live = nullptr;
+    BackupLayout layout;
+    std::size_t backed_up = 0;
+    bool unmapped = false;     // its own mappings are gone (handles kept)
+    absl::Status undo_error;   // a rollback step for this tag failed
+  };
+  struct In {
+    TagPool* pool = nullptr;
+    bool restore = false;
+    std::unique_ptr<Heap::ResumeTxn> txn[2];  // small, large
+    std::size_t restored = 0;
+  };
+  struct Donor {
+    DevicePtr address = 0;
+    const Chunk* chunk = nullptr;
+    std::size_t out = 0;  // index into `out`
+  };
+  // A restore copy into a donor, queued after every copy into fresh memory.
+  struct Deferred {
+    std::optional<std::size_t> wait;
+    std::size_t donor = 0;
+    std::size_t in = 0;
+    CopyStep step;
+  };
+
+  std::vector<Out> out;
+  std::vector<In> in;
+  std::vector<TagId> tags;  // all of them, for the hooks
+  std::vector<Donor> donors;  // every mapped chunk of the outgoing tags, by address
+  std::vector<SwitchCopy> copies;  // D2H, in queue order
+  std::vector<std::vector<CoverSpan>> covers;  // per (in, heap): index 2 * in + heap
+  HandoffPlan plan;
+  std::vector<Deferred> deferred;
+  std::vector<bool> written;  // per donor: restore copies were queued into it
+  Stream d2h = nullptr;
+  Stream h2d = nullptr;
+  std::vector<Event>* events = nullptr;  // the D2H pool's copy events: one per group
+  std::uint64_t synced_before = 0;
+  Clock::time_point start;
+};
+
+absl::StatusOr<std::vector<CachingAllocator::TagPool*>> CachingAllocator::SwitchPools(const std::vector<TagId>& tags,
+                                                                                    const char* what) {
+  std::vector<TagPool*> pools;
+  for (TagId t : tags) {
+    VMSTASH_ASSIGN_OR_RETURN(TagPool * p, TransitionPool(t, what));
+    pools.push_back(p);
+  }
+  return pools;
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std::vector<TagId>& pause,
+                                                                     const std::vector<TagId>& resume,
+                                                                     const LiveRangesByTag* live) {
+  if (pause.empty() && resume.empty()) {
+    return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
+  }
+  absl::flat_hash_set<TagId> seen;
+  for (TagId t : pause) {
+    if (!seen.insert(t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice"));
+    }
+  }
+  for (TagId t : resume) {
+    if (!seen.insert(t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice or both paused "
+                                                     "and resumed"));
+    }
+  }
+  VMSTASH_ASSIGN_OR_RETURN(std::vector<TagPool*> out_pools, SwitchPools(pause, "switch (pause)"));
+  VMSTASH_ASSIGN_OR_RETURN(std::vector<TagPool*> in_pools, SwitchPools(resume, "switch (resume)"));
+  std::vector<TagPool*> all = out_pools;
+  all.insert(all.end(), in_pools.begin(), in_pools.end());
+  std::sort(all.begin(), all.end(), [](TagPool* a, TagPool* b) { return a->id < b->id; });
+  std::vector<Mutex*> control, transition;
+  for (TagPool* p : all) {
+    control.push_back(p->control_mu.get());
+    transition.push_back(p->transition_mu.get());
+  }
+  OrderedLocks control_locks(std::move(control));
+
+  SwitchRun run;
+  std::vector<std::vector<std::pair<TransitionHook, TransitionHook>>> out_hooks, in_hooks;
+  {
+    MutexLock lock(&mu_);
+    for (TagPool* p : all) {
+      if (p->state == TagState::kBroken) return absl::FailedPreconditionError(p->broken_reason);
+    }
+    for (TagPool* p : out_pools) {
+      if (p->state == TagState::kPaused) continue;  // already in its requested state
+      SwitchRun::Out& o = run.out.emplace_back();
+      o.pool = p;
+      o.backup = p->stats.policy == Policy::kBackup;
+      if (live != nullptr) {
+        auto it = live->find(p->id);
+        if (it != live->end()) o.live = &it->second;
+      }
+      out_hooks.push_back(p->hooks);
+    }
+    for (TagPool* p : in_pools) {
+      if (p->state == TagState::kActive) continue;
+      SwitchRun::In& i = run.in.emplace_back();
+      i.pool = p;
+      i.restore = p->stats.policy == Policy::kBackup && !p->backup_extents.empty();
+      in_hooks.push_back(p->hooks);
+    }
+  }
+  if (run.out.empty() && run.in.empty()) return Transition::kAlreadyInState;
+  for (const SwitchRun::Out& o : run.out) run.tags.push_back(o.pool->id);
+  for (const SwitchRun::In& i : run.in) run.tags.push_back(i.pool->id);
+
+  // Compensates the before-pause hooks of the first `n` outgoing tags (they stay active).
+  auto undo_hooks = [&](std::size_t n) {
+    for (std::size_t k = 0; k < n; ++k) {
+      absl::Status s = RunHooks(run.out[k].pool->id, out_hooks[k], /*before_pause=*/false, run.tags);
+      if (!s.ok()) VMSTASH_LOG(kWarning, "vmstash: switch undone: {}", s.ToString());
+    }
+  };
+  for (std::size_t k = 0; k < run.out.size(); ++k) {
+    absl::Status s = RunHooks(run.out[k].pool->id, out_hooks[k], /*before_pause=*/true, run.tags);
+    if (!s.ok()) {
+      undo_hooks(k);
+      return s;
+    }
+  }
+
+  absl::Status failed;
+  {
+    OrderedLocks transition_locks(std::move(transition));
+    run.start = Clock::now();
+    {
+      MutexLock lock(&mu_);
+      for (SwitchRun::Out& o : run.out) o.pool->state = TagState::kPausing;
+      for (SwitchRun::In& i : run.in) i.pool->state = TagState::kResuming;
+      run.synced_before = pending_seq_;  // Note [Pending Frees and Synchronization]
+    }
+    failed = SwitchTransition(run);
+    if (failed.ok()) {
+      CommitSwitch(run);
+    } else {
+      RollBackSwitch(run, failed);
+    }
+  }
+  if (!failed.ok()) {
+    undo_hooks(run.out.size());
+    return absl::Status(failed.code(), absl::StrCat("switch (pause ", TagList(pause), "; resume ", TagList(resume),
+                                                    ") on device ", device_, " failed, every tag is as it was: ",
+                                                    failed.message()));
+  }
+  for (std::size_t k = 0; k < run.in.size(); ++k) {
+    VMSTASH_RETURN_IF_ERROR(RunHooks(run.in[k].pool->id, in_hooks[k], /*before_pause=*/false, run.tags));
+  }
+  return Transition::kDone;
+}
+
+absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
+  // (2) No queued work may touch the outgoing tags; their live blocks and chunks.
+  if (!run.out.empty()) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
+  {
+    MutexLock lock(&mu_);
+    for (SwitchRun::Out& o : run.out) {
+      ProcessPendingLocked(run.synced_before, o.pool->id);
+      if (!o.backup) continue;
+      std::vector<const Block*> live;
+      for (Heap* heap : {o.pool->small.get(), o.pool->large.get()}) {
+        for (const Block* b : heap->LiveBlocks()) live.push_back(b);
+      }
+      o.layout = PlanBackupLayout(std::move(live), o.live);
+    }
+  }
+  for (std::size_t k = 0; k < run.out.size(); ++k) {
+    for (Heap* heap : {run.out[k].pool->small.get(), run.out[k].pool->large.get()}) {
+      for (const ChunkView& c : heap->Chunks()) run.donors.push_back({c.address, c.chunk, k});
+    }
+  }
+  std::sort(run.donors.begin(), run.donors.end(),
+            [](const SwitchRun::Donor& a, const SwitchRun::Donor& b) { return a.address < b.address; });
+  run.written.assign(run.donors.size(), false);
+  std::vector<HandoffDonor> donors;
+  for (const SwitchRun::Donor& d : run.donors) donors.push_back({d.chunk->size_bytes(), run.out[d.out].backup});
+  std::vector<HandoffRecipient> recipients;
+  for (const SwitchRun::In& i : run.in) {
+    for (Heap* heap : {i.pool->small.get(), i.pool->large.get()}) {
+      VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
+      for (const CoverSpan& c : covers) recipients.push_back({c.size_bytes, i.restore});
+      run.covers.push_back(std::move(covers));
+    }
+  }
+  run.plan = PlanHandoff(donors, recipients, options_.resume_first_piece_bytes, options_.max_chunk_bytes,
+                         granularity_bytes_);
+  // (3) Both directions queued; the host waits only in (4).
+  VMSTASH_RETURN_IF_ERROR(QueueSwitchBackups(run));
+  VMSTASH_RETURN_IF_ERROR(MapSwitchRecipients(run));
+  // (4) Everything copied; the outgoing tags' own mappings go (handles kept).
+  if (run.d2h != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.d2h));
+  if (run.h2d != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.h2d));
+  for (SwitchRun::Out& o : run.out) {
+    if (o.backup && o.layout.arena_bytes > 0) VMSTASH_RETURN_IF_ERROR(o.pool->arena->Seal());
+  }
+  for (SwitchRun::Out& o : run.out) {
+    absl::Status s = UnmapHeaps(o.pool, &o.undo_error);  // re-maps this tag itself on failure
+    if (!s.ok()) return s;
+    o.unmapped = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::QueueSwitchBackups(SwitchRun& run) {
+  TagPool* d2h_pool = nullptr;
+  for (SwitchRun::Out& o : run.out) {
+    if (!o.backup || o.layout.arena_bytes == 0) continue;
+    if (o.pool->arena == nullptr) o.pool->arena = std::make_unique<BackupArena>(driver_, device_, o.pool->store);
+    VMSTASH_RETURN_IF_ERROR(o.pool->arena->Reserve(o.layout.arena_bytes));
+    if (d2h_pool == nullptr) d2h_pool = o.pool;
+  }
+  if (d2h_pool == nullptr) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(d2h_pool));
+  run.d2h = d2h_pool->copy_stream;
+  run.events = &d2h_pool->copy_events;
+  std::vector<ChunkSpan> spans;
+  for (const SwitchRun::Donor& d : run.donors) spans.push_back({d.address, d.chunk->size_bytes()});
+  for (SwitchRun::Out& o : run.out) {
+    if (!o.backup) continue;
+    const std::size_t first = run.copies.empty() ? 0 : run.copies.back().group + 1;
+    VMSTASH_ASSIGN_OR_RETURN(std::vector<SwitchCopy> copies,
+                             PlanSwitchCopies(o.layout.in_order, spans, options_.pause_stage_bytes, first));
+    run.copies.insert(run.copies.end(), copies.begin(), copies.end());
+  }
+  const std::size_t groups = run.copies.empty() ? 0 : run.copies.back().group + 1;
+  while (run.events->size() < groups) {
+    VMSTASH_ASSIGN_OR_RETURN(Event e, driver_->CreateEvent(device_, false));
+    run.events->push_back(e);
+  }
+  for (std::size_t k = 0; k < run.copies.size(); ++k) {
+    const SwitchCopy& c = run.copies[k];
+    SwitchRun::Out& o = run.out[run.donors[c.chunk].out];
+    VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, o.pool->arena->data() + c.step.arena_offset,
+                                                     c.step.device, c.step.size_bytes, run.d2h));
+    o.backed_up += c.step.size_bytes;
+    if (k + 1 == run.copies.size() || run.copies[k + 1].group != c.group) {
+      VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, (*run.events)[c.group], run.d2h));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
+  for (SwitchRun::In& i : run.in) {
+    if (!i.restore) continue;
+    if (i.pool->arena == nullptr) {
+      return absl::InternalError(absl::StrCat("resume of tag '", i.pool->stats.name, "': its backup arena is gone"));
+    }
+    if (run.h2d == nullptr) {
+      VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(i.pool));
+      run.h2d = i.pool->copy_stream;
+    }
+  }
+  const CopyReadiness readiness(run.copies, run.donors.size());
+  absl::flat_hash_map<ChunkHandle, std::size_t> donor_of;
+  for (std::size_t d = 0; d < run.donors.size(); ++d) donor_of[run.donors[d].chunk->handle()] = d;
+  std::size_t recipient = 0;
+  for (std::size_t k = 0; k < run.in.size(); ++k) {
+    SwitchRun::In& i = run.in[k];
+    for (int h = 0; h < 2; ++h) {
+      Heap* heap = h == 0 ? i.pool->small.get() : i.pool->large.get();
+      const std::vector<CoverSpan>& covers = run.covers[2 * k + h];
+      std::vector<std::vector<Heap::PieceSource>> sources;
+      for (std::size_t c = 0; c < covers.size(); ++c, ++recipient) {
+        std::vector<Heap::PieceSource>& s = sources.emplace_back();
+        for (const HandoffPiece& p : run.plan.pieces[recipient]) {
+          s.push_back({p.size_bytes, p.donor < 0 ? nullptr : run.donors[p.donor].chunk});
+        }
+      }
+      const std::vector<Block*> live = heap->LiveBlocks();
+      RestorePlanner planner(std::vector<const Block*>(live.begin(), live.end()), covers, &i.pool->backup_extents);
+      i.txn[h] = std::make_unique<Heap::ResumeTxn>();
+      VMSTASH_RETURN_IF_ERROR(heap->PrepareHandoff(
+          i.txn[h].get(), covers, sources, [&](DevicePtr va, std::size_t size, const Chunk* donor) -> absl::Status {
+            if (!i.restore) return absl::OkStatus();
+            VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> steps, planner.CopiesInto(va, size));
+            for (const CopyStep& c : steps) {
+              if (donor == nullptr) {  // fresh memory: nothing to wait for
+                VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(
+                    device_, c.device, i.pool->arena->data() + c.arena_offset, c.size_bytes, run.h2d));
+                i.restored += c.size_bytes;
+                continue;
+              }
+              const std::size_t d = donor_of.at(donor->handle());
+              const DevicePtr at = run.donors[d].address + (c.device - va);  // the same bytes, outgoing VA
+              run.deferred.push_back({readiness.WaitGroup(d, at, c.size_bytes), d, k, c});
+            }
+            return absl::OkStatus();
+          }));
+    }
+  }
+  // The donors' restore copies, in the order their D2H copies complete.
+  std::stable_sort(run.deferred.begin(), run.deferred.end(),
+                   [](const SwitchRun::Deferred& a, const SwitchRun::Deferred& b) {
+                     return a.wait.value_or(0) + a.wait.has_value() < b.wait.value_or(0) + b.wait.has_value();
+                   });
+  std::optional<std::size_t> waited;
+  for (const SwitchRun::Deferred& q : run.deferred) {
+    if (q.wait.has_value() && (!waited.has_value() || *q.wait > *waited)) {
+      VMSTASH_RETURN_IF_ERROR(driver_->StreamWaitEvent(device_, run.h2d, (*run.events)[*q.wait]));
+      waited = q.wait;
+    }
+    SwitchRun::In& i = run.in[q.in];
+    run.written[q.donor] = true;  // set before the call: a failed call may have partly run
+    VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, q.step.device,
+                                                       i.pool->arena->data() + q.step.arena_offset,
+                                                       q.step.size_bytes, run.h2d));
+    i.restored += q.step.size_bytes;
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause) {
+  // Nothing may still copy into memory about to be unmapped or restored.
+  for (Stream s : {run.d2h, run.h2d}) {
+    if (s == nullptr) continue;
+    if (!driver_->SynchronizeStream(device_, s).ok()) {
+      absl::Status d = driver_->SynchronizeDevice(device_);
+      if (!d.ok()) VMSTASH_LOG(kError, "vmstash: switch rollback cannot wait for its copies: {}", d.ToString());
+    }
+  }
+  for (SwitchRun::In& i : run.in) {
+    i.txn[0].reset();  // unmaps the incoming mappings; releases the fresh chunks
+    i.txn[1].reset();
+  }
+  for (SwitchRun::Out& o : run.out) {
+    if (o.unmapped && o.undo_error.ok()) o.undo_error = RemapHeaps(o.pool);
+  }
+  // Donors that restore copies wrote into get their tag's bytes back from the backup made
+  // by this very switch (only `backup` donors are ever written: handoff_plan.h).
+  bool restoring = false;
+  for (const SwitchCopy& c : run.copies) {
+    if (!run.written[c.chunk]) continue;
+    SwitchRun::Out& o = run.out[run.donors[c.chunk].out];
+    if (!o.undo_error.ok()) continue;
+    absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena->data() + c.step.arena_offset,
+                                                c.step.size_bytes, run.h2d);
+    if (!s.ok()) o.undo_error = s;
+    restoring = true;
+  }
+  if (restoring) {
+    absl::Status s = driver_->SynchronizeStream(device_, run.h2d);
+    if (!s.ok()) {
+      for (std::size_t d = 0; d < run.donors.size(); ++d) {
+        if (run.written[d] && run.out[run.donors[d].out].undo_error.ok()) run.out[run.donors[d].out].undo_error = s;
+      }
+    }
+  }
+  for (SwitchRun::Out& o : run.out) {
+    if (o.backup && o.pool->arena != nullptr) o.pool->arena->DropContents();
+    (void)FailTransition(o.pool, TagState::kActive, cause, o.undo_error);
+  }
+  MutexLock lock(&mu_);
+  for (SwitchRun::In& i : run.in) i.pool->state = TagState::kPaused;
+}
+
+void CachingAllocator::CommitSwitch(SwitchRun& run) {
+  // (5) Cannot fail: handles change owners, leftovers are released.
+  absl::flat_hash_set<ChunkHandle> handed_set;
+  for (const auto& pieces : run.plan.pieces) {
+    for (const HandoffPiece& p : pieces) {
+      if (p.donor >= 0) handed_set.insert(run.donors[p.donor].chunk->handle());
+    }
+  }
+  auto hand_over = [&](ChunkHandle h) { return handed_set.contains(h); };
+  std::vector<Chunk> handed;
+  std::vector<std::size_t> released(run.out.size(), 0);
+  absl::Status release_error;
+  for (std::size_t k = 0; k < run.out.size(); ++k) {
+    TagPool* pool = run.out[k].pool;
+    released[k] = pool->small->ReleaseAllAndPause(&release_error, hand_over, &handed);
+    released[k] += pool->large->ReleaseAllAndPause(&release_error, hand_over, &handed);
+  }
+  if (!release_error.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: switch: a chunk release was refused ({}); it is retried later",
+                release_error.ToString());
+  }
+  absl::flat_hash_map<ChunkHandle, Chunk*> by_handle;
+  for (Chunk& c : handed) by_handle[c.handle()] = &c;
+  for (SwitchRun::In& i : run.in) {
+    for (auto& txn : i.txn) {
+      for (auto& cover : txn->covers) {
+        for (auto& piece : cover.pieces) {
+          if (piece.donor != 0) piece.chunk = std::move(*by_handle.at(piece.donor));
+        }
+      }
+    }
+    i.pool->small->CommitResume(std::move(i.txn[0]));
+    i.pool->large->CommitResume(std::move(i.txn[1]));
+    if (i.pool->arena != nullptr) i.pool->arena->DropContents();
+  }
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - run.start).count();
+  const double gib_s = ms > 0 ? 1000.0 / ms / (1 << 30) : 0;
+  MutexLock lock(&mu_);
+  for (std::size_t k = 0; k < run.out.size(); ++k) {
+    SwitchRun::Out& o = run.out[k];
+    TagPool* pool = o.pool;
+    pool->state = TagState::kPaused;
+    pool->backup_extents = std::move(o.layout.by_block);
+    TagStats& s = pool->stats;
+    s.reserved_bytes.Add(-s.reserved_bytes.current);
+    s.chunks = 0;
+    s.paused_bytes = static_cast<std::int64_t>(released[k]);
+    s.backed_up_bytes = static_cast<std::int64_t>(o.backed_up);
+    s.backup_arena_bytes = pool->arena ? static_cast<std::int64_t>(pool->arena->capacity_bytes()) : 0;
+    ++s.pauses;
+    ++s.switches;
+    s.last_pause_ms = ms;
+    s.last_pause_gib_per_s = o.backed_up * gib_s;
+  }
+  for (SwitchRun::In& i : run.in) {
+    TagPool* pool = i.pool;
+    pool->state = TagState::kActive;
+    pool->backup_extents.clear();
+    TagStats& s = pool->stats;
+    NoteReservedLocked(pool);
+    s.paused_bytes = 0;
+    s.backed_up_bytes = 0;
+    ++s.resumes;
+    ++s.switches;
+    s.last_resume_ms = ms;
+    s.last_resume_gib_per_s = i.restored * gib_s;
+  }
+  counters_.switches += 1;
+  counters_.handed_over_bytes += run.plan.handed_bytes;
+}
+
+}  // namespace vmstash
