@@ -1,0 +1,155 @@
+#include "allocator/handoff_plan.h"
+
+#include <map>
+
+#include "gtest/gtest.h"
+
+namespace vmstash {
+namespace {
+
+constexpr std::size_t kG = std::size_t{2} << 20;  // granule
+
+// Every recipient tiled exactly, every donor used at most once and only where allowed.
+void ExpectValid(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
+                 const HandoffPlan& plan) {
+  ASSERT_EQ(plan.pieces.size(), recipients.size());
+  std::map<int, int> uses;
+  std::size_t handed = 0, fresh = 0, leftover = 0;
+  for (std::size_t r = 0; r < recipients.size(); ++r) {
+    std::size_t sum = 0;
+    for (const HandoffPiece& p : plan.pieces[r]) {
+      EXPECT_GT(p.size_bytes, 0u);
+      EXPECT_EQ(p.size_bytes % kG, 0u);
+      sum += p.size_bytes;
+      if (p.donor >= 0) {
+        ++uses[p.donor];
+        EXPECT_EQ(p.size_bytes, donors[p.donor].size_bytes);
+        EXPECT_TRUE(donors[p.donor].backed_up || !recipients[r].restores)
+            << "a discard donor went to a restoring recipient";
+        handed += p.size_bytes;
+      } else {
+        fresh += p.size_bytes;
+      }
+    }
+    EXPECT_EQ(sum, recipients[r].size_bytes) << "recipient " << r;
+  }
+  for (int d : plan.leftover) {
+    ++uses[d];
+    leftover += donors[d].size_bytes;
+  }
+  for (std::size_t d = 0; d < donors.size(); ++d) EXPECT_EQ(uses[static_cast<int>(d)], 1) << "donor " << d;
+  EXPECT_EQ(plan.handed_bytes, handed);
+  EXPECT_EQ(plan.fresh_bytes, fresh);
+  EXPECT_EQ(plan.leftover_bytes, leftover);
+}
+
+TEST(PlanHandoffTest, SameSizesHandEverythingOver) {
+  std::vector<HandoffDonor> donors = {{512 * kG, true}, {256 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{768 * kG, true}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 32 * kG, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.handed_bytes, 768 * kG);
+  EXPECT_EQ(plan.fresh_bytes, 0u);
+  EXPECT_TRUE(plan.leftover.empty());
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{512 * kG, 0}, {256 * kG, 1}}));
+}
+
+TEST(PlanHandoffTest, IncomingNeedsMoreTheRestIsCreated) {
+  std::vector<HandoffDonor> donors = {{8 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{20 * kG, true}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.handed_bytes, 8 * kG);
+  EXPECT_EQ(plan.fresh_bytes, 12 * kG);
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{8 * kG, 0}, {12 * kG, -1}}));
+}
+
+TEST(PlanHandoffTest, IncomingNeedsLessTheRestIsReleased) {
+  std::vector<HandoffDonor> donors = {{8 * kG, true}, {4 * kG, false}, {2 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{10 * kG, false}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  // The discard donor goes first (it has fewer places to go), then the largest that fits.
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{4 * kG, 1}, {2 * kG, 2}, {4 * kG, -1}}));
+  EXPECT_EQ(plan.leftover, std::vector<int>{0});
+  EXPECT_EQ(plan.leftover_bytes, 8 * kG);
+}
+
+TEST(PlanHandoffTest, DiscardDonorsNeverReachRestoringRecipients) {
+  std::vector<HandoffDonor> donors = {{4 * kG, false}, {4 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{4 * kG, true}, {4 * kG, false}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{4 * kG, 1}}));
+  EXPECT_EQ(plan.pieces[1], (std::vector<HandoffPiece>{{4 * kG, 0}}));
+  EXPECT_EQ(plan.fresh_bytes, 0u);
+}
+
+TEST(PlanHandoffTest, BestFitKeepsLargeGapsForLargeDonors) {
+  std::vector<HandoffDonor> donors = {{6 * kG, true}, {3 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{6 * kG, false}, {3 * kG, false}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.handed_bytes, 9 * kG);
+}
+
+TEST(PlanHandoffTest, FreshRemaindersArePiecedForRestoringRecipients) {
+  std::vector<HandoffRecipient> recipients = {{64 * kG, true}, {64 * kG, false}};
+  HandoffPlan plan = PlanHandoff({}, recipients, 4 * kG, 32 * kG, kG);
+  ExpectValid({}, recipients, plan);
+  EXPECT_GT(plan.pieces[0].size(), 1u);  // pieces growing from 4 granules
+  EXPECT_EQ(plan.pieces[0].front().size_bytes, 4 * kG);
+  EXPECT_EQ(plan.pieces[1].size(), 1u);  // nothing to overlap: one chunk
+}
+
+TEST(PlanHandoffTest, RandomPlansAreValid) {
+  std::uint64_t x = 12345;
+  auto next = [&]() { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
+  for (int round = 0; round < 300; ++round) {
+    std::vector<HandoffDonor> donors(next() % 12);
+    for (auto& d : donors) d = {(1 + next() % 40) * kG, next() % 2 == 0};
+    std::vector<HandoffRecipient> recipients(next() % 8);
+    for (auto& r : recipients) r = {(1 + next() % 80) * kG, next() % 2 == 0};
+    HandoffPlan plan = PlanHandoff(donors, recipients, (next() % 4) * kG, (1 + next() % 64) * kG, kG);
+    ExpectValid(donors, recipients, plan);
+  }
+}
+
+TEST(PlanSwitchCopiesTest, CutAtChunksAndGrouped) {
+  const DevicePtr base = 1ull << 40;
+  std::vector<ChunkSpan> chunks = {{base, 4 * kG}, {base + 4 * kG, 4 * kG}};
+  // One extent across both chunks, one inside the second.
+  std::vector<BackupExtent> extents = {{base + kG, 5 * kG, 0}, {base + 7 * kG, kG / 2, 5 * kG}};
+  absl::StatusOr<std::vector<SwitchCopy>> copies = PlanSwitchCopies(extents, chunks, 4 * kG, 3);
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  ASSERT_EQ(copies->size(), 3u);
+  EXPECT_EQ((*copies)[0].step, (CopyStep{base + kG, 0, 3 * kG}));
+  EXPECT_EQ((*copies)[0].chunk, 0u);
+  EXPECT_EQ((*copies)[0].group, 3u);
+  EXPECT_EQ((*copies)[1].step, (CopyStep{base + 4 * kG, 3 * kG, 2 * kG}));
+  EXPECT_EQ((*copies)[1].chunk, 1u);
+  EXPECT_EQ((*copies)[1].group, 3u);  // the group closes after 5 granules
+  EXPECT_EQ((*copies)[2].group, 4u);
+  EXPECT_EQ((*copies)[2].step.arena_offset, 5 * kG);
+
+  std::vector<BackupExtent> outside = {{base + 9 * kG, kG, 0}};
+  EXPECT_EQ(PlanSwitchCopies(outside, chunks, kG, 0).status().code(), absl::StatusCode::kInternal);
+}
+
+TEST(CopyReadinessTest, WaitsOnlyForTheReadsItOverwrites) {
+  const DevicePtr base = 1ull << 40;
+  std::vector<SwitchCopy> copies = {{{base, 0, kG}, 0, 0},
+                                    {{base + kG, kG, kG}, 0, 1},
+                                    {{base + 3 * kG, 2 * kG, kG}, 0, 2},
+                                    {{base + 8 * kG, 3 * kG, kG}, 1, 2}};
+  CopyReadiness r(copies, 3);
+  EXPECT_EQ(r.WaitGroup(0, base, kG), std::optional<std::size_t>(0));
+  EXPECT_EQ(r.WaitGroup(0, base + kG / 2, kG), std::optional<std::size_t>(1));
+  EXPECT_EQ(r.WaitGroup(0, base + 2 * kG, kG), std::nullopt);  // nobody reads [2G, 3G)
+  EXPECT_EQ(r.WaitGroup(0, base, 4 * kG), std::optional<std::size_t>(2));
+  EXPECT_EQ(r.WaitGroup(1, base + 8 * kG, 1), std::optional<std::size_t>(2));
+  EXPECT_EQ(r.WaitGroup(2, base, kG), std::nullopt);  // a chunk without reads (discard)
+}
+
+}  // namespace
+}  // namespace vmstash
