@@ -219,9 +219,15 @@ class CachingAllocator {
   // the device has once the outgoing tags' memory is handed over. kAlreadyInState when
   // every tag already is in its requested state. `live` (optional): per outgoing tag, the
   // byte ranges known to hold data, as for Pause.
+  // `changed` (optional): the tags this call paused and resumed (a caller's rollback
+  // switches exactly those back).
   using LiveRangesByTag = absl::flat_hash_map<TagId, LiveRanges>;
+  struct SwitchChanges {
+    std::vector<TagId> paused;
+    std::vector<TagId> resumed;
+  };
   absl::StatusOr<Transition> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume,
-                                    const LiveRangesByTag* live = nullptr);
+                                    const LiveRangesByTag* live = nullptr, SwitchChanges* changed = nullptr);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0. FailedPrecondition for a paused tag (its arena holds
   // the paused bytes and is never touched) or a discard tag.

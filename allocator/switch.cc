@@ -103,7 +103,9 @@ absl::StatusOr<std::vector<CachingAllocator::TagPool*>> CachingAllocator::Switch
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std::vector<TagId>& pause,
                                                                      const std::vector<TagId>& resume,
-                                                                     const LiveRangesByTag* live) {
+                                                                     const LiveRangesByTag* live,
+                                                                     SwitchChanges* changed) {
+  if (changed != nullptr) *changed = SwitchChanges();
   if (pause.empty() && resume.empty()) {
     return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
   }
@@ -199,8 +201,13 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
                                                     ") on device ", device_, " failed, every tag is as it was: ",
                                                     failed.message()));
   }
+  if (changed != nullptr) {
+    for (const SwitchRun::Out& o : run.out) changed->paused.push_back(o.pool->id);
+    for (const SwitchRun::In& i : run.in) changed->resumed.push_back(i.pool->id);
+  }
   for (std::size_t k = 0; k < run.in.size(); ++k) {
-    VMSTASH_RETURN_IF_ERROR(RunHooks(run.in[k].pool->id, in_hooks[k], /*before_pause=*/false, run.tags));
+    absl::Status s = RunHooks(run.in[k].pool->id, in_hooks[k], /*before_pause=*/false, run.tags);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("switch done, but ", s.message()));
   }
   return Transition::kDone;
 }

@@ -8,6 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "base/json_reader.h"
 #include "base/json_writer.h"
 #include "base/status_macros.h"
@@ -43,6 +45,7 @@ absl::string_view OpName(Op op) {
     case Op::kSnapshot: return "snapshot";
     case Op::kPause: return "pause";
     case Op::kResume: return "resume";
+    case Op::kSwitch: return "switch";
   }
   return "hello";
 }
@@ -64,7 +67,7 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
     } else if (key == "op") {
       VMSTASH_ASSIGN_OR_RETURN(const std::string op, StringField(value, key));
       bool known = false;
-      for (Op o : {Op::kHello, Op::kStats, Op::kTags, Op::kSnapshot, Op::kPause, Op::kResume}) {
+      for (Op o : {Op::kHello, Op::kStats, Op::kTags, Op::kSnapshot, Op::kPause, Op::kResume, Op::kSwitch}) {
         if (op == OpName(o)) request.op = o, known = true;
       }
       if (!known) return RequestError(absl::StrCat("unknown op \"", op, "\""));
@@ -73,6 +76,15 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
       VMSTASH_ASSIGN_OR_RETURN(request.tag, StringField(value, key));
       for (char c : request.tag) {
         if (static_cast<unsigned char>(c) >= 0x80) return RequestError("non-ASCII tag (tags are ASCII)");
+      }
+    } else if (key == "pause" || key == "resume") {
+      VMSTASH_ASSIGN_OR_RETURN(const std::string list, StringField(value, key));
+      std::vector<std::string>& out = key == "pause" ? request.pause : request.resume;
+      for (absl::string_view name : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+        for (char c : name) {
+          if (static_cast<unsigned char>(c) >= 0x80) return RequestError("non-ASCII tag (tags are ASCII)");
+        }
+        out.emplace_back(name);
       }
     } else if (key == "device") {
       VMSTASH_ASSIGN_OR_RETURN(request.device, IntField(value, key, -1));
@@ -90,6 +102,13 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
   if ((request.op == Op::kPause || request.op == Op::kResume) && request.tag.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("control request: ", OpName(request.op), " needs a \"tag\""));
   }
+  if (request.op == Op::kSwitch && request.pause.empty() && request.resume.empty()) {
+    return absl::InvalidArgumentError("control request: switch needs a \"pause\" or \"resume\" tag list");
+  }
+  if (request.op != Op::kSwitch && (!request.pause.empty() || !request.resume.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat("control request: ", OpName(request.op),
+                                                   " takes no \"pause\"/\"resume\" lists"));
+  }
   return request;
 }
 
@@ -99,6 +118,8 @@ std::string FormatRequest(const Request& request) {
   w.Field("v", request.version);
   w.Field("op", OpName(request.op));
   if (!request.tag.empty()) w.Field("tag", request.tag);
+  if (!request.pause.empty()) w.Field("pause", absl::StrJoin(request.pause, ","));
+  if (!request.resume.empty()) w.Field("resume", absl::StrJoin(request.resume, ","));
   if (request.device != -1) w.Field("device", request.device);
   w.EndObject();
   return w.str() + "\n";

@@ -4,8 +4,11 @@
 // One request per connection: a single line (at most kMaxMessageBytes, '\n'-terminated)
 // holding a flat JSON object:
 //   {"v":1,"op":"hello"|"stats"|"tags"|"snapshot"|"pause"|"resume","tag":"...","device":0}
-// "tag" is required by pause/resume; "device" is optional (default -1: every device in
-// use). The reply is one line:
+//   {"v":1,"op":"switch","pause":"a,b","resume":"c,d","device":0}
+// "tag" is required by pause/resume; "switch" takes comma-separated tag lists ("pause",
+// "resume"; at least one tag in all; a tag holding a comma cannot be named there, pause
+// and resume it instead); "device" is optional (default -1: every device in use). The
+// reply is one line:
 //   {"v":1,"ok":true,"result":<JSON>}   or
 //   {"v":1,"ok":false,"error":{"code":"INVALID_ARGUMENT","message":"..."}}
 // A request with another "v" gets FAILED_PRECONDITION naming both versions; unknown ops,
@@ -19,6 +22,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -30,12 +34,14 @@ inline constexpr int kProtocolVersion = 1;
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{64} << 10;  // requests
 inline constexpr std::size_t kMaxReplyBytes = std::size_t{256} << 20;   // snapshots can be large
 
-enum class Op { kHello, kStats, kTags, kSnapshot, kPause, kResume };
+enum class Op { kHello, kStats, kTags, kSnapshot, kPause, kResume, kSwitch };
 
 struct Request {
   int version = kProtocolVersion;
   Op op = Op::kHello;
   std::string tag;  // pause/resume
+  std::vector<std::string> pause;   // switch
+  std::vector<std::string> resume;  // switch
   int device = -1;  // -1: every device in use
 };
 

@@ -54,6 +54,19 @@ absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control
                                                                                : runtime.Resume(tag, r.device));
       return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
     }
+    case control::Op::kSwitch: {
+      std::vector<TagId> pause, resume;
+      for (const std::string& t : r.pause) {
+        VMSTASH_ASSIGN_OR_RETURN(const TagId id, InternTag(t));
+        pause.push_back(id);
+      }
+      for (const std::string& t : r.resume) {
+        VMSTASH_ASSIGN_OR_RETURN(const TagId id, InternTag(t));
+        resume.push_back(id);
+      }
+      VMSTASH_ASSIGN_OR_RETURN(const bool changed, runtime.Switch(pause, resume, r.device));
+      return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
+    }
   }
   return absl::InvalidArgumentError("unknown op");
 }

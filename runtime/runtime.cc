@@ -215,6 +215,54 @@ absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, cons
   return !changed.empty();
 }
 
+absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
+                                     const LiveRangesByDevice* live) {
+  for (const std::vector<TagId>* list : {&pause, &resume}) {
+    for (TagId t : *list) {
+      if (!TagKnown(t)) {
+        return absl::NotFoundError(absl::StrCat("switch: tag '", TagName(t), "' does not exist in this process"));
+      }
+    }
+  }
+  if (pause.empty() && resume.empty()) return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
+  std::vector<std::pair<CachingAllocator*, CachingAllocator::SwitchChanges>> changed;
+  for (CachingAllocator* a : targets) {
+    // Only the tags that have memory on this device take part there.
+    auto here = [&](const std::vector<TagId>& tags) {
+      std::vector<TagId> out;
+      for (TagId t : tags) {
+        if (a->TagPolicy(t).ok()) out.push_back(t);
+      }
+      return out;
+    };
+    const std::vector<TagId> p = here(pause), r = here(resume);
+    if (p.empty() && r.empty()) continue;
+    const CachingAllocator::LiveRangesByTag* hint = nullptr;
+    if (live != nullptr) {
+      auto it = live->find(a->device());
+      if (it != live->end()) hint = &it->second;
+    }
+    CachingAllocator::SwitchChanges changes;
+    absl::StatusOr<CachingAllocator::Transition> s = a->Switch(p, r, hint, &changes);
+    if (!changes.paused.empty() || !changes.resumed.empty()) changed.emplace_back(a, std::move(changes));
+    if (s.ok()) continue;
+    if (!changed.empty() && changed.back().first == a) {  // done here; an after-resume hook failed
+      return s.status();
+    }
+    std::string rollback;
+    for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
+      absl::StatusOr<CachingAllocator::Transition> undo = it->first->Switch(it->second.resumed, it->second.paused);
+      absl::StrAppend(&rollback, rollback.empty() ? "" : ", ", "device ", it->first->device(), " ",
+                      undo.ok() ? "switched back" : absl::StrCat("NOT restored (", undo.status().message(), ")"));
+    }
+    return absl::Status(s.status().code(), absl::StrCat("switch failed on device ", a->device(), ": ",
+                                                        s.status().message(),
+                                                        rollback.empty() ? "" : "; rolled back: ", rollback));
+  }
+  return !changed.empty();
+}
+
 absl::Status Runtime::Prepare(TagId tag, int device, std::size_t bytes) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
   for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(a->Prepare(tag, bytes));

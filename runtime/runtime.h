@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/allocator_options.h"
@@ -99,6 +100,14 @@ class Runtime {
   // Transitions]. `live` (pauses only, optional): the byte ranges known to be live.
   absl::StatusOr<bool> Pause(TagId tag, int device, const CachingAllocator::LiveRanges* live = nullptr);
   absl::StatusOr<bool> Resume(TagId tag, int device);
+  // Pauses `pause` and resumes `resume` in one transaction per device
+  // (CachingAllocator::Switch, Note [Switch Protocol]) over `device` or every device in
+  // use, all or nothing across devices (Note [All-or-Nothing Transitions]: devices already
+  // switched are switched back). On each device only the tags with memory there take part.
+  // `live` (optional): per device, per outgoing tag, the byte ranges known to be live.
+  using LiveRangesByDevice = absl::flat_hash_map<int, CachingAllocator::LiveRangesByTag>;
+  absl::StatusOr<bool> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
+                              const LiveRangesByDevice* live = nullptr);
   // Backup arenas of `tag` (CachingAllocator::Prepare / ReleaseBackup) on `device` or
   // every device in use. A device where the tag never had memory has nothing to release.
   absl::Status Prepare(TagId tag, int device, std::size_t bytes);

@@ -5,6 +5,8 @@
 //   vmstash show PID [--json]                tags: policy, state, bytes, chunks, timings
 //   vmstash pause PID TAG [--device=N] [--json]
 //   vmstash resume PID TAG [--device=N] [--json]
+//   vmstash switch PID --pause A,B --resume C,D [--device=N] [--json]
+//                                            one transaction (Note [Switch Protocol])
 //   vmstash snapshot PID -o FILE [--format=json|torch]
 //                                            our snapshot JSON (allocator/snapshot.h), or a
 //                                            pickle PyTorch's memory_viz loads
@@ -23,6 +25,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "control/endpoint.h"
 #include "fmt/format.h"
 #include "base/bytes.h"
@@ -39,6 +42,7 @@ constexpr const char* kUsage =
     "       vmstash show PID [--json]\n"
     "       vmstash pause PID TAG [--device=N] [--json]\n"
     "       vmstash resume PID TAG [--device=N] [--json]\n"
+    "       vmstash switch PID --pause A,B --resume C,D [--device=N] [--json]\n"
     "       vmstash snapshot PID -o FILE [--format=json|torch]\n"
     "       vmstash map PID -o FILE.svg|FILE.html\n"
     "       vmstash top [--interval=SECONDS] [--iterations=N]\n";
@@ -51,16 +55,20 @@ int Fail(const absl::Status& status, absl::string_view context) {
   return 1;
 }
 
-absl::StatusOr<JsonValue> Ask(int pid, control::Op op, const std::string& tag = "", int device = -1) {
+absl::StatusOr<JsonValue> Ask(int pid, control::Request r) {
   absl::StatusOr<std::string> path = control::EndpointOf(pid);
   if (!path.ok()) return path.status();
+  absl::StatusOr<std::string> reply = control::Call(*path, r);
+  if (!reply.ok()) return reply.status();
+  return JsonValue::Parse(*reply);
+}
+
+absl::StatusOr<JsonValue> Ask(int pid, control::Op op, const std::string& tag = "", int device = -1) {
   control::Request r;
   r.op = op;
   r.tag = tag;
   r.device = device;
-  absl::StatusOr<std::string> reply = control::Call(*path, r);
-  if (!reply.ok()) return reply.status();
-  return JsonValue::Parse(*reply);
+  return Ask(pid, std::move(r));
 }
 
 // stats may be one device's object or an array of them (nothing for anything else).
@@ -179,6 +187,26 @@ int Transition(int pid, const std::string& tag, bool pause, int device, bool jso
   return 0;
 }
 
+int Switch(int pid, const std::string& pause, const std::string& resume, int device, bool json) {
+  control::Request r;
+  r.op = control::Op::kSwitch;
+  r.pause = absl::StrSplit(pause, ',', absl::SkipEmpty());
+  r.resume = absl::StrSplit(resume, ',', absl::SkipEmpty());
+  r.device = device;
+  const std::string what = fmt::format("switch of process {} (pause {}; resume {})", pid, pause.empty() ? "-" : pause,
+                                       resume.empty() ? "-" : resume);
+  absl::StatusOr<JsonValue> reply = Ask(pid, std::move(r));
+  if (!reply.ok()) return Fail(reply.status(), what);
+  const bool changed = (*reply)["changed"].Bool();
+  if (json) {
+    fmt::print("{{\"pid\":{},\"op\":\"switch\",\"pause\":\"{}\",\"resume\":\"{}\",\"changed\":{}}}\n", pid, pause,
+               resume, changed);
+  } else {
+    fmt::print("{}: {}\n", what, changed ? "done" : "every tag already in its state (nothing to do)");
+  }
+  return 0;
+}
+
 int Snapshot(int pid, const std::string& file, bool torch_format) {
   absl::StatusOr<std::string> path = control::EndpointOf(pid);
   if (!path.ok()) return Fail(path.status(), fmt::format("process {}", pid));
@@ -230,7 +258,8 @@ int Main(int argc, char** argv) {
   std::vector<std::string> args;
   bool json = false;
   int device = -1;
-  std::string output, format = "json";
+  std::string output, format = "json", pause_list, resume_list;
+  bool has_lists = false;
   double interval = 1.0;
   int iterations = 0;
   for (int i = 1; i < argc; ++i) {
@@ -246,6 +275,13 @@ int Main(int argc, char** argv) {
     } else if (absl::StartsWith(a, "--format=")) {
       format = a.substr(9);
       if (format != "json" && format != "torch") return fmt::print(stderr, "{}", kUsage), 2;
+    } else if ((a == "--pause" || a == "--resume") && i + 1 < argc) {
+      (a == "--pause" ? pause_list : resume_list) = argv[++i];
+      has_lists = true;
+    } else if (absl::StartsWith(a, "--pause=") || absl::StartsWith(a, "--resume=")) {
+      const bool p = absl::StartsWith(a, "--pause=");
+      (p ? pause_list : resume_list) = a.substr(p ? 8 : 9);
+      has_lists = true;
     } else if (a == "-o" && i + 1 < argc) {
       output = argv[++i];
     } else if (a == "-h" || a == "--help") {
@@ -262,6 +298,10 @@ int Main(int argc, char** argv) {
   if (args.size() == 3 && (args[0] == "pause" || args[0] == "resume") && pid_arg(&pid)) {
     return Transition(pid, args[2], args[0] == "pause", device, json);
   }
+  if (args.size() == 2 && args[0] == "switch" && pid_arg(&pid) && has_lists) {
+    return Switch(pid, pause_list, resume_list, device, json);
+  }
+  if (has_lists) return fmt::print(stderr, "{}", kUsage), 2;  // --pause/--resume belong to switch
   if (args.size() == 1 && args[0] == "top") return Top(interval, iterations);
   if (args.size() == 2 && args[0] == "map" && pid_arg(&pid) && !output.empty()) return Map(pid, output);
   if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output, format == "torch");

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <tuple>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -278,6 +280,40 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
 }
 
 int vmstash_resume(const char* tag, int device) noexcept { return Transition(tag, device, false, nullptr); }
+
+int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
+                   int device, const vmstash_live_ranges* live, size_t n_live) noexcept {
+  if ((n_pause != 0 && pause_tags == nullptr) || (n_resume != 0 && resume_tags == nullptr) ||
+      (n_live != 0 && live == nullptr)) {
+    return Fail(absl::InvalidArgumentError("vmstash_switch: a NULL array with a nonzero count"));
+  }
+  try {
+    std::vector<TagId> pause, resume;
+    for (auto [tags, n, out] : {std::tuple{pause_tags, n_pause, &pause}, std::tuple{resume_tags, n_resume, &resume}}) {
+      for (size_t i = 0; i < n; ++i) {
+        absl::StatusOr<TagId> id = TagArg(tags[i]);
+        if (!id.ok()) return Fail(id.status());
+        out->push_back(*id);
+      }
+    }
+    Runtime::LiveRangesByDevice ranges;
+    for (size_t i = 0; i < n_live; ++i) {
+      const vmstash_live_ranges& l = live[i];
+      if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
+        return Fail(absl::InvalidArgumentError("vmstash_switch: live ranges with NULL arrays and n > 0"));
+      }
+      absl::StatusOr<TagId> id = TagArg(l.tag);
+      if (!id.ok()) return Fail(id.status());
+      CachingAllocator::LiveRanges& r = ranges[l.device][*id];
+      for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+    }
+    return WithRuntime([&](Runtime& rt) {
+      return TransitionCode(rt.Switch(pause, resume, device, n_live == 0 ? nullptr : &ranges));
+    });
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+  }
+}
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {
   return WithRuntime([&](Runtime& rt) {

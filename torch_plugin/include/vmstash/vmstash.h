@@ -107,6 +107,27 @@ int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
  * tag are not preserved. n == 0 with NULL arrays: nothing is preserved. */
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) VMSTASH_NOEXCEPT;
+/* A phase switch: pauses the `n_pause` tags of `pause_tags` and resumes the `n_resume`
+ * tags of `resume_tags` in one transaction (allocator/caching_allocator.h, Note [Switch
+ * Protocol]): the outgoing tags' live bytes go to host memory while the incoming tags'
+ * come back, both directions at once, and physical memory is handed from the outgoing to
+ * the incoming tags where chunk sizes allow instead of being released and created again.
+ * Hooks run as for pause and resume. device -1: every device in use, all or nothing (a
+ * device already switched is switched back when another fails). Returns 0 when done,
+ * VMSTASH_NOOP when every tag already was in its requested state, VMSTASH_NOT_FOUND for a
+ * tag this process never created or used, VMSTASH_INVALID_ARGUMENT for a tag listed
+ * twice or in both lists, VMSTASH_RESOURCE_EXHAUSTED when the incoming tags do not fit;
+ * on any failure every tag is as it was. `live` (NULL, or `n_live` entries): for an
+ * outgoing tag on one device, the byte ranges that hold data, as for vmstash_pause_live. */
+typedef struct vmstash_live_ranges {
+  const char* tag;
+  int device;
+  const uint64_t* starts;
+  const uint64_t* sizes;
+  size_t n;
+} vmstash_live_ranges;
+int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
+                   int device, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
  * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
  * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */

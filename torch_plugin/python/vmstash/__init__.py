@@ -8,6 +8,8 @@
     vmstash.pause("kv_cache"); vmstash.pause("weights")   # physical memory released
     ...                                                   # another phase uses the GPU
     vmstash.resume("weights"); vmstash.resume("kv_cache") # same addresses: graphs replay
+    vmstash.switch(pause=["kv_cache", "weights"], resume=["optimizer"])  # one transaction,
+                                                      # both copy directions at once
 
 Errors raise vmstash.Error (OutOfMemoryError, also a torch.OutOfMemoryError, when memory
 runs out); nothing in vmstash exits the process. See torch_plugin/README.md. The paged
@@ -15,7 +17,7 @@ stash tier for MoE activations is vmstash.stash (Arena, saved_tensors).
 """
 from ._api import (backup_store, create_tag, current_tag, empty_cache, init, pause, prepare, read_backup,
                    release_backup, resume, set_backup_store, set_current_tag, set_memory_margin, snapshot, stats,
-                   tag_stats, tags, version)
+                   switch, tag_stats, tags, version)
 from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, preloaded_library
 from ._torch import cuda_graph, install, pool, region, warm_blas_workspaces
 from . import stash  # noqa: F401  (vmstash.stash.Arena, the paged stash tier)
@@ -24,5 +26,5 @@ __all__ = [
     "Error", "OutOfMemoryError", "backup_store", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
     "library_path", "pause", "preload_library_path", "preloaded_library", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
     "set_backup_store", "set_current_tag", "set_memory_margin",
-    "snapshot", "stash", "stats", "tag_stats", "tags", "version", "warm_blas_workspaces",
+    "snapshot", "stash", "stats", "switch", "tag_stats", "tags", "version", "warm_blas_workspaces",
 ]

@@ -125,6 +125,42 @@ def resume(tag=None, device=None):
     return changed
 
 
+def switch(pause=(), resume=(), device=None):
+    """A phase switch: pauses the tags in `pause` and resumes those in `resume` in one
+    transaction, on `device` (None: every device in use, all or nothing). The outgoing
+    tags' live bytes go to host memory while the incoming tags' come back (both directions
+    of the link at once), and the outgoing tags' physical memory is mapped into the incoming
+    tags' address ranges where chunk sizes allow instead of being released and created
+    again. Hooks run as for pause and resume. Returns True if anything changed, False when
+    every tag already was in its requested state. On failure (vmstash.OutOfMemoryError when
+    the incoming tags do not fit) every tag is as it was."""
+    if isinstance(pause, str) or isinstance(resume, str):
+        raise TypeError("switch: pause and resume are lists of tag names, not a string")
+    pause, resume = list(pause), list(resume)
+    dev = _device_arg(device)
+    l = _lib.lib()
+    names = [_lib.encode(t) for t in pause + resume]
+    p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
+    r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
+    live, keep = [], []
+    if live_ranges_provider is not None and pool_devices_provider is not None:
+        for t, name in zip(pause, names):
+            if policy_of(t) != "backup":
+                continue  # only a backup pause copies
+            for d in pool_devices_provider(t):
+                if dev != -1 and d != dev:
+                    continue
+                ranges = live_ranges_provider(t, d)
+                n = len(ranges)
+                starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
+                sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
+                keep += [starts, sizes]
+                live.append(_lib.LiveRanges(name, d, starts, sizes, n))
+    live_arr = (_lib.LiveRanges * max(len(live), 1))(*live)
+    return _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, len(live)),
+                          f"switch(pause={pause!r}, resume={resume!r})")
+
+
 def prepare(tag, device=None, nbytes=0):
     """Pins the backup arena of a `backup` tag ahead of its first pause (nbytes=0: the tag's
     current bytes). Done automatically in the background unless auto_prepare:0."""

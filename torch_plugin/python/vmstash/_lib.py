@@ -126,6 +126,12 @@ def lib():
     return _lib
 
 
+class LiveRanges(ctypes.Structure):
+    """vmstash_live_ranges (vmstash.h): an outgoing tag's live byte ranges on one device."""
+    _fields_ = [("tag", ctypes.c_char_p), ("device", ctypes.c_int), ("starts", ctypes.POINTER(ctypes.c_uint64)),
+                ("sizes", ctypes.POINTER(ctypes.c_uint64)), ("n", ctypes.c_size_t)]
+
+
 def _declare(l):
     c_char_p, c_int, c_size_t, c_void_p = ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
     u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -145,6 +151,8 @@ def _declare(l):
         "vmstash_pause": (c_int, [c_char_p, c_int]),
         "vmstash_pause_live": (c_int, [c_char_p, c_int, u64p, u64p, c_size_t]),
         "vmstash_resume": (c_int, [c_char_p, c_int]),
+        "vmstash_switch": (c_int, [ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_char_p), c_size_t, c_int,
+                                   ctypes.POINTER(LiveRanges), c_size_t]),
         "vmstash_read_backup": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
         "vmstash_backup_address": (c_int, [c_void_p, c_size_t, c_int, ctypes.POINTER(c_void_p)]),
         "vmstash_set_memory_margin": (c_int, [c_size_t]),
