@@ -3,6 +3,7 @@
 #include "control/protocol.h"
 
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -27,6 +28,30 @@ TEST(ProtocolTest, ParsesEveryOp) {
   r = ParseRequest(R"({"v":1,"op":"resume","tag":"a\"b\\c\u0041"})");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tag, "a\"b\\cA");
+}
+
+TEST(ProtocolTest, SwitchTakesCommaSeparatedTagLists) {
+  absl::StatusOr<Request> r = ParseRequest(R"({"v":1,"op":"switch","pause":"weights,kv_cache","resume":"optimizer"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->op, Op::kSwitch);
+  EXPECT_EQ(r->pause, (std::vector<std::string>{"weights", "kv_cache"}));
+  EXPECT_EQ(r->resume, (std::vector<std::string>{"optimizer"}));
+  Request in = *r;
+  in.device = 1;
+  std::string line = FormatRequest(in);
+  line.pop_back();
+  absl::StatusOr<Request> out = ParseRequest(line);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->pause, in.pause);
+  EXPECT_EQ(out->resume, in.resume);
+  EXPECT_EQ(out->device, 1);
+  EXPECT_EQ(ParseRequest(R"({"v":1,"op":"switch"})").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseRequest(R"({"v":1,"op":"switch","pause":",,"})").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseRequest(R"({"v":1,"op":"pause","tag":"a","pause":"b"})").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseRequest(R"({"v":1,"op":"switch","pause":["a"]})").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ProtocolTest, FormatThenParseRoundTrips) {

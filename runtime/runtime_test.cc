@@ -222,6 +222,42 @@ TEST(RuntimeTest, PauseOverAllDevicesIsAllOrNothing) {
   ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
 }
 
+TEST(RuntimeTest, SwitchOverAllDevicesIsAllOrNothing) {
+  Fixture f = Make(2);
+  const TagId out = Tag("rt_sw_out"), in = Tag("rt_sw_in"), only0 = Tag("rt_sw_only0");
+  ASSERT_TRUE(f.rt->CreateTag(out, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(in, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(only0, Policy::kDiscard).ok());
+  const DevicePtr i0 = Filled(*f.rt, 0, in, 21), i1 = Filled(*f.rt, 1, in, 22);
+  ASSERT_TRUE(f.rt->Pause(in, Runtime::kAllDevices).value());
+  const DevicePtr o0 = Filled(*f.rt, 0, out, 31), o1 = Filled(*f.rt, 1, out, 32);
+  const DevicePtr z0 = Filled(*f.rt, 0, only0, 41);  // a tag with memory on device 0 alone
+  // Device 0 switches; device 1's backup copy fails: device 0 is switched back.
+  f.sim->InjectFault(FaultRule{DriverOp::kCopyToHost, 2, 1, absl::StatusCode::kInternal});
+  absl::StatusOr<bool> r = f.rt->Switch({out, only0}, {in}, Runtime::kAllDevices);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("failed on device 1"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 switched back"));
+  EXPECT_TRUE(Holds(o0, 31));
+  EXPECT_TRUE(Holds(o1, 32));
+  ASSERT_TRUE(f.rt->Switch({out, only0}, {in}, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(i0, 21));
+  EXPECT_TRUE(Holds(i1, 22));
+  EXPECT_FALSE(f.rt->Switch({out, only0}, {in}, Runtime::kAllDevices).value()) << "every tag already in its state";
+  ASSERT_TRUE(f.rt->Switch({in}, {out}, 1).value());  // one device
+  EXPECT_TRUE(Holds(o1, 32));
+  ASSERT_TRUE(f.rt->Switch({in}, {out}, 0).value());
+  EXPECT_TRUE(Holds(o0, 31));
+  EXPECT_EQ(f.rt->Switch({Tag("rt_sw_typo")}, {in}, Runtime::kAllDevices).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.rt->Switch({}, {}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(f.rt->Resume(in, Runtime::kAllDevices).value());
+  ASSERT_TRUE(f.rt->Resume(only0, Runtime::kAllDevices).value());
+  for (auto [d, p] : {std::pair{0, i0}, std::pair{1, i1}, std::pair{0, o0}, std::pair{1, o1}, std::pair{0, z0}}) {
+    ASSERT_TRUE(f.rt->AllocatorInUse(d)->Free(p).ok());
+  }
+}
+
 TEST(RuntimeTest, UnknownTagsAreNotFoundAndUnusedDevicesGetNoAllocator) {
   Fixture f = Make(2);
   ASSERT_TRUE(f.rt->Allocator(0).ok());

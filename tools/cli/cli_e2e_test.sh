@@ -35,6 +35,21 @@ grep -q "kv_cache *discard *active" "$out/show.txt" || fail "show: $(cat "$out/s
 "$cli" resume "$pid" weights | grep -q "done" || fail "resume"
 "$cli" resume "$pid" kv_cache | grep -q "done" || fail "resume kv_cache"
 
+# A switch: one transaction pausing some tags and resuming others.
+"$cli" pause "$pid" kv_cache > /dev/null
+"$cli" switch "$pid" --pause weights --resume kv_cache | grep -q "pause weights; resume kv_cache).*: done" \
+  || fail "switch"
+"$cli" show "$pid" | grep -q "weights *backup *paused" || fail "state after switch: $("$cli" show "$pid")"
+"$cli" show "$pid" | grep -q "kv_cache *discard *active" || fail "state after switch: $("$cli" show "$pid")"
+"$cli" switch "$pid" --pause=kv_cache --resume=weights --json \
+  | python3 -c "import json,sys; d=json.load(sys.stdin); assert d['changed'] and d['op']=='switch', d"
+"$cli" switch "$pid" --pause kv_cache --resume weights | grep -q "nothing to do" || fail "a repeated switch is not a no-op"
+if "$cli" switch "$pid" --pause weights --resume weights 2> "$out/err.txt"; then fail "a tag both paused and resumed"; fi
+grep -q "both paused and resumed" "$out/err.txt" || fail "switch error: $(cat "$out/err.txt")"
+set +e; "$cli" switch "$pid" > /dev/null 2>&1; rc=$?; set -e
+[ "$rc" = 2 ] || fail "switch without tag lists: exit $rc, want 2 (usage)"
+"$cli" resume "$pid" kv_cache | grep -q "done" || fail "resume kv_cache after the switches"
+
 "$cli" snapshot "$pid" -o "$out/snap.json" | grep -q "written to" || fail "snapshot"
 python3 -c "import json; d=json.load(open('$out/snap.json')); assert any(s['tag']=='weights' for x in d for s in x['segments']), d"
 

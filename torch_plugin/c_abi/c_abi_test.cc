@@ -269,4 +269,49 @@ TEST_F(CAbiTest, TagSlotsAllocateInTheirTagFromAnyThreadAndPauseTakesALiveHint) 
   dlclose(self);
 }
 
+TEST_F(CAbiTest, SwitchThroughTheCAbiWithALiveHint) {
+  ASSERT_EQ(vmstash_create_tag("sw_roll", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("sw_train", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_set_current_tag("sw_train"), VMSTASH_OK);
+  auto* t = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
+  ASSERT_EQ(vmstash_set_current_tag("sw_roll"), VMSTASH_OK);
+  auto* r = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(r, nullptr);
+  t[0] = 1;
+  t[(8 << 20) - 1] = 2;
+  ASSERT_EQ(vmstash_pause("sw_train", 0), VMSTASH_OK);
+  r[(1 << 20)] = 3;
+  r[(6 << 20)] = 4;  // outside the hint: not preserved
+  const char* pause[] = {"sw_roll"};
+  const char* resume[] = {"sw_train"};
+  const uint64_t starts[] = {reinterpret_cast<uint64_t>(r) + (1 << 20)};
+  const uint64_t sizes[] = {1 << 20};
+  const vmstash_live_ranges live[] = {{"sw_roll", 0, starts, sizes, 1}};
+  ASSERT_EQ(vmstash_switch(pause, 1, resume, 1, -1, live, 1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(t[0], 1);
+  EXPECT_EQ(t[(8 << 20) - 1], 2);
+  char* stats = vmstash_stats_json(0);
+  EXPECT_THAT(std::string(stats), HasSubstr("\"backed_up_bytes\":1048576"));
+  EXPECT_THAT(std::string(stats), HasSubstr("\"switches\":1,"));
+  vmstash_string_free(stats);
+  EXPECT_EQ(vmstash_switch(pause, 1, resume, 1, -1, nullptr, 0), VMSTASH_NOOP);
+  ASSERT_EQ(vmstash_switch(resume, 1, pause, 1, 0, nullptr, 0), VMSTASH_OK);
+  EXPECT_EQ(r[1 << 20], 3);
+  // Bad input: NULL arrays, a tag in both lists, a tag nobody used; nothing changes.
+  EXPECT_EQ(vmstash_switch(nullptr, 1, resume, 1, -1, nullptr, 0), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_switch(pause, 1, pause, 1, -1, nullptr, 0), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("both paused and resumed"));
+  const char* typo[] = {"sw_trian"};
+  EXPECT_EQ(vmstash_switch(pause, 1, typo, 1, -1, nullptr, 0), VMSTASH_NOT_FOUND);
+  const vmstash_live_ranges bad[] = {{"sw_roll", 0, nullptr, sizes, 1}};
+  EXPECT_EQ(vmstash_switch(pause, 1, resume, 1, -1, bad, 1), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(r[1 << 20], 3);
+  ASSERT_EQ(vmstash_resume("sw_train", 0), VMSTASH_OK);
+  EXPECT_EQ(t[0], 1);
+  vmstash_free(t, 8 << 20, 0, nullptr);
+  vmstash_free(r, 8 << 20, 0, nullptr);
+}
+
 }  // namespace

@@ -110,6 +110,54 @@ class VmstashCpuTest(unittest.TestCase):
         self.assertTrue(holds(seg + 8 * MiB, 2 * MiB, 0x11))
         free(seg, 20 * MiB)
 
+    def test_switch_hands_memory_over_with_liveness_hints_and_rolls_back_on_oom(self):
+        vmstash.create_tag("cpu_sw_train", "backup")
+        vmstash.create_tag("cpu_sw_roll", "backup")
+        train = malloc("cpu_sw_train", 64 * MiB)
+        fill(train, 64 * MiB, 0x31)
+        self.assertTrue(vmstash.pause("cpu_sw_train"))
+        roll = malloc("cpu_sw_roll", 64 * MiB)
+        fill(roll, 64 * MiB, 0x42)
+        handed = vmstash.stats(0)["handed_over_bytes"]
+        saved = (_api.live_ranges_provider, _api.pool_devices_provider)
+        _api.live_ranges_provider = lambda tag, dev: [(roll, 16 * MiB)]
+        _api.pool_devices_provider = lambda tag: [0] if tag == "cpu_sw_roll" else []
+        try:
+            self.assertTrue(vmstash.switch(pause=["cpu_sw_roll"], resume=["cpu_sw_train"]))
+        finally:
+            _api.live_ranges_provider, _api.pool_devices_provider = saved
+        self.assertTrue(holds(train, 64 * MiB, 0x31))
+        self.assertEqual(vmstash.tag_stats("cpu_sw_roll")["state"], "paused")
+        self.assertEqual(vmstash.tag_stats("cpu_sw_roll")["backed_up_bytes"], 16 * MiB)  # the hint
+        self.assertEqual(vmstash.stats(0)["handed_over_bytes"] - handed, 64 * MiB)
+        self.assertFalse(vmstash.switch(["cpu_sw_roll"], ["cpu_sw_train"]))  # nothing to do
+        with self.assertRaises(TypeError):
+            vmstash.switch("cpu_sw_train", "cpu_sw_roll")
+        with self.assertRaises(vmstash.Error) as e:
+            vmstash.switch(["cpu_sw_train"], ["cpu_sw_train"])
+        self.assertEqual(e.exception.code_name, "INVALID_ARGUMENT")
+        # Out of memory: the incoming tag does not fit beside a hog; everything stays as it was.
+        vmstash.create_tag("cpu_sw_big", "backup")
+        big = malloc("cpu_sw_big", 400 * MiB)
+        fill(big, 400 * MiB, 0x53)
+        self.assertTrue(vmstash.pause("cpu_sw_big"))
+        vmstash.create_tag("cpu_sw_hog", "discard")
+        hog = malloc("cpu_sw_hog", 800 * MiB)
+        with self.assertRaises(vmstash.OutOfMemoryError) as e:
+            vmstash.switch(pause=["cpu_sw_train"], resume=["cpu_sw_big"])
+        self.assertIn("every tag is as it was", str(e.exception))
+        self.assertEqual(vmstash.tag_stats("cpu_sw_train")["state"], "active")
+        self.assertTrue(holds(train, 64 * MiB, 0x31))
+        free(hog, 800 * MiB)
+        vmstash.empty_cache(tag="cpu_sw_hog")
+        self.assertTrue(vmstash.switch(pause=["cpu_sw_train"], resume=["cpu_sw_roll", "cpu_sw_big"]))
+        self.assertTrue(holds(big, 400 * MiB, 0x53))
+        self.assertTrue(holds(roll, 16 * MiB, 0x42))
+        self.assertTrue(vmstash.resume("cpu_sw_train"))
+        self.assertTrue(holds(train, 64 * MiB, 0x31))
+        for p, n in ((train, 64 * MiB), (roll, 64 * MiB), (big, 400 * MiB)):
+            free(p, n)
+
     def test_resume_out_of_memory_raises_keeps_tag_paused_and_retry_succeeds(self):
         vmstash.create_tag("cpu_big", "backup")
         big = malloc("cpu_big", 300 * MiB)
