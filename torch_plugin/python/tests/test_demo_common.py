@@ -56,6 +56,18 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("rollout 3.00 GiB, training 18.00 GiB", lines[-1])
 
 
+class SpeedupTest(unittest.TestCase):
+    def test_switch_against_the_sequential_path_per_direction(self):
+        switches = [record("rollout", pause=p, resume=0.0) for p in (0.10, 0.12, 0.11)]
+        switches += [record("rollout (sequential)", pause=0.1, resume=r) for r in (0.05, 0.06, 0.07)]
+        switches.append(record("training", pause=0.1, resume=0.0))  # no sequential cycle: left out
+        out = c.switch_speedups(switches)
+        self.assertEqual(set(out), {"rollout"})
+        seq_ms, sw_ms = out["rollout"]
+        self.assertAlmostEqual(seq_ms, 160.0)
+        self.assertAlmostEqual(sw_ms, 110.0)
+
+
 class TimelineTest(unittest.TestCase):
     def test_svg_is_xml_with_one_point_per_phase(self):
         t = c.Timeline.__new__(c.Timeline)

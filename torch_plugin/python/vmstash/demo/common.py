@@ -49,6 +49,18 @@ def switch_line(r):
     return line
 
 
+def switch_speedups(switches):
+    """Per direction with both paths in the log: (median sequential ms, median switch() ms),
+    the sequential path's records being labelled "<direction> (sequential)"."""
+    out = {}
+    for label in sorted({r["label"] for r in switches if not r["label"].endswith(" (sequential)")}):
+        fast = [r["pause"] + r["resume"] for r in switches if r["label"] == label]
+        slow = [r["pause"] + r["resume"] for r in switches if r["label"] == label + " (sequential)"]
+        if fast and slow:
+            out[label] = (1e3 * statistics.median(slow), 1e3 * statistics.median(fast))
+    return out
+
+
 def criteria_failures(r):
     """Issue 8's two done-criteria for one switch, as failure messages."""
     out = []

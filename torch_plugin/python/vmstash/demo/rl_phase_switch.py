@@ -12,9 +12,17 @@ causal attention and an MoE MLP (top-2 over 8 experts, static capacity). Tags:
   weights      (backup)   the rollout copy of the weights (bf16), synced after training
   kv_cache     (discard)  the static KV cache
   decode_graph (discard)  the decode graph's private pool
-  optimizer    (backup)   fp32 master weights and Adam state
+  optimizer    (backup)   fp32 master weights (the weight sync's source)
+  adam         (backup)   Adam's state
   stash        (discard)  paged stash arenas for the expert activations
   train_graph  (discard)  the training graph's private pool
+Phase switches go through vmstash.switch() (one transaction per step: the outgoing tags'
+bytes go to host memory while the incoming tags' come back, and the outgoing physical
+memory is handed to the incoming tags): to training, switch(rollout -> training tags); to
+rollout, in the order verl and slime sync weights, switch(adam + stash + train_graph ->
+weights), the weight sync, then switch(optimizer -> kv_cache + decode_graph). The last
+--sequential-cycles cycles take the path before switch() (pauses, then resumes; the same
+tags and bytes), so the summary compares the two in one run.
 Both graphs are captured once and replayed in every phase; every replay is checked
 against the same computation run eagerly (training: without the stash). Prints, per
 phase switch, GPU memory in use, bytes released by the pause, pause/resume times and
@@ -41,7 +49,7 @@ import torch.nn.functional as F
 
 import vmstash
 from vmstash.demo.common import (GiB, Timeline, criteria_failures, pinned_bandwidth, summarize, switch_line,
-                                 switch_record, write_json)
+                                 switch_record, switch_speedups, write_json)
 
 
 class Config:
@@ -144,6 +152,8 @@ def same(a, b):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--sequential-cycles", type=int, default=3,
+                    help="then this many cycles through the path before switch() (pauses, then resumes)")
     ap.add_argument("--plot", default=None, help="write the memory timeline here (SVG)")
     ap.add_argument("--json", default=None, help="write the switches and the summary here")
     ap.add_argument("--peer", action="append", default=None, metavar="MODULE",
@@ -171,6 +181,7 @@ def main():
 
     with vmstash.region("optimizer", policy="backup"):
         master = {k: v.requires_grad_() for k, v in make_params(cfg, torch.float32, gen, dev).items()}
+    with vmstash.region("adam", policy="backup"):
         opt = torch.optim.Adam(master.values(), lr=1e-4, fused=True)
         for v in master.values():  # Adam's state is created here, inside the tag (a zero step)
             v.grad = torch.zeros_like(v)
@@ -223,10 +234,21 @@ def main():
     torch.cuda.synchronize()
 
     rollout_tags = ["weights", "kv_cache", "decode_graph"]
-    train_tags = ["optimizer", "stash", "train_graph"]
-    # Weights are synced when both sides are resident: rollout -> training pauses the rollout
-    # tags, then resumes the training ones; training -> rollout resumes the rollout tags,
-    # syncs the weights, then pauses the training tags.
+    train_tags = ["optimizer", "adam", "stash", "train_graph"]
+    # Weights are synced when both sides are resident (the master weights and the rollout
+    # copy). Each phase switch is a list of steps: (pause_tags, resume_tags) transitions, and
+    # "sync" where the weight sync runs (timed apart: not a vmstash cost).
+    switch_path = {
+        "training": [(rollout_tags, train_tags)],
+        "rollout": [(["adam", "stash", "train_graph"], ["weights"]), "sync",
+                    (["optimizer"], ["kv_cache", "decode_graph"])],
+    }
+    # The path before switch(): the rollout tags come back before the training tags go,
+    # since memory allows it here (a resume right after a large release waits on the driver).
+    sequential_path = {
+        "training": [(rollout_tags, []), ([], train_tags)],
+        "rollout": [([], rollout_tags), "sync", (train_tags, [])],
+    }
     failures, exact, checks = [], 0, 0
     switches = []
 
@@ -238,38 +260,46 @@ def main():
         for f in [workers.submit(fn, t) for t in tags]:
             f.result()
 
-    def switch(pause_tags, resume_tags, label, sync=None, pause_after=()):
-        """Pauses pause_tags, resumes resume_tags; then runs `sync` (the RL weight sync,
-        which needs both sides resident: not a vmstash cost, timed apart) and pauses
-        pause_after. Checks memory released and the time against the same-run bound."""
+    def phase_switch(label, steps, sequential, sync=None):
+        """Runs `steps` (see switch_path); a step with tags on both sides is one
+        vmstash.switch() unless `sequential` (then its pauses, then its resumes, each tag in
+        its own thread as before switch()). Checks memory released and the time against the
+        same-run bound."""
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the eager references' memory goes back to the driver
-        all_paused = list(pause_tags) + list(pause_after)
+        transitions = [st for st in steps if st != "sync"]
+        all_paused = [t for p, _ in transitions for t in p]
+        all_resumed = [t for _, r in transitions for t in r]
         reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in all_paused)
-        restored = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in resume_tags)
+        restored = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in all_resumed)
         free0 = torch.cuda.mem_get_info()[0]
-        t0 = time.perf_counter()
-        each(vmstash.pause, pause_tags)
-        torch.cuda.synchronize()  # (no-ops: pause and resume return with their copies done)
-        t1 = time.perf_counter()
-        each(vmstash.resume, resume_tags)
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        sync_s = 0.0
-        if sync is not None:
-            sync()
-            torch.cuda.synchronize()
-            sync_s = time.perf_counter() - t2
-        t3 = time.perf_counter()
-        each(vmstash.pause, pause_after)
-        t4 = time.perf_counter()
-        pause_s, resume_s = (t1 - t0) + (t4 - t3), t2 - t1
+        pause_s = resume_s = sync_s = 0.0
+        for st in steps:
+            t0 = time.perf_counter()
+            if st == "sync":
+                sync()
+                torch.cuda.synchronize()
+                sync_s += time.perf_counter() - t0
+                continue
+            pause_tags, resume_tags = st
+            if sequential or not (pause_tags and resume_tags):
+                each(vmstash.pause, pause_tags)  # (pause and resume return with their copies done)
+                t1 = time.perf_counter()
+                each(vmstash.resume, resume_tags)
+                torch.cuda.synchronize()
+                pause_s += t1 - t0
+                resume_s += time.perf_counter() - t1
+            else:
+                vmstash.switch(pause=pause_tags, resume=resume_tags)
+                torch.cuda.synchronize()
+                pause_s += time.perf_counter() - t0  # one transaction: both directions at once
         backed = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in all_paused)
         # Released by the pauses: free memory now vs before, plus what the resumes took.
-        resumed_reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in resume_tags)
+        resumed_reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in all_resumed)
         freed = torch.cuda.mem_get_info()[0] - free0 + resumed_reserved
+        name = label + (" (sequential)" if sequential else "")
         timeline.mark(f"switched to {label}")
-        r = switch_record(label, all_paused, resume_tags, reserved, freed, pause_s, resume_s, backed, restored,
+        r = switch_record(name, all_paused, all_resumed, reserved, freed, pause_s, resume_s, backed, restored,
                           d2h, h2d, sync_s if sync else None)
         switches.append(r)
         print(switch_line(r))
@@ -288,7 +318,8 @@ def main():
         vmstash.pause(t)
     data = torch.Generator(device=dev).manual_seed(1)
     last_sums = None
-    for cycle in range(args.cycles):
+    for cycle in range(args.cycles + args.sequential_cycles):
+        sequential = cycle >= args.cycles
         # Rollout: the weights must have survived the pause; then decode with the graph.
         sums = torch.stack([w.float().sum() for w in weights.values()])
         if cycle > 0 and not torch.equal(sums, last_sums):
@@ -307,7 +338,7 @@ def main():
                        "bytes": max(st["reserved_bytes"]["current"], st["paused_bytes"])}
                       for phase, tags in (("rollout", rollout_tags), ("training", train_tags))
                       for t, st in ((t, vmstash.tag_stats(t)) for t in tags)]
-        switch(rollout_tags, train_tags, "training")
+        phase_switch("training", (sequential_path if sequential else switch_path)["training"], sequential)
         # Training: one step through the captured graph, checked against eager without the stash.
         # The eager reference runs first, so that its activations go back to the driver here and
         # not right before the switch (memory created right after a large release waits on the
@@ -336,10 +367,7 @@ def main():
                 for k, w in weights.items():
                     w.copy_(master[k])  # the trained master weights to the rollout copy
 
-        # Memory allows it here, so the rollout tags come back before the training tags go:
-        # a resume right after a large release waits on the driver (cuMemCreate stalls for a
-        # few tens of ms after cuMemRelease of used memory; pause_bench measures it).
-        switch([], rollout_tags, "rollout", sync=sync, pause_after=train_tags)
+        phase_switch("rollout", (sequential_path if sequential else switch_path)["rollout"], sequential, sync=sync)
         del grads_e, loss_e
         torch.cuda.empty_cache()  # now, a rollout phase before the next switch
         last_sums = torch.stack([w.float().sum() for w in weights.values()])
@@ -348,10 +376,11 @@ def main():
         print(f"memory timeline: {args.plot}")
     print(f"{checks} replay checks against eager: {exact} bit-exact, the rest within bf16 rounding; "
           f"{len(switches)} phase switches, no re-capture")
+    speedups = switch_speedups(switches)
     used = {"rollout": used_rollout, "training": used_train}
     lines, summary = summarize("vmstash", switches, used)
     summary.update(checks=checks, exact=exact, d2h=d2h, h2d=h2d, device=torch.cuda.get_device_name(0),
-                   failures=failures, switch_log=switches)
+                   failures=failures, switch_log=switches, speedups=speedups)
     if args.peer:  # the peer runs in a child process: leave it the GPU
         for t in rollout_tags:
             vmstash.pause(t)
@@ -365,6 +394,9 @@ def main():
     print(f"vmstash: {args.cycles} rollout/training cycles, both CUDA graphs captured once; {checks} replays "
           f"checked against eager ({exact} bit-exact), {len(failures)} failures")
     print("\n".join(lines))
+    for label, (seq_ms, sw_ms) in speedups.items():
+        print(f"  to {label:9s} switch() median {sw_ms:.1f} ms vs the sequential path {seq_ms:.1f} ms in this run: "
+              f"{seq_ms / sw_ms:.2f}x")
     for peer in peers:
         print("\n".join(peer.get("lines", [f"{peer['name']}: {peer.get('error')}"])))
     if args.json:
