@@ -41,6 +41,28 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
     gap[best] -= donor.size_bytes;
     plan.handed_bytes += donor.size_bytes;
   }
+  // A gap no remaining donor fits: the smallest leftover that covers it may overhang into
+  // the slack after the recipient, if the extra memory stays under 1/16 of the recipient.
+  plan.overhang.assign(recipients.size(), 0);
+  for (std::size_t r = 0; r < recipients.size(); ++r) {
+    if (gap[r] == 0) continue;
+    const std::size_t allowed = std::min(recipients[r].slack_bytes, recipients[r].size_bytes / 16);
+    auto best = plan.leftover.end();
+    for (auto it = plan.leftover.begin(); it != plan.leftover.end(); ++it) {
+      const HandoffDonor& donor = donors[*it];
+      if (recipients[r].restores && !donor.backed_up) continue;
+      if (donor.size_bytes < gap[r] || donor.size_bytes - gap[r] > allowed) continue;
+      if (best == plan.leftover.end() || donor.size_bytes < donors[*best].size_bytes) best = it;
+    }
+    if (best == plan.leftover.end()) continue;
+    const int d = *best;
+    plan.leftover.erase(best);
+    plan.leftover_bytes -= donors[d].size_bytes;
+    plan.handed_bytes += donors[d].size_bytes;
+    plan.overhang[r] = donors[d].size_bytes - gap[r];
+    plan.pieces[r].push_back({donors[d].size_bytes, d});
+    gap[r] = 0;
+  }
   std::sort(plan.leftover.begin(), plan.leftover.end());
   for (std::size_t r = 0; r < recipients.size(); ++r) {
     if (gap[r] == 0) continue;
@@ -70,7 +92,8 @@ absl::StatusOr<std::vector<SwitchCopy>> PlanSwitchCopies(const std::vector<Backu
         return absl::InternalError(absl::StrCat("switch plan: backed-up byte ", Hex(at), " lies in no chunk"));
       }
       const ChunkSpan& c = *std::prev(it);
-      const std::size_t n = std::min<DevicePtr>(end, c.address + c.size_bytes) - at;
+      std::size_t n = std::min<DevicePtr>(end, c.address + c.size_bytes) - at;
+      if (group_bytes > 0) n = std::min(n, group_bytes);
       out.push_back({{at, e.arena_offset + (at - e.address), n}, static_cast<std::size_t>(it - chunks.begin() - 1),
                      group});
       at += n;

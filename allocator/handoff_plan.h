@@ -7,8 +7,12 @@
 // large as the donor; the rest of each recipient is created fresh, and donors that fit
 // nowhere are released at the commit. Two decisions are made here, from plain values:
 //
-//   pieces   which donors tile which recipients (best fit, largest donors first), and the
-//            fresh pieces that fill the remainder (PlanPieces, as a resume makes them);
+//   pieces   which donors tile which recipients (best fit, largest donors first); where a
+//            gap is left that no remaining donor fits, the smallest donor that covers it
+//            may overhang the recipient's end into the unused address space after it
+//            (its slack), by at most 1/16 of the recipient (the heap's own growth
+//            overshoot), so that memory is neither created nor released; otherwise fresh
+//            pieces fill the remainder (PlanPieces, as a resume makes them);
 //   ordering how the device-to-host copies of the outgoing `backup` tags are cut (inside
 //            one donor chunk each) and grouped (an event after each group), and which
 //            group a host-to-device restore copy into a donor must wait for: only the
@@ -41,6 +45,7 @@ struct HandoffDonor {
 struct HandoffRecipient {
   std::size_t size_bytes = 0;
   bool restores = false;  // its tag's policy is backup: restore copies are written into it
+  std::size_t slack_bytes = 0;  // unused address space right after it (a donor may overhang)
 };
 // One piece of a recipient: a donor (index into the donors) or a fresh chunk (-1).
 struct HandoffPiece {
@@ -52,13 +57,15 @@ struct HandoffPiece {
 };
 struct HandoffPlan {
   std::vector<std::vector<HandoffPiece>> pieces;  // per recipient: donors first, then fresh
+  std::vector<std::size_t> overhang;              // per recipient: bytes its pieces run past its end
   std::vector<int> leftover;                      // donors used nowhere: released at the commit
   std::size_t handed_bytes = 0;
   std::size_t fresh_bytes = 0;
   std::size_t leftover_bytes = 0;
 };
-// Every size is a multiple of `granularity`. Each recipient is tiled exactly; each donor is
-// used at most once, never by a restoring recipient unless backed_up. Fresh remainders are
+// Every size is a multiple of `granularity`. Each recipient is tiled exactly, or up to
+// overhang[r] (<= its slack and its size / 16) past its end by its last donor; each donor
+// is used at most once, never by a restoring recipient unless backed_up. Fresh remainders are
 // cut by PlanPieces(gap, first_piece_bytes if the recipient restores else 0,
 // max_piece_bytes, granularity).
 HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
@@ -72,7 +79,9 @@ struct SwitchCopy {
 };
 // The copies of `extents` (address order, as BackupLayout::in_order), cut at the
 // boundaries of `chunks` (sorted by address, non-overlapping; every extent byte lies in
-// one), numbered into groups of at least `group_bytes` (> 0) starting at `first_group`.
+// one) and into pieces of at most `group_bytes` (> 0), numbered into groups of at least
+// `group_bytes` starting at `first_group`, so that a restore copy into a handed-over chunk
+// waits only for the group that reads the bytes it overwrites.
 // InvalidArgument (Internal) when an extent byte lies in no chunk.
 absl::StatusOr<std::vector<SwitchCopy>> PlanSwitchCopies(const std::vector<BackupExtent>& extents,
                                                          const std::vector<ChunkSpan>& chunks,

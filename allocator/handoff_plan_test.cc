@@ -31,7 +31,14 @@ void ExpectValid(const std::vector<HandoffDonor>& donors, const std::vector<Hand
         fresh += p.size_bytes;
       }
     }
-    EXPECT_EQ(sum, recipients[r].size_bytes) << "recipient " << r;
+    ASSERT_EQ(plan.overhang.size(), recipients.size());
+    EXPECT_EQ(sum, recipients[r].size_bytes + plan.overhang[r]) << "recipient " << r;
+    EXPECT_LE(plan.overhang[r], recipients[r].slack_bytes);
+    EXPECT_LE(plan.overhang[r], recipients[r].size_bytes / 16);
+    if (plan.overhang[r] > 0) {  // only the last piece, a donor, runs past the end
+      EXPECT_GE(plan.pieces[r].back().donor, 0);
+      EXPECT_GT(plan.pieces[r].back().size_bytes, plan.overhang[r]);
+    }
   }
   for (int d : plan.leftover) {
     ++uses[d];
@@ -85,6 +92,30 @@ TEST(PlanHandoffTest, DiscardDonorsNeverReachRestoringRecipients) {
   EXPECT_EQ(plan.fresh_bytes, 0u);
 }
 
+TEST(PlanHandoffTest, ALastDonorMayOverhangIntoTheSlackInsteadOfFreshPlusLeftover) {
+  // 64 granules to fill: 40 + 20 fit, 4 remain; the 6-granule donor covers them with 2 to
+  // spare, within 64 / 16 = 4 granules: no fresh piece, no leftover.
+  std::vector<HandoffDonor> donors = {{40 * kG, true}, {20 * kG, true}, {6 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {{64 * kG, true, 100 * kG}};
+  HandoffPlan plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.overhang[0], 2 * kG);
+  EXPECT_EQ(plan.fresh_bytes, 0u);
+  EXPECT_TRUE(plan.leftover.empty());
+  // Without slack, or past 1/16 of the recipient, the remainder is created instead.
+  recipients[0].slack_bytes = kG;
+  plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.overhang[0], 0u);
+  EXPECT_EQ(plan.fresh_bytes, 4 * kG);
+  EXPECT_EQ(plan.leftover, std::vector<int>{2});
+  donors[2].size_bytes = 10 * kG;  // 6 granules over: more than 64 / 16
+  recipients[0].slack_bytes = 100 * kG;
+  plan = PlanHandoff(donors, recipients, 0, 1024 * kG, kG);
+  ExpectValid(donors, recipients, plan);
+  EXPECT_EQ(plan.overhang[0], 0u);
+}
+
 TEST(PlanHandoffTest, BestFitKeepsLargeGapsForLargeDonors) {
   std::vector<HandoffDonor> donors = {{6 * kG, true}, {3 * kG, true}};
   std::vector<HandoffRecipient> recipients = {{6 * kG, false}, {3 * kG, false}};
@@ -109,7 +140,7 @@ TEST(PlanHandoffTest, RandomPlansAreValid) {
     std::vector<HandoffDonor> donors(next() % 12);
     for (auto& d : donors) d = {(1 + next() % 40) * kG, next() % 2 == 0};
     std::vector<HandoffRecipient> recipients(next() % 8);
-    for (auto& r : recipients) r = {(1 + next() % 80) * kG, next() % 2 == 0};
+    for (auto& r : recipients) r = {(1 + next() % 80) * kG, next() % 2 == 0, (next() % 8) * kG};
     HandoffPlan plan = PlanHandoff(donors, recipients, (next() % 4) * kG, (1 + next() % 64) * kG, kG);
     ExpectValid(donors, recipients, plan);
   }

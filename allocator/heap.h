@@ -131,6 +131,9 @@ class Heap {
   // queue its restore copies). Destroying the ResumeTxn without CommitResume undoes
   // everything it made.
   absl::StatusOr<std::vector<CoverSpan>> PlanResume() const;
+  // Where segment `segment` (a CoverSpan::segment) ends: a switch lets a handed-over chunk
+  // overhang a cover into the unused address space up to the next cover or this end.
+  DevicePtr SegmentEnd(std::size_t segment) const;
   class ResumeTxn {
    public:
     struct Piece {

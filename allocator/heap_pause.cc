@@ -117,6 +117,11 @@ absl::StatusOr<std::vector<CoverSpan>> Heap::PlanResume() const {
                     config_.granularity_bytes);
 }
 
+DevicePtr Heap::SegmentEnd(std::size_t segment) const {
+  if (segment >= segments_.size()) return 0;
+  return segments_[segment]->reservation.address() + segments_[segment]->reservation.size_bytes();
+}
+
 absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, const Chunk* donor) {
   ResumeTxn::Piece p;
   p.address = va;

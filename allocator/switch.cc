@@ -241,12 +241,24 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   for (const SwitchRun::In& i : run.in) {
     for (Heap* heap : {i.pool->small.get(), i.pool->large.get()}) {
       VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
-      for (const CoverSpan& c : covers) recipients.push_back({c.size_bytes, i.restore});
+      for (std::size_t c = 0; c < covers.size(); ++c) {
+        // Unused address space after the cover: up to the next cover of its segment (the
+        // heap is paused: nothing else is mapped there) or the segment's end.
+        const bool next_here = c + 1 < covers.size() && covers[c + 1].segment == covers[c].segment;
+        const DevicePtr limit = next_here ? covers[c + 1].address : heap->SegmentEnd(covers[c].segment);
+        const DevicePtr end = covers[c].address + covers[c].size_bytes;
+        recipients.push_back({covers[c].size_bytes, i.restore, limit > end ? limit - end : 0});
+      }
       run.covers.push_back(std::move(covers));
     }
   }
   run.plan = PlanHandoff(donors, recipients, options_.resume_first_piece_bytes, options_.max_chunk_bytes,
                          granularity_bytes_);
+  // A cover whose last donor overhangs it grows by that much (free space of the tag).
+  std::size_t r = 0;
+  for (std::vector<CoverSpan>& covers : run.covers) {
+    for (CoverSpan& c : covers) c.size_bytes += run.plan.overhang[r++];
+  }
   // (3) Both directions queued; the host waits only in (4).
   VMSTASH_RETURN_IF_ERROR(QueueSwitchBackups(run));
   VMSTASH_RETURN_IF_ERROR(MapSwitchRecipients(run));
@@ -344,9 +356,14 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
                 i.restored += c.size_bytes;
                 continue;
               }
+              // Cut like the D2H copies, so each part waits only for the reads it overwrites.
               const std::size_t d = donor_of.at(donor->handle());
-              const DevicePtr at = run.donors[d].address + (c.device - va);  // the same bytes, outgoing VA
-              run.deferred.push_back({readiness.WaitGroup(d, at, c.size_bytes), d, k, c});
+              const std::size_t step = std::max<std::size_t>(options_.pause_stage_bytes, granularity_bytes_);
+              for (std::size_t done = 0; done < c.size_bytes; done += step) {
+                const CopyStep part{c.device + done, c.arena_offset + done, std::min(step, c.size_bytes - done)};
+                const DevicePtr at = run.donors[d].address + (part.device - va);  // the same bytes, outgoing VA
+                run.deferred.push_back({readiness.WaitGroup(d, at, part.size_bytes), d, k, part});
+              }
             }
             return absl::OkStatus();
           }));

@@ -8,6 +8,9 @@
 //   backup      tag A (backup, X GiB) active, tag B (backup, Y GiB) paused with its backup;
 //               switch(pause A, resume B) and back, and pause(A)+resume(B) and back; each
 //               direction's median of REPS; the first bytes of each tag checked after
+//   Each timed transition starts kIdleS after the one before, as a phase of work separates
+//   them in RL (memory created right after a large release waits on the driver for tens
+//   of ms: pause_bench measures it); both paths alike.
 //   discard     the same with two discard tags of 16 GiB (nothing copied): what is left is
 //               the handover of physical memory, in two layouts: as a resume leaves a tag
 //               (one chunk per run) and as 1024 allocations grew it (many chunks)
@@ -20,6 +23,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -43,6 +47,9 @@ double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::durati
       return 1;                                                          \
     }                                                                    \
   } while (0)
+
+constexpr double kIdleS = 0.2;
+void Idle() { std::this_thread::sleep_for(std::chrono::duration<double>(kIdleS)); }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -80,6 +87,7 @@ absl::StatusOr<double> TimeMedian(int reps, const std::function<absl::Status()>&
                                   const std::function<absl::Status()>& back) {
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
+    Idle();
     auto t0 = Clock::now();
     VMSTASH_RETURN_IF_ERROR(fn());
     ms.push_back(Ms(t0, Clock::now()));
@@ -143,8 +151,8 @@ int Run(int argc, char** argv) {
   auto alloc_or = CachingAllocator::Create(&driver, 0, aopt);
   if (!alloc_or.ok()) return std::fprintf(stderr, "%s\n", alloc_or.status().ToString().c_str()), 1;
   CachingAllocator& alloc = **alloc_or;
-  std::printf("switch_bench: driver %s, X = %zu GiB out, Y = %zu GiB in, median of %d\n",
-              std::string(driver.Name()).c_str(), x / kGiB, y / kGiB, reps);
+  std::printf("switch_bench: driver %s, X = %zu GiB out, Y = %zu GiB in, median of %d, each timed transition "
+              "%.0f ms after the one before\n", std::string(driver.Name()).c_str(), x / kGiB, y / kGiB, reps, kIdleS * 1e3);
   absl::StatusOr<Stream> s1 = driver.CreateStream(0), s2 = driver.CreateStream(0);
   BENCH_CHECK(s1.status());
   BENCH_CHECK(s2.status());
@@ -221,6 +229,7 @@ int Run(int argc, char** argv) {
     std::vector<double> back;
     for (int i = 0; i < reps; ++i) {
       BENCH_CHECK(seq_fwd());
+      Idle();
       auto t0 = Clock::now();
       BENCH_CHECK(seq_rev());
       back.push_back(Ms(t0, Clock::now()));
@@ -228,6 +237,7 @@ int Run(int argc, char** argv) {
     std::vector<double> rev_sw;
     for (int i = 0; i < reps; ++i) {
       BENCH_CHECK(sw_fwd());
+      Idle();
       auto t0 = Clock::now();
       BENCH_CHECK(sw_rev());
       rev_sw.push_back(Ms(t0, Clock::now()));
