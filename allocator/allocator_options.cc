@@ -10,10 +10,10 @@
 namespace vmstash {
 
 absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options) {
-  if (key == "bypass" || key == "auto_prepare") {
+  if (key == "bypass" || key == "auto_prepare" || key == "switch_zero") {
     absl::StatusOr<bool> flag = ParseConfFlag(key, value);
     if (!flag.ok()) return flag.status();
-    (key == "bypass" ? options.bypass : options.auto_prepare) = *flag;
+    (key == "bypass" ? options.bypass : key == "auto_prepare" ? options.auto_prepare : options.switch_zero) = *flag;
   } else if (key == "backup") {
     if (value == "pinned" || value == "pageable") {
       options.backup_store = BackupStore{*ParseBackupStoreKind(value), ""};
@@ -43,7 +43,7 @@ void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
                   ",min_chunk:", SizeToString(options.min_chunk_bytes),
                   ",max_chunk:", SizeToString(options.max_chunk_bytes), ",heap_va:", SizeToString(options.heap_va_bytes),
                   ",backup:", DescribeBackupStore(options.backup_store),
-                  ",auto_prepare:", options.auto_prepare ? 1 : 0);
+                  ",auto_prepare:", options.auto_prepare ? 1 : 0, ",switch_zero:", options.switch_zero ? 1 : 0);
 }
 
 }  // namespace vmstash

@@ -15,6 +15,10 @@
 //   auto_prepare  1 | 0   a background thread sizes the backup arena of a `backup` tag as
 //                 the tag grows, so even the first pause runs at link speed (default 1;
 //                 0: only explicit Prepare)
+//   switch_zero   1 | 0   a switch zeroes the memory it hands to tags that receive no
+//                 restore copies (discard tags), as freshly created memory reads (default
+//                 1; 0: their contents are another tag's old bytes, which the discard
+//                 policy allows; saves a device memset; Note [Switch Protocol])
 //
 // The other fields are set by programs and tests, not by VMSTASH_CONF.
 #ifndef VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_
@@ -52,10 +56,15 @@ struct AllocatorOptions {
   // count driver calls turn it off.
   bool auto_prepare = true;
   int auto_prepare_settle_ms = 250;
+  // Switch (Note [Switch Protocol]): copies are cut into pieces of at most this many bytes,
+  // an event after each group of them, so a restore into a handed-over chunk waits only
+  // for the reads of the bytes it overwrites; and the zeroing of switch_zero.
+  std::size_t switch_group_bytes = std::size_t{32} << 20;
+  bool switch_zero = true;
 };
 
-inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",  "min_chunk", "max_chunk",
-                                                           "heap_va", "backup",    "auto_prepare"};
+inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass", "min_chunk",    "max_chunk",  "heap_va",
+                                                           "backup", "auto_prepare", "switch_zero"};
 
 // Sets `key` (one of kAllocatorConfKeys) from `value`; InvalidArgument naming both on a
 // bad value.

@@ -101,7 +101,8 @@
 //   recipient is created fresh, donors that fit nowhere are released at the commit. A
 //   discard tag's chunk only goes where no restore copy writes (a discard recipient).
 //   (3) The D2H copies of P's live bytes are queued at once on one outgoing tag's copy
-//   stream, cut per donor chunk, an event after every pause_stage_bytes; then the fresh
+//   stream, cut per donor chunk and into switch_group_bytes pieces, an event after each
+//   group; then the fresh
 //   pieces are created and mapped and their H2D restore copies queued at once on one
 //   incoming tag's copy stream; then the donor pieces are mapped and their restore copies
 //   queued, each after a wait for the event of the last D2H copy reading the bytes it
@@ -110,7 +111,11 @@
 //   mappings are unmapped (handles kept; re-mapped on failure).
 //   (5) Commit, which cannot fail: P's heaps pause handing their donors over, leftover
 //   donors are released (a refused release is retried later, as in a pause), R's heaps
-//   commit their transactions with the donors moved into their pieces.
+//   commit their transactions with the donors moved into their pieces. Then (switch_zero,
+//   default on) the chunks handed to tags that received no restore copies are zeroed, so
+//   a discard tag reads what a resume's freshly created memory reads, not another tag's
+//   old bytes (a static KV cache read under a mask would turn them into NaN); a failure
+//   there is logged only: the bytes of a discard tag are undefined by contract.
 //   A failure in (2)-(4) waits for both streams, unmaps and releases what R's pieces
 //   made, re-maps P's chunks, restores from the new backup the live bytes of every P
 //   donor that restore copies may have written, and runs P's after-resume hooks; P stays
@@ -130,6 +135,7 @@
 #ifndef VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
 #define VMSTASH_ALLOCATOR_CACHING_ALLOCATOR_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -399,6 +405,8 @@ class CachingAllocator {
   absl::Status MapSwitchRecipients(SwitchRun& run);
   void RollBackSwitch(SwitchRun& run, const absl::Status& cause);
   void CommitSwitch(SwitchRun& run);
+  void ZeroHandedOver(SwitchRun& run);
+  std::size_t GroupBytes() const { return std::max(options_.switch_group_bytes, granularity_bytes_); }
   absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases free chunks of one tag (or all when tag < 0); first error returned.
   absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

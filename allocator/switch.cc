@@ -61,6 +61,7 @@ struct CachingAllocator::SwitchRun {
     bool restore = false;
     std::unique_ptr<Heap::ResumeTxn> txn[2];  // small, large
     std::size_t restored = 0;
+    std::vector<std::pair<DevicePtr, std::size_t>> handed;  // donor pieces mapped here
   };
   struct Donor {
     DevicePtr address = 0;
@@ -191,6 +192,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
     failed = SwitchTransition(run);
     if (failed.ok()) {
       CommitSwitch(run);
+      if (options_.switch_zero) ZeroHandedOver(run);
     } else {
       RollBackSwitch(run, failed);
     }
@@ -294,7 +296,7 @@ absl::Status CachingAllocator::QueueSwitchBackups(SwitchRun& run) {
     if (!o.backup) continue;
     const std::size_t first = run.copies.empty() ? 0 : run.copies.back().group + 1;
     VMSTASH_ASSIGN_OR_RETURN(std::vector<SwitchCopy> copies,
-                             PlanSwitchCopies(o.layout.in_order, spans, options_.pause_stage_bytes, first));
+                             PlanSwitchCopies(o.layout.in_order, spans, GroupBytes(), first));
     run.copies.insert(run.copies.end(), copies.begin(), copies.end());
   }
   const std::size_t groups = run.copies.empty() ? 0 : run.copies.back().group + 1;
@@ -347,6 +349,7 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
       i.txn[h] = std::make_unique<Heap::ResumeTxn>();
       VMSTASH_RETURN_IF_ERROR(heap->PrepareHandoff(
           i.txn[h].get(), covers, sources, [&](DevicePtr va, std::size_t size, const Chunk* donor) -> absl::Status {
+            if (donor != nullptr) i.handed.emplace_back(va, size);
             if (!i.restore) return absl::OkStatus();
             VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> steps, planner.CopiesInto(va, size));
             for (const CopyStep& c : steps) {
@@ -358,7 +361,7 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
               }
               // Cut like the D2H copies, so each part waits only for the reads it overwrites.
               const std::size_t d = donor_of.at(donor->handle());
-              const std::size_t step = std::max<std::size_t>(options_.pause_stage_bytes, granularity_bytes_);
+              const std::size_t step = GroupBytes();
               for (std::size_t done = 0; done < c.size_bytes; done += step) {
                 const CopyStep part{c.device + done, c.arena_offset + done, std::min(step, c.size_bytes - done)};
                 const DevicePtr at = run.donors[d].address + (part.device - va);  // the same bytes, outgoing VA
@@ -503,6 +506,32 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
   }
   counters_.switches += 1;
   counters_.handed_over_bytes += run.plan.handed_bytes;
+}
+
+void CachingAllocator::ZeroHandedOver(SwitchRun& run) {
+  // After the commit (Note [Switch Protocol]): the outgoing mappings are gone and every
+  // copy has completed, so nothing else touches these bytes. A failure leaves them
+  // undefined, which the discard policy allows: logged, not returned.
+  Stream stream = nullptr;
+  absl::Status s;
+  for (SwitchRun::In& i : run.in) {
+    if (i.restore || i.handed.empty()) continue;
+    if (stream == nullptr) {
+      s = EnsureCopyStream(i.pool);
+      if (!s.ok()) break;
+      stream = i.pool->copy_stream;
+    }
+    for (auto [va, size] : i.handed) {
+      s = driver_->MemsetAsync(device_, va, 0, size, stream);
+      if (!s.ok()) break;
+    }
+    if (!s.ok()) break;
+  }
+  if (s.ok() && stream != nullptr) s = driver_->SynchronizeStream(device_, stream);
+  if (!s.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: switch: zeroing the memory handed to discard tags failed ({}); its contents "
+                "are undefined (as the discard policy allows)", s.ToString());
+  }
 }
 
 }  // namespace vmstash

@@ -53,6 +53,7 @@ Fixture Make() {
   options.validate_each_op = true;
   options.auto_prepare = false;  // the test counts driver calls
   options.pause_stage_bytes = 4 * kMiB;
+  options.switch_group_bytes = 4 * kMiB;
   options.resume_first_piece_bytes = 4 * kMiB;
   f.alloc = *CachingAllocator::Create(f.sim.get(), 0, options);
   f.out_b = *InternTag("swf_out_backup");

@@ -40,7 +40,9 @@ class SwitchTest : public ::testing::Test {
     AllocatorOptions options;
     options.validate_each_op = true;
     options.auto_prepare = false;
-    options.pause_stage_bytes = 8 * kMiB;  // several copy groups
+    options.pause_stage_bytes = 8 * kMiB;
+    options.switch_group_bytes = 4 * kMiB;  // several copy groups
+    options.switch_zero = zero_;
     options.resume_first_piece_bytes = 4 * kMiB;
     alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
   }
@@ -78,6 +80,7 @@ class SwitchTest : public ::testing::Test {
 
   std::unique_ptr<SimDriver> sim_;
   std::unique_ptr<CachingAllocator> alloc_;
+  bool zero_ = true;
 };
 
 TEST_F(SwitchTest, BackupBothWaysSameSizesHandsEveryChunkOver) {
@@ -126,9 +129,32 @@ TEST_F(SwitchTest, DiscardSwitchNeedsNoCreateReleaseOrCopy) {
   EXPECT_EQ(after.Calls(DriverOp::kReleaseChunk), before.Calls(DriverOp::kReleaseChunk));
   EXPECT_EQ(after.Calls(DriverOp::kCopyToHost), before.Calls(DriverOp::kCopyToHost));
   EXPECT_EQ(after.Calls(DriverOp::kCopyToDevice), before.Calls(DriverOp::kCopyToDevice));
-  // The addresses are usable again (contents undefined: policy discard).
+  // Handed-over memory reads as zeros (switch_zero), not as the other tag's bytes.
+  for (const Live& b : a) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(b.address);
+    std::size_t nonzero = 0;
+    for (std::size_t i = 0; i < b.size; i += 4096) nonzero += p[i] != 0;
+    EXPECT_EQ(nonzero, 0u);
+  }
+  // The addresses are usable again.
   for (const Live& b : a) FillPattern(b.address, b.size, b.seed);
   EXPECT_EQ(Wrong(a), 0u);
+  ASSERT_EQ(*alloc_->Resume(kv), Transition::kDone);
+  FreeAll(a);
+  FreeAll(k);
+}
+
+TEST_F(SwitchTest, WithoutZeroingADiscardTagSeesTheOldBytesOfTheChunksItWasHanded) {
+  zero_ = false;
+  Make(768 * kMiB);
+  TagId kv = Tag("sw_kv_nz", Policy::kDiscard), act = Tag("sw_act_nz", Policy::kDiscard);
+  std::vector<Live> a = Fill(act, {64 * kMiB}, 3);
+  ASSERT_EQ(*alloc_->Pause(act), Transition::kDone);
+  std::vector<Live> k = Fill(kv, {64 * kMiB}, 9);
+  const std::uint64_t memsets = Calls(DriverOp::kMemset);
+  ASSERT_EQ(*alloc_->Switch({kv}, {act}), Transition::kDone);
+  EXPECT_EQ(Calls(DriverOp::kMemset), memsets);
+  EXPECT_EQ(WrongBytes(a[0].address, a[0].size, k[0].seed), 0u) << "the same physical memory, not a copy";
   ASSERT_EQ(*alloc_->Resume(kv), Transition::kDone);
   FreeAll(a);
   FreeAll(k);

@@ -129,6 +129,22 @@ absl::StatusOr<std::vector<DevicePtr>> FillTag(CachingAllocator& a, TagId tag, s
   return out;
 }
 
+// One more transition, with the driver calls it made: what a switch did, not only how long.
+absl::Status Explain(Driver& d, const char* name, const std::function<absl::Status()>& fn) {
+  Idle();
+  const DriverCounters before = d.Counters();
+  auto t0 = Clock::now();
+  VMSTASH_RETURN_IF_ERROR(fn());
+  const double ms = Ms(t0, Clock::now());
+  const DriverCounters after = d.Counters();
+  auto n = [&](DriverOp op) { return static_cast<unsigned long long>(after.Calls(op) - before.Calls(op)); };
+  std::printf("  %s: %.1f ms; driver calls: create %llu, release %llu, map %llu, unmap %llu, D2H %llu, H2D %llu, "
+              "stream waits %llu, memsets %llu\n", name, ms, n(DriverOp::kCreateChunk), n(DriverOp::kReleaseChunk),
+              n(DriverOp::kMap), n(DriverOp::kUnmap), n(DriverOp::kCopyToHost), n(DriverOp::kCopyToDevice),
+              n(DriverOp::kStreamWaitEvent), n(DriverOp::kMemset));
+  return absl::OkStatus();
+}
+
 std::int64_t Chunks(CachingAllocator& a, TagId tag) {
   for (const TagStats& t : a.Stats().tags) {
     if (t.name == TagName(tag)) return t.chunks;
@@ -242,6 +258,8 @@ int Run(int argc, char** argv) {
       BENCH_CHECK(sw_rev());
       rev_sw.push_back(Ms(t0, Clock::now()));
     }
+    BENCH_CHECK(Explain(driver, "one more switch out of A", sw_fwd));
+    BENCH_CHECK(Explain(driver, "one more switch back", sw_rev));
     absl::StatusOr<bool> ok_a = Intact(driver, *ma, static_cast<char*>(staging->data()), *s1);
     BENCH_CHECK(sw_fwd());
     absl::StatusOr<bool> ok_b = Intact(driver, *mb, static_cast<char*>(staging->data()), *s1);
@@ -264,10 +282,15 @@ int Run(int argc, char** argv) {
   }
 
   // Discard both ways, 16 GiB each: nothing to copy, the handover of physical memory alone.
-  std::printf("%-40s %9s %11s %9s\n", "case (discard, 16 GiB out, 16 GiB in)", "switch ms", "sequential", "chunks");
-  for (bool regrown : {false, true}) {
-    if (!discard_cases) break;
-    const std::string suffix = regrown ? "g" : "r";
+  std::printf("%-50s %9s %11s %9s\n", "case (discard, 16 GiB out, 16 GiB in)", "switch ms", "sequential", "chunks");
+  AllocatorOptions no_zero_options = aopt;
+  no_zero_options.switch_zero = false;
+  auto no_zero_or = CachingAllocator::Create(&driver, 0, no_zero_options);
+  BENCH_CHECK(no_zero_or.status());
+  for (int variant = 0; variant < 4 && discard_cases; ++variant) {
+    const bool regrown = variant % 2 == 1, zero = variant < 2;
+    CachingAllocator& alloc = zero ? **alloc_or : **no_zero_or;  // switch_zero:1 (default) or 0
+    const std::string suffix = std::string(regrown ? "g" : "r") + (zero ? "z" : "n");
     TagId a = *InternTag("swd_a" + suffix), b = *InternTag("swd_b" + suffix);
     BENCH_CHECK(alloc.CreateTag(a, Policy::kDiscard));
     BENCH_CHECK(alloc.CreateTag(b, Policy::kDiscard));
@@ -298,9 +321,9 @@ int Run(int argc, char** argv) {
           return Done(alloc.Resume(a));
         });
     BENCH_CHECK(t_seq.status());
-    std::printf("%-40s %9.2f %11.2f %9lld\n",
-                regrown ? "as 1024 allocations grew the tags" : "as a resume leaves a tag (1 chunk/run)", *t_sw,
-                *t_seq, static_cast<long long>(chunks));
+    const std::string name = std::string(regrown ? "grown by 1024 allocations" : "as a resume leaves it (1 chunk)") +
+                             (zero ? ", zeroed" : ", switch_zero:0");
+    std::printf("%-50s %9.2f %11.2f %9lld\n", name.c_str(), *t_sw, *t_seq, static_cast<long long>(chunks));
     for (DevicePtr p : *ab) BENCH_CHECK(alloc.Free(p));
     BENCH_CHECK(Done(alloc.Resume(b)));
     for (DevicePtr p : *bb) BENCH_CHECK(alloc.Free(p));

@@ -142,7 +142,10 @@ def decode_step(cfg, p, kv, tok, pos):
 
 
 def same(a, b):
-    """(bit-exact, max relative difference)."""
+    """(bit-exact, max relative difference); a NaN or infinity in either is an infinite
+    difference (NaN != NaN would otherwise slip through every comparison)."""
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return False, math.inf
     if torch.equal(a, b):
         return True, 0.0
     scale = a.float().abs().max().item()
