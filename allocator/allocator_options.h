@@ -59,7 +59,7 @@ struct AllocatorOptions {
   // Switch (Note [Switch Protocol]): copies are cut into pieces of at most this many bytes,
   // an event after each group of them, so a restore into a handed-over chunk waits only
   // for the reads of the bytes it overwrites; and the zeroing of switch_zero.
-  std::size_t switch_group_bytes = std::size_t{32} << 20;
+  std::size_t switch_group_bytes = std::size_t{64} << 20;
   bool switch_zero = true;
 };
 

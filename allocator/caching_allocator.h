@@ -101,7 +101,7 @@
 //   recipient is created fresh, donors that fit nowhere are released at the commit. A
 //   discard tag's chunk only goes where no restore copy writes (a discard recipient).
 //   (3) The D2H copies of P's live bytes are queued at once on one outgoing tag's copy
-//   stream, cut per donor chunk and into switch_group_bytes pieces, an event after each
+//   stream, cut per donor chunk and into switch_group_bytes (64 MiB) pieces, an event after each
 //   group; then the fresh
 //   pieces are created and mapped and their H2D restore copies queued at once on one
 //   incoming tag's copy stream; then the donor pieces are mapped and their restore copies
@@ -406,6 +406,7 @@ class CachingAllocator {
   void RollBackSwitch(SwitchRun& run, const absl::Status& cause);
   void CommitSwitch(SwitchRun& run);
   void ZeroHandedOver(SwitchRun& run);
+  void LogSwitch(const SwitchRun& run) const;
   std::size_t GroupBytes() const { return std::max(options_.switch_group_bytes, granularity_bytes_); }
   absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases free chunks of one tag (or all when tag < 0); first error returned.

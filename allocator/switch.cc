@@ -90,6 +90,9 @@ struct CachingAllocator::SwitchRun {
   std::vector<Event>* events = nullptr;  // the D2H pool's copy events: one per group
   std::uint64_t synced_before = 0;
   Clock::time_point start;
+  // When each step ended (the debug log's timeline): planned, D2H queued, recipients
+  // mapped and H2D queued, copies done, outgoing unmapped, committed, zeroed.
+  Clock::time_point at[7];
 };
 
 absl::StatusOr<std::vector<CachingAllocator::TagPool*>> CachingAllocator::SwitchPools(const std::vector<TagId>& tags,
@@ -192,7 +195,10 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
     failed = SwitchTransition(run);
     if (failed.ok()) {
       CommitSwitch(run);
+      run.at[5] = Clock::now();
       if (options_.switch_zero) ZeroHandedOver(run);
+      run.at[6] = Clock::now();
+      LogSwitch(run);
     } else {
       RollBackSwitch(run, failed);
     }
@@ -256,6 +262,7 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   }
   run.plan = PlanHandoff(donors, recipients, options_.resume_first_piece_bytes, options_.max_chunk_bytes,
                          granularity_bytes_);
+  run.at[0] = Clock::now();
   // A cover whose last donor overhangs it grows by that much (free space of the tag).
   std::size_t r = 0;
   for (std::vector<CoverSpan>& covers : run.covers) {
@@ -263,18 +270,22 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   }
   // (3) Both directions queued; the host waits only in (4).
   VMSTASH_RETURN_IF_ERROR(QueueSwitchBackups(run));
+  run.at[1] = Clock::now();
   VMSTASH_RETURN_IF_ERROR(MapSwitchRecipients(run));
+  run.at[2] = Clock::now();
   // (4) Everything copied; the outgoing tags' own mappings go (handles kept).
   if (run.d2h != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.d2h));
   if (run.h2d != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.h2d));
   for (SwitchRun::Out& o : run.out) {
     if (o.backup && o.layout.arena_bytes > 0) VMSTASH_RETURN_IF_ERROR(o.pool->arena->Seal());
   }
+  run.at[3] = Clock::now();
   for (SwitchRun::Out& o : run.out) {
     absl::Status s = UnmapHeaps(o.pool, &o.undo_error);  // re-maps this tag itself on failure
     if (!s.ok()) return s;
     o.unmapped = true;
   }
+  run.at[4] = Clock::now();
   return absl::OkStatus();
 }
 
@@ -506,6 +517,23 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
   }
   counters_.switches += 1;
   counters_.handed_over_bytes += run.plan.handed_bytes;
+}
+
+void CachingAllocator::LogSwitch(const SwitchRun& run) const {
+  if (!LogEnabled(LogLevel::kDebug)) return;
+  auto ms = [&](int k) { return std::chrono::duration<double, std::milli>(run.at[k] - run.start).count(); };
+  std::size_t overhang = 0, deferred_waits = 0;
+  for (std::size_t o : run.plan.overhang) overhang += o;
+  for (const SwitchRun::Deferred& q : run.deferred) deferred_waits += q.wait.has_value();
+  VMSTASH_LOG(kDebug,
+              "vmstash: switch on device {}: {} donors, {} handed over ({} overhanging), {} fresh, {} released; "
+              "{} D2H copies in {} groups, {} restore copies into donors ({} waiting); at ms: planned {:.2f}, D2H "
+              "queued {:.2f}, mapped and H2D queued {:.2f}, copies done {:.2f}, unmapped {:.2f}, committed {:.2f}, "
+              "zeroed {:.2f}",
+              device_, run.donors.size(), HumanBytes(run.plan.handed_bytes), HumanBytes(overhang),
+              HumanBytes(run.plan.fresh_bytes), HumanBytes(run.plan.leftover_bytes), run.copies.size(),
+              run.copies.empty() ? 0 : run.copies.back().group + 1, run.deferred.size(), deferred_waits, ms(0), ms(1),
+              ms(2), ms(3), ms(4), ms(5), ms(6));
 }
 
 void CachingAllocator::ZeroHandedOver(SwitchRun& run) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/runtime_options.h"
 #include "vmm/driver_factory.h"
@@ -159,6 +160,7 @@ int Run(int argc, char** argv) {
   const bool discard_cases = argc > 4 ? std::atoi(argv[4]) != 0 : true;
   absl::StatusOr<RuntimeOptions> options = RuntimeOptionsFromEnvironment();
   if (!options.ok()) return std::fprintf(stderr, "%s\n", options.status().ToString().c_str()), 1;
+  SetLogLevel(options->vmm.log_level);  // log_level:debug prints each switch's timeline
   absl::StatusOr<std::unique_ptr<Driver>> made = CreateDriver(options->vmm);
   if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().ToString().c_str()), 1;
   Driver& driver = **made;
@@ -236,6 +238,8 @@ int Run(int argc, char** argv) {
     };
     BENCH_CHECK(sw_fwd());  // warm-up: streams, events, the arenas touched once
     BENCH_CHECK(sw_rev());
+    BENCH_CHECK(Explain(driver, "one more switch out of A (chunks as allocated)", sw_fwd));
+    BENCH_CHECK(Explain(driver, "one more switch back", sw_rev));
     const std::int64_t chunks_a = Chunks(alloc, a);
     absl::StatusOr<double> t_sw_fwd = TimeMedian(reps, sw_fwd, sw_rev);
     BENCH_CHECK(t_sw_fwd.status());
@@ -258,7 +262,7 @@ int Run(int argc, char** argv) {
       BENCH_CHECK(sw_rev());
       rev_sw.push_back(Ms(t0, Clock::now()));
     }
-    BENCH_CHECK(Explain(driver, "one more switch out of A", sw_fwd));
+    BENCH_CHECK(Explain(driver, "one more switch out of A (chunks as resumes left them)", sw_fwd));
     BENCH_CHECK(Explain(driver, "one more switch back", sw_rev));
     absl::StatusOr<bool> ok_a = Intact(driver, *ma, static_cast<char*>(staging->data()), *s1);
     BENCH_CHECK(sw_fwd());
