@@ -415,6 +415,11 @@ class CachingAllocator {
   // Releases free chunks of one tag (or all when tag < 0); first error returned.
   absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteReservedLocked(TagPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A pause / resume has succeeded: the tag's state, backup extents and stats (one place
+  // for Pause, Resume and Switch). `ms`: how long it took.
+  void NotePausedLocked(TagPool* pool, BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteResumedLocked(TagPool* pool, std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -392,8 +392,14 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   }
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(&mu_);
+  NotePausedLocked(pool, std::move(layout.by_block), released, backed_up, ms);
+  return Transition::kDone;
+}
+
+void CachingAllocator::NotePausedLocked(TagPool* pool, BackupExtents extents, std::size_t released,
+                                        std::size_t backed_up, double ms) {
   pool->state = TagState::kPaused;
-  pool->backup_extents = std::move(layout.by_block);
+  pool->backup_extents = std::move(extents);
   TagStats& s = pool->stats;
   s.reserved_bytes.Add(-s.reserved_bytes.current);
   s.chunks = 0;
@@ -403,7 +409,18 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   ++s.pauses;
   s.last_pause_ms = ms;
   s.last_pause_gib_per_s = ms > 0 ? backed_up / (ms / 1000.0) / (1 << 30) : 0;
-  return Transition::kDone;
+}
+
+void CachingAllocator::NoteResumedLocked(TagPool* pool, std::size_t restored, double ms) {
+  pool->state = TagState::kActive;
+  pool->backup_extents.clear();
+  TagStats& s = pool->stats;
+  NoteReservedLocked(pool);
+  s.paused_bytes = 0;
+  s.backed_up_bytes = 0;
+  ++s.resumes;
+  s.last_resume_ms = ms;
+  s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
 }
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag) {
@@ -505,15 +522,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(
   if (pool->arena != nullptr) pool->arena->DropContents();
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(&mu_);
-  pool->state = TagState::kActive;
-  pool->backup_extents.clear();
-  TagStats& s = pool->stats;
-  NoteReservedLocked(pool);
-  s.paused_bytes = 0;
-  s.backed_up_bytes = 0;
-  ++s.resumes;
-  s.last_resume_ms = ms;
-  s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
+  NoteResumedLocked(pool, restored, ms);
   return Transition::kDone;
 }
 

@@ -494,37 +494,17 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
     i.pool->large->CommitResume(std::move(i.txn[1]));
     if (i.pool->arena != nullptr) i.pool->arena->DropContents();
   }
+  // Each tag's pause or resume took the whole switch (both ran at once).
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - run.start).count();
-  const double gib_s = ms > 0 ? 1000.0 / ms / (1 << 30) : 0;
   MutexLock lock(&mu_);
   for (std::size_t k = 0; k < run.out.size(); ++k) {
     SwitchRun::Out& o = run.out[k];
-    TagPool* pool = o.pool;
-    pool->state = TagState::kPaused;
-    pool->backup_extents = std::move(o.layout.by_block);
-    TagStats& s = pool->stats;
-    s.reserved_bytes.Add(-s.reserved_bytes.current);
-    s.chunks = 0;
-    s.paused_bytes = static_cast<std::int64_t>(released[k]);
-    s.backed_up_bytes = static_cast<std::int64_t>(o.backed_up);
-    s.backup_arena_bytes = pool->arena ? static_cast<std::int64_t>(pool->arena->capacity_bytes()) : 0;
-    ++s.pauses;
-    ++s.switches;
-    s.last_pause_ms = ms;
-    s.last_pause_gib_per_s = o.backed_up * gib_s;
+    NotePausedLocked(o.pool, std::move(o.layout.by_block), released[k], o.backed_up, ms);
+    ++o.pool->stats.switches;
   }
   for (SwitchRun::In& i : run.in) {
-    TagPool* pool = i.pool;
-    pool->state = TagState::kActive;
-    pool->backup_extents.clear();
-    TagStats& s = pool->stats;
-    NoteReservedLocked(pool);
-    s.paused_bytes = 0;
-    s.backed_up_bytes = 0;
-    ++s.resumes;
-    ++s.switches;
-    s.last_resume_ms = ms;
-    s.last_resume_gib_per_s = i.restored * gib_s;
+    NoteResumedLocked(i.pool, i.restored, ms);
+    ++i.pool->stats.switches;
   }
   counters_.switches += 1;
   counters_.handed_over_bytes += run.plan.handed_bytes;
