@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "bench/bench_check.h"
 #include "vmm/driver_factory.h"
 #include "runtime/runtime_options.h"
 #include "vmm/pinned_host_buffer.h"
@@ -29,15 +30,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double Seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 double GBps(std::size_t bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0; }
-
-#define BENCH_CHECK(expr)                                                    \
-  do {                                                                       \
-    absl::Status _s = (expr);                                                \
-    if (!_s.ok()) {                                                          \
-      std::fprintf(stderr, "%s: %s\n", #expr, _s.ToString().c_str());     \
-      return 1;                                                              \
-    }                                                                        \
-  } while (0)
 
 struct Cycle {
   double pause_s = 0, resume_s = 0;

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "bench/bench_check.h"
 #include "base/log.h"
 #include "base/status_macros.h"
 #include "runtime/runtime_options.h"
@@ -39,15 +40,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kGiB = std::size_t{1} << 30;
 double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
-
-#define BENCH_CHECK(expr)                                                \
-  do {                                                                   \
-    absl::Status _s = (expr);                                            \
-    if (!_s.ok()) {                                                      \
-      std::fprintf(stderr, "%s: %s\n", #expr, _s.ToString().c_str()); \
-      return 1;                                                          \
-    }                                                                    \
-  } while (0)
 
 constexpr double kIdleS = 0.2;
 void Idle() { std::this_thread::sleep_for(std::chrono::duration<double>(kIdleS)); }
