@@ -420,6 +420,9 @@ class CachingAllocator {
   void NotePausedLocked(TagPool* pool, BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteResumedLocked(TagPool* pool, std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The live blocks of both heaps of a tag (small, then large; paused or not), for a
+  // backup layout. The caller holds mu_ or the tag's transition lock.
+  static std::vector<const Block*> LiveBlocksOf(const TagPool* pool);
   absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -369,9 +369,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   {
     MutexLock lock(&mu_);
     ProcessPendingLocked(synced_before, tag);
-    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
-      for (const Block* b : heap->LiveBlocks()) live.push_back(b);
-    }
+    live = LiveBlocksOf(pool);
     policy = pool->stats.policy;
   }
   // (2)+(3a) Backup of live bytes only, pipelined with the unmapping (BackupAndUnmap).
@@ -394,6 +392,14 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::PauseTransition(T
   MutexLock lock(&mu_);
   NotePausedLocked(pool, std::move(layout.by_block), released, backed_up, ms);
   return Transition::kDone;
+}
+
+std::vector<const Block*> CachingAllocator::LiveBlocksOf(const TagPool* pool) {
+  std::vector<const Block*> live;
+  for (const Heap* heap : {pool->small.get(), pool->large.get()}) {
+    for (const Block* b : heap->LiveBlocks()) live.push_back(b);
+  }
+  return live;
 }
 
 void CachingAllocator::NotePausedLocked(TagPool* pool, BackupExtents extents, std::size_t released,

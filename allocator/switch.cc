@@ -228,12 +228,7 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
     MutexLock lock(&mu_);
     for (SwitchRun::Out& o : run.out) {
       ProcessPendingLocked(run.synced_before, o.pool->id);
-      if (!o.backup) continue;
-      std::vector<const Block*> live;
-      for (Heap* heap : {o.pool->small.get(), o.pool->large.get()}) {
-        for (const Block* b : heap->LiveBlocks()) live.push_back(b);
-      }
-      o.layout = PlanBackupLayout(std::move(live), o.live);
+      if (o.backup) o.layout = PlanBackupLayout(LiveBlocksOf(o.pool), o.live);
     }
   }
   for (std::size_t k = 0; k < run.out.size(); ++k) {
@@ -395,10 +390,10 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
 
 absl::Status CachingAllocator::QueueSwitchRestores(SwitchRun& run) {
   // Into fresh memory first, then into donors in the order their D2H copies complete.
+  // Rank 0: no wait; rank g + 1: after D2H group g.
+  auto rank = [](const SwitchRun::Deferred& q) { return q.wait.has_value() ? *q.wait + 1 : 0; };
   std::stable_sort(run.deferred.begin(), run.deferred.end(),
-                   [](const SwitchRun::Deferred& a, const SwitchRun::Deferred& b) {
-                     return a.wait.value_or(0) + a.wait.has_value() < b.wait.value_or(0) + b.wait.has_value();
-                   });
+                   [&](const SwitchRun::Deferred& a, const SwitchRun::Deferred& b) { return rank(a) < rank(b); });
   std::optional<std::size_t> waited;
   for (const SwitchRun::Deferred& q : run.deferred) {
     if (q.wait.has_value() && (!waited.has_value() || *q.wait > *waited)) {

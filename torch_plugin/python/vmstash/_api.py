@@ -91,23 +91,31 @@ def pause(tag=None, device=None):
     return changed
 
 
+def _live_hints(tag, dev):
+    """(device, starts, sizes, n) for each device (`dev`, or all: -1) where `tag` has a
+    PyTorch MemPool: the byte ranges PyTorch holds live there, as ctypes arrays. Nothing
+    for a discard tag (only a backup pause copies) or without torch."""
+    if live_ranges_provider is None or pool_devices_provider is None or policy_of(tag) != "backup":
+        return
+    for d in pool_devices_provider(tag):
+        if dev != -1 and d != dev:
+            continue
+        ranges = live_ranges_provider(tag, d)
+        n = len(ranges)
+        starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
+        sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
+        yield d, starts, sizes, n
+
+
 def _pause_one(tag, dev):
     l = _lib.lib()
     name = _lib.encode(tag)
     hinted_done = False
-    # Only a backup pause copies; a discard tag needs no liveness hint.
-    if live_ranges_provider is not None and pool_devices_provider is not None and policy_of(tag) == "backup":
-        for d in pool_devices_provider(tag):
-            if dev != -1 and d != dev:
-                continue
-            ranges = live_ranges_provider(tag, d)
-            n = len(ranges)
-            starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
-            sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
-            done = _lib.raise_for(l.vmstash_pause_live(name, d, starts, sizes, n), f"pause({tag!r}, device={d})")
-            if dev != -1:
-                return done
-            hinted_done |= done
+    for d, starts, sizes, n in _live_hints(tag, dev):
+        done = _lib.raise_for(l.vmstash_pause_live(name, d, starts, sizes, n), f"pause({tag!r}, device={d})")
+        if dev != -1:
+            return done
+        hinted_done |= done
     if dev != -1:
         return _lib.raise_for(l.vmstash_pause(name, dev), f"pause({tag!r}, device={dev})")
     # Devices without a MemPool of this tag (global mode, C++ users): no hint needed.
@@ -142,20 +150,11 @@ def switch(pause=(), resume=(), device=None):
     names = [_lib.encode(t) for t in pause + resume]
     p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
     r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
-    live, keep = [], []
-    if live_ranges_provider is not None and pool_devices_provider is not None:
-        for t, name in zip(pause, names):
-            if policy_of(t) != "backup":
-                continue  # only a backup pause copies
-            for d in pool_devices_provider(t):
-                if dev != -1 and d != dev:
-                    continue
-                ranges = live_ranges_provider(t, d)
-                n = len(ranges)
-                starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
-                sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
-                keep += [starts, sizes]
-                live.append(_lib.LiveRanges(name, d, starts, sizes, n))
+    live, keep = [], []  # `keep`: the arrays stay alive until the call returns
+    for t, name in zip(pause, names):
+        for d, starts, sizes, n in _live_hints(t, dev):
+            keep += [starts, sizes]
+            live.append(_lib.LiveRanges(name, d, starts, sizes, n))
     live_arr = (_lib.LiveRanges * max(len(live), 1))(*live)
     return _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, len(live)),
                           f"switch(pause={pause!r}, resume={resume!r})")
