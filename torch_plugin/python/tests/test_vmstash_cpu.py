@@ -381,6 +381,59 @@ class VmstashCpuTest(unittest.TestCase):
             for p in ptrs.values():
                 free(p, n)
 
+    def test_switch_from_another_thread_while_this_one_allocates(self):
+        """A phase switch from an RPC thread (as SGLang and slime control their engines)
+        while another thread keeps allocating in a tag outside the switch: both phases'
+        bytes survive every switch, the worker's tag is untouched, no call fails."""
+        import threading
+        vmstash.create_tag("thr_sw_roll", "backup")
+        vmstash.create_tag("thr_sw_train", "backup")
+        vmstash.create_tag("thr_sw_work", "discard")
+        roll, train = malloc("thr_sw_roll", 6 * MiB), malloc("thr_sw_train", 6 * MiB)
+        fill(roll, 6 * MiB, 0x21)
+        fill(train, 6 * MiB, 0x43)
+        self.assertTrue(vmstash.pause("thr_sw_train"))
+        errors, done = [], threading.Event()
+
+        def worker():
+            try:
+                while not done.is_set():
+                    q = malloc("thr_sw_work", 3 * MiB)
+                    fill(q, 3 * MiB, 0x11)
+                    if not holds(q, 3 * MiB, 0x11):
+                        errors.append("worker's bytes changed")
+                    free(q, 3 * MiB)
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        def control():
+            try:
+                for _ in range(10):
+                    vmstash.switch(pause=["thr_sw_roll"], resume=["thr_sw_train"])
+                    if not holds(train, 6 * MiB, 0x43):
+                        errors.append("training bytes lost")
+                    vmstash.switch(pause=["thr_sw_train"], resume=["thr_sw_roll"])
+                    if not holds(roll, 6 * MiB, 0x21):
+                        errors.append("rollout bytes lost")
+            except Exception as e:  # reported below
+                errors.append(repr(e))
+
+        t = threading.Thread(target=worker)
+        t.start()
+        try:
+            c = threading.Thread(target=control)
+            c.start()
+            c.join()
+        finally:
+            done.set()
+            t.join()
+        self.assertEqual(errors, [])
+        self.assertEqual(vmstash.tag_stats("thr_sw_work")["state"], "active")
+        self.assertEqual(vmstash.tag_stats("thr_sw_roll")["switches"], 20)
+        self.assertTrue(vmstash.resume("thr_sw_train"))
+        free(roll, 6 * MiB)
+        free(train, 6 * MiB)
+
     def test_torch_memory_saver_pause_from_another_thread_while_this_one_allocates(self):
         """SGLang and slime pause from an RPC thread while other threads keep working: the
         paused tag comes back intact, the working thread's tag is untouched, no call fails."""
