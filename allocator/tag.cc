@@ -79,6 +79,18 @@ absl::StatusOr<TagId> InternTag(absl::string_view name) {
   return id;
 }
 
+absl::StatusOr<TagId> FindTag(absl::string_view name) {
+  absl::Status valid = ValidateTagName(name);
+  if (!valid.ok()) return valid;
+  InternTable& table = Table();
+  MutexLock lock(&table.mu);
+  auto it = table.ids.find(name);
+  if (it == table.ids.end()) {
+    return absl::NotFoundError(absl::StrCat("tag '", name, "' does not exist in this process (never created or used)"));
+  }
+  return it->second;
+}
+
 absl::string_view TagName(TagId id) {
   if (id < 0 || id >= kMaxTags) return "";
   const std::string* name = Table().names[id].load(std::memory_order_acquire);

@@ -40,6 +40,10 @@ absl::Status ValidateTagName(absl::string_view name);
 // The id of `name`, interning it on first use. InvalidArgument for a bad name;
 // ResourceExhausted when kMaxTags names exist.
 absl::StatusOr<TagId> InternTag(absl::string_view name);
+// The id of `name` when it is already interned, never interning it: for requests that
+// only name an existing tag (pause, resume, switch, ...), so that unknown names cannot fill
+// the table. InvalidArgument for a bad name; NotFound for a name never interned.
+absl::StatusOr<TagId> FindTag(absl::string_view name);
 // The name of an interned id ("" for an id never handed out).
 absl::string_view TagName(TagId id);
 // Number of interned names (ids are 0..count-1).

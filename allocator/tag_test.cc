@@ -34,6 +34,25 @@ TEST(TagTest, InvalidNamesAreRejected) {
   EXPECT_EQ(InternTag("caf\xc3\xa9").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Issue 28 item 4: lookups of names that only have to exist (remote pause, resume,
+// switch) must not intern them.
+TEST(TagTest, FindTagNeverInterns) {
+  const TagId kv = *InternTag("find_kv");
+  EXPECT_EQ(*FindTag("find_kv"), kv);
+  EXPECT_EQ(*FindTag("default"), kDefaultTag);
+  const int before = TagCount();
+  for (int i = 0; i < 5000; ++i) {
+    EXPECT_EQ(FindTag("find_missing_" + std::to_string(i)).status().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_EQ(TagCount(), before);
+  absl::Status missing = FindTag("find_typo").status();
+  EXPECT_NE(missing.message().find("'find_typo'"), absl::string_view::npos) << missing;
+  EXPECT_EQ(FindTag("").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FindTag(std::string(65, 'a')).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FindTag("kv cache").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(TagCount(), before);
+}
+
 TEST(TagTest, CurrentTagIsPerThreadAndScoped) {
   TagId kv = *InternTag("kv_cache");
   {

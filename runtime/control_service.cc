@@ -49,7 +49,7 @@ absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control
       return r.op == control::Op::kSnapshot ? runtime.SnapshotJson(r.device) : runtime.StatsJson(r.device);
     case control::Op::kPause:
     case control::Op::kResume: {
-      VMSTASH_ASSIGN_OR_RETURN(const TagId tag, InternTag(r.tag));
+      VMSTASH_ASSIGN_OR_RETURN(const TagId tag, FindTag(r.tag));
       VMSTASH_ASSIGN_OR_RETURN(const bool changed, r.op == control::Op::kPause ? runtime.Pause(tag, r.device)
                                                                                : runtime.Resume(tag, r.device));
       return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
@@ -57,11 +57,11 @@ absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control
     case control::Op::kSwitch: {
       std::vector<TagId> pause, resume;
       for (const std::string& t : r.pause) {
-        VMSTASH_ASSIGN_OR_RETURN(const TagId id, InternTag(t));
+        VMSTASH_ASSIGN_OR_RETURN(const TagId id, FindTag(t));
         pause.push_back(id);
       }
       for (const std::string& t : r.resume) {
-        VMSTASH_ASSIGN_OR_RETURN(const TagId id, InternTag(t));
+        VMSTASH_ASSIGN_OR_RETURN(const TagId id, FindTag(t));
         resume.push_back(id);
       }
       VMSTASH_ASSIGN_OR_RETURN(const bool changed, runtime.Switch(pause, resume, r.device));
