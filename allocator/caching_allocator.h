@@ -78,7 +78,10 @@
 //   is held around the hooks and the transition; the transition lock is taken only after
 //   the before-pause hooks returned and released before the after-resume hooks run, so a
 //   hook may allocate and free blocks of any tag (its own included) while the tag is
-//   active. A hook that pauses or resumes its own tag gets FailedPrecondition at once.
+//   active. A hook that pauses or resumes its own tag gets FailedPrecondition at once; one
+//   that pauses, resumes or switches another tag only tries that tag's control lock and
+//   gets FailedPrecondition when the tag is in another transition (waiting could deadlock:
+//   see ControlLocks).
 //   Prepare and ReleaseBackup on a paused tag are FailedPrecondition: the arena holds the
 //   paused bytes (a background preparation that finds the tag paused does nothing).
 //   A rollback that cannot map the tag's memory back leaves the tag "broken": it refuses
@@ -113,17 +116,25 @@
 //   (5) Commit, which cannot fail: P's heaps pause handing their donors over, leftover
 //   donors are released (a refused release is retried later, as in a pause), R's heaps
 //   commit their transactions with the donors moved into their pieces. Then (switch_zero,
-//   default on) the chunks handed to tags that received no restore copies are zeroed, so
-//   a discard tag reads what a resume's freshly created memory reads, not another tag's
-//   old bytes (a static KV cache read under a mask would turn them into NaN); a failure
-//   there is logged only: the bytes of a discard tag are undefined by contract.
+//   default on) the bytes of handed-over chunks that no restore copy wrote (a discard
+//   tag's whole pieces; a backup tag's bytes outside its restored live ranges: cached
+//   blocks, free space) are zeroed and waited for, so a tag reads what a resume's freshly
+//   created memory reads, not another tag's old bytes (a static KV cache read under a
+//   mask would turn them into NaN); a failure there is logged only: those bytes are
+//   undefined by contract. Only then are the new states published: until the zeroing
+//   has completed, R's tags are "resuming" (no allocation in them, their frees wait, no
+//   cache release), so no memset can land on a block allocated meanwhile or on memory
+//   released and reused by another tag.
 //   A failure in (2)-(4) waits for both streams, unmaps and releases what R's pieces
 //   made, re-maps P's chunks, restores from the new backup the live bytes of every P
 //   donor that restore copies may have written, and runs P's after-resume hooks; P stays
 //   active with its bytes, R paused with its backup. If that rollback itself fails, the
 //   P tag concerned is broken (as after a failed pause). R's after-resume hooks run after
 //   the commit, without locks.
-//   A hook run by a switch may not pause, resume or switch any tag of that switch.
+//   A hook run by a switch may not pause, resume or switch any tag of that switch. A hook
+//   may transition other tags, but never waits for their control locks (ControlLocks): a
+//   tag in another transition is refused at once, since that transition may wait for the
+//   locks the hook's own transition holds.
 //
 // bypass (AllocatorOptions::bypass): every allocation gets its own reservation and chunk straight
 // from the driver, and every free synchronizes the device and releases them: slow, but
@@ -372,6 +383,25 @@ class CachingAllocator {
                         bool before_pause, const std::vector<TagId>& also_mine = {});
   // The pool for a Pause/Resume/hook, with its hooks; NotFound / FailedPrecondition.
   absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
+  // The control locks of a transition's pools (sorted by tag id), taken in that order and
+  // released in reverse. Called from a hook (whose thread already holds the control locks
+  // of the hook's own transition), a lock is only tried: waiting for it while holding
+  // those could deadlock with a transition that holds it and waits for them
+  // (Note [Pause/Resume Protocol]); a busy one is FailedPrecondition, nothing held.
+  class ControlLocks {
+   public:
+    ControlLocks() = default;
+    ~ControlLocks() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->Unlock();
+    }
+    ControlLocks(const ControlLocks&) = delete;
+    ControlLocks& operator=(const ControlLocks&) = delete;
+    absl::Status Acquire(const std::vector<TagPool*>& pools, int device, const char* what)
+        ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+   private:
+    std::vector<Mutex*> held_;
+  };
   // Waits for the tag's copy stream (the device, if that wait fails) before a rollback
   // unmaps memory the copies may still touch.
   void DrainCopyStream(TagPool* pool);
@@ -409,6 +439,10 @@ class CachingAllocator {
   void RollBackSwitch(SwitchRun& run, const absl::Status& cause);
   void CommitSwitch(SwitchRun& run);
   void ZeroHandedOver(SwitchRun& run);
+  // Appends the parts of donor piece [va, va + size_bytes) that the restore copies
+  // `written` do not cover (switch_zero zeroes them).
+  static void NoteUnwritten(DevicePtr va, std::size_t size_bytes, std::vector<CopyStep> written,
+                            std::vector<std::pair<DevicePtr, std::size_t>>* out);
   void LogSwitch(const SwitchRun& run) const;
   std::size_t GroupBytes() const { return std::max(options_.switch_group_bytes, granularity_bytes_); }
   absl::Status SynchronizeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

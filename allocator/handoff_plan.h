@@ -11,7 +11,9 @@
 //            gap is left that no remaining donor fits, the smallest donor that covers it
 //            may overhang the recipient's end into the unused address space after it
 //            (its slack), by at most 1/16 of the recipient (the heap's own growth
-//            overshoot), so that memory is neither created nor released; otherwise fresh
+//            overshoot) and always less than the slack, so the grown cover never touches
+//            what follows it (another cover: two covers touching would be one run of
+//            chunks with two heads), so that memory is neither created nor released; otherwise fresh
 //            pieces fill the remainder (PlanPieces, as a resume makes them);
 //   ordering how the device-to-host copies of the outgoing `backup` tags are cut (inside
 //            one donor chunk each) and grouped (an event after each group), and which
@@ -45,7 +47,9 @@ struct HandoffDonor {
 struct HandoffRecipient {
   std::size_t size_bytes = 0;
   bool restores = false;  // its tag's policy is backup: restore copies are written into it
-  std::size_t slack_bytes = 0;  // unused address space right after it (a donor may overhang)
+  // Unused address space right after it, up to the next cover or the segment's end: a
+  // donor may overhang into it, but never fill it (overhang < slack_bytes).
+  std::size_t slack_bytes = 0;
 };
 // One piece of a recipient: a donor (index into the donors) or a fresh chunk (-1).
 struct HandoffPiece {
@@ -64,7 +68,7 @@ struct HandoffPlan {
   std::size_t leftover_bytes = 0;
 };
 // Every size is a multiple of `granularity`. Each recipient is tiled exactly, or up to
-// overhang[r] (<= its slack and its size / 16) past its end by its last donor; each donor
+// overhang[r] (< its slack, <= its size / 16) past its end by its last donor; each donor
 // is used at most once, never by a restoring recipient unless backed_up. Fresh remainders are
 // cut by PlanPieces(gap, first_piece_bytes if the recipient restores else 0,
 // max_piece_bytes, granularity).

@@ -254,6 +254,26 @@ absl::Status CachingAllocator::FailTransition(TagPool* pool, TagState state, con
   return absl::Status(status.code(), pool->broken_reason);
 }
 
+absl::Status CachingAllocator::ControlLocks::Acquire(const std::vector<TagPool*>& pools, int device,
+                                                    const char* what) {
+  const bool in_hook = !hook_frames.empty();
+  for (TagPool* pool : pools) {
+    Mutex* mu = pool->control_mu.get();
+    if (!in_hook) {
+      mu->Lock();
+    } else if (!mu->TryLock()) {
+      for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->Unlock();
+      held_.clear();
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " of tag '", TagName(pool->id), "' on device ", device, " from a hook: the tag is in another "
+          "transition, and a hook may not wait for one (that transition may be waiting for the hook's own); "
+          "retry after the hook returns"));
+    }
+    held_.push_back(mu);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::TransitionPool(TagId tag, const char* what) {
   if (InOwnHook(this, tag)) {
     return absl::FailedPreconditionError(absl::StrCat(what, " of tag '", TagName(tag), "' on device ", device_,
@@ -331,7 +351,8 @@ absl::Status CachingAllocator::BackupAndUnmap(TagPool* pool, const BackupLayout&
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, const LiveRanges* live_ranges) {
   VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "pause"));
-  MutexLock control(pool->control_mu.get());
+  ControlLocks control;
+  VMSTASH_RETURN_IF_ERROR(control.Acquire({pool}, device_, "pause"));
   std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
   {
     MutexLock lock(&mu_);
@@ -431,7 +452,8 @@ void CachingAllocator::NoteResumedLocked(TagPool* pool, std::size_t restored, do
 
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag) {
   VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "resume"));
-  MutexLock control(pool->control_mu.get());
+  ControlLocks control;
+  VMSTASH_RETURN_IF_ERROR(control.Acquire({pool}, device_, "resume"));
   std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
   {
     MutexLock lock(&mu_);
@@ -495,7 +517,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(
     pool->state = TagState::kPaused;
     return status;
   };
-  const bool restore = policy == Policy::kBackup && !pool->backup_extents.empty();
+  const bool restore = policy == Policy::kBackup && HasBackedUpBytes(pool->backup_extents);
   if (restore && pool->arena == nullptr) {
     return fail(absl::InternalError(absl::StrCat("resume of tag '", pool->stats.name, "': its backup arena is gone")));
   }

@@ -61,7 +61,9 @@ struct CachingAllocator::SwitchRun {
     bool restore = false;
     std::unique_ptr<Heap::ResumeTxn> txn[2];  // small, large
     std::size_t restored = 0;
-    std::vector<std::pair<DevicePtr, std::size_t>> handed;  // donor pieces mapped here
+    // Bytes of donor pieces mapped here that no restore copy writes (all of them for a
+    // tag that restores nothing): zeroed before the tag is active (switch_zero).
+    std::vector<std::pair<DevicePtr, std::size_t>> unwritten;
   };
   struct Donor {
     DevicePtr address = 0;
@@ -131,12 +133,10 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
   std::vector<TagPool*> all = out_pools;
   all.insert(all.end(), in_pools.begin(), in_pools.end());
   std::sort(all.begin(), all.end(), [](TagPool* a, TagPool* b) { return a->id < b->id; });
-  std::vector<Mutex*> control, transition;
-  for (TagPool* p : all) {
-    control.push_back(p->control_mu.get());
-    transition.push_back(p->transition_mu.get());
-  }
-  OrderedLocks control_locks(std::move(control));
+  std::vector<Mutex*> transition;
+  for (TagPool* p : all) transition.push_back(p->transition_mu.get());
+  ControlLocks control_locks;
+  VMSTASH_RETURN_IF_ERROR(control_locks.Acquire(all, device_, "switch"));
 
   SwitchRun run;
   std::vector<std::vector<std::pair<TransitionHook, TransitionHook>>> out_hooks, in_hooks;
@@ -160,7 +160,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
       if (p->state == TagState::kActive) continue;
       SwitchRun::In& i = run.in.emplace_back();
       i.pool = p;
-      i.restore = p->stats.policy == Policy::kBackup && !p->backup_extents.empty();
+      i.restore = p->stats.policy == Policy::kBackup && HasBackedUpBytes(p->backup_extents);
       in_hooks.push_back(p->hooks);
     }
   }
@@ -196,9 +196,6 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
     failed = SwitchTransition(run);
     if (failed.ok()) {
       CommitSwitch(run);
-      run.at[5] = Clock::now();
-      if (options_.switch_zero) ZeroHandedOver(run);
-      run.at[6] = Clock::now();
       LogSwitch(run);
     } else {
       RollBackSwitch(run, failed);
@@ -364,9 +361,12 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
       i.txn[h] = std::make_unique<Heap::ResumeTxn>();
       VMSTASH_RETURN_IF_ERROR(heap->PrepareHandoff(
           i.txn[h].get(), covers, sources, [&](DevicePtr va, std::size_t size, const Chunk* donor) -> absl::Status {
-            if (donor != nullptr) i.handed.emplace_back(va, size);
-            if (!i.restore) return absl::OkStatus();
+            if (!i.restore) {
+              if (donor != nullptr) i.unwritten.emplace_back(va, size);
+              return absl::OkStatus();
+            }
             VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> steps, planner.CopiesInto(va, size));
+            if (donor != nullptr) NoteUnwritten(va, size, steps, &i.unwritten);
             for (const CopyStep& c : steps) {
               if (donor == nullptr) {  // fresh memory: nothing to wait for
                 run.deferred.push_back({std::nullopt, SwitchRun::kFresh, k, c});
@@ -455,7 +455,8 @@ void CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause)
 }
 
 void CachingAllocator::CommitSwitch(SwitchRun& run) {
-  // (5) Cannot fail: handles change owners, leftovers are released.
+  // (5) Cannot fail: handles change owners, leftovers are released, handed-over bytes
+  // zeroed; only then are the tags' new states published (Note [Switch Protocol]).
   absl::flat_hash_set<ChunkHandle> handed_set;
   for (const auto& pieces : run.plan.pieces) {
     for (const HandoffPiece& p : pieces) {
@@ -489,6 +490,11 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
     i.pool->large->CommitResume(std::move(i.txn[1]));
     if (i.pool->arena != nullptr) i.pool->arena->DropContents();
   }
+  run.at[5] = Clock::now();
+  // The incoming tags are still "resuming": nobody else allocates in them, frees their
+  // blocks or releases their chunks until the zeroing has completed.
+  if (options_.switch_zero) ZeroHandedOver(run);
+  run.at[6] = Clock::now();
   // Each tag's pause or resume took the whole switch (both ran at once).
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - run.start).count();
   MutexLock lock(&mu_);
@@ -522,29 +528,47 @@ void CachingAllocator::LogSwitch(const SwitchRun& run) const {
               ms(2), ms(3), ms(4), ms(5), ms(6));
 }
 
+void CachingAllocator::NoteUnwritten(DevicePtr va, std::size_t size_bytes, std::vector<CopyStep> written,
+                                     std::vector<std::pair<DevicePtr, std::size_t>>* out) {
+  std::sort(written.begin(), written.end(), [](const CopyStep& a, const CopyStep& b) { return a.device < b.device; });
+  DevicePtr at = va;
+  for (const CopyStep& c : written) {
+    if (c.device > at) out->emplace_back(at, c.device - at);
+    at = std::max<DevicePtr>(at, c.device + c.size_bytes);
+  }
+  if (va + size_bytes > at) out->emplace_back(at, va + size_bytes - at);
+}
+
 void CachingAllocator::ZeroHandedOver(SwitchRun& run) {
-  // After the commit (Note [Switch Protocol]): the outgoing mappings are gone and every
-  // copy has completed, so nothing else touches these bytes. A failure leaves them
-  // undefined, which the discard policy allows: logged, not returned.
+  // In the commit, before the incoming tags are published active (Note [Switch
+  // Protocol]): the outgoing mappings are gone, every copy has completed, and the
+  // incoming tags are still resuming, so nothing else touches these bytes. A failure
+  // leaves them undefined, which the contract allows (discard tags' bytes, and a backup
+  // tag's bytes outside its live ranges): logged, not returned. Either way the host
+  // waits until nothing of the memset can still be running.
   Stream stream = nullptr;
   absl::Status s;
   for (SwitchRun::In& i : run.in) {
-    if (i.restore || i.handed.empty()) continue;
+    if (i.unwritten.empty()) continue;
     if (stream == nullptr) {
       s = EnsureCopyStream(i.pool);
       if (!s.ok()) break;
       stream = i.pool->copy_stream;
     }
-    for (auto [va, size] : i.handed) {
+    for (auto [va, size] : i.unwritten) {
       s = driver_->MemsetAsync(device_, va, 0, size, stream);
       if (!s.ok()) break;
     }
     if (!s.ok()) break;
   }
-  if (s.ok() && stream != nullptr) s = driver_->SynchronizeStream(device_, stream);
+  if (stream != nullptr) {
+    absl::Status waited = driver_->SynchronizeStream(device_, stream);
+    if (!waited.ok()) waited = driver_->SynchronizeDevice(device_);
+    if (s.ok()) s = waited;
+  }
   if (!s.ok()) {
-    VMSTASH_LOG(kWarning, "vmstash: switch: zeroing the memory handed to discard tags failed ({}); its contents "
-                "are undefined (as the discard policy allows)", s.ToString());
+    VMSTASH_LOG(kWarning, "vmstash: switch: zeroing the memory handed over failed ({}); the bytes that no restore "
+                "wrote are undefined (as the policies allow)", s.ToString());
   }
 }
 

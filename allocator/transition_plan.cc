@@ -56,6 +56,13 @@ BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* 
   return layout;
 }
 
+bool HasBackedUpBytes(const BackupExtents& extents) {
+  for (const auto& [block, list] : extents) {
+    if (!list.empty()) return true;
+  }
+  return false;
+}
+
 std::vector<PauseStage> PlanPauseStages(const BackupLayout& layout, const std::vector<ChunkSpan>& chunks,
                                         std::size_t min_stage_bytes) {
   std::vector<std::size_t> order(chunks.size());

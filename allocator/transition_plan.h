@@ -58,6 +58,9 @@ struct BackupLayout {
 // The extents of `live` (any order): each block's requested bytes, or only their parts
 // inside `hint` when it is not null.
 BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* hint);
+// True when some block of `extents` has bytes backed up: a resume must restore them (and
+// needs the arena). A pause whose hint covered no live byte made no arena and has none.
+bool HasBackedUpBytes(const BackupExtents& extents);
 
 // One copy between device bytes and the arena (either direction).
 struct CopyStep {

@@ -88,6 +88,14 @@ std::size_t SimDriver::UsedBytes(int device) const {
 }
 
 absl::Status SimDriver::Enter(DriverOp op) {
+  if (has_before_call_.load(std::memory_order_acquire)) {
+    std::function<void(DriverOp)> before;
+    {
+      MutexLock lock(&hook_mu_);
+      before = before_call_;
+    }
+    if (before) before(op);
+  }
   std::uint64_t n = counters_.Count(op);
   MutexLock lock(&fault_mu_);
   for (const ArmedRule& armed : faults_) {
@@ -392,6 +400,12 @@ void SimDriver::ReleaseStream(int device, Stream stream) {
 bool SimDriver::StreamHeld(int device, Stream stream) const {
   MutexLock lock(&hold_mu_);
   return held_.contains({device, stream});
+}
+
+void SimDriver::SetBeforeCall(std::function<void(DriverOp op)> fn) {
+  MutexLock lock(&hook_mu_);
+  has_before_call_.store(fn != nullptr, std::memory_order_release);
+  before_call_ = std::move(fn);
 }
 
 void SimDriver::SetAfterSynchronizeDevice(std::function<void(int device)> fn) {

@@ -75,6 +75,10 @@ class SimDriver final : public Driver {
   // SynchronizeDevice (nullptr: none). Tests use it to act in the window between a
   // synchronization and what the caller does after it.
   void SetAfterSynchronizeDevice(std::function<void(int device)> fn);
+  // Runs `fn(op)` in the calling thread at the start of every driver call, before it is
+  // counted or faulted (nullptr: none). Tests use it to act at the worst moment between
+  // two driver calls of a transition; `fn` may call into the driver (and so see itself).
+  void SetBeforeCall(std::function<void(DriverOp op)> fn);
 
   absl::string_view Name() const override { return "sim"; }
   absl::StatusOr<int> DeviceCount() override;
@@ -141,6 +145,8 @@ class SimDriver final : public Driver {
   std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);
   mutable Mutex hook_mu_;
   std::function<void(int)> after_sync_ ABSL_GUARDED_BY(hook_mu_);
+  std::function<void(DriverOp)> before_call_ ABSL_GUARDED_BY(hook_mu_);
+  std::atomic<bool> has_before_call_{false};
   mutable Mutex hold_mu_;
   absl::flat_hash_map<std::pair<int, Stream>, std::uint64_t> held_ ABSL_GUARDED_BY(hold_mu_);
   std::uint64_t hold_generation_ ABSL_GUARDED_BY(hold_mu_) = 0;
