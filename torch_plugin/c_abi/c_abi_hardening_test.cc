@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/tag.h"
 #include "control/endpoint.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -199,6 +200,57 @@ TEST(CAbiHardeningTest, UnknownTagsAreNotFoundAndUnusedDevicesStayUntouched) {
   vmstash_free(q, 0, 0, nullptr);
   ASSERT_EQ(vmstash_pause("kv", -1), VMSTASH_OK);
   ASSERT_EQ(vmstash_resume("kv", -1), VMSTASH_OK);
+  vmstash_free(p, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Issue 28 item 4: the calls that only name an existing tag answer NOT_FOUND for a name
+// never created, without interning it: 5000 unknown names leave the tag table as it was,
+// and new tags can still be created.
+TEST(CAbiHardeningTest, UnknownNamesInTransitionCallsAreNotFoundAndNeverInterned) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_capacity:1G,control:0,auto_prepare:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("ni_kv", "backup"), VMSTASH_OK);
+  void* p = MallocIn("ni_kv", 4096, 0);
+  ASSERT_NE(p, nullptr);
+  const int before = vmstash::TagCount();
+  const uint64_t start = 0, size = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const std::string s = "ni_unknown_" + std::to_string(i);
+    const char* name = s.c_str();
+    int rc = 0;
+    switch (i % 10) {
+      case 0: rc = vmstash_pause(name, -1); break;
+      case 1: rc = vmstash_pause_live(name, 0, &start, &size, 1); break;
+      case 2: rc = vmstash_resume(name, 0); break;
+      case 3: rc = vmstash_switch(&name, 1, nullptr, 0, -1, nullptr, 0); break;
+      case 4: {
+        const char* known = "ni_kv";
+        const vmstash_live_ranges live{name, 0, &start, &size, 1};
+        rc = vmstash_switch(&known, 1, nullptr, 0, -1, &live, 1);
+        break;
+      }
+      case 5: rc = vmstash_prepare(name, 0, 0); break;
+      case 6: rc = vmstash_release_backup(name, -1); break;
+      case 7: rc = vmstash_set_backup_store(name, "pageable", nullptr); break;
+      case 8: rc = vmstash_empty_cache(-1, name); break;
+      case 9: {
+        EXPECT_EQ(vmstash_tag_policy(name), nullptr);
+        rc = VMSTASH_NOT_FOUND;
+        char* store = vmstash_backup_store(name);
+        EXPECT_EQ(store, nullptr);
+        vmstash_string_free(store);
+        break;
+      }
+    }
+    ASSERT_EQ(rc, VMSTASH_NOT_FOUND) << "call " << i % 10 << ": " << vmstash_last_error();
+    ASSERT_THAT(vmstash_last_error(), HasSubstr("'" + s + "'")) << "call " << i % 10;
+  }
+  EXPECT_EQ(vmstash::TagCount(), before) << "unknown names were interned";
+  EXPECT_TRUE(StateIs(0, "ni_kv", "active")) << "a refused switch changed a tag";
+  EXPECT_EQ(vmstash_pause("bad name", -1), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_create_tag("ni_fresh", "discard"), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_pause("ni_kv", -1), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_resume("ni_kv", -1), VMSTASH_OK) << vmstash_last_error();
   vmstash_free(p, 0, 0, nullptr);
   ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
 }

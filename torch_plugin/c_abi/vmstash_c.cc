@@ -40,9 +40,19 @@ namespace {
 static_assert(VMSTASH_TAG_SLOTS == TagRegistry::kSlots, "the C header's slot count is the registry's");
 static_assert(VMSTASH_NOOP < 0, "VMSTASH_NOOP is not an absl::StatusCode");
 
+// A tag argument that may name a tag not created yet (create, current tag, slot, hooks):
+// interned on first use.
 absl::StatusOr<TagId> TagArg(const char* tag) {
   if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
   return InternTag(tag);
+}
+
+// A tag argument that must name an existing tag (transitions, backups, stores, caches):
+// looked up, never interned, so that unknown names cannot fill the tag table; a name
+// never created is NotFound.
+absl::StatusOr<TagId> ExistingTagArg(const char* tag) {
+  if (tag == nullptr) return absl::InvalidArgumentError("tag must not be NULL");
+  return FindTag(tag);
 }
 
 Stream StreamArg(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
@@ -74,7 +84,7 @@ int TransitionCode(const absl::StatusOr<bool>& changed) {
 
 int Transition(const char* tag, int device, bool pause, const CachingAllocator::LiveRanges* live) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return Fail(id.status());
     return TransitionCode(pause ? rt.Pause(*id, device, live) : rt.Resume(*id, device));
   });
@@ -231,7 +241,7 @@ int vmstash_create_tag(const char* tag, const char* policy) noexcept {
 const char* vmstash_tag_policy(const char* tag) noexcept {
   const char* out = nullptr;
   WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return Fail(id.status());
     std::optional<Policy> p = rt.TagPolicy(*id);
     if (!p) return Fail(absl::NotFoundError(absl::StrCat("tag '", tag, "' was never declared")));
@@ -291,7 +301,7 @@ int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* co
     std::vector<TagId> pause, resume;
     for (auto [tags, n, out] : {std::tuple{pause_tags, n_pause, &pause}, std::tuple{resume_tags, n_resume, &resume}}) {
       for (size_t i = 0; i < n; ++i) {
-        absl::StatusOr<TagId> id = TagArg(tags[i]);
+        absl::StatusOr<TagId> id = ExistingTagArg(tags[i]);
         if (!id.ok()) return Fail(id.status());
         out->push_back(*id);
       }
@@ -302,7 +312,7 @@ int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* co
       if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
         return Fail(absl::InvalidArgumentError("vmstash_switch: live ranges with NULL arrays and n > 0"));
       }
-      absl::StatusOr<TagId> id = TagArg(l.tag);
+      absl::StatusOr<TagId> id = ExistingTagArg(l.tag);
       if (!id.ok()) return Fail(id.status());
       CachingAllocator::LiveRanges& r = ranges[l.device][*id];
       for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
@@ -345,7 +355,7 @@ int vmstash_set_memory_margin(size_t bytes) noexcept {
 
 int vmstash_prepare(const char* tag, int device, size_t bytes) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return Fail(id.status());
     return Code(rt.Prepare(*id, device, bytes));
   });
@@ -353,7 +363,7 @@ int vmstash_prepare(const char* tag, int device, size_t bytes) noexcept {
 
 int vmstash_release_backup(const char* tag, int device) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return Fail(id.status());
     return Code(rt.ReleaseBackup(*id, device));
   });
@@ -361,7 +371,7 @@ int vmstash_release_backup(const char* tag, int device) noexcept {
 
 int vmstash_set_backup_store(const char* tag, const char* store, const char* directory) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return Fail(id.status());
     if (store == nullptr) return Fail(absl::InvalidArgumentError("vmstash_set_backup_store: NULL store"));
     absl::StatusOr<BackupStore::Kind> kind = ParseBackupStoreKind(store);
@@ -372,7 +382,7 @@ int vmstash_set_backup_store(const char* tag, const char* store, const char* dir
 
 char* vmstash_backup_store(const char* tag) noexcept {
   return JsonCall([&](Runtime& rt) -> absl::StatusOr<std::string> {
-    absl::StatusOr<TagId> id = TagArg(tag);
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
     if (!id.ok()) return id.status();
     return DescribeBackupStore(rt.TagBackupStore(*id));
   });
@@ -391,7 +401,7 @@ int vmstash_empty_cache(int device, const char* tag) noexcept {
   return WithRuntime([&](Runtime& rt) {
     std::optional<TagId> id;
     if (tag != nullptr) {
-      absl::StatusOr<TagId> t = InternTag(tag);
+      absl::StatusOr<TagId> t = FindTag(tag);
       if (!t.ok()) return Fail(t.status());
       id = *t;
     }
