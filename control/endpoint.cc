@@ -13,9 +13,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -57,24 +61,35 @@ absl::Status EnsurePrivateDir(const std::string& dir) {
 bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 using Clock = std::chrono::steady_clock;
+constexpr Clock::time_point kNever = Clock::time_point::max();  // no deadline
+
+Clock::time_point DeadlineAfter(int timeout_ms) {
+  return timeout_ms <= 0 ? kNever : Clock::now() + std::chrono::milliseconds(timeout_ms);
+}
 
 // Waits until `fd` is ready for `events` or the request's total deadline passes: a peer
-// sending a byte now and then cannot hold the endpoint past the deadline.
-absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const char* what) {
+// sending a byte now and then cannot hold the endpoint past the deadline. A readable
+// `stop_fd` (the server's wake pipe; -1 for none) ends the wait: the server is stopping.
+absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const char* what, int stop_fd) {
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return absl::DeadlineExceededError(absl::StrCat("control: ", what, " timed out"));
-    pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(left));
+    int timeout = -1;
+    if (deadline != kNever) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+      if (left <= 0) return absl::DeadlineExceededError(absl::StrCat("control: ", what, " timed out"));
+      timeout = static_cast<int>(std::min<std::int64_t>(left, std::numeric_limits<int>::max()));
+    }
+    pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    const int n = ::poll(p, stop_fd >= 0 ? 2 : 1, timeout);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno(absl::StrCat("control: poll for ", what), errno);
-    if (n > 0) return absl::OkStatus();
+    if (n > 0 && p[0].revents != 0) return absl::OkStatus();
+    if (n > 0) return absl::UnavailableError("control: the endpoint is stopping");
   }
 }
 
-absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline) {
+absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline, int stop_fd = -1) {
   while (!data.empty()) {
-    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "write"); !s.ok()) return s;
+    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "write", stop_fd); !s.ok()) return s;
     ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -87,11 +102,11 @@ absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline
 
 // Reads one '\n'-terminated line of at most `limit` bytes (without the '\n'), all of it
 // before `deadline`.
-absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_point deadline) {
+absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_point deadline, int stop_fd = -1) {
   std::string out;
   char buf[4096];
   for (;;) {
-    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "read"); !s.ok()) return s;
+    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "read", stop_fd); !s.ok()) return s;
     ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -106,6 +121,20 @@ absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_poin
     out.append(buf, take);
     if (nl != nullptr) return out;
   }
+}
+
+// OK when the peer of `fd` may talk to us, else the PermissionDenied to reply.
+absl::Status CheckPeer(int fd, const std::function<bool(uid_t)>& allowed) {
+  ucred cred;
+  socklen_t len = sizeof(cred);
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("the peer's credentials are unknown; it may not control process ",
+                                                    ::getpid()));
+  }
+  if (!allowed(cred.uid)) {
+    return absl::PermissionDeniedError(absl::StrCat("uid ", cred.uid, " may not control process ", ::getpid()));
+  }
+  return absl::OkStatus();
 }
 
 sockaddr_un Address(const std::string& path) {
@@ -128,6 +157,9 @@ std::string DefaultRuntimeDir() {
 
 absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(ServerOptions options, Handler handler) {
   if (options.dir.empty()) options.dir = DefaultRuntimeDir();
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("control: max_connections ", options.max_connections, " < 1"));
+  }
   if (!options.peer_allowed) {
     const uid_t me = ::getuid();
     options.peer_allowed = [me](uid_t uid) { return uid == me; };
@@ -173,21 +205,25 @@ ControlServer::ControlServer(ServerOptions options, Handler handler, int listen_
       wake_read_(wake_fd[0]),
       wake_write_(wake_fd[1]),
       path_(std::move(path)),
-      owner_pid_(::getpid()) {}
+      owner_pid_(::getpid()),
+      workers_(std::make_unique<std::list<std::unique_ptr<Worker>>>()) {}
 
 ControlServer::~ControlServer() {
   if (::getpid() != owner_pid_) {
     // A forked child: the thread, the socket and the wake pipe belong to the parent. Only
-    // this process's copies of the descriptors go; the parent keeps serving.
+    // this process's copies of the descriptors go; the parent keeps serving. The serving
+    // threads do not exist here: their handles are leaked, neither joined nor detached.
     thread_.detach();
+    (void)workers_.release();
     ::close(listen_fd_);
     ::close(wake_read_);
     ::close(wake_write_);
     return;
   }
   char c = 1;
-  (void)!::write(wake_write_, &c, 1);
+  (void)!::write(wake_write_, &c, 1);  // never read: it stays readable for every waiter
   if (thread_.joinable()) thread_.join();
+  for (const std::unique_ptr<Worker>& w : *workers_) w->thread.join();
   ::close(listen_fd_);
   ::close(wake_read_);
   ::close(wake_write_);
@@ -205,25 +241,59 @@ void ControlServer::Loop() {
     if ((fds[0].revents & POLLIN) == 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    Serve(fd);
-    ::close(fd);
+    Dispatch(fd);
   }
+}
+
+// Note [Serving Model].
+void ControlServer::Dispatch(int fd) {
+  for (auto it = workers_->begin(); it != workers_->end();) {
+    if (!(*it)->done.load(std::memory_order_acquire)) {
+      ++it;
+      continue;
+    }
+    (*it)->thread.join();
+    it = workers_->erase(it);
+  }
+  if (workers_->size() < static_cast<std::size_t>(options_.max_connections)) {
+    try {
+      Worker* w = workers_->emplace_back(std::make_unique<Worker>()).get();
+      try {
+        w->thread = std::thread([this, w, fd] {
+          Serve(fd);
+          ::close(fd);
+          w->done.store(true, std::memory_order_release);
+        });
+        return;
+      } catch (const std::system_error&) {
+        workers_->pop_back();  // no thread to be had: refused below like one over the limit
+      }
+    } catch (const std::bad_alloc&) {
+      // refused below
+    }
+  }
+  // Over the limit: refused on this thread, without waiting (the reply fits the socket
+  // buffer of a fresh connection; a peer that does not read it loses it).
+  absl::Status s = CheckPeer(fd, options_.peer_allowed);
+  if (s.ok()) {
+    s = absl::ResourceExhaustedError(absl::StrCat("control: process ", ::getpid(), " is serving ",
+                                                  options_.max_connections, " requests already; try again"));
+  }
+  ++refused_;
+  const std::string reply = ErrorReply(s);
+  (void)!::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ::close(fd);
 }
 
 void ControlServer::Serve(int fd) {
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(options_.timeout_ms);
-  ucred cred;
-  socklen_t len = sizeof(cred);
-  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !options_.peer_allowed(cred.uid)) {
+  if (absl::Status s = CheckPeer(fd, options_.peer_allowed); !s.ok()) {
     ++refused_;
-    (void)WriteAll(fd,
-                   ErrorReply(absl::PermissionDeniedError(
-                       absl::StrCat("uid ", cred.uid, " may not control process ", ::getpid()))),
-                   deadline);
+    (void)WriteAll(fd, ErrorReply(s), deadline, wake_read_);
     return;
   }
   std::string reply;
-  absl::StatusOr<std::string> line = ReadLine(fd, kMaxMessageBytes, deadline);
+  absl::StatusOr<std::string> line = ReadLine(fd, kMaxMessageBytes, deadline, wake_read_);
   if (!line.ok()) {
     reply = ErrorReply(line.status());
   } else {
@@ -238,7 +308,7 @@ void ControlServer::Serve(int fd) {
   ++served_;
   // The handler's own time does not count against the peer; the reply gets a timeout of
   // its own.
-  (void)WriteAll(fd, reply, Clock::now() + std::chrono::milliseconds(options_.timeout_ms));
+  (void)WriteAll(fd, reply, Clock::now() + std::chrono::milliseconds(options_.timeout_ms), wake_read_);
 }
 
 std::vector<Endpoint> ListEndpoints(const std::string& dir_arg) {
@@ -278,13 +348,20 @@ absl::StatusOr<std::string> EndpointOf(int pid, const std::string& dir_arg) {
   return path;
 }
 
+bool IsTransition(Op op) { return op == Op::kPause || op == Op::kResume || op == Op::kSwitch; }
+
+// Note [Client Deadlines].
+absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& request, const CallOptions& options) {
+  return Call(socket_path, request, IsTransition(request.op) ? options.transition_timeout_ms : options.read_timeout_ms);
+}
+
 absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& request, int timeout_ms) {
   const std::size_t slash = socket_path.rfind('/');
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : socket_path.substr(0, slash);
   if (absl::Status s = CheckPrivateDir(dir); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("refusing the runtime directory: ", s.message()));
   }
-  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  const Clock::time_point deadline = DeadlineAfter(timeout_ms);
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("control: socket", errno);
   sockaddr_un addr = Address(socket_path);
@@ -304,6 +381,11 @@ absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& 
   absl::Status sent = WriteAll(fd, FormatRequest(request), deadline);
   absl::StatusOr<std::string> line = ReadLine(fd, kMaxReplyBytes, deadline);
   ::close(fd);
+  if (!line.ok() && sent.ok() && absl::IsUnavailable(line.status())) {
+    return absl::UnavailableError(absl::StrCat("control: ", socket_path, " closed the connection before replying (",
+                                               line.status().message(), "): the process exited or stopped its "
+                                               "endpoint; the outcome of the request is unknown"));
+  }
   if (!line.ok()) return sent.ok() ? line.status() : sent;
   return ParseReply(*line);
 }

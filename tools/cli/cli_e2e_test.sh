@@ -49,6 +49,14 @@ grep -q "both paused and resumed" "$out/err.txt" || fail "switch error: $(cat "$
 set +e; "$cli" switch "$pid" > /dev/null 2>&1; rc=$?; set -e
 [ "$rc" = 2 ] || fail "switch without tag lists: exit $rc, want 2 (usage)"
 "$cli" resume "$pid" kv_cache | grep -q "done" || fail "resume kv_cache after the switches"
+# Deadlines (Note [Client Deadlines]): none for transitions by default; --timeout names one.
+"$cli" pause "$pid" kv_cache --timeout=0 | grep -q "done" || fail "pause with --timeout=0 (none)"
+"$cli" resume "$pid" kv_cache --timeout=30 | grep -q "done" || fail "resume with --timeout=30"
+"$cli" show "$pid" --timeout=2.5 | grep -q "kv_cache *discard *active" || fail "show with --timeout"
+for bad in --timeout=-1 --timeout=soon; do
+  set +e; "$cli" show "$pid" "$bad" > /dev/null 2>&1; rc=$?; set -e
+  [ "$rc" = 2 ] || fail "show $bad: exit $rc, want 2 (usage)"
+done
 
 "$cli" snapshot "$pid" -o "$out/snap.json" | grep -q "written to" || fail "snapshot"
 python3 -c "import json; d=json.load(open('$out/snap.json')); assert any(s['tag']=='weights' for x in d for s in x['segments']), d"
@@ -85,6 +93,8 @@ if "$cli" show 999999999 2> "$out/err.txt"; then fail "show of a missing process
 grep -q "no process 999999999" "$out/err.txt" || fail "missing-process message: $(cat "$out/err.txt")"
 if "$cli" pause "$pid" "bad tag" 2> "$out/err.txt"; then fail "pause of a bad tag name succeeded"; fi
 grep -q "INVALID_ARGUMENT\|printable\|tag" "$out/err.txt" || fail "bad tag message: $(cat "$out/err.txt")"
+if "$cli" pause "$pid" no_such_tag 2> "$out/err.txt"; then fail "pause of a tag never created succeeded"; fi
+grep -q "'no_such_tag' does not exist" "$out/err.txt" || fail "unknown tag message: $(cat "$out/err.txt")"
 if "$cli" frobnicate 2> /dev/null; then fail "unknown command accepted"; fi
 
 kill -TERM "$pid"

@@ -16,6 +16,11 @@
 // Sizes are human-readable unless --json. Exit status: 0 ok, 1 the operation failed (the
 // reason on stderr: no such process, permission denied, protocol version mismatch, ...),
 // 2 bad usage. VMSTASH_RUNTIME_DIR overrides where endpoints are looked for.
+//
+// Deadlines: as Note [Client Deadlines] in control/endpoint.h (reads 5 s; pause, resume
+// and switch none, since they take as long as the bytes they move: they end with the
+// reply, or with an error when the process exits). --timeout=SECONDS gives every request
+// of the command that deadline instead (0: none).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -45,12 +50,22 @@ constexpr const char* kUsage =
     "       vmstash switch PID --pause A,B --resume C,D [--device=N] [--json]\n"
     "       vmstash snapshot PID -o FILE [--format=json|torch]\n"
     "       vmstash map PID -o FILE.svg|FILE.html\n"
-    "       vmstash top [--interval=SECONDS] [--iterations=N]\n";
+    "       vmstash top [--interval=SECONDS] [--iterations=N]\n"
+    "options: --timeout=SECONDS  deadline of each request (0: none; default 5 s, none for\n"
+    "                            pause/resume/switch)\n";
+
+// The deadlines of every request; set once by Main (--timeout) before any request.
+control::CallOptions call_options;
+
+absl::StatusOr<std::string> CallPid(const std::string& path, const control::Request& r) {
+  return control::Call(path, r, call_options);
+}
 
 int Fail(const absl::Status& status, absl::string_view context) {
   std::string hint;
   if (absl::IsPermissionDenied(status)) hint = " (only the process's own user may control it)";
   if (absl::IsUnavailable(status)) hint = " (the process is gone or its endpoint is stale)";
+  if (absl::IsDeadlineExceeded(status)) hint = " (no reply within --timeout; the request may still complete)";
   fmt::print(stderr, "vmstash: {}: {}{}\n", std::string(context), std::string(status.message()), hint);
   return 1;
 }
@@ -58,7 +73,7 @@ int Fail(const absl::Status& status, absl::string_view context) {
 absl::StatusOr<JsonValue> Ask(int pid, control::Request r) {
   absl::StatusOr<std::string> path = control::EndpointOf(pid);
   if (!path.ok()) return path.status();
-  absl::StatusOr<std::string> reply = control::Call(*path, r);
+  absl::StatusOr<std::string> reply = CallPid(*path, r);
   if (!reply.ok()) return reply.status();
   return JsonValue::Parse(*reply);
 }
@@ -131,7 +146,7 @@ int Show(int pid, bool json) {
   absl::StatusOr<std::string> path = control::EndpointOf(pid);
   control::Request r;
   r.op = control::Op::kStats;
-  absl::StatusOr<std::string> raw = control::Call(*path, r);
+  absl::StatusOr<std::string> raw = CallPid(*path, r);
   if (!raw.ok()) return Fail(raw.status(), fmt::format("process {}", pid));
   if (json) {
     fmt::print("{}\n", *raw);
@@ -212,7 +227,7 @@ int Snapshot(int pid, const std::string& file, bool torch_format) {
   if (!path.ok()) return Fail(path.status(), fmt::format("process {}", pid));
   control::Request r;
   r.op = control::Op::kSnapshot;
-  absl::StatusOr<std::string> raw = control::Call(*path, r);
+  absl::StatusOr<std::string> raw = CallPid(*path, r);
   if (!raw.ok()) return Fail(raw.status(), fmt::format("snapshot of process {}", pid));
   std::string bytes = *raw + "\n";
   if (torch_format) {
@@ -268,6 +283,13 @@ int Main(int argc, char** argv) {
       json = true;
     } else if (absl::StartsWith(a, "--device=")) {
       if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) return fmt::print(stderr, "{}", kUsage), 2;
+    } else if (absl::StartsWith(a, "--timeout=")) {
+      double seconds = 0;
+      if (!absl::SimpleAtod(a.substr(10), &seconds) || !(seconds >= 0) || seconds > 1e6) {
+        return fmt::print(stderr, "{}", kUsage), 2;
+      }
+      const int ms = static_cast<int>(seconds * 1000);
+      call_options.read_timeout_ms = call_options.transition_timeout_ms = seconds > 0 && ms == 0 ? 1 : ms;
     } else if (absl::StartsWith(a, "--interval=")) {
       if (!absl::SimpleAtod(a.substr(11), &interval) || interval <= 0) return fmt::print(stderr, "{}", kUsage), 2;
     } else if (absl::StartsWith(a, "--iterations=")) {
