@@ -1,10 +1,14 @@
 #include "allocator/backup_arena.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -22,6 +26,35 @@ constexpr std::size_t kUnit = std::size_t{2} << 20;
 std::string Errno(int err) { return std::strerror(err); }
 
 bool IsNoRoom(int err) { return err == ENOSPC || err == EDQUOT || err == EFBIG; }
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14; older headers lack it
+#endif
+
+// posix_fallocate(fd, 0, size) with SIGXFSZ blocked on this thread, the signal a file size
+// limit makes the kernel send consumed when the call fails with EFBIG (Note [Disk Backup]).
+// Returns the error number (0 on success), as posix_fallocate does.
+int GrowFileWithoutSignal(int fd, off_t size) {
+  sigset_t xfsz, previous;
+  sigemptyset(&xfsz);
+  sigaddset(&xfsz, SIGXFSZ);
+  if (const int err = pthread_sigmask(SIG_BLOCK, &xfsz, &previous); err != 0) return err;
+  const int err = posix_fallocate(fd, 0, size);
+  if (err == EFBIG && sigismember(&previous, SIGXFSZ) == 0) {
+    const timespec now{0, 0};
+    while (sigtimedwait(&xfsz, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  return err;
+}
+
+// "... the process's file size limit (RLIMIT_FSIZE) is N bytes" when one is set.
+std::string FileSizeLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_FSIZE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return "";
+  return absl::StrCat("; the process's file size limit (RLIMIT_FSIZE, `ulimit -f`) is ", limit.rlim_cur, " bytes");
+}
 
 }  // namespace
 
@@ -109,11 +142,11 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
     return absl::FailedPreconditionError(what);
   }
   unlink(name.data());  // Note [Disk Backup]: nothing is left behind
-  // posix_fallocate returns the error number (it does not set errno).
-  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(want)); err != 0) {
+  const std::string file(name.data());
+  if (const int err = GrowFileWithoutSignal(fd, static_cast<off_t>(want)); err != 0) {
     close(fd);
-    std::string what = absl::StrCat("disk backup directory '", store_.directory, "' has no room for ", want,
-                                    " bytes: ", Errno(err));
+    std::string what = absl::StrCat("disk backup file '", file, "' (unlinked) has no room for ", want,
+                                    " bytes: ", Errno(err), err == EFBIG ? FileSizeLimit() : "");
     return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::FailedPreconditionError(what);
   }
   void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -125,6 +158,7 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
   }
   fd_ = fd;
   mapped_ = p;
+  path_ = file;
   return absl::OkStatus();
 }
 
@@ -140,6 +174,7 @@ absl::Status BackupArena::Release() {
   if (fd_ >= 0) {
     close(fd_);  // the file was unlinked at creation: its blocks are freed now
     fd_ = -1;
+    path_.clear();
   }
   capacity_bytes_ = 0;
   return absl::OkStatus();
@@ -148,10 +183,54 @@ absl::Status BackupArena::Release() {
 absl::Status BackupArena::Seal() {
   if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr) return absl::OkStatus();
   if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
-    return absl::DataLossError(absl::StrCat("disk backup in '", store_.directory, "': writing ", capacity_bytes_,
-                                            " bytes back failed: ", Errno(errno)));
+    const int err = errno;
+    std::string what = absl::StrCat("disk backup file '", path_, "' (unlinked): writing ", capacity_bytes_,
+                                    " bytes back failed: ", Errno(err));
+    return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
   }
   DropContents();
+  return absl::OkStatus();
+}
+
+// Note [Disk Backup]: every page of the file read in, or an error instead of a SIGBUS.
+absl::Status BackupArena::Load() {
+  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr) return absl::OkStatus();
+  struct stat st;
+  if (fstat(fd_, &st) != 0) {
+    return absl::DataLossError(
+        absl::StrCat("disk backup file '", path_, "' (unlinked): cannot stat it: ", Errno(errno)));
+  }
+  if (static_cast<std::size_t>(st.st_size) < capacity_bytes_) {
+    return absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked) is ", st.st_size,
+                                            " bytes, ", capacity_bytes_,
+                                            " expected: it was shortened while the tag was paused"));
+  }
+  absl::Status status;
+  if (madvise(mapped_, capacity_bytes_, MADV_POPULATE_READ) != 0) {
+    const int err = errno;
+    if (err == EINVAL) {
+      status = ReadFileThrough();
+    } else {
+      status = absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading ",
+                                                capacity_bytes_, " bytes back failed: ", Errno(err)));
+    }
+  }
+  if (!status.ok()) DropContents();
+  return status;
+}
+
+absl::Status BackupArena::ReadFileThrough() {
+  constexpr std::size_t kStep = std::size_t{1} << 20;
+  std::vector<char> buffer(kStep);
+  for (std::size_t at = 0; at < capacity_bytes_;) {
+    const ssize_t n = pread(fd_, buffer.data(), std::min(kStep, capacity_bytes_ - at), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading at byte ", at,
+                                              " failed: ", n == 0 ? "end of file" : Errno(errno)));
+    }
+    at += static_cast<std::size_t>(n);
+  }
   return absl::OkStatus();
 }
 

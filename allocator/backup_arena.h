@@ -15,11 +15,35 @@
 //   Reserve() — before the pause touches the device — never a SIGBUS while copying. The
 //   file is mapped shared; the pause copies into the mapping, then Seal() writes it back
 //   (msync) and drops the pages from the process and the page cache, so the paused bytes
-//   occupy disk, not host memory. A resume reads them back through the mapping (page
-//   faults read the file) and drops the pages again afterwards (DropContents). The file
-//   stays open while the arena exists, so removing the directory during a pause loses
-//   nothing. A missing directory is NotFound; no room (ENOSPC, EDQUOT, EFBIG) is
-//   ResourceExhausted; both name the directory and the size.
+//   occupy disk, not host memory. The file stays open while the arena exists, so removing
+//   the directory during a pause loses nothing. A missing directory is NotFound; no room
+//   (ENOSPC, EDQUOT, EFBIG) is ResourceExhausted; both name the directory and the size.
+//
+//   The file size limit (RLIMIT_FSIZE, `ulimit -f`, set by batch schedulers): growing a
+//   file past it makes the kernel send SIGXFSZ — whose default action kills the process —
+//   and fail the call with EFBIG. The signal is sent to the calling thread only, so
+//   Reserve() blocks SIGXFSZ on its own thread (pthread_sigmask) around the one call that
+//   grows the file; on EFBIG it consumes the signal the kernel left pending (sigtimedwait,
+//   zero timeout; a standard signal is pending at most once) before restoring the mask,
+//   and returns ResourceExhausted naming the file and the limit. Nothing process-wide
+//   changes: a SIGXFSZ handler or disposition the application set stays in force for its
+//   own writes, and a thread that blocked SIGXFSZ already keeps its pending signal.
+//   (Checking getrlimit first instead would race with setrlimit and still leave the
+//   signal for any other reason the call grows the file: glibc's fallback writes.) The
+//   mapped writes of the pause and Seal's msync never change the file size.
+//
+//   Resume reads through the mapping, where a failed read of the file (an I/O error, or a
+//   file shortened while paused — it is reachable as /proc/<pid>/fd/<n>) would be a
+//   SIGBUS inside the restore copies. So before its first copy a resume (and a switch, for
+//   each tag it restores) must call Load(): it checks the file still has the arena's size
+//   (else DataLoss, nothing read), then faults every page in with MADV_POPULATE_READ, which reports a failed read as an error
+//   instead of a signal (EFAULT; on kernels before 5.14, EINVAL, it reads the file once
+//   with pread instead, which fails with EIO). On an error the pages read so far are
+//   dropped and the resume fails with the tag paused and its file kept: a later resume
+//   tries again. Covered: a persistent read error and a truncated file. Not covered: a
+//   page read successfully by Load(), evicted under memory pressure before its copy and
+//   then failing to read again (a disk failing inside that window), or a file truncated
+//   after Load() by a writer other than vmstash.
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back.
@@ -73,6 +97,11 @@ class BackupArena {
   // After the pause's copies completed: a disk arena is written back and its pages
   // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
   absl::Status Seal();
+  // Before a resume's first copy out of data(): a disk arena reads its file in, so that a
+  // read error is this error (DataLoss, naming the file) rather than a SIGBUS during the
+  // copies (Note [Disk Backup]); on an error its contents stay in the file, none in memory.
+  // No-op for the host stores.
+  absl::Status Load();
   // After a resume: pageable and disk arenas give their pages back to the OS (a pageable
   // arena's contents are lost; a disk arena's stay in the file). No-op when pinned.
   void DropContents();
@@ -83,6 +112,7 @@ class BackupArena {
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
+  absl::Status ReadFileThrough();  // Load() on kernels without MADV_POPULATE_READ
 
   Driver* const driver_;
   const int device_;
@@ -90,6 +120,7 @@ class BackupArena {
   PinnedHostBuffer pinned_;
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
+  std::string path_;        // disk store: the (unlinked) file's name, for messages
   std::size_t capacity_bytes_ = 0;
 };
 

@@ -1,5 +1,7 @@
 #include "allocator/tag.h"
 
+#include <pthread.h>
+
 #include <array>
 #include <atomic>
 
@@ -28,10 +30,27 @@ struct InternTable {
   }
 };
 
+InternTable& Table();
+
+// fork(): a thread interning a name at that moment would leave the child's copy of the
+// lock held by a thread the child does not have, and the child's first InternTag would
+// hang. So the lock is held across fork() (the table is copied consistent) and released
+// in both processes. The lock is a leaf (nothing is locked under it), and these handlers
+// are registered at static initialization, before any other vmstash handler (process.h,
+// Note [Fork]), so their prepare runs last (prepare handlers run in reverse order of
+// registration): a thread holding an outer lock that wants this one cannot deadlock it.
+void LockTableForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { Table().mu.Lock(); }
+void UnlockTableAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { Table().mu.Unlock(); }
+
 InternTable& Table() {
-  static InternTable* table = new InternTable();  // never destroyed: safe at exit
+  static InternTable* table = [] {
+    auto* t = new InternTable();  // never destroyed: safe at exit
+    ::pthread_atfork(LockTableForFork, UnlockTableAfterFork, UnlockTableAfterFork);
+    return t;
+  }();
   return *table;
 }
+[[maybe_unused]] const bool fork_handlers_registered = (Table(), true);
 
 thread_local TagId current_tag = kDefaultTag;
 
