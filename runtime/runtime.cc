@@ -3,7 +3,9 @@
 
 #include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "base/status_macros.h"
@@ -176,44 +178,169 @@ bool Runtime::TagKnown(TagId tag) const {
   return false;
 }
 
+namespace {
+
+// The payload that marks Note [All-or-Nothing Transitions] case (2): done everywhere.
+constexpr absl::string_view kDonePayload = "type.vmstash.dev/transition-done";
+
+// A device's error that did not stop the transition (its after-resume hooks failed).
+struct HookFailure {
+  int device;
+  absl::Status status;
+};
+
+// The state of `tag` on `a` ("active", "paused", "broken", ...), read from the allocator's
+// snapshot (no driver call, so a fault-injected driver does not change the answer).
+std::string StateOn(const CachingAllocator& a, TagId tag) {
+  const absl::string_view name = TagName(tag);
+  for (const TagSnapshot& t : a.TakeSnapshot().tags) {
+    if (t.name == name) return t.state;
+  }
+  return "absent";
+}
+
+std::string TagList(const std::vector<TagId>& tags) {
+  std::string out = "[";
+  for (TagId t : tags) absl::StrAppend(&out, out.size() > 1 ? ", " : "", "'", TagName(t), "'");
+  return out + "]";
+}
+
+// The hook failure recorded for `device`, if any, as " (its after-resume hook had failed: ...)".
+std::string HookNote(const std::vector<HookFailure>& failures, int device) {
+  for (const HookFailure& f : failures) {
+    if (f.device == device) return absl::StrCat(" (its after-resume hook had failed: ", f.status.message(), ")");
+  }
+  return "";
+}
+
+// Case (2): the transition `what` is done on every device; `failures` lists the hooks.
+absl::Status DoneButHooksFailed(absl::string_view what, const std::vector<HookFailure>& failures) {
+  std::string message = absl::StrCat(what, " is done on every device it concerns, but after-resume hooks failed on ");
+  for (std::size_t i = 0; i < failures.size(); ++i) {
+    absl::StrAppend(&message, i == 0 ? "" : "; ", "device ", failures[i].device, ": ", failures[i].status.message());
+  }
+  absl::Status status(failures.front().status.code(), message);
+  status.SetPayload(kDonePayload, absl::Cord("done"));
+  return status;
+}
+
+}  // namespace
+
+bool Runtime::TransitionDone(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kDonePayload).has_value();
+}
+
+const CachingAllocator::LiveRanges* Runtime::Hints::For(int device, TagId tag) const {
+  if (by_device == nullptr) return all;
+  auto d = by_device->find(device);
+  if (d == by_device->end()) return nullptr;
+  auto t = d->second.find(tag);
+  return t == d->second.end() ? nullptr : &t->second;
+}
+
 absl::StatusOr<bool> Runtime::Pause(TagId tag, int device, const CachingAllocator::LiveRanges* live) {
-  return Transition(tag, device, /*pause=*/true, live);
+  return Transition(tag, device, /*pause=*/true, Hints{live, nullptr});
+}
+
+absl::StatusOr<bool> Runtime::Pause(TagId tag, int device, const LiveRangesByDevice& live) {
+  return Transition(tag, device, /*pause=*/true, Hints{nullptr, &live});
 }
 
 absl::StatusOr<bool> Runtime::Resume(TagId tag, int device) {
-  return Transition(tag, device, /*pause=*/false, nullptr);
+  return Transition(tag, device, /*pause=*/false, Hints{});
 }
 
+namespace {
+
+// Case (1)'s rollback of a pause or resume: `changed` transitioned back, last first; the
+// outcome of each, as "; rolled back: device 0 resumed again, ...".
+std::string UndoTransitions(TagId tag, bool pause, const std::vector<CachingAllocator*>& changed,
+                            const std::vector<HookFailure>& hook_failures) {
+  std::string rollback;
+  for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
+    CachingAllocator* a = *it;
+    absl::StatusOr<CachingAllocator::Transition> undo = pause ? a->Resume(tag) : a->Pause(tag);
+    std::string outcome;
+    if (undo.ok()) {
+      outcome = pause ? "resumed again" : absl::StrCat("paused again", HookNote(hook_failures, a->device()));
+    } else if (pause && StateOn(*a, tag) == "active") {  // resumed; its after-resume hook failed
+      outcome = absl::StrCat("resumed again (its after-resume hook failed: ", undo.status().message(), ")");
+    } else {
+      outcome = absl::StrCat("NOT ", pause ? "resumed" : "paused", " again: the tag is ", StateOn(*a, tag),
+                             " there (", undo.status().message(), "); ", pause ? "resume" : "pause",
+                             " it on device ", a->device(), " to finish the rollback");
+    }
+    absl::StrAppend(&rollback, rollback.empty() ? "; rolled back: " : ", ", "device ", a->device(), " ", outcome);
+  }
+  return rollback;
+}
+
+}  // namespace
+
 // Note [All-or-Nothing Transitions].
-absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, const CachingAllocator::LiveRanges* live) {
+absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, const Hints& hints) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
   const char* verb = pause ? "pause" : "resume";
   std::vector<CachingAllocator*> changed;
+  std::vector<HookFailure> hook_failures;
   for (CachingAllocator* a : targets) {
     // A device where the tag never had memory has nothing to do. Asked first, so that a
     // NotFound of the transition itself (a disk backup directory that is gone) is an error.
     if (!a->TagPolicy(tag).ok()) continue;
-    absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(tag, live) : a->Resume(tag);
+    absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(tag, hints.For(a->device(), tag)) : a->Resume(tag);
     if (r.ok()) {
       if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
       continue;
     }
-    std::string rollback;
-    for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
-      absl::StatusOr<CachingAllocator::Transition> undo = pause ? (*it)->Resume(tag) : (*it)->Pause(tag);
-      absl::StrAppend(&rollback, rollback.empty() ? "" : ", ", "device ", (*it)->device(), " ",
-                      undo.ok() ? (pause ? "resumed again" : "paused again")
-                                : absl::StrCat("NOT restored (", undo.status().message(), ")"));
+    const std::string state = StateOn(*a, tag);
+    if (!pause && state == "active") {  // case (2): resumed here, an after-resume hook failed
+      changed.push_back(a);
+      hook_failures.push_back({a->device(), r.status()});
+      continue;
     }
     return absl::Status(r.status().code(),
-                        absl::StrCat(verb, " of tag '", TagName(tag), "' failed on device ", a->device(), ": ",
-                                     r.status().message(), rollback.empty() ? "" : "; rolled back: ", rollback));
+                        absl::StrCat(verb, " of tag '", TagName(tag), "' failed on device ", a->device(),
+                                     " (the tag is ", state, " there): ", r.status().message(),
+                                     UndoTransitions(tag, pause, changed, hook_failures)));
+  }
+  if (!hook_failures.empty()) {
+    return DoneButHooksFailed(absl::StrCat(verb, " of tag '", TagName(tag), "'"), hook_failures);
   }
   if (changed.empty() && !TagKnown(tag)) {
     return absl::NotFoundError(absl::StrCat(verb, ": tag '", TagName(tag), "' does not exist in this process"));
   }
   return !changed.empty();
 }
+
+namespace {
+
+using SwitchedDevice = std::pair<CachingAllocator*, CachingAllocator::SwitchChanges>;
+
+// Case (1)'s rollback of a switch: each device of `changed` switched back, last first.
+std::string UndoSwitches(const std::vector<SwitchedDevice>& changed, const std::vector<HookFailure>& hook_failures) {
+  std::string rollback;
+  for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
+    CachingAllocator* a = it->first;
+    const CachingAllocator::SwitchChanges& done = it->second;
+    CachingAllocator::SwitchChanges back;
+    absl::StatusOr<CachingAllocator::Transition> undo = a->Switch(done.resumed, done.paused, nullptr, &back);
+    std::string outcome;
+    if (undo.ok()) {
+      outcome = absl::StrCat("switched back", HookNote(hook_failures, a->device()));
+    } else if (!back.paused.empty() || !back.resumed.empty()) {  // switched back; a hook failed
+      outcome = absl::StrCat("switched back (an after-resume hook failed: ", undo.status().message(), ")");
+    } else {
+      outcome = absl::StrCat("NOT switched back: ", TagList(done.paused), " paused and ", TagList(done.resumed),
+                             " resumed there (", undo.status().message(), "); switch pause ",
+                             TagList(done.resumed), ", resume ", TagList(done.paused), " on device ", a->device(),
+                             " to finish the rollback");
+    }
+    absl::StrAppend(&rollback, rollback.empty() ? "; rolled back: " : ", ", "device ", a->device(), " ", outcome);
+  }
+  return rollback;
+}
+
+}  // namespace
 
 absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
                                      const LiveRangesByDevice* live) {
@@ -226,7 +353,8 @@ absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std:
   }
   if (pause.empty() && resume.empty()) return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
-  std::vector<std::pair<CachingAllocator*, CachingAllocator::SwitchChanges>> changed;
+  std::vector<SwitchedDevice> changed;
+  std::vector<HookFailure> hook_failures;
   for (CachingAllocator* a : targets) {
     // Only the tags that have memory on this device take part there.
     auto here = [&](const std::vector<TagId>& tags) {
@@ -245,20 +373,21 @@ absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std:
     }
     CachingAllocator::SwitchChanges changes;
     absl::StatusOr<CachingAllocator::Transition> s = a->Switch(p, r, hint, &changes);
-    if (!changes.paused.empty() || !changes.resumed.empty()) changed.emplace_back(a, std::move(changes));
+    // `changes` is filled once the switch is committed: a non-empty one with an error is
+    // case (2), done here with an after-resume hook failed.
+    const bool done = !changes.paused.empty() || !changes.resumed.empty();
+    if (done) changed.emplace_back(a, std::move(changes));
     if (s.ok()) continue;
-    if (!changed.empty() && changed.back().first == a) {  // done here; an after-resume hook failed
-      return s.status();
-    }
-    std::string rollback;
-    for (auto it = changed.rbegin(); it != changed.rend(); ++it) {
-      absl::StatusOr<CachingAllocator::Transition> undo = it->first->Switch(it->second.resumed, it->second.paused);
-      absl::StrAppend(&rollback, rollback.empty() ? "" : ", ", "device ", it->first->device(), " ",
-                      undo.ok() ? "switched back" : absl::StrCat("NOT restored (", undo.status().message(), ")"));
+    if (done) {
+      hook_failures.push_back({a->device(), s.status()});
+      continue;
     }
     return absl::Status(s.status().code(), absl::StrCat("switch failed on device ", a->device(), ": ",
-                                                        s.status().message(),
-                                                        rollback.empty() ? "" : "; rolled back: ", rollback));
+                                                        s.status().message(), UndoSwitches(changed, hook_failures)));
+  }
+  if (!hook_failures.empty()) {
+    return DoneButHooksFailed(absl::StrCat("switch (pause ", TagList(pause), "; resume ", TagList(resume), ")"),
+                              hook_failures);
   }
   return !changed.empty();
 }

@@ -5,7 +5,7 @@
 //     used gets none, and no CUDA context, from pause, resume or the control service);
 //   - the one registry of tags (tag_registry.h): policies, allocation slots, hooks, each
 //     applied to every allocator, and to each new one;
-//   - device iteration with all-or-nothing semantics for pause and resume (Note
+//   - device iteration with all-or-nothing semantics for pause, resume and switch (Note
 //     [All-or-Nothing Transitions]);
 //   - the memory margin, the stats and snapshot documents, background work;
 //   - a count of dependents (stash arenas holding allocator pointers).
@@ -13,13 +13,46 @@
 // and the control endpoint are process.h's; the C ABI is a thin shim over both.
 //
 // Note [All-or-Nothing Transitions]
-//   A pause (or resume) of a tag over several devices (device -1: every device in use)
-//   either changes every device where the tag has memory or none: when one device fails,
-//   the devices this call already changed are changed back (resumed, or paused again) in
-//   reverse order, and the error names the failing device and the outcome of that
-//   rollback. Devices where the tag has no memory are skipped; a tag the process never
-//   declared and never allocated in is NotFound. The result is true when some device
-//   changed, false when every device already was in the requested state.
+//   A pause, resume or switch over several devices (device -1: every device in use) runs
+//   device by device, in device order, on the devices where its tags have memory (the
+//   others are skipped; a tag the process never declared and never allocated in is
+//   NotFound). The result is true when some device changed, false when every device
+//   already was in the requested state. The rule: after a failed call, every device and
+//   tag is as before, or the error says exactly which device is in which state and the
+//   call that recovers it. Two kinds of error keep it:
+//   (1) The transition failed on device k (a driver error, out of memory, a before-pause
+//       hook's veto). Device k is as before (the allocator's own rollback; a tag whose
+//       memory could not be mapped back is "broken", as the allocator's message says),
+//       the devices after k were never touched, and the devices this call already
+//       changed are changed back in reverse order (resumed, paused, switched back). The
+//       error has the failing device's code and names it with the tag's state there, then
+//       the outcome of each device's rollback: "resumed again", "paused again", "switched
+//       back" (its after-resume hook failing is named but harmless: the state is back),
+//       or "NOT ..." with the state left there and the call that finishes the job on that
+//       device (Pause/Resume/Switch of that device: the rollback itself failed, e.g. the
+//       memory to resume is gone). A discard tag that a rollback paused and resumed again
+//       has undefined bytes there, as after any resume.
+//   (2) The transition is done on every device, but after-resume hooks failed on some.
+//       The allocator reports a hook error after the tag is resumed (Resume, and Switch's
+//       "switch done, but ..."), so such a device is done, not failed: the loop goes on,
+//       every device is transitioned, and the error at the end (the first hook's code,
+//       TransitionDone() true) says the transition is done everywhere and lists each
+//       device whose hooks failed, with their messages. Nothing is rolled back: the hooks
+//       already ran with the tag resumed (their side effects happened), and undoing a
+//       user callback's failure would mean a pause (its own hooks, copies, a memory
+//       release that can itself fail) on every device, trading a fully known state for
+//       a possibly mixed one. The tag is where the caller asked; the caller redoes what
+//       the failed hook was to do. A device whose hooks failed is still rolled back, as
+//       in (1), when a later device fails the transition itself.
+//   How a device's error is told apart: a Pause error always means not paused there (no
+//   hooks run after a pause); a Resume error with the tag active afterwards (its state in
+//   the allocator's snapshot) is (2), otherwise (1); a Switch error with a non-empty
+//   SwitchChanges is (2) (the allocator fills it only once the switch is committed),
+//   otherwise (1). Callers above (the C ABI, Python, the control service) get these
+//   statuses as they are: the message carries the states.
+//   Pause takes a liveness hint for every device (the same list) or per device (one C
+//   call from Python carries every device's MemPool ranges, so that a multi-device pause
+//   is one all-or-nothing call).
 //
 // Thread-safety: every method is thread-safe except the destructor, which needs that no
 // other call is in flight (the process runtime's gate ensures it). AllocatorInUse and
@@ -98,16 +131,23 @@ class Runtime {
 
   // Transitions over `device` or every device in use (kAllDevices); Note [All-or-Nothing
   // Transitions]. `live` (pauses only, optional): the byte ranges known to be live.
+  using LiveRangesByDevice = absl::flat_hash_map<int, CachingAllocator::LiveRangesByTag>;
   absl::StatusOr<bool> Pause(TagId tag, int device, const CachingAllocator::LiveRanges* live = nullptr);
+  // The same with each device's own hint: live[d][tag] on device d (a device without one
+  // pauses without a hint, copying every live block of a backup tag).
+  absl::StatusOr<bool> Pause(TagId tag, int device, const LiveRangesByDevice& live);
   absl::StatusOr<bool> Resume(TagId tag, int device);
   // Pauses `pause` and resumes `resume` in one transaction per device
   // (CachingAllocator::Switch, Note [Switch Protocol]) over `device` or every device in
   // use, all or nothing across devices (Note [All-or-Nothing Transitions]: devices already
   // switched are switched back). On each device only the tags with memory there take part.
   // `live` (optional): per device, per outgoing tag, the byte ranges known to be live.
-  using LiveRangesByDevice = absl::flat_hash_map<int, CachingAllocator::LiveRangesByTag>;
   absl::StatusOr<bool> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
                               const LiveRangesByDevice* live = nullptr);
+  // True for the error of a Pause/Resume/Switch that is done on every device although
+  // after-resume hooks failed on some (Note [All-or-Nothing Transitions], case 2); false
+  // for OK and for every other error.
+  static bool TransitionDone(const absl::Status& status);
   // Backup arenas of `tag` (CachingAllocator::Prepare / ReleaseBackup) on `device` or
   // every device in use. A device where the tag never had memory has nothing to release.
   absl::Status Prepare(TagId tag, int device, std::size_t bytes);
@@ -138,7 +178,13 @@ class Runtime {
   absl::StatusOr<std::vector<CachingAllocator*>> Targets(int device);
   // The same without creating one: empty for a device the process never used.
   absl::StatusOr<std::vector<CachingAllocator*>> ExistingTargets(int device) const;
-  absl::StatusOr<bool> Transition(TagId tag, int device, bool pause, const CachingAllocator::LiveRanges* live);
+  // The hint of one device: `all` for every device, else by_device[device][tag].
+  struct Hints {
+    const CachingAllocator::LiveRanges* all = nullptr;
+    const LiveRangesByDevice* by_device = nullptr;
+    const CachingAllocator::LiveRanges* For(int device, TagId tag) const;
+  };
+  absl::StatusOr<bool> Transition(TagId tag, int device, bool pause, const Hints& hints);
   bool TagKnown(TagId tag) const;
   absl::StatusOr<std::string> JsonOf(int device, bool snapshot);
 

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -298,6 +301,177 @@ TEST(RuntimeTest, ControlServiceAnswersFromTheRuntime) {
   r.tag = "rt_nobody";
   EXPECT_EQ(HandleControlRequest(*f.rt, r).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p).ok());
+}
+
+// The state of `tag` on `device` ("active", "paused", ...).
+std::string StateOf(Runtime& rt, int device, TagId tag) {
+  for (const TagStats& t : rt.AllocatorInUse(device)->Stats().tags) {
+    if (t.name == TagName(tag)) return t.state;
+  }
+  return "absent";
+}
+
+// An after-resume hook that fails on the devices whose bit is set in `*failing`.
+CachingAllocator::TransitionHook FailingAfterResume(const int* failing) {
+  return [failing](TagId, int device) {
+    return (*failing >> device) & 1 ? absl::DataLossError(absl::StrCat("hook refuses device ", device))
+                                    : absl::OkStatus();
+  };
+}
+
+// Note [All-or-Nothing Transitions] case (2): a resume whose after-resume hook fails on a
+// device is done there, so every device is resumed and the error says so.
+TEST(RuntimeTest, AnAfterResumeHookFailureStillResumesEveryDevice) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_hook_resume");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  int failing = 0;
+  ASSERT_TRUE(f.rt->AddHooks(tag, nullptr, FailingAfterResume(&failing)).ok());
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 51), p1 = Filled(*f.rt, 1, tag, 52);
+  for (int mask : {1, 3}) {
+    SCOPED_TRACE(mask);
+    ASSERT_TRUE(f.rt->Pause(tag, Runtime::kAllDevices).value());
+    failing = mask;
+    absl::StatusOr<bool> r = f.rt->Resume(tag, Runtime::kAllDevices);
+    failing = 0;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_TRUE(Runtime::TransitionDone(r.status()));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("done on every device"));
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0: tag 'rt_hook_resume' resumed, but"));
+    EXPECT_EQ(mask == 3, std::string(r.status().message()).find("device 1:") != std::string::npos);
+    EXPECT_EQ(StateOf(*f.rt, 0, tag), "active");
+    EXPECT_EQ(StateOf(*f.rt, 1, tag), "active");
+    EXPECT_TRUE(Holds(p0, 51));
+    EXPECT_TRUE(Holds(p1, 52));
+  }
+  EXPECT_FALSE(Runtime::TransitionDone(absl::OkStatus()));
+  EXPECT_FALSE(Runtime::TransitionDone(absl::DataLossError("x")));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
+}
+
+// The same for a switch: the incoming tag's hook fails on device 0; device 1 is switched too.
+TEST(RuntimeTest, AnAfterResumeHookFailureStillSwitchesEveryDevice) {
+  Fixture f = Make(2);
+  const TagId out = Tag("rt_hook_sw_out"), in = Tag("rt_hook_sw_in");
+  ASSERT_TRUE(f.rt->CreateTag(out, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(in, Policy::kBackup).ok());
+  int failing = 0;
+  ASSERT_TRUE(f.rt->AddHooks(in, nullptr, FailingAfterResume(&failing)).ok());
+  const DevicePtr i0 = Filled(*f.rt, 0, in, 61), i1 = Filled(*f.rt, 1, in, 62);
+  ASSERT_TRUE(f.rt->Pause(in, Runtime::kAllDevices).value());
+  const DevicePtr o0 = Filled(*f.rt, 0, out, 71), o1 = Filled(*f.rt, 1, out, 72);
+  failing = 1;
+  absl::StatusOr<bool> r = f.rt->Switch({out}, {in}, Runtime::kAllDevices);
+  failing = 0;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_TRUE(Runtime::TransitionDone(r.status()));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("done on every device"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0: switch done, but"));
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(StateOf(*f.rt, d, out), "paused") << "device " << d;
+    EXPECT_EQ(StateOf(*f.rt, d, in), "active") << "device " << d;
+  }
+  EXPECT_TRUE(Holds(i0, 61));
+  EXPECT_TRUE(Holds(i1, 62));
+  ASSERT_TRUE(f.rt->Switch({in}, {out}, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(o0, 71));
+  EXPECT_TRUE(Holds(o1, 72));
+  ASSERT_TRUE(f.rt->Resume(in, Runtime::kAllDevices).value());
+  for (auto [d, p] : {std::pair{0, i0}, std::pair{1, i1}, std::pair{0, o0}, std::pair{1, o1}}) {
+    ASSERT_TRUE(f.rt->AllocatorInUse(d)->Free(p).ok());
+  }
+}
+
+// Case (1) wins over case (2): a device whose hook failed is rolled back with the others
+// when a later device fails the transition itself, and the error says both.
+TEST(RuntimeTest, ADeviceWhoseHookFailedIsRolledBackWhenALaterDeviceFails) {
+  Fixture f = Make(2);
+  const TagId out = Tag("rt_hook_rb_out"), in = Tag("rt_hook_rb_in");
+  ASSERT_TRUE(f.rt->CreateTag(out, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(in, Policy::kBackup).ok());
+  int failing = 0;
+  ASSERT_TRUE(f.rt->AddHooks(in, nullptr, FailingAfterResume(&failing)).ok());
+  const DevicePtr i0 = Filled(*f.rt, 0, in, 81), i1 = Filled(*f.rt, 1, in, 82);
+  ASSERT_TRUE(f.rt->Pause(in, Runtime::kAllDevices).value());
+  // Resume: device 0 resumes (its hook fails), device 1 cannot map: device 0 paused again.
+  failing = 1;
+  f.sim->InjectFault(FaultRule{DriverOp::kMap, 2, 1, absl::StatusCode::kResourceExhausted});
+  absl::StatusOr<bool> r = f.rt->Resume(in, Runtime::kAllDevices);
+  f.sim->ClearFaults();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_FALSE(Runtime::TransitionDone(r.status()));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("failed on device 1 (the tag is paused there)"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 paused again (its after-resume hook had failed"));
+  EXPECT_EQ(StateOf(*f.rt, 0, in), "paused");
+  EXPECT_EQ(StateOf(*f.rt, 1, in), "paused");
+  // Switch: device 0 switches (its hook fails), device 1's backup copy fails.
+  const DevicePtr o0 = Filled(*f.rt, 0, out, 91), o1 = Filled(*f.rt, 1, out, 92);
+  f.sim->InjectFault(FaultRule{DriverOp::kCopyToHost, 2, 1, absl::StatusCode::kInternal});
+  r = f.rt->Switch({out}, {in}, Runtime::kAllDevices);
+  f.sim->ClearFaults();
+  failing = 0;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
+  EXPECT_FALSE(Runtime::TransitionDone(r.status()));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("switch failed on device 1"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 switched back (its after-resume hook had failed"));
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(StateOf(*f.rt, d, out), "active") << "device " << d;
+    EXPECT_EQ(StateOf(*f.rt, d, in), "paused") << "device " << d;
+  }
+  EXPECT_TRUE(Holds(o0, 91));
+  EXPECT_TRUE(Holds(o1, 92));
+  ASSERT_TRUE(f.rt->Resume(in, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(i0, 81));
+  EXPECT_TRUE(Holds(i1, 82));
+  for (auto [d, p] : {std::pair{0, i0}, std::pair{1, i1}, std::pair{0, o0}, std::pair{1, o1}}) {
+    ASSERT_TRUE(f.rt->AllocatorInUse(d)->Free(p).ok());
+  }
+}
+
+// A before-pause hook's veto on device 1 is case (1): device 0 is resumed again.
+TEST(RuntimeTest, ABeforePauseVetoOnDevice1RollsDevice0Back) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_hook_veto");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt
+                  ->AddHooks(
+                      tag,
+                      [](TagId, int device) {
+                        return device == 1 ? absl::AbortedError("not now") : absl::OkStatus();
+                      },
+                      nullptr)
+                  .ok());
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 13), p1 = Filled(*f.rt, 1, tag, 14);
+  absl::StatusOr<bool> r = f.rt->Pause(tag, Runtime::kAllDevices);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  EXPECT_FALSE(Runtime::TransitionDone(r.status()));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("failed on device 1 (the tag is active there)"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("device 0 resumed again"));
+  EXPECT_EQ(StateOf(*f.rt, 0, tag), "active");
+  EXPECT_EQ(StateOf(*f.rt, 1, tag), "active");
+  EXPECT_TRUE(Holds(p0, 13));
+  EXPECT_TRUE(Holds(p1, 14));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
+}
+
+// Per-device liveness hints in one call: each device copies only its own hinted bytes.
+TEST(RuntimeTest, APauseTakesEachDevicesOwnHint) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_hinted");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 23), p1 = Filled(*f.rt, 1, tag, 24);
+  Runtime::LiveRangesByDevice live;
+  live[0][tag] = {{p0, 4096}};
+  live[1][tag] = {{p1 + 8192, 3 * 4096}};
+  ASSERT_TRUE(f.rt->Pause(tag, Runtime::kAllDevices, live).value());
+  EXPECT_EQ(f.rt->AllocatorInUse(0)->Stats().total.backed_up_bytes, 4096);
+  EXPECT_EQ(f.rt->AllocatorInUse(1)->Stats().total.backed_up_bytes, 3 * 4096);
+  ASSERT_TRUE(f.rt->Resume(tag, Runtime::kAllDevices).value());
+  EXPECT_EQ(WrongBytes(p0, 4096, 23), 0u);
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
 }
 
 }  // namespace
