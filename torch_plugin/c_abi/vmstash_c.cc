@@ -419,3 +419,31 @@ void vmstash_string_free(char* s) noexcept { std::free(s); }
 const char* vmstash_last_error(void) noexcept { return last_error.c_str(); }
 
 }  // extern "C"
+
+// A pause over devices with each device's own liveness hint, as one Runtime call: all or
+// nothing across devices (runtime.h, Note [All-or-Nothing Transitions]), where one call per
+// device would leave the first devices paused when a later one fails.
+extern "C" int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
+                                          size_t n_live) noexcept {
+  if (tag == nullptr || (n_live != 0 && live == nullptr)) {
+    return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: a NULL tag, or NULL ranges with n_live > 0"));
+  }
+  return WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    Runtime::LiveRangesByDevice ranges;
+    for (size_t i = 0; i < n_live; ++i) {
+      const vmstash_live_ranges& l = live[i];
+      if (l.tag != nullptr && std::strcmp(l.tag, tag) != 0) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: ranges ", i, " name tag '",
+                                                            l.tag, "', not the paused tag '", tag, "'")));
+      }
+      if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
+        return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: live ranges with NULL arrays and n > 0"));
+      }
+      CachingAllocator::LiveRanges& r = ranges[l.device][*id];
+      for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+    }
+    return TransitionCode(rt.Pause(*id, device, ranges));
+  });
+}

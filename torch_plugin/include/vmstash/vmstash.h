@@ -128,6 +128,15 @@ typedef struct vmstash_live_ranges {
 } vmstash_live_ranges;
 int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
                    int device, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
+/* Pause with a liveness hint per device, in one call: `live` (NULL, or `n_live` entries)
+ * gives, for one device each, the byte ranges of `tag` that hold data there, as for
+ * vmstash_pause_live (an entry's `tag` is NULL or `tag`; VMSTASH_INVALID_ARGUMENT
+ * otherwise; entries of one device add up). A device without an entry pauses without a
+ * hint (every live block of a backup tag is copied). device -1: every device in use, all
+ * or nothing as vmstash_pause — where one vmstash_pause_live call per device would leave
+ * the first devices paused when a later one fails. Returns as vmstash_pause. */
+int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
+                               size_t n_live) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
  * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
  * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
@@ -158,8 +167,10 @@ char* vmstash_backup_store(const char* tag) VMSTASH_NOEXCEPT;
  * called without vmstash locks (the tag is active in both): they may allocate and free,
  * in their own tag too; pausing or resuming their own tag, or vmstash_shutdown, fails
  * with VMSTASH_FAILED_PRECONDITION. A non-zero return from before_pause vetoes the
- * pause; one from after_resume is reported by vmstash_resume (the tag is resumed).
- * Either may be NULL. */
+ * pause; one from after_resume is reported by vmstash_resume and vmstash_switch (its
+ * code: ABORTED, 10) with the transition done on every device: the message says so
+ * and names each device whose hook failed (runtime/runtime.h, Note [All-or-Nothing
+ * Transitions]). Either may be NULL. */
 typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) VMSTASH_NOEXCEPT;

@@ -512,6 +512,47 @@ class VmstashCpuTest(unittest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr)
             self.assertIn("dropin ok", result.stdout)
 
+    def test_pause_over_two_devices_is_all_or_nothing_with_each_devices_hint(self):
+        # Two simulated devices, each with a MemPool-hinted block; the second device's backup
+        # copy fails: the first device must be resumed back with its bytes (one C call
+        # carries both devices' hints into the runtime's all-or-nothing pause).
+        import subprocess
+        child = (
+            "import ctypes, vmstash\n"
+            "from vmstash import _api, _lib\n"
+            "MiB, n = 1 << 20, 3 << 20\n"
+            "vmstash.create_tag('cpu_two', 'backup')\n"
+            "vmstash.set_current_tag('cpu_two')\n"
+            "p = [_lib.lib().vmstash_malloc(n, d, None) for d in (0, 1)]\n"
+            "vmstash.set_current_tag('default')\n"
+            "assert all(p), _lib.last_error()\n"
+            "for d in (0, 1):\n"
+            "    ctypes.memset(p[d], 0x60 + d, n)\n"
+            "_api.live_ranges_provider = lambda tag, d: [(p[d] + MiB, MiB)]\n"
+            "_api.pool_devices_provider = lambda tag: [0, 1]\n"
+            "try:\n"
+            "    vmstash.pause('cpu_two')\n"
+            "    raise SystemExit('the pause did not fail')\n"
+            "except vmstash.Error as e:\n"
+            "    assert e.code_name == 'INTERNAL', e\n"
+            "    assert 'failed on device 1' in str(e) and 'device 0 resumed again' in str(e), e\n"
+            "states = [vmstash.tag_stats('cpu_two', d)['state'] for d in (0, 1)]\n"
+            "assert states == ['active', 'active'], states\n"
+            "for d in (0, 1):\n"  # the hinted bytes (device 0's came back from its backup)
+            "    assert ctypes.string_at(p[d] + MiB, MiB) == bytes([0x60 + d]) * MiB, d\n"
+            "assert vmstash.pause('cpu_two')\n"  # the fault is spent: both devices, each its hint
+            "assert [vmstash.tag_stats('cpu_two', d)['backed_up_bytes'] for d in (0, 1)] == [MiB, MiB]\n"
+            "assert vmstash.resume('cpu_two')\n"
+            "for d in (0, 1):\n"
+            "    assert ctypes.string_at(p[d] + MiB, MiB) == bytes([0x60 + d]) * MiB, d\n"
+            "    _lib.lib().vmstash_free(p[d], n, d, None)\n"
+            "print('two devices ok')\n")
+        env = dict(os.environ, VMSTASH_CONF="driver:sim,sim_devices:2,sim_capacity:256M,auto_prepare:0,"
+                                            "sim_fail:copy_to_host@2=internal")
+        result = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("two devices ok", result.stdout)
+
     def test_stash_arena_round_trip_overflow_reset_and_pause_refusal(self):
         from vmstash import stash
         row, p_rows = 64, 4

@@ -83,7 +83,9 @@ def _device_arg(device):
 def pause(tag=None, device=None):
     """Pauses `tag` (None: every tag of this package) on `device` (None: all in use).
     Returns True if anything was paused, False if all were already paused. Raises
-    vmstash.Error on failure; the failing tag is left as it was."""
+    vmstash.Error on failure; the failing tag is left as it was on every device (one call
+    into the runtime per tag, with every device's MemPool hint: all or nothing across
+    devices, Note [All-or-Nothing Transitions] in runtime/runtime.h)."""
     dev = _device_arg(device)
     changed = False
     for t in _targets(tag):
@@ -107,25 +109,36 @@ def _live_hints(tag, dev):
         yield d, starts, sizes, n
 
 
+def _live_array(tags_and_names, dev):
+    """The liveness hints of every (tag, encoded name) on `dev` as a ctypes array of
+    vmstash_live_ranges, its length, and the arrays it points into (keep them alive until
+    the C call returns)."""
+    live, keep = [], []
+    for t, name in tags_and_names:
+        for d, starts, sizes, n in _live_hints(t, dev):
+            keep += [starts, sizes]
+            live.append(_lib.LiveRanges(name, d, starts, sizes, n))
+    return (_lib.LiveRanges * max(len(live), 1))(*live), len(live), keep
+
+
 def _pause_one(tag, dev):
-    l = _lib.lib()
+    # One C call for every device, each with its own hint: all or nothing across devices
+    # (Note [All-or-Nothing Transitions]); devices without a MemPool of the tag (global
+    # mode, C++ users) pause without a hint.
     name = _lib.encode(tag)
-    hinted_done = False
-    for d, starts, sizes, n in _live_hints(tag, dev):
-        done = _lib.raise_for(l.vmstash_pause_live(name, d, starts, sizes, n), f"pause({tag!r}, device={d})")
-        if dev != -1:
-            return done
-        hinted_done |= done
-    if dev != -1:
-        return _lib.raise_for(l.vmstash_pause(name, dev), f"pause({tag!r}, device={dev})")
-    # Devices without a MemPool of this tag (global mode, C++ users): no hint needed.
-    return _lib.raise_for(l.vmstash_pause(name, -1), f"pause({tag!r})") or hinted_done
+    live_arr, n_live, keep = _live_array([(tag, name)], dev)
+    done = _lib.raise_for(_lib.lib().vmstash_pause_live_devices(name, dev, live_arr, n_live),
+                          f"pause({tag!r})" if dev == -1 else f"pause({tag!r}, device={dev})")
+    del keep
+    return done
 
 
 def resume(tag=None, device=None):
     """Resumes `tag` (None: every tag of this package) at the same addresses. Returns True
     if anything was resumed. Out of memory raises vmstash.OutOfMemoryError and leaves the
-    tag paused with its backup; retry after freeing memory."""
+    tag paused with its backup on every device; retry after freeing memory. An after-resume
+    hook's failure raises too, with the tag resumed on every device (the message says so
+    and names each device whose hook failed)."""
     dev = _device_arg(device)
     changed = False
     for t in _targets(tag):
@@ -150,14 +163,11 @@ def switch(pause=(), resume=(), device=None):
     names = [_lib.encode(t) for t in pause + resume]
     p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
     r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
-    live, keep = [], []  # `keep`: the arrays stay alive until the call returns
-    for t, name in zip(pause, names):
-        for d, starts, sizes, n in _live_hints(t, dev):
-            keep += [starts, sizes]
-            live.append(_lib.LiveRanges(name, d, starts, sizes, n))
-    live_arr = (_lib.LiveRanges * max(len(live), 1))(*live)
-    return _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, len(live)),
+    live_arr, n_live, keep = _live_array(zip(pause, names), dev)
+    done = _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live),
                           f"switch(pause={pause!r}, resume={resume!r})")
+    del keep
+    return done
 
 
 def prepare(tag, device=None, nbytes=0):

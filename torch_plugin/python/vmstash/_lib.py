@@ -127,7 +127,8 @@ def lib():
 
 
 class LiveRanges(ctypes.Structure):
-    """vmstash_live_ranges (vmstash.h): an outgoing tag's live byte ranges on one device."""
+    """vmstash_live_ranges (vmstash.h): a tag's live byte ranges on one device (an outgoing tag
+    of vmstash_switch, the paused tag of vmstash_pause_live_devices)."""
     _fields_ = [("tag", ctypes.c_char_p), ("device", ctypes.c_int), ("starts", ctypes.POINTER(ctypes.c_uint64)),
                 ("sizes", ctypes.POINTER(ctypes.c_uint64)), ("n", ctypes.c_size_t)]
 
@@ -150,6 +151,7 @@ def _declare(l):
         "vmstash_bind_tag_slot": (c_int, [c_char_p]),
         "vmstash_pause": (c_int, [c_char_p, c_int]),
         "vmstash_pause_live": (c_int, [c_char_p, c_int, u64p, u64p, c_size_t]),
+        "vmstash_pause_live_devices": (c_int, [c_char_p, c_int, ctypes.POINTER(LiveRanges), c_size_t]),
         "vmstash_resume": (c_int, [c_char_p, c_int]),
         "vmstash_switch": (c_int, [ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_char_p), c_size_t, c_int,
                                    ctypes.POINTER(LiveRanges), c_size_t]),
