@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/backup_arena.h"
 #include "allocator/caching_allocator.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -50,6 +51,39 @@ int OpenBackupFiles(const std::string& dir) {
   }
   closedir(d);
   return n;
+}
+
+// The descriptor of this process's (one) disk arena file in `dir`, or -1.
+int BackupFd(const std::string& dir) {
+  int fd = -1;
+  DIR* d = opendir("/proc/self/fd");
+  if (d == nullptr) return -1;
+  while (dirent* e = readdir(d)) {
+    char target[4096];
+    const std::string link = std::string("/proc/self/fd/") + e->d_name;
+    const ssize_t len = readlink(link.c_str(), target, sizeof(target) - 1);
+    if (len <= 0) continue;
+    target[len] = '\0';
+    if (std::string(target).rfind(dir + "/vmstash-backup-", 0) == 0) fd = std::atoi(e->d_name);
+  }
+  closedir(d);
+  return fd;
+}
+
+// The whole content of the file `fd` (size bytes), read without moving its offset.
+std::string ReadAll(int fd, std::size_t size) {
+  std::string out(size, '\0');
+  for (std::size_t at = 0; at < size;) {
+    const ssize_t n = pread(fd, out.data() + at, size - at, static_cast<off_t>(at));
+    if (n <= 0) return "";
+    at += static_cast<std::size_t>(n);
+  }
+  return out;
+}
+
+bool WriteAll(int fd, const std::string& bytes) {
+  if (ftruncate(fd, static_cast<off_t>(bytes.size())) != 0) return false;
+  return pwrite(fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
 }
 
 int EntriesIn(const std::string& dir) {
@@ -282,6 +316,70 @@ TEST_F(BackupStoreTest, AFileSizeLimitFailsThePauseInsteadOfKillingTheProcess) {
     absl::StatusOr<Transition> resumed = alloc_->Resume(weights_);
     check(resumed.ok() && *resumed == Transition::kDone, "resume: " + resumed.status().ToString());
     check(Intact(), "bytes changed by the round trip");
+    return out;
+  });
+  EXPECT_EQ(failures, "");
+}
+
+// Suspected item of issue 28: a failed read of the disk file on resume was a SIGBUS inside
+// the restore copies (they read through the mapping). Load() reads the file in first: a
+// file shortened while paused (the cause that can be simulated without root; an I/O error
+// of the disk takes the same path through MADV_POPULATE_READ) is DataLoss naming the file,
+// the process survives, and once the file is whole again Load() succeeds with its bytes.
+TEST_F(BackupStoreTest, LoadingAShortenedDiskFileIsAnErrorNotASigbus) {
+  BackupArena arena(sim_.get(), 0, Disk());
+  ASSERT_TRUE(arena.Load().ok()) << "nothing reserved: nothing to read";
+  ASSERT_TRUE(arena.Reserve(3 * kMiB).ok());
+  const std::size_t size = arena.capacity_bytes();
+  FillPattern(arena.data(), size, 42);
+  ASSERT_TRUE(arena.Seal().ok());
+  ASSERT_TRUE(arena.Load().ok());
+  EXPECT_EQ(WrongBytes(arena.data(), size, 42), 0u);
+  arena.DropContents();
+  const int fd = BackupFd(dir_);
+  ASSERT_GE(fd, 0);
+  const std::string saved = ReadAll(fd, size);
+  ASSERT_EQ(saved.size(), size);
+  ASSERT_EQ(ftruncate(fd, static_cast<off_t>(kMiB)), 0);
+  absl::Status loaded = arena.Load();
+  EXPECT_EQ(loaded.code(), absl::StatusCode::kDataLoss) << loaded;
+  EXPECT_THAT(loaded.message(), HasSubstr(dir_ + "/vmstash-backup-"));
+  EXPECT_THAT(loaded.message(), HasSubstr("shortened"));
+  ASSERT_TRUE(WriteAll(fd, saved));
+  ASSERT_TRUE(arena.Load().ok());
+  EXPECT_EQ(WrongBytes(arena.data(), size, 42), 0u);
+  ASSERT_TRUE(arena.Release().ok());
+  EXPECT_EQ(OpenBackupFiles(dir_), 0);
+}
+
+// The same through a resume: it fails DataLoss, the tag stays paused with its device
+// memory released and its file kept; with the file whole again a resume restores every
+// byte. In a child: before the fix the resume died of SIGBUS.
+// Needs pause_resume.cc's ResumeTransition to call arena->Load() before its copies (see
+// Note [Disk Backup]); enable it together with that call.
+TEST_F(BackupStoreTest, DISABLED_AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused) {
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  const std::string failures = RunInChild([&]() -> std::string {
+    std::string out;
+    auto check = [&](bool ok, const std::string& what) {
+      if (!ok) out += what + "\n";
+    };
+    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+    if (!paused.ok()) return "pause: " + paused.status().ToString();
+    const std::size_t used = sim_->UsedBytes(0);
+    const int fd = BackupFd(dir_);
+    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
+    const std::string saved = ReadAll(fd, size);
+    if (fd < 0 || saved.size() != size || ftruncate(fd, 0) != 0) return "cannot shorten the backup file";
+    absl::StatusOr<Transition> resumed = alloc_->Resume(weights_);
+    check(resumed.status().code() == absl::StatusCode::kDataLoss, "resume: " + resumed.status().ToString());
+    check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
+    check(sim_->UsedBytes(0) == used, "device memory left mapped by the failed resume");
+    check(alloc_->Validate().ok(), "Validate");
+    if (!WriteAll(fd, saved)) return out + "cannot rewrite the backup file";
+    resumed = alloc_->Resume(weights_);
+    check(resumed.ok() && *resumed == Transition::kDone, "resume, file whole: " + resumed.status().ToString());
+    check(Intact(), "bytes lost");
     return out;
   });
   EXPECT_EQ(failures, "");

@@ -2,6 +2,7 @@
 #include "runtime/process.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -37,6 +38,17 @@ struct State {
 
 void RegisterForkHandlers();
 
+// Note [Fork]: set in a forked child while it holds its parent's copy of the runtime.
+std::atomic<bool> forked_copy{false};
+std::atomic<int> init_pid{0};  // the process that initialized the runtime
+
+absl::Status ForkedChildError() {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "vmstash was initialized in process ", init_pid.load(std::memory_order_relaxed), "; this process (",
+      getpid(), ") is a fork() of it and cannot use that runtime (nor can CUDA be used in a forked child): ",
+      "call vmstash_shutdown() here to drop the copy, then vmstash_init() for a runtime of its own"));
+}
+
 // Never destroyed: nothing runs at exit while CUDA may be tearing down.
 State& TheState() {
   static State* state = [] {
@@ -60,6 +72,7 @@ void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   State& s = TheState();
   AfterForkInChild();
   UnlockAfterFork();
+  if (s.initialized) forked_copy.store(true, std::memory_order_relaxed);
   (void)s.control.release();  // the parent's; see ControlServer's destructor too
   s.mu.Unlock();
 }
@@ -106,6 +119,7 @@ absl::Status InitLocked(State& s, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRE
   s.options = std::move(options);
   s.conf = std::move(canonical);
   s.initialized = true;
+  init_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   s.current.store(s.runtime.get(), std::memory_order_release);
   if (s.options.control.serve) s.control = StartControlService();
   return absl::OkStatus();
@@ -119,11 +133,23 @@ void DestroyLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
   SetPhase(Phase::kShutDown);
 }
 
+// Shutdown in a forked child (Note [Fork]): the parent's copy is abandoned, not destroyed.
+void AbandonForkedCopyLocked(State& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  s.current.store(nullptr, std::memory_order_release);
+  (void)s.runtime.release();
+  s.initialized = false;
+  SetPhase(Phase::kShutDown);
+  forked_copy.store(false, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 Call::Call() {
   const Phase p = EnterCall();
-  if (p == Phase::kOpen) return;
+  if (p == Phase::kOpen) {
+    if (forked_copy.load(std::memory_order_relaxed)) refused_ = ForkedChildError();
+    return;
+  }
   refused_ = absl::FailedPreconditionError(p == Phase::kClosing
                                                ? "vmstash is shutting down (a shutdown is in progress); the call was refused"
                                                : "vmstash was shut down; call vmstash_init() to use it again");
@@ -147,6 +173,7 @@ Runtime* Call::runtime_if_initialized() const {
 absl::Status Init(const char* conf) {
   State& s = TheState();
   MutexLock lock(&s.mu);
+  if (forked_copy.load(std::memory_order_relaxed)) return ForkedChildError();
   if (CurrentPhase() == Phase::kClosing) return absl::FailedPreconditionError("vmstash_init: a shutdown is in progress");
   VMSTASH_RETURN_IF_ERROR(InitLocked(s, conf));
   SetPhase(Phase::kOpen);
@@ -154,7 +181,8 @@ absl::Status Init(const char* conf) {
 }
 
 bool Initialized() {
-  return TheState().current.load(std::memory_order_acquire) != nullptr && CurrentPhase() == Phase::kOpen;
+  return TheState().current.load(std::memory_order_acquire) != nullptr && CurrentPhase() == Phase::kOpen &&
+         !forked_copy.load(std::memory_order_relaxed);
 }
 
 // Note [Shutdown].
@@ -164,6 +192,11 @@ absl::Status Shutdown() {
         "vmstash shutdown called from inside a vmstash call (a pause/resume hook?): it would wait for itself");
   }
   State& s = TheState();
+  if (forked_copy.load(std::memory_order_relaxed)) {
+    MutexLock lock(&s.mu);
+    AbandonForkedCopyLocked(s);
+    return absl::OkStatus();
+  }
   std::unique_ptr<control::ControlServer> control;
   {
     MutexLock lock(&s.mu);

@@ -21,6 +21,15 @@
 //   child only the forking thread exists, so the in-flight count is that thread's own,
 //   and the control endpoint (thread, socket) stays the parent's: the child never stops it
 //   or removes its socket.
+//   A child of a process with a runtime cannot use that runtime: its allocators' locks may
+//   be held by parent threads the child does not have (a call would hang), its background
+//   threads are gone, and its device memory belongs to the parent's CUDA context (CUDA
+//   does not support a forked child either). So in the child every Call is refused with
+//   FailedPrecondition naming both processes, Initialized() is false and Init() fails;
+//   Shutdown() succeeds without touching the copy (it is abandoned, never destroyed), after
+//   which Init() may create a runtime of the child's own. The check costs one relaxed load
+//   per call. The tag-intern table (allocator/tag.cc) has fork handlers of its own: tag
+//   names stay usable in the child.
 //
 // Thread-safety: every function is thread-safe. The Runtime a Call returns is valid until
 // that Call ends.
@@ -58,7 +67,8 @@ class Call {
 // environment when `conf` is null. Already initialized: OK for a null `conf` or the same
 // options, FailedPrecondition naming both for others. After Shutdown(), initializes anew.
 absl::Status Init(const char* conf);
-// Note [Shutdown]. OK when already shut down.
+// Note [Shutdown]. OK when already shut down. In a forked child, drops the parent's copy
+// without touching it (Note [Fork]).
 absl::Status Shutdown();
 // True between a successful initialization and the start of a shutdown.
 bool Initialized();

@@ -2,7 +2,13 @@
 // concurrent calls (run under TSAN and ASAN by scripts/run_tests.sh).
 #include "runtime/process.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -96,6 +102,73 @@ TEST(ProcessTest, AShutdownWithDependentsAliveIsRefused) {
     call.runtime().value()->AddDependent(-1);
   }
   EXPECT_TRUE(Shutdown().ok());
+}
+
+// Issue 28 (suspected): after fork() the parent's runtime may have locks held by threads
+// the child does not have. The child is refused it with FailedPrecondition (Note [Fork]),
+// never hangs, drops it with Shutdown() and may make its own. A thread allocates in the
+// parent throughout; each child must end within the deadline (a hang fails the test).
+TEST(ProcessTest, AForkedChildIsRefusedTheParentsRuntimeAndNeverHangs) {
+  ASSERT_TRUE(Init("driver:sim,sim_capacity:1G,control:0,auto_prepare:0").ok());
+  std::atomic<bool> go{true};
+  std::atomic<long> served{0};
+  std::thread worker([&] {
+    while (go.load()) {
+      Call call;
+      absl::StatusOr<Runtime*> rt = call.runtime();
+      ASSERT_TRUE(rt.ok()) << rt.status();
+      CachingAllocator* a = (*rt)->Allocator(0).value();
+      absl::StatusOr<DevicePtr> p = a->Allocate(std::size_t{1} << 20, Stream{});
+      ASSERT_TRUE(p.ok()) << p.status();
+      ASSERT_TRUE(a->Free(*p).ok());
+      ++served;
+    }
+  });
+  while (served.load() < 100) std::this_thread::yield();
+  for (int i = 0; i < 50; ++i) {
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      int code = 0;
+      {
+        Call call;
+        absl::StatusOr<Runtime*> rt = call.runtime();
+        if (rt.ok() || rt.status().code() != absl::StatusCode::kFailedPrecondition ||
+            std::string(rt.status().message()).find("fork()") == std::string::npos) {
+          code = 2;
+        }
+      }
+      if (code == 0 && Initialized()) code = 3;
+      if (code == 0 && Init(nullptr).code() != absl::StatusCode::kFailedPrecondition) code = 4;
+      if (code == 0 && !Shutdown().ok()) code = 5;  // abandons the copy, touches nothing
+      if (code == 0 && !Init("driver:sim,sim_capacity:1G,control:0,auto_prepare:0").ok()) code = 6;
+      if (code == 0) {
+        Call call;
+        absl::StatusOr<Runtime*> rt = call.runtime();
+        absl::StatusOr<CachingAllocator*> a = rt.ok() ? (*rt)->Allocator(0) : rt.status();
+        absl::StatusOr<DevicePtr> p = a.ok() ? (*a)->Allocate(4096, Stream{}) : a.status();
+        if (!p.ok() || !(*a)->Free(*p).ok()) code = 7;
+      }
+      if (code == 0 && !Shutdown().ok()) code = 8;
+      _exit(code);
+    }
+    int status = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (waitpid(child, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(child, SIGKILL);
+        waitpid(child, &status, 0);
+        ADD_FAILURE() << "fork " << i << ": the child hung";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "fork " << i << ": child status " << status;
+  }
+  go = false;
+  worker.join();
+  EXPECT_TRUE(Initialized()) << "the parent's runtime is untouched by its children";
+  ASSERT_TRUE(Shutdown().ok());
 }
 
 }  // namespace
