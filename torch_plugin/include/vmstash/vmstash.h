@@ -150,7 +150,8 @@ int vmstash_backup_address(const void* ptr, size_t size, int device, const void*
 int vmstash_set_memory_margin(size_t bytes) VMSTASH_NOEXCEPT;
 /* Pins the tag's backup arena ahead of the first pause: `bytes`, or (0) the tag's
  * allocated bytes. Both are VMSTASH_FAILED_PRECONDITION while the tag is paused (its
- * arena holds the paused bytes). vmstash_release_backup gives that host memory back. */
+ * arena holds the paused bytes). vmstash_release_backup gives that host memory back.
+ * Both are VMSTASH_NOT_FOUND for a tag name this process never created or used. */
 int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
 int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
 /* Where the declared `backup` tag's later pauses put its bytes, on every device: store
@@ -175,7 +176,8 @@ typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) VMSTASH_NOEXCEPT;
 
-/* Releases cached free chunks. device -1: all devices; tag NULL: all tags. */
+/* Releases cached free chunks. device -1: all devices; tag NULL: all tags (a tag name
+ * this process never created or used: VMSTASH_NOT_FOUND). */
 int vmstash_empty_cache(int device, const char* tag) VMSTASH_NOEXCEPT;
 /* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
  * device -1: a JSON array with one entry per device in use. */
