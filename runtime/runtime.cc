@@ -287,7 +287,8 @@ absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, cons
     // A device where the tag never had memory has nothing to do. Asked first, so that a
     // NotFound of the transition itself (a disk backup directory that is gone) is an error.
     if (!a->TagPolicy(tag).ok()) continue;
-    absl::StatusOr<CachingAllocator::Transition> r = pause ? a->Pause(tag, hints.For(a->device(), tag)) : a->Resume(tag);
+    absl::StatusOr<CachingAllocator::Transition> r =
+        pause ? a->Pause(tag, hints.For(a->device(), tag)) : a->Resume(tag);
     if (r.ok()) {
       if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
       continue;
