@@ -224,6 +224,11 @@ class CachingAllocator {
 
   // --- Pause/resume: Note [Pause/Resume Protocol] ----------------------------------
   enum class Transition { kDone, kAlreadyInState };
+  // The error of a Resume or Switch that is done (every tag in its requested state) but
+  // whose after-resume hooks failed carries a mark (a status payload) saying so; layers
+  // above keep it on errors that mean the same. TransitionDone: the mark is there.
+  static bool TransitionDone(const absl::Status& status);
+  static absl::Status MarkTransitionDone(absl::Status status);
   // `live` (optional): the byte ranges of the tag that hold data, from a layer that
   // caches inside our blocks (PyTorch's MemPool: its active blocks inside our segments).
   // A `backup` pause then copies only the parts of live blocks inside these ranges; the
@@ -277,7 +282,8 @@ class CachingAllocator {
   absl::StatusOr<BackupStore> TagBackupStore(TagId tag) const;
   // Callbacks for one tag, run without allocator locks (only the tag's control lock, see
   // Note [Pause/Resume Protocol]): before_pause may veto the pause by returning an error;
-  // after_resume errors are returned by Resume (the tag is resumed).
+  // after_resume errors are returned by Resume and Switch (the tags are resumed: the
+  // error is marked TransitionDone). Every after-resume hook runs, even after one fails.
   using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
   absl::Status AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume);
 

@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "base/bytes.h"
@@ -467,20 +468,38 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
   return done;
 }
 
+namespace {
+constexpr absl::string_view kDonePayload = "type.vmstash.dev/transition-done";
+}  // namespace
+
+bool CachingAllocator::TransitionDone(const absl::Status& status) {
+  return !status.ok() && status.GetPayload(kDonePayload).has_value();
+}
+
+absl::Status CachingAllocator::MarkTransitionDone(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kDonePayload, absl::Cord("done"));
+  return status;
+}
+
 absl::Status CachingAllocator::RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
                                         bool before_pause, const std::vector<TagId>& also_mine) {
   HookScope scope(this, tag, also_mine);
+  absl::Status first;  // after-resume: every hook runs; the first error is returned, marked done
   for (const auto& [before, after] : hooks) {
     const TransitionHook& hook = before_pause ? before : after;
     if (!hook) continue;
     absl::Status s = hook(tag, device_);
     if (s.ok()) continue;
-    return absl::Status(s.code(), before_pause ? absl::StrCat("pause of tag '", TagName(tag),
-                                                              "': before-pause hook: ", s.message())
-                                               : absl::StrCat("tag '", TagName(tag), "' resumed, but an "
-                                                              "after-resume hook failed: ", s.message()));
+    if (before_pause) {
+      return absl::Status(s.code(),
+                          absl::StrCat("pause of tag '", TagName(tag), "': before-pause hook: ", s.message()));
+    }
+    if (first.ok()) {
+      first = MarkTransitionDone(absl::Status(
+          s.code(), absl::StrCat("tag '", TagName(tag), "' resumed, but an after-resume hook failed: ", s.message())));
+    }
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status CachingAllocator::MapBack(TagPool* pool, Heap* heap, Heap::ResumeTxn* txn, bool restore,

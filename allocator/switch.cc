@@ -211,10 +211,15 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
     for (const SwitchRun::Out& o : run.out) changed->paused.push_back(o.pool->id);
     for (const SwitchRun::In& i : run.in) changed->resumed.push_back(i.pool->id);
   }
+  // Every incoming tag's after-resume hooks run; the first failure is returned, marked done.
+  absl::Status hooks_failed;
   for (std::size_t k = 0; k < run.in.size(); ++k) {
     absl::Status s = RunHooks(run.in[k].pool->id, in_hooks[k], /*before_pause=*/false, run.tags);
-    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("switch done, but ", s.message()));
+    if (!s.ok() && hooks_failed.ok()) {
+      hooks_failed = MarkTransitionDone(absl::Status(s.code(), absl::StrCat("switch done, but ", s.message())));
+    }
   }
+  if (!hooks_failed.ok()) return hooks_failed;
   return Transition::kDone;
 }
 

@@ -573,5 +573,49 @@ TEST_F(SwitchTest, ABackupTagReadsZerosOutsideItsRestoredRangesInHandedChunks) {
   FreeAll(ob);
 }
 
+// Issue 28 item 3, the allocator's side: an after-resume hook's failure stopped the
+// hooks of the switch's other incoming tags, and its error looked like a failed switch.
+// Every hook runs now, and the error is marked done (TransitionDone); a failed
+// transition's error is not.
+TEST_F(SwitchTest, EveryAfterResumeHookRunsAndTheErrorSaysTheSwitchIsDone) {
+  TagId a = Tag("sw_hk_a", Policy::kBackup), b = Tag("sw_hk_b", Policy::kBackup);
+  TagId c = Tag("sw_hk_c", Policy::kDiscard);
+  std::vector<Live> la = Fill(a, {4 * kMiB}, 1), lb = Fill(b, {4 * kMiB}, 2), lc = Fill(c, {4 * kMiB}, 3);
+  ASSERT_EQ(*alloc_->Pause(a), Transition::kDone);
+  ASSERT_EQ(*alloc_->Pause(b), Transition::kDone);
+  int ran_a = 0, ran_b = 0;
+  ASSERT_TRUE(alloc_->AddHooks(a, nullptr, [&](TagId, int) { ++ran_a; return absl::InternalError("a's hook"); }).ok());
+  ASSERT_TRUE(alloc_->AddHooks(a, nullptr, [&](TagId, int) { ++ran_a; return absl::OkStatus(); }).ok());
+  ASSERT_TRUE(alloc_->AddHooks(b, nullptr, [&](TagId, int) { ++ran_b; return absl::UnavailableError("b's hook"); }).ok());
+  absl::StatusOr<Transition> r = alloc_->Switch({c}, {a, b});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(CachingAllocator::TransitionDone(r.status())) << r.status();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("switch done"));
+  EXPECT_EQ(ran_a, 2);
+  EXPECT_EQ(ran_b, 1) << "the second incoming tag's hooks must run too";
+  EXPECT_EQ(State(a), "active");
+  EXPECT_EQ(State(b), "active");
+  EXPECT_EQ(State(c), "paused");
+  EXPECT_EQ(Wrong(la) + Wrong(lb), 0u);
+  // Resume: the same mark, every hook run.
+  ASSERT_EQ(*alloc_->Pause(a), Transition::kDone);
+  absl::StatusOr<Transition> resumed = alloc_->Resume(a);
+  EXPECT_TRUE(CachingAllocator::TransitionDone(resumed.status())) << resumed.status();
+  EXPECT_EQ(ran_a, 4);
+  // A transition that failed is not marked.
+  sim_->InjectFault(FaultRule{DriverOp::kUnmap, 1, 1, absl::StatusCode::kInternal});
+  absl::StatusOr<Transition> failed = alloc_->Pause(b);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_FALSE(CachingAllocator::TransitionDone(failed.status()));
+  EXPECT_FALSE(CachingAllocator::TransitionDone(absl::OkStatus()));
+  sim_->ClearFaults();
+  EXPECT_EQ(State(b), "active");
+  ASSERT_EQ(*alloc_->Resume(c), Transition::kDone);
+  FreeAll(la);
+  FreeAll(lb);
+  FreeAll(lc);
+}
+
 }  // namespace
 }  // namespace vmstash

@@ -180,9 +180,6 @@ bool Runtime::TagKnown(TagId tag) const {
 
 namespace {
 
-// The payload that marks Note [All-or-Nothing Transitions] case (2): done everywhere.
-constexpr absl::string_view kDonePayload = "type.vmstash.dev/transition-done";
-
 // A device's error that did not stop the transition (its after-resume hooks failed).
 struct HookFailure {
   int device;
@@ -219,16 +216,12 @@ absl::Status DoneButHooksFailed(absl::string_view what, const std::vector<HookFa
   for (std::size_t i = 0; i < failures.size(); ++i) {
     absl::StrAppend(&message, i == 0 ? "" : "; ", "device ", failures[i].device, ": ", failures[i].status.message());
   }
-  absl::Status status(failures.front().status.code(), message);
-  status.SetPayload(kDonePayload, absl::Cord("done"));
-  return status;
+  return CachingAllocator::MarkTransitionDone(absl::Status(failures.front().status.code(), message));
 }
 
 }  // namespace
 
-bool Runtime::TransitionDone(const absl::Status& status) {
-  return !status.ok() && status.GetPayload(kDonePayload).has_value();
-}
+bool Runtime::TransitionDone(const absl::Status& status) { return CachingAllocator::TransitionDone(status); }
 
 const CachingAllocator::LiveRanges* Runtime::Hints::For(int device, TagId tag) const {
   if (by_device == nullptr) return all;
@@ -263,7 +256,7 @@ std::string UndoTransitions(TagId tag, bool pause, const std::vector<CachingAllo
     std::string outcome;
     if (undo.ok()) {
       outcome = pause ? "resumed again" : absl::StrCat("paused again", HookNote(hook_failures, a->device()));
-    } else if (pause && StateOn(*a, tag) == "active") {  // resumed; its after-resume hook failed
+    } else if (pause && CachingAllocator::TransitionDone(undo.status())) {  // resumed; an after-resume hook failed
       outcome = absl::StrCat("resumed again (its after-resume hook failed: ", undo.status().message(), ")");
     } else {
       outcome = absl::StrCat("NOT ", pause ? "resumed" : "paused", " again: the tag is ", StateOn(*a, tag),
@@ -293,15 +286,14 @@ absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, cons
       if (*r == CachingAllocator::Transition::kDone) changed.push_back(a);
       continue;
     }
-    const std::string state = StateOn(*a, tag);
-    if (!pause && state == "active") {  // case (2): resumed here, an after-resume hook failed
+    if (CachingAllocator::TransitionDone(r.status())) {  // case (2): resumed here, an after-resume hook failed
       changed.push_back(a);
       hook_failures.push_back({a->device(), r.status()});
       continue;
     }
     return absl::Status(r.status().code(),
                         absl::StrCat(verb, " of tag '", TagName(tag), "' failed on device ", a->device(),
-                                     " (the tag is ", state, " there): ", r.status().message(),
+                                     " (the tag is ", StateOn(*a, tag), " there): ", r.status().message(),
                                      UndoTransitions(tag, pause, changed, hook_failures)));
   }
   if (!hook_failures.empty()) {

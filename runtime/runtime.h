@@ -44,13 +44,12 @@
 //       a possibly mixed one. The tag is where the caller asked; the caller redoes what
 //       the failed hook was to do. A device whose hooks failed is still rolled back, as
 //       in (1), when a later device fails the transition itself.
-//   How a device's error is told apart: a Pause error always means not paused there (no
-//   hooks run after a pause); a Resume error with the tag active afterwards (its state in
-//   the allocator's snapshot) is (2), otherwise (1) (a failed resume that another thread
-//   resumes in that instant reads as (2): the state reported is still the true one); a
-//   Switch error with a non-empty SwitchChanges is (2) (the allocator fills it only once
-//   the switch is committed), otherwise (1). Callers above (the C ABI, Python, the
-//   control service) get these statuses as they are: the message carries the states.
+//   How a device's error is told apart: the allocator marks the error of a Resume or
+//   Switch that is done but whose after-resume hooks failed
+//   (CachingAllocator::TransitionDone); such an error is (2), any other (1). The error of
+//   (2) returned here carries the same mark (TransitionDone below). Callers above (the C
+//   ABI, Python, the control service) get these statuses as they are: the message
+//   carries the states.
 //   Pause takes a liveness hint for every device (the same list) or per device (one C
 //   call from Python carries every device's MemPool ranges, so that a multi-device pause
 //   is one all-or-nothing call).
