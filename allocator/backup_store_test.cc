@@ -355,9 +355,7 @@ TEST_F(BackupStoreTest, LoadingAShortenedDiskFileIsAnErrorNotASigbus) {
 // The same through a resume: it fails DataLoss, the tag stays paused with its device
 // memory released and its file kept; with the file whole again a resume restores every
 // byte. In a child: before the fix the resume died of SIGBUS.
-// Needs pause_resume.cc's ResumeTransition to call arena->Load() before its copies (see
-// Note [Disk Backup]); enable it together with that call.
-TEST_F(BackupStoreTest, DISABLED_AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused) {
+TEST_F(BackupStoreTest, AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused) {
   ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
   const std::string failures = RunInChild([&]() -> std::string {
     std::string out;
@@ -379,6 +377,36 @@ TEST_F(BackupStoreTest, DISABLED_AResumeFromAShortenedDiskFileFailsAndLeavesTheT
     if (!WriteAll(fd, saved)) return out + "cannot rewrite the backup file";
     resumed = alloc_->Resume(weights_);
     check(resumed.ok() && *resumed == Transition::kDone, "resume, file whole: " + resumed.status().ToString());
+    check(Intact(), "bytes lost");
+    return out;
+  });
+  EXPECT_EQ(failures, "");
+}
+
+// The same through a switch bringing the tag in, and through ReadBackup (TMS's
+// get_cpu_backup): errors, not SIGBUS; the tag stays paused and comes back whole later.
+TEST_F(BackupStoreTest, ASwitchOrABackupReadFromAShortenedDiskFileFailsCleanly) {
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  const std::string failures = RunInChild([&]() -> std::string {
+    std::string out;
+    auto check = [&](bool ok, const std::string& what) {
+      if (!ok) out += what + "\n";
+    };
+    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+    if (!paused.ok()) return "pause: " + paused.status().ToString();
+    const int fd = BackupFd(dir_);
+    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
+    const std::string saved = ReadAll(fd, size);
+    if (fd < 0 || saved.size() != size || ftruncate(fd, 0) != 0) return "cannot shorten the backup file";
+    absl::StatusOr<Transition> switched = alloc_->Switch({}, {weights_});
+    check(switched.status().code() == absl::StatusCode::kDataLoss, "switch: " + switched.status().ToString());
+    check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
+    char byte = 0;
+    absl::Status read = alloc_->ReadBackup(blocks_[0].first, 1, &byte);
+    check(read.code() == absl::StatusCode::kDataLoss, "read: " + read.ToString());
+    if (!WriteAll(fd, saved)) return out + "cannot rewrite the backup file";
+    switched = alloc_->Switch({}, {weights_});
+    check(switched.ok() && *switched == Transition::kDone, "switch, file whole: " + switched.status().ToString());
     check(Intact(), "bytes lost");
     return out;
   });

@@ -133,6 +133,7 @@ absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
       if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
       for (const BackupExtent& e : extents) {
         if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) {
+          VMSTASH_RETURN_IF_ERROR(pool->arena->Load());  // Note [Disk Backup]: no SIGBUS reading it
           use(pool->arena->data() + e.arena_offset + (ptr - e.address));
           return absl::OkStatus();
         }
@@ -541,7 +542,8 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(
     return fail(absl::InternalError(absl::StrCat("resume of tag '", pool->stats.name, "': its backup arena is gone")));
   }
   if (restore) {
-    absl::Status ready = EnsureCopyStream(pool);
+    absl::Status ready = pool->arena->Load();  // Note [Disk Backup]: a read error, not a SIGBUS
+    if (ready.ok()) ready = EnsureCopyStream(pool);
     if (!ready.ok()) return fail(ready);
   }
   // The large heap comes back in pieces when there is something to copy, so that creating

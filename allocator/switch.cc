@@ -340,6 +340,7 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
     if (i.pool->arena == nullptr) {
       return absl::InternalError(absl::StrCat("resume of tag '", i.pool->stats.name, "': its backup arena is gone"));
     }
+    VMSTASH_RETURN_IF_ERROR(i.pool->arena->Load());  // Note [Disk Backup]: a read error, not a SIGBUS
     if (run.h2d == nullptr) {
       VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(i.pool));
       run.h2d = i.pool->copy_stream;
@@ -434,10 +435,17 @@ void CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause)
   // Donors that restore copies wrote into get their tag's bytes back from the backup made
   // by this very switch (only `backup` donors are ever written: handoff_plan.h).
   bool restoring = false;
+  std::vector<bool> loaded(run.out.size(), false);
   for (const SwitchCopy& c : run.copies) {
     if (!run.written[c.chunk]) continue;
-    SwitchRun::Out& o = run.out[run.donors[c.chunk].out];
+    const std::size_t k = run.donors[c.chunk].out;
+    SwitchRun::Out& o = run.out[k];
     if (!o.undo_error.ok()) continue;
+    if (!loaded[k]) {  // a sealed disk backup is read in first (Note [Disk Backup])
+      loaded[k] = true;
+      o.undo_error = o.pool->arena->Load();
+      if (!o.undo_error.ok()) continue;
+    }
     absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena->data() + c.step.arena_offset,
                                                 c.step.size_bytes, run.h2d);
     if (!s.ok()) o.undo_error = s;
