@@ -11,9 +11,11 @@ if [[ $# -eq 0 ]]; then
   bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test \
     //allocator:pause_resume_stress_test //allocator:pause_resume_test //allocator:pause_resume_hardening_test \
     //allocator:backup_store_test //allocator:switch_test //allocator:switch_fault_test //stash:arena_sim_test //torch_plugin:c_abi_hardening_test //runtime:runtime_test \
-    //runtime:process_test
+    //runtime:process_test //runtime:transition_sweep_test //runtime:control_service_test //allocator:tag_test \
+    //allocator:fork_test
   bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test \
-    //allocator:pause_resume_hardening_test //allocator:switch_test //torch_plugin:c_abi_hardening_test //runtime:process_test
+    //allocator:pause_resume_hardening_test //allocator:switch_test //torch_plugin:c_abi_hardening_test //runtime:process_test \
+    //allocator:fork_test //control:endpoint_test
   # The control endpoint under ASAN, and its protocol parser fuzzed for a bounded time.
   bazel test --config=asan //control/... //tools/cli:cli_e2e_test
   scripts/run_fuzzer.sh
