@@ -442,7 +442,9 @@ class CachingAllocator {
   absl::Status MapSwitchRecipients(SwitchRun& run);
   absl::Status QueueSwitchBackups(SwitchRun& run);
   absl::Status QueueSwitchRestores(SwitchRun& run);
-  void RollBackSwitch(SwitchRun& run, const absl::Status& cause);
+  // Returns what it could not restore ("tag 'x' is broken: ..."), empty when every tag is
+  // as it was.
+  std::string RollBackSwitch(SwitchRun& run, const absl::Status& cause);
   void CommitSwitch(SwitchRun& run);
   void ZeroHandedOver(SwitchRun& run);
   // Appends the parts of donor piece [va, va + size_bytes) that the restore copies

@@ -184,6 +184,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
   }
 
   absl::Status failed;
+  std::string broken;  // the rollback's tags it could not restore, for the message
   {
     OrderedLocks transition_locks(std::move(transition));
     run.start = Clock::now();
@@ -198,14 +199,17 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
       CommitSwitch(run);
       LogSwitch(run);
     } else {
-      RollBackSwitch(run, failed);
+      broken = RollBackSwitch(run, failed);
     }
   }
   if (!failed.ok()) {
     undo_hooks(run.out.size());
-    return absl::Status(failed.code(), absl::StrCat("switch (pause ", TagList(pause), "; resume ", TagList(resume),
-                                                    ") on device ", device_, " failed, every tag is as it was: ",
-                                                    failed.message()));
+    return absl::Status(failed.code(),
+                        absl::StrCat("switch (pause ", TagList(pause), "; resume ", TagList(resume), ") on device ",
+                                     device_, " failed, ",
+                                     broken.empty() ? "every tag is as it was: "
+                                                    : absl::StrCat(broken, "; every other tag is as it was: "),
+                                     failed.message()));
   }
   if (changed != nullptr) {
     for (const SwitchRun::Out& o : run.out) changed->paused.push_back(o.pool->id);
@@ -416,7 +420,7 @@ absl::Status CachingAllocator::QueueSwitchRestores(SwitchRun& run) {
   return absl::OkStatus();
 }
 
-void CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause) {
+std::string CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause) {
   // Nothing may still copy into memory about to be unmapped or restored.
   for (Stream s : {run.d2h, run.h2d}) {
     if (s == nullptr) continue;
@@ -459,12 +463,19 @@ void CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status& cause)
       }
     }
   }
+  std::string broken;
   for (SwitchRun::Out& o : run.out) {
     if (o.backup && o.pool->arena != nullptr) o.pool->arena->DropContents();
     (void)FailTransition(o.pool, TagState::kActive, cause, o.undo_error);
+    if (!o.undo_error.ok()) {
+      absl::StrAppend(&broken, broken.empty() ? "" : "; ", "tag '", TagName(o.pool->id), "' is broken: its memory "
+                      "could not be restored (", o.undo_error.message(), "), its contents are lost; free its blocks "
+                      "and use another tag");
+    }
   }
   MutexLock lock(&mu_);
   for (SwitchRun::In& i : run.in) i.pool->state = TagState::kPaused;
+  return broken;
 }
 
 void CachingAllocator::CommitSwitch(SwitchRun& run) {

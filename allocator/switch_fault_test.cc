@@ -159,5 +159,35 @@ TEST(SwitchFaultTest, EveryDriverCallOfASwitchFailsCleanly) {
   EXPECT_GT(failed, cases / 2);
 }
 
+// Issue 28 (review of round 3): a failed switch whose rollback could not map an outgoing
+// tag back (a second fault) left that tag broken but said "every tag is as it was".
+TEST(SwitchFaultTest, ARollbackThatBreaksATagSaysWhichTag) {
+  Fixture f = Make();
+  int unmaps = 0;
+  SimDriver* sim = f.sim.get();
+  sim->SetBeforeCall([&](DriverOp op) {
+    if (op != DriverOp::kUnmap || ++unmaps != 2) return;
+    // Step (4)'s second unmap fails, and so does every map of the rollback.
+    sim->InjectFault(FaultRule{DriverOp::kUnmap, 1, 1, absl::StatusCode::kInternal});
+    sim->InjectFault(FaultRule{DriverOp::kMap, 1, 1000, absl::StatusCode::kInternal});
+  });
+  absl::StatusOr<Transition> r = f.alloc->Switch({f.out_b, f.out_d}, {f.in_b, f.in_d});
+  sim->SetBeforeCall(nullptr);
+  sim->ClearFaults();
+  ASSERT_FALSE(r.ok());
+  const std::string message(r.status().message());
+  std::vector<std::string> broken;
+  for (TagId t : {f.out_b, f.out_d}) {
+    if (StateOf(*f.alloc, t) == "broken") broken.push_back(std::string(TagName(t)));
+  }
+  ASSERT_FALSE(broken.empty()) << "the faults did not break a tag: " << message;
+  for (const std::string& name : broken) {
+    EXPECT_NE(message.find("tag '" + name + "' is broken"), std::string::npos) << message;
+  }
+  EXPECT_EQ(message.find("every tag is as it was"), std::string::npos) << message;
+  EXPECT_EQ(StateOf(*f.alloc, f.in_b), "paused");
+  EXPECT_EQ(StateOf(*f.alloc, f.in_d), "paused");
+}
+
 }  // namespace
 }  // namespace vmstash

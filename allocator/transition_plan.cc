@@ -16,6 +16,9 @@ std::size_t AlignArena(std::size_t v) { return RoundUp(v, kBackupAlignBytes); }
 }  // namespace
 
 ByteRanges NormalizeRanges(ByteRanges ranges) {
+  // A range running past the end of the address space ("live from here on") ends there:
+  // nothing below may wrap.
+  for (auto& [a, n] : ranges) n = std::min<std::size_t>(n, ~DevicePtr{0} - a);
   std::sort(ranges.begin(), ranges.end());
   ByteRanges merged;
   for (const auto& [a, n] : ranges) {

@@ -47,7 +47,8 @@ using BackupExtents = absl::flat_hash_map<const Block*, std::vector<BackupExtent
 // (address, size) pairs, in any order, possibly overlapping or empty.
 using ByteRanges = std::vector<std::pair<DevicePtr, std::size_t>>;
 
-// Sorted by address, overlapping and touching ranges merged, empty ones dropped.
+// Sorted by address, overlapping and touching ranges merged, empty ones dropped; a range
+// running past the end of the address space is cut there (never wraps).
 ByteRanges NormalizeRanges(ByteRanges ranges);
 
 struct BackupLayout {

@@ -308,5 +308,23 @@ TEST(TransitionPlanTest, RandomRoundTripsRestoreEveryBackedUpByteAndOnlyThose) {
   }
 }
 
+// Issue 28 (review of round 3): a hint {address, SIZE_MAX} ("live from here on") wrapped
+// past the end of the address space, was skipped, and the block was backed up with 0
+// bytes: lost at the resume.
+TEST(NormalizeRangesTest, ARangeRunningPastTheEndOfMemoryIsCutThereNotWrapped) {
+  const DevicePtr a = 0x7f0000000000;
+  const ByteRanges r = NormalizeRanges({{a, ~std::size_t{0}}, {a - 100, 50}});
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0], (std::pair<DevicePtr, std::size_t>{a - 100, 50}));
+  EXPECT_EQ(r[1], (std::pair<DevicePtr, std::size_t>{a, ~DevicePtr{0} - a}));
+  Block b;
+  b.address = a + 4096;
+  b.requested_bytes = 1 << 20;
+  const ByteRanges hint = {{a, ~std::size_t{0}}};
+  const BackupLayout layout = PlanBackupLayout({&b}, &hint);
+  ASSERT_EQ(layout.by_block.at(&b).size(), 1u);
+  EXPECT_EQ(layout.by_block.at(&b)[0].size_bytes, std::size_t{1} << 20);
+}
+
 }  // namespace
 }  // namespace vmstash

@@ -323,10 +323,13 @@ std::string UndoSwitches(const std::vector<SwitchedDevice>& changed, const std::
     } else if (!back.paused.empty() || !back.resumed.empty()) {  // switched back; a hook failed
       outcome = absl::StrCat("switched back (an after-resume hook failed: ", undo.status().message(), ")");
     } else {
-      outcome = absl::StrCat("NOT switched back: ", TagList(done.paused), " paused and ", TagList(done.resumed),
-                             " resumed there (", undo.status().message(), "); switch pause ",
+      std::string states;
+      for (const std::vector<TagId>* tags : {&done.paused, &done.resumed}) {
+        for (TagId t : *tags) absl::StrAppend(&states, states.empty() ? "" : ", ", "'", TagName(t), "' ", StateOn(*a, t));
+      }
+      outcome = absl::StrCat("NOT switched back: ", states, " there (", undo.status().message(), "); switch pause ",
                              TagList(done.resumed), ", resume ", TagList(done.paused), " on device ", a->device(),
-                             " to finish the rollback");
+                             " to finish the rollback (a broken tag cannot come back: free its blocks)");
     }
     absl::StrAppend(&rollback, rollback.empty() ? "; rolled back: " : ", ", "device ", a->device(), " ", outcome);
   }

@@ -256,6 +256,39 @@ TEST(CAbiHardeningTest, UnknownNamesInTransitionCallsAreNotFoundAndNeverInterned
 }
 
 // Item 4: ReadBackup ranges that wrap are INVALID_ARGUMENT, not a segfault.
+// Issue 28 item 3 at the C ABI: a vetoed switch (nothing changed) and a switch done with
+// an after-resume hook failed both return ABORTED; vmstash_last_error_done() tells them
+// apart, and the message carries no status payload text.
+int veto_code = 0, after_code = 0;
+int VetoHook(const char*, int, void*) { return veto_code; }
+int AfterHook(const char*, int, void*) { return after_code; }
+TEST(CAbiHardeningTest, AVetoedSwitchAndADoneSwitchWithAFailedHookAreToldApart) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_capacity:1G,control:0,auto_prepare:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("td_a", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("td_b", "backup"), VMSTASH_OK);
+  void* pa = MallocIn("td_a", 4096, 0);
+  void* pb = MallocIn("td_b", 4096, 0);
+  ASSERT_EQ(vmstash_pause("td_b", -1), VMSTASH_OK);
+  ASSERT_EQ(vmstash_register_hooks("td_a", VetoHook, nullptr, nullptr), VMSTASH_OK);
+  ASSERT_EQ(vmstash_register_hooks("td_b", nullptr, AfterHook, nullptr), VMSTASH_OK);
+  const char* a = "td_a";
+  const char* b = "td_b";
+  veto_code = 3;
+  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), 10);  // ABORTED
+  EXPECT_EQ(vmstash_last_error_done(), 0) << vmstash_last_error();
+  veto_code = 0;
+  after_code = 3;
+  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), 10);
+  EXPECT_EQ(vmstash_last_error_done(), 1) << vmstash_last_error();
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("done on every device"));
+  EXPECT_THAT(vmstash_last_error(), ::testing::Not(HasSubstr("type.vmstash.dev")));
+  after_code = 0;
+  EXPECT_EQ(vmstash_resume("td_a", -1), VMSTASH_OK);
+  vmstash_free(pa, 0, 0, nullptr);
+  vmstash_free(pb, 0, 0, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
 TEST(CAbiHardeningTest, ReadBackupOfAWrappingRangeIsInvalidArgument) {
   ASSERT_EQ(vmstash_init("driver:sim,control:0,auto_prepare:0"), VMSTASH_OK);
   ASSERT_EQ(vmstash_create_tag("rb", "backup"), VMSTASH_OK);

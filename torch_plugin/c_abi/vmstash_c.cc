@@ -29,9 +29,12 @@ namespace vmstash {
 namespace c_abi {
 
 thread_local std::string last_error;
+thread_local bool last_error_done = false;
 
 int Fail(const absl::Status& status) {
-  last_error = status.ToString();
+  // The code's name and the message: a status's payloads are marks for code, not text.
+  last_error = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  last_error_done = Runtime::TransitionDone(status);
   return static_cast<int>(status.code());
 }
 
@@ -417,6 +420,7 @@ char* vmstash_snapshot_json(int device) noexcept {
 }
 void vmstash_string_free(char* s) noexcept { std::free(s); }
 const char* vmstash_last_error(void) noexcept { return last_error.c_str(); }
+int vmstash_last_error_done(void) noexcept { return last_error_done ? 1 : 0; }
 
 }  // extern "C"
 

@@ -116,8 +116,10 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
  * device already switched is switched back when another fails). Returns 0 when done,
  * VMSTASH_NOOP when every tag already was in its requested state, VMSTASH_NOT_FOUND for a
  * tag this process never created or used, VMSTASH_INVALID_ARGUMENT for a tag listed
- * twice or in both lists, VMSTASH_RESOURCE_EXHAUSTED when the incoming tags do not fit;
- * on any failure every tag is as it was. `live` (NULL, or `n_live` entries): for an
+ * twice or in both lists, VMSTASH_RESOURCE_EXHAUSTED when the incoming tags do not fit.
+ * On a failure every tag is as it was, except: after-resume hooks that failed with the
+ * switch done (vmstash_last_error_done() is 1), and a tag whose memory a rollback could
+ * not restore (the message names it "broken", and any device left switched). `live` (NULL, or `n_live` entries): for an
  * outgoing tag on one device, the byte ranges that hold data, as for vmstash_pause_live. */
 typedef struct vmstash_live_ranges {
   const char* tag;
@@ -170,8 +172,8 @@ char* vmstash_backup_store(const char* tag) VMSTASH_NOEXCEPT;
  * with VMSTASH_FAILED_PRECONDITION. A non-zero return from before_pause vetoes the
  * pause; one from after_resume is reported by vmstash_resume and vmstash_switch (its
  * code: ABORTED, 10) with the transition done on every device: the message says so
- * and names each device whose hook failed (runtime/runtime.h, Note [All-or-Nothing
- * Transitions]). Either may be NULL. */
+ * and names each device whose hook failed, and vmstash_last_error_done() is 1
+ * (runtime/runtime.h, Note [All-or-Nothing Transitions]). Either may be NULL. */
 typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) VMSTASH_NOEXCEPT;
@@ -187,6 +189,11 @@ void vmstash_string_free(char* s) VMSTASH_NOEXCEPT;
 
 /* This thread's message for its last failed call ("" if none). */
 const char* vmstash_last_error(void) VMSTASH_NOEXCEPT;
+/* 1 when this thread's last failed call is a transition that is done nonetheless (every
+ * tag in its requested state on every device; only after-resume hooks failed), 0 when it
+ * changed nothing or failed otherwise (runtime/runtime.h, Note [All-or-Nothing
+ * Transitions]). Tells a vetoed switch from a done one: both are ABORTED from hooks. */
+int vmstash_last_error_done(void) VMSTASH_NOEXCEPT;
 
 #ifdef __cplusplus
 }

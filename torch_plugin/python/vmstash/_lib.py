@@ -37,12 +37,16 @@ def _oom_base():
 
 
 class Error(RuntimeError):
-    """A vmstash call failed. `code` is the absl::StatusCode number, `code_name` its name."""
+    """A vmstash call failed. `code` is the absl::StatusCode number, `code_name` its name.
+    `done` is True when the transition it reports is done nonetheless (every tag in its
+    requested state on every device; only after-resume hooks failed), False when the call
+    changed nothing or failed otherwise (Note [All-or-Nothing Transitions])."""
 
-    def __init__(self, message, code=2):
+    def __init__(self, message, code=2, done=False):
         super().__init__(message)
         self.code = code
         self.code_name = _CODE_NAMES.get(code, str(code))
+        self.done = done
 
 
 class OutOfMemoryError(Error, _oom_base()):
@@ -167,6 +171,7 @@ def _declare(l):
         "vmstash_snapshot_json": (c_void_p, [c_int]),
         "vmstash_string_free": (None, [c_void_p]),
         "vmstash_last_error": (c_char_p, []),
+        "vmstash_last_error_done": (c_int, []),
     }
     for name, (restype, argtypes) in protos.items():
         fn = getattr(l, name)
@@ -220,7 +225,7 @@ def raise_for(code, what):
     message = f"{what}: {last_error()}"
     if code == RESOURCE_EXHAUSTED:
         raise OutOfMemoryError(message, code)
-    raise Error(message, code)
+    raise Error(message, code, done=bool(lib().vmstash_last_error_done()))
 
 
 def check(code, what):
