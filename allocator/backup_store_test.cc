@@ -186,6 +186,17 @@ class BackupStoreTest : public ::testing::Test {
     return {};
   }
   BackupStore Disk() const { return BackupStore{BackupStore::Kind::kDisk, dir_}; }
+  // Pauses weights_ to its disk file, keeps the file's bytes (*saved) and cuts it to 0
+  // bytes (*fd: the file); what went wrong, or "".
+  std::string PauseAndEmptyTheFile(int* fd, std::string* saved) {
+    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+    if (!paused.ok()) return "pause: " + paused.status().ToString();
+    *fd = BackupFd(dir_);
+    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
+    *saved = ReadAll(*fd, size);
+    if (*fd < 0 || saved->size() != size || ftruncate(*fd, 0) != 0) return "cannot shorten the backup file";
+    return "";
+  }
   void RoundTrip() {
     ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
     ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
@@ -362,13 +373,10 @@ TEST_F(BackupStoreTest, AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused)
     auto check = [&](bool ok, const std::string& what) {
       if (!ok) out += what + "\n";
     };
-    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
-    if (!paused.ok()) return "pause: " + paused.status().ToString();
+    int fd = -1;
+    std::string saved;
+    if (std::string why = PauseAndEmptyTheFile(&fd, &saved); !why.empty()) return why;
     const std::size_t used = sim_->UsedBytes(0);
-    const int fd = BackupFd(dir_);
-    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
-    const std::string saved = ReadAll(fd, size);
-    if (fd < 0 || saved.size() != size || ftruncate(fd, 0) != 0) return "cannot shorten the backup file";
     absl::StatusOr<Transition> resumed = alloc_->Resume(weights_);
     check(resumed.status().code() == absl::StatusCode::kDataLoss, "resume: " + resumed.status().ToString());
     check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
@@ -392,12 +400,9 @@ TEST_F(BackupStoreTest, ASwitchOrABackupReadFromAShortenedDiskFileFailsCleanly) 
     auto check = [&](bool ok, const std::string& what) {
       if (!ok) out += what + "\n";
     };
-    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
-    if (!paused.ok()) return "pause: " + paused.status().ToString();
-    const int fd = BackupFd(dir_);
-    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
-    const std::string saved = ReadAll(fd, size);
-    if (fd < 0 || saved.size() != size || ftruncate(fd, 0) != 0) return "cannot shorten the backup file";
+    int fd = -1;
+    std::string saved;
+    if (std::string why = PauseAndEmptyTheFile(&fd, &saved); !why.empty()) return why;
     absl::StatusOr<Transition> switched = alloc_->Switch({}, {weights_});
     check(switched.status().code() == absl::StatusCode::kDataLoss, "switch: " + switched.status().ToString());
     check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
