@@ -451,8 +451,8 @@ TEST_F(SwitchTest, StressUsersOfIncomingTagsNeverSeeTheSwitchZeroTheirBytes) {
   Make(1024 * kMiB);
   TagId t[2] = {Tag("swz_x", Policy::kDiscard), Tag("swz_y", Policy::kDiscard)};
   TagId keep = Tag("swz_keep", Policy::kBackup);
-  std::vector<Live> base[2] = {Fill(t[0], {18 * kMiB + 512 * 1024, 40 * kMiB}, 1),
-                               Fill(t[1], {18 * kMiB + 512 * 1024, 40 * kMiB}, 2)};
+  std::vector<Live> base[2] = {Fill(t[0], {18 * kMiB + 512 * 1024, 8 * kMiB}, 1),
+                               Fill(t[1], {18 * kMiB + 512 * 1024, 8 * kMiB}, 2)};
   ASSERT_EQ(*alloc_->Pause(t[1]), Transition::kDone);
   // A tag's users count themselves in; the switch taking it out raises `leaving` and waits
   // until none is left (a reader-writer lock would starve the switch of its turn).
@@ -505,7 +505,7 @@ TEST_F(SwitchTest, StressUsersOfIncomingTagsNeverSeeTheSwitchZeroTheirBytes) {
       ASSERT_TRUE(alloc_->EmptyCache(keep).ok());
     }
   });
-  for (int it = 0; it < 120; ++it) {
+  for (int it = 0; it < 60; ++it) {  // sized for TSAN (about 50 s there)
     const int out = it % 2;
     leaving[out].store(true);
     while (users[out].load() != 0) std::this_thread::yield();
