@@ -193,8 +193,16 @@ absl::Status BackupArena::Seal() {
 }
 
 // Note [Disk Backup]: every page of the file read in, or an error instead of a SIGBUS.
-absl::Status BackupArena::Load() {
-  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr) return absl::OkStatus();
+absl::Status BackupArena::Load(std::size_t offset, std::size_t size_bytes) {
+  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr || size_bytes == 0) return absl::OkStatus();
+  if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("disk backup file '", path_, "': bytes ", offset, "+", size_bytes,
+                                                   " lie outside its ", capacity_bytes_, " bytes"));
+  }
+  // Whole pages around the range (the mapping is page-aligned, its size a page multiple).
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t begin = offset / page * page;
+  const std::size_t end = std::min(capacity_bytes_, (offset + size_bytes + page - 1) / page * page);
   struct stat st;
   if (fstat(fd_, &st) != 0) {
     return absl::DataLossError(
@@ -206,24 +214,24 @@ absl::Status BackupArena::Load() {
                                             " expected: it was shortened while the tag was paused"));
   }
   absl::Status status;
-  if (madvise(mapped_, capacity_bytes_, MADV_POPULATE_READ) != 0) {
+  if (madvise(static_cast<char*>(mapped_) + begin, end - begin, MADV_POPULATE_READ) != 0) {
     const int err = errno;
     if (err == EINVAL) {
-      status = ReadFileThrough();
+      status = ReadFileThrough(begin, end);
     } else {
       status = absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading ",
-                                                capacity_bytes_, " bytes back failed: ", Errno(err)));
+                                                end - begin, " bytes back failed: ", Errno(err)));
     }
   }
   if (!status.ok()) DropContents();
   return status;
 }
 
-absl::Status BackupArena::ReadFileThrough() {
+absl::Status BackupArena::ReadFileThrough(std::size_t begin, std::size_t end) {
   constexpr std::size_t kStep = std::size_t{1} << 20;
   std::vector<char> buffer(kStep);
-  for (std::size_t at = 0; at < capacity_bytes_;) {
-    const ssize_t n = pread(fd_, buffer.data(), std::min(kStep, capacity_bytes_ - at), static_cast<off_t>(at));
+  for (std::size_t at = begin; at < end;) {
+    const ssize_t n = pread(fd_, buffer.data(), std::min(kStep, end - at), static_cast<off_t>(at));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading at byte ", at,

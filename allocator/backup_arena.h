@@ -34,15 +34,17 @@
 //
 //   Resume reads through the mapping, where a failed read of the file (an I/O error, or a
 //   file shortened while paused — it is reachable as /proc/<pid>/fd/<n>) would be a
-//   SIGBUS inside the restore copies. So before its first copy a resume (and a switch, for
-//   each tag it restores) must call Load(): it checks the file still has the arena's size
-//   (else DataLoss, nothing read), then faults every page in with MADV_POPULATE_READ, which reports a failed read as an error
-//   instead of a signal (EFAULT; on kernels before 5.14, EINVAL, it reads the file once
-//   with pread instead, which fails with EIO). On an error the pages read so far are
-//   dropped and the resume fails with the tag paused and its file kept: a later resume
-//   tries again. Covered: a persistent read error and a truncated file. Not covered: a
-//   page read successfully by Load(), evicted under memory pressure before its copy and
-//   then failing to read again (a disk failing inside that window), or a file truncated
+//   SIGBUS inside the restore copies. So before reading, a resume (and a switch, for each
+//   tag it restores, and its rollback; ReadBackup for the bytes it reads) calls Load() on
+//   the bytes it will read (the backed-up part, not the arena's whole capacity): it
+//   checks the file still has the arena's size (else DataLoss, nothing read), then faults
+//   those pages in with MADV_POPULATE_READ, which reports a failed read as an error
+//   instead of a signal (EFAULT; on kernels before 5.14, EINVAL, it reads them once with
+//   pread instead, which fails with EIO). On an error the pages read so far are dropped
+//   and the resume fails with the tag paused and its file kept: a later resume tries
+//   again. Covered: a persistent read error and a truncated file. Not covered: a page
+//   read successfully by Load(), evicted under memory pressure before its copy and then
+//   failing to read again (a disk failing inside that window), or a file truncated
 //   after Load() by a writer other than vmstash.
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
@@ -97,11 +99,13 @@ class BackupArena {
   // After the pause's copies completed: a disk arena is written back and its pages
   // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
   absl::Status Seal();
-  // Before a resume's first copy out of data(): a disk arena reads its file in, so that a
-  // read error is this error (DataLoss, naming the file) rather than a SIGBUS during the
-  // copies (Note [Disk Backup]); on an error its contents stay in the file, none in memory.
-  // No-op for the host stores.
-  absl::Status Load();
+  // Before reading bytes [offset, offset + size_bytes) out of data() (a resume's copies, a
+  // backup read): a disk arena reads those pages of its file in, so that a read error is
+  // this error (DataLoss, naming the file) rather than a SIGBUS during the reads (Note
+  // [Disk Backup]); on an error its contents stay in the file, none in memory. Only the
+  // range is read (a prepared arena may be far larger than what a pause used).
+  // InvalidArgument for a range outside the arena. No-op for the host stores.
+  absl::Status Load(std::size_t offset, std::size_t size_bytes);
   // After a resume: pageable and disk arenas give their pages back to the OS (a pageable
   // arena's contents are lost; a disk arena's stay in the file). No-op when pinned.
   void DropContents();
@@ -112,7 +116,7 @@ class BackupArena {
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
-  absl::Status ReadFileThrough();  // Load() on kernels without MADV_POPULATE_READ
+  absl::Status ReadFileThrough(std::size_t begin, std::size_t end);  // Load() without MADV_POPULATE_READ
 
   Driver* const driver_;
   const int device_;

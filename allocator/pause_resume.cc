@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/cord.h"
@@ -126,21 +127,29 @@ absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
     }
   }
   for (TagPool* pool : paused) {
-    MutexLock t(pool->transition_mu.get());  // no resume meanwhile
-    MutexLock lock(&mu_);
-    if (pool->state != TagState::kPaused) continue;
-    for (const auto& [block, extents] : pool->backup_extents) {
-      if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
-      for (const BackupExtent& e : extents) {
-        if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) {
-          VMSTASH_RETURN_IF_ERROR(pool->arena->Load());  // Note [Disk Backup]: no SIGBUS reading it
-          use(pool->arena->data() + e.arena_offset + (ptr - e.address));
-          return absl::OkStatus();
+    MutexLock t(pool->transition_mu.get());  // no resume meanwhile: the arena stays
+    std::optional<std::size_t> offset;
+    {
+      MutexLock lock(&mu_);
+      if (pool->state != TagState::kPaused) continue;
+      for (const auto& [block, extents] : pool->backup_extents) {
+        if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
+        for (const BackupExtent& e : extents) {
+          if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) offset = e.arena_offset + (ptr - e.address);
         }
+        if (!offset.has_value()) {
+          return absl::NotFoundError(absl::StrCat("bytes ", Hex(ptr), "+", size_bytes, " of tag '", pool->stats.name,
+                                                  "' were not backed up (outside the live ranges of the pause)"));
+        }
+        break;
       }
-      return absl::NotFoundError(absl::StrCat("bytes ", Hex(ptr), "+", size_bytes, " of tag '", pool->stats.name,
-                                              "' were not backed up (outside the live ranges of the pause)"));
     }
+    if (!offset.has_value()) continue;
+    // Without mu_ (a disk read may take long; nobody else waits for it): Note [Disk
+    // Backup], a read error rather than a SIGBUS, and only these bytes are read.
+    VMSTASH_RETURN_IF_ERROR(pool->arena->Load(*offset, size_bytes));
+    use(pool->arena->data() + *offset);
+    return absl::OkStatus();
   }
   return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
 }
@@ -542,7 +551,8 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::ResumeTransition(
     return fail(absl::InternalError(absl::StrCat("resume of tag '", pool->stats.name, "': its backup arena is gone")));
   }
   if (restore) {
-    absl::Status ready = pool->arena->Load();  // Note [Disk Backup]: a read error, not a SIGBUS
+    // Note [Disk Backup]: a read error, not a SIGBUS; only the backed-up bytes are read.
+    absl::Status ready = pool->arena->Load(0, BackedUpArenaEnd(pool->backup_extents));
     if (ready.ok()) ready = EnsureCopyStream(pool);
     if (!ready.ok()) return fail(ready);
   }

@@ -344,7 +344,8 @@ absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
     if (i.pool->arena == nullptr) {
       return absl::InternalError(absl::StrCat("resume of tag '", i.pool->stats.name, "': its backup arena is gone"));
     }
-    VMSTASH_RETURN_IF_ERROR(i.pool->arena->Load());  // Note [Disk Backup]: a read error, not a SIGBUS
+    // Note [Disk Backup]: a read error, not a SIGBUS; only the backed-up bytes are read.
+    VMSTASH_RETURN_IF_ERROR(i.pool->arena->Load(0, BackedUpArenaEnd(i.pool->backup_extents)));
     if (run.h2d == nullptr) {
       VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(i.pool));
       run.h2d = i.pool->copy_stream;
@@ -447,7 +448,7 @@ std::string CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status&
     if (!o.undo_error.ok()) continue;
     if (!loaded[k]) {  // a sealed disk backup is read in first (Note [Disk Backup])
       loaded[k] = true;
-      o.undo_error = o.pool->arena->Load();
+      o.undo_error = o.pool->arena->Load(0, o.layout.arena_bytes);
       if (!o.undo_error.ok()) continue;
     }
     absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena->data() + c.step.arena_offset,

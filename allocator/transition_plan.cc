@@ -59,11 +59,12 @@ BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* 
   return layout;
 }
 
-bool HasBackedUpBytes(const BackupExtents& extents) {
+std::size_t BackedUpArenaEnd(const BackupExtents& extents) {
+  std::size_t end = 0;
   for (const auto& [block, list] : extents) {
-    if (!list.empty()) return true;
+    for (const BackupExtent& e : list) end = std::max(end, e.arena_offset + e.size_bytes);
   }
-  return false;
+  return end;
 }
 
 std::vector<PauseStage> PlanPauseStages(const BackupLayout& layout, const std::vector<ChunkSpan>& chunks,

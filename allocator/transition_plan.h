@@ -59,9 +59,12 @@ struct BackupLayout {
 // The extents of `live` (any order): each block's requested bytes, or only their parts
 // inside `hint` when it is not null.
 BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* hint);
+// Where the arena bytes of `extents` end (extents lie at increasing offsets from 0): what
+// a resume reads of the arena; 0 when nothing was backed up.
+std::size_t BackedUpArenaEnd(const BackupExtents& extents);
 // True when some block of `extents` has bytes backed up: a resume must restore them (and
 // needs the arena). A pause whose hint covered no live byte made no arena and has none.
-bool HasBackedUpBytes(const BackupExtents& extents);
+inline bool HasBackedUpBytes(const BackupExtents& extents) { return BackedUpArenaEnd(extents) > 0; }
 
 // One copy between device bytes and the arena (either direction).
 struct CopyStep {
