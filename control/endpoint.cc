@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "base/log.h"
 
 namespace vmstash::control {
 namespace {
@@ -60,6 +61,29 @@ absl::Status EnsurePrivateDir(const std::string& dir) {
 
 bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+// Whether process `pid` has ended: no such process, or a zombie (exited, not yet reaped by
+// its parent). Note [Client Deadlines].
+bool ProcessGone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;  // gone meanwhile; without /proc, kill's answer stands
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  const absl::string_view stat(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  const std::size_t paren = stat.rfind(')');  // the command name may hold ')' and spaces
+  if (paren == absl::string_view::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'Z' || stat[paren + 2] == 'X';
+}
+
+// A client waits at most this long before checking that the server process still exists.
+constexpr int kPeerCheckMs = 1000;
+// The accept thread's pause after accept failed for want of descriptors or memory.
+constexpr int kAcceptBackoffMs = 100;
+// ReadLine's error when the peer closed the connection.
+constexpr absl::string_view kClosedBeforeLine = "control: connection closed before a full line";
+
 using Clock = std::chrono::steady_clock;
 constexpr Clock::time_point kNever = Clock::time_point::max();  // no deadline
 
@@ -70,7 +94,10 @@ Clock::time_point DeadlineAfter(int timeout_ms) {
 // Waits until `fd` is ready for `events` or the request's total deadline passes: a peer
 // sending a byte now and then cannot hold the endpoint past the deadline. A readable
 // `stop_fd` (the server's wake pipe; -1 for none) ends the wait: the server is stopping.
-absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const char* what, int stop_fd) {
+// With a `peer` pid (a client's server; 0 for none) the wait ends when that process is gone
+// (Note [Client Deadlines]).
+absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const char* what, int stop_fd,
+                       pid_t peer) {
   for (;;) {
     int timeout = -1;
     if (deadline != kNever) {
@@ -78,18 +105,24 @@ absl::Status WaitReady(int fd, short events, Clock::time_point deadline, const c
       if (left <= 0) return absl::DeadlineExceededError(absl::StrCat("control: ", what, " timed out"));
       timeout = static_cast<int>(std::min<std::int64_t>(left, std::numeric_limits<int>::max()));
     }
+    if (peer > 0 && (timeout < 0 || timeout > kPeerCheckMs)) timeout = kPeerCheckMs;
     pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
     const int n = ::poll(p, stop_fd >= 0 ? 2 : 1, timeout);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return Errno(absl::StrCat("control: poll for ", what), errno);
     if (n > 0 && p[0].revents != 0) return absl::OkStatus();
     if (n > 0) return absl::UnavailableError("control: the endpoint is stopping");
+    if (peer > 0 && ProcessGone(peer)) {
+      return absl::UnavailableError(
+          absl::StrCat("control: the server process ", peer, " is gone; the outcome of the request is unknown"));
+    }
   }
 }
 
-absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline, int stop_fd = -1) {
+absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline, int stop_fd = -1,
+                      pid_t peer = 0) {
   while (!data.empty()) {
-    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "write", stop_fd); !s.ok()) return s;
+    if (absl::Status s = WaitReady(fd, POLLOUT, deadline, "write", stop_fd, peer); !s.ok()) return s;
     ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -101,18 +134,19 @@ absl::Status WriteAll(int fd, absl::string_view data, Clock::time_point deadline
 }
 
 // Reads one '\n'-terminated line of at most `limit` bytes (without the '\n'), all of it
-// before `deadline`.
-absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_point deadline, int stop_fd = -1) {
+// before `deadline` (for `stop_fd` and `peer`, see WaitReady).
+absl::StatusOr<std::string> ReadLine(int fd, std::size_t limit, Clock::time_point deadline, int stop_fd = -1,
+                                     pid_t peer = 0) {
   std::string out;
   char buf[4096];
   for (;;) {
-    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "read", stop_fd); !s.ok()) return s;
+    if (absl::Status s = WaitReady(fd, POLLIN, deadline, "read", stop_fd, peer); !s.ok()) return s;
     ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return Errno("control: read", errno);
     }
-    if (n == 0) return absl::UnavailableError("control: connection closed before a full line");
+    if (n == 0) return absl::UnavailableError(kClosedBeforeLine);
     const char* nl = static_cast<const char*>(std::memchr(buf, '\n', static_cast<std::size_t>(n)));
     std::size_t take = nl != nullptr ? static_cast<std::size_t>(nl - buf) : static_cast<std::size_t>(n);
     if (out.size() + take > limit) {
@@ -230,7 +264,9 @@ ControlServer::~ControlServer() {
   ::unlink(path_.c_str());
 }
 
+// Note [Serving Model].
 void ControlServer::Loop() {
+  bool warned = false;
   for (;;) {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
     if (::poll(fds, 2, -1) < 0) {
@@ -240,8 +276,21 @@ void ControlServer::Loop() {
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & POLLIN) == 0) continue;
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Dispatch(fd);
+    if (fd >= 0) {
+      Dispatch(fd);
+      continue;
+    }
+    const int err = errno;
+    if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) continue;  // EINTR, ECONNABORTED...
+    // The connection stays pending, so poll would report it again at once: back off,
+    // still waking for a stop.
+    if (!warned) {
+      VMSTASH_LOG(kWarning, "vmstash: control endpoint {}: accept failed ({}); retrying every {} ms", path_,
+                  std::strerror(err), kAcceptBackoffMs);
+      warned = true;
+    }
+    pollfd wake = {wake_read_, POLLIN, 0};
+    if (::poll(&wake, 1, kAcceptBackoffMs) > 0) return;
   }
 }
 
@@ -378,10 +427,11 @@ absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& 
     return absl::PermissionDeniedError(absl::StrCat("control: the server at ", socket_path, " runs as uid ",
                                                     cred.uid, ", not as this user (", ::getuid(), "); refused"));
   }
-  absl::Status sent = WriteAll(fd, FormatRequest(request), deadline);
-  absl::StatusOr<std::string> line = ReadLine(fd, kMaxReplyBytes, deadline);
+  // cred.pid: the server process, watched while waiting (Note [Client Deadlines]).
+  absl::Status sent = WriteAll(fd, FormatRequest(request), deadline, -1, cred.pid);
+  absl::StatusOr<std::string> line = ReadLine(fd, kMaxReplyBytes, deadline, -1, cred.pid);
   ::close(fd);
-  if (!line.ok() && sent.ok() && absl::IsUnavailable(line.status())) {
+  if (!line.ok() && sent.ok() && line.status().message() == kClosedBeforeLine) {
     return absl::UnavailableError(absl::StrCat("control: ", socket_path, " closed the connection before replying (",
                                                line.status().message(), "): the process exited or stopped its "
                                                "endpoint; the outcome of the request is unknown"));

@@ -21,7 +21,10 @@
 //   A request longer than kMaxMessageBytes, or one not read completely within the timeout
 //   (a total deadline per request, not per read), gets an error reply. Stopping the server
 //   wakes the accept thread and every read or write in progress, then joins every thread:
-//   a handler already running is waited for. The process umask is never changed. A forked
+//   a handler already running is waited for. When accept fails for want of descriptors or
+//   memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the connection stays pending: the accept
+//   thread logs a warning (once per server) and retries every 100 ms instead of spinning,
+//   still woken at once by a stop; the client waits meanwhile, up to its deadline. The process umask is never changed. A forked
 //   child's copy of a server neither stops the parent's threads nor removes its socket.
 //
 // Note [Client Deadlines]
@@ -32,9 +35,14 @@
 //   stats, tags, snapshot) gets 5 s, and a transition (pause, resume, switch) none: its
 //   time grows with the bytes it moves (minutes for a large pause to disk), and a reply
 //   after any fixed deadline would be reported as a failure of a transition that happened.
-//   Without a deadline the call still ends: when the server process dies, its socket is
-//   closed and the call fails UNAVAILABLE. A caller may name a deadline (the CLI's
-//   --timeout).
+//   Without a deadline the call still ends when the server process dies. Usually its exit
+//   closes the connection and the call fails UNAVAILABLE at once; but a process the server
+//   forked while serving (a DataLoader worker) holds a copy of the connection, which then
+//   stays open until that child exits. So the client waits in slices of at most 1 s and
+//   between them checks the server process, whose pid SO_PEERCRED gave at connect: when
+//   it no longer exists, or is a zombie, the call fails UNAVAILABLE "the server process P
+//   is gone; the outcome of the request is unknown" (within about a second of its death;
+//   with a deadline too). A caller may name a deadline (the CLI's --timeout).
 //
 // Thread-safety: ControlServer's methods may be called from any thread; the handler runs
 // on the serving threads, several at once, so it must be thread-safe. Call and the other

@@ -8,18 +8,22 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <sys/wait.h>
-
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <future>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -441,6 +445,130 @@ TEST(EndpointTest, StoppingDoesNotWaitForASilentClient) {
   server->reset();
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
   ::close(silent);
+}
+
+// Reads one pid_t from `fd`, waiting at most `timeout_ms`: false on timeout or EOF.
+bool ReadPid(int fd, pid_t* out, int timeout_ms) {
+  pollfd p{fd, POLLIN, 0};
+  return ::poll(&p, 1, timeout_ms) == 1 && ::read(fd, out, sizeof(*out)) == static_cast<ssize_t>(sizeof(*out));
+}
+
+// Review of issue 28, defect 4: a call without a deadline ended only when every copy of
+// the connection was closed, so a server process that forked (a DataLoader worker) while
+// serving and then died left the client waiting for the worker. The client now notices
+// that the server process is gone (Note [Client Deadlines]). The test's own 10 s wait only
+// guards against a hang; the worker is killed at the end either way.
+TEST(EndpointTest, ACallWithoutDeadlineEndsWhenTheServerProcessDiesLeavingAForkedWorker) {
+  const std::string dir = TempDir();
+  int report[2];  // from the server process: 0 once serving, then the worker's pid
+  ASSERT_EQ(::pipe(report), 0);
+  const pid_t server = ::fork();  // while this process has one thread (TSAN)
+  if (server == 0) {
+    ::close(report[0]);
+    ::alarm(60);  // never outlives a broken test
+    ServerOptions options;
+    options.dir = dir;
+    const int out = report[1];
+    auto started = ControlServer::Start(options, [out](const Request&) -> absl::StatusOr<std::string> {
+      const pid_t worker = ::fork();
+      if (worker == 0) {  // holds a copy of the connection and outlives the server
+        ::alarm(60);
+        for (;;) ::pause();
+      }
+      (void)!::write(out, &worker, sizeof(worker));
+      ::_exit(1);  // dies while serving, without replying
+    });
+    if (!started.ok()) ::_exit(2);
+    const pid_t serving = 0;
+    (void)!::write(out, &serving, sizeof(serving));
+    for (;;) ::pause();
+  }
+  ::close(report[1]);
+  pid_t worker = -1;
+  ASSERT_TRUE(ReadPid(report[0], &worker, 10000) && worker == 0) << "the server process did not start";
+  const std::string path = absl::StrCat(dir, "/", server, ".sock");
+  std::promise<absl::Status> result;
+  std::future<absl::Status> ended = result.get_future();
+  std::thread client([&] { result.set_value(Call(path, PauseOf("weights")).status()); });  // no deadline
+  const bool reported = ReadPid(report[0], &worker, 10000);
+  int status = 0;
+  EXPECT_EQ(::waitpid(server, &status, 0), server);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << status;
+  const bool in_time = ended.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (reported && worker > 0) ::kill(worker, SIGKILL);  // ends a client still waiting, too
+  client.join();
+  ::close(report[0]);
+  ASSERT_TRUE(reported) << "the server's handler did not fork a worker";
+  EXPECT_TRUE(in_time) << "the call waited for the forked worker, not for the server process";
+  const absl::Status s = ended.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(absl::StrCat("the server process ", server, " is gone")), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("the outcome of the request is unknown"), absl::string_view::npos) << s;
+}
+
+// CPU time (user + system, in clock ticks) process `pid` has used, from /proc/<pid>/stat;
+// -1 when unreadable.
+long CpuTicks(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t paren = stat.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos || paren + 2 > stat.size()) return -1;
+  std::istringstream fields(stat.substr(paren + 2));  // from field 3, the state
+  std::string f;
+  long ticks = 0;
+  for (int field = 3; field <= 15 && fields >> f; ++field) {
+    if (field == 14 || field == 15) ticks += std::stol(f);  // utime, stime
+  }
+  return ticks;
+}
+
+// Review of issue 28, defect 5: when accept4 failed for want of descriptors (EMFILE), the
+// accept thread went straight back to poll, which reported the pending connection again:
+// a core at 100% for as long as the connection waited. It now backs off. The server runs
+// in a child process that has used up its descriptors; over 2 s it may use far less than
+// the 200 ticks a spinning thread takes (the bound leaves room for a loaded machine).
+TEST(EndpointTest, AcceptFailingForWantOfDescriptorsDoesNotSpin) {
+  const std::string dir = TempDir();
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t server = ::fork();  // while this process has one thread (TSAN)
+  if (server == 0) {
+    ::close(ready[0]);
+    ::alarm(60);  // never outlives a broken test
+    ServerOptions options;
+    options.dir = dir;
+    auto started = ControlServer::Start(options, Echo);
+    if (!started.ok()) ::_exit(2);
+    rlimit limit;
+    if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(3);
+    limit.rlim_cur = std::min<rlim_t>(limit.rlim_cur, 256);  // quick to exhaust
+    if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) ::_exit(4);
+    while (::dup(ready[1]) >= 0) {
+    }
+    const pid_t serving = 0;
+    (void)!::write(ready[1], &serving, sizeof(serving));
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  pid_t serving = -1;
+  const bool started = ReadPid(ready[0], &serving, 10000) && serving == 0;
+  int client = started ? Connect(absl::StrCat(dir, "/", server, ".sock")) : -1;  // queued, never accepted
+  long used = -1;
+  if (started) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the first failed accepts
+    const long before = CpuTicks(server);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    const long after = CpuTicks(server);
+    if (before >= 0 && after >= 0) used = after - before;
+  }
+  ::kill(server, SIGKILL);
+  int status = 0;
+  EXPECT_EQ(::waitpid(server, &status, 0), server);
+  if (client >= 0) ::close(client);
+  ::close(ready[0]);
+  ASSERT_TRUE(started) << "the server process did not start";
+  ASSERT_GE(used, 0) << "could not read the server's CPU time";
+  EXPECT_LT(used, 30) << "the accept thread spins while accept fails";
 }
 
 }  // namespace
