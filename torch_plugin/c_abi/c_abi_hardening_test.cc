@@ -1,7 +1,9 @@
 // Regression tests of the C ABI for defects found in review (issue 16): 5 shutdown racing
 // concurrent calls and silent re-initialization, 6 all-or-nothing pause/resume across
-// devices and unknown tags, 3 a hook calling shutdown, 11 stash handle misuse. Run under
-// ASAN and TSAN in CI (scripts/run_tests.sh).
+// devices and unknown tags, 3 a hook calling shutdown, 11 stash handle misuse; and the
+// review of issue 28's fixes: stash arenas inherited across fork(), and the entries of
+// vmstash_pause_live_devices. Run under ASAN and TSAN in CI (scripts/run_tests.sh).
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -377,6 +379,112 @@ TEST(CAbiHardeningTest, AForkedChildLeavesTheEndpointAloneAndRemoteRequestsCreat
   unsetenv("VMSTASH_RUNTIME_DIR");
   rmdir(dir.c_str());
   rmdir(tmpl);
+}
+
+// Waits at most `timeout_ms` for `child` to exit: its exit code, or -1 when it was
+// killed for running over (a hang) or died of a signal.
+int WaitForChild(pid_t child, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int status = 0;
+  for (;;) {
+    const pid_t got = waitpid(child, &status, WNOHANG);
+    if (got == child) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    if (got < 0) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(child, SIGKILL);
+      waitpid(child, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Review of issue 28, defect 3: in a forked child that shut the parent's runtime copy down
+// and initialized its own, an inherited stash arena passed the call guard and worked on
+// the abandoned copy: destroying it took a dependent off the child's new runtime (whose
+// shutdown then failed "-1 stash arena(s)"), and prepare could hang on a lock a parent
+// thread held at fork. Now every call on such an arena is FAILED_PRECONDITION, and destroy
+// drops only the handle (OK, nothing else touched). Each child reports through its exit
+// code; a child that hangs is killed and fails the test.
+TEST(CAbiHardeningTest, StashArenasInheritedAcrossForkAreRefusedInTheChildsRuntime) {
+  ASSERT_EQ(vmstash_init("driver:sim,control:0,auto_prepare:0"), VMSTASH_OK);
+  vmstash_stash_arena* arena = nullptr;
+  ASSERT_EQ(vmstash_stash_create(0, "stash", 256, 4, &arena), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_stash_prepare(arena, 4, 0, nullptr), VMSTASH_OK) << vmstash_last_error();
+  for (const bool destroy : {true, false}) {
+    const pid_t child = fork();
+    if (child == 0) {
+      if (vmstash_shutdown() != VMSTASH_OK) _exit(2);  // drops the parent's copy
+      if (vmstash_init("driver:sim,control:0,auto_prepare:0") != VMSTASH_OK) _exit(3);
+      const std::string belongs = "belongs to the vmstash runtime of process " + std::to_string(getppid());
+      if (destroy) {
+        if (vmstash_stash_destroy(arena) != VMSTASH_OK) _exit(4);
+      } else {
+        if (vmstash_stash_prepare(arena, 8, 0, nullptr) != VMSTASH_FAILED_PRECONDITION) _exit(5);
+        if (std::string(vmstash_last_error()).find(belongs) == std::string::npos) _exit(6);
+        uint64_t pages = 0;
+        if (vmstash_stash_pages_in_use(arena, &pages) != VMSTASH_FAILED_PRECONDITION) _exit(7);
+      }
+      // The child's own arenas still count, and its runtime shuts down cleanly.
+      vmstash_stash_arena* own = nullptr;
+      if (vmstash_stash_create(0, "stash", 256, 4, &own) != VMSTASH_OK) _exit(8);
+      if (vmstash_shutdown() != VMSTASH_FAILED_PRECONDITION) _exit(9);
+      if (vmstash_stash_destroy(own) != VMSTASH_OK) _exit(10);
+      _exit(vmstash_shutdown() == VMSTASH_OK ? 0 : 11);
+    }
+    EXPECT_EQ(WaitForChild(child, 20000), 0) << (destroy ? "destroy" : "prepare") << " in the child";
+  }
+  // The parent's arena is untouched.
+  uint64_t pages = 1;
+  EXPECT_EQ(vmstash_stash_pages_in_use(arena, &pages), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(pages, 0u);
+  ASSERT_EQ(vmstash_stash_destroy(arena), VMSTASH_OK);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK) << vmstash_last_error();
+}
+
+// Review of issue 28, defect 6: vmstash_pause_live_devices accepted entries for devices
+// out of range, negative, -1, repeated, or other than the one paused, as if they were not
+// there. Each is INVALID_ARGUMENT naming the entry, and nothing is paused.
+TEST(CAbiHardeningTest, PauseLiveDevicesRefusesEntriesOfBadDevices) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,control:0,auto_prepare:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("pld", "backup"), VMSTASH_OK);
+  void* p[2] = {MallocIn("pld", 4096, 0), MallocIn("pld", 4096, 1)};
+  ASSERT_NE(p[0], nullptr);
+  ASSERT_NE(p[1], nullptr);
+  const uint64_t start[2] = {reinterpret_cast<uint64_t>(p[0]), reinterpret_cast<uint64_t>(p[1])};
+  const uint64_t size = 4096;
+  auto entry = [&](int d) { return vmstash_live_ranges{"pld", d, &start[d < 0 || d > 1 ? 0 : d], &size, 1}; };
+  struct Case {
+    int device;
+    std::vector<vmstash_live_ranges> live;
+    const char* says;
+  };
+  const Case cases[] = {
+      {-1, {entry(0), entry(2)}, "entry 1 names device 2"},
+      {0, {entry(7)}, "entry 0 names device 7"},
+      {-1, {entry(-1)}, "entry 0 names device -1"},
+      {-1, {entry(1), entry(-3)}, "entry 1 names device -3"},
+      {-1, {entry(0), entry(1), entry(0)}, "entry 2 names device 0 again"},
+      {0, {entry(1)}, "entry 0 names device 1, not the paused device 0"},
+      {1, {entry(1), entry(1)}, "entry 1 names device 1 again"},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(vmstash_pause_live_devices("pld", c.device, c.live.data(), c.live.size()), VMSTASH_INVALID_ARGUMENT)
+        << c.says;
+    EXPECT_THAT(vmstash_last_error(), HasSubstr(c.says));
+    EXPECT_TRUE(StateIs(0, "pld", "active") && StateIs(1, "pld", "active")) << "paused by: " << c.says;
+  }
+  // Well-formed entries pause (one device, then every device), bytes kept.
+  std::memset(p[1], 0x5a, 4096);
+  const vmstash_live_ranges one = entry(1);
+  ASSERT_EQ(vmstash_pause_live_devices("pld", 1, &one, 1), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_resume("pld", -1), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(static_cast<unsigned char*>(p[1])[4095], 0x5a);
+  const vmstash_live_ranges both[2] = {entry(1), entry(0)};
+  ASSERT_EQ(vmstash_pause_live_devices("pld", -1, both, 2), VMSTASH_OK) << vmstash_last_error();
+  ASSERT_EQ(vmstash_resume("pld", -1), VMSTASH_OK) << vmstash_last_error();
+  for (int d = 0; d < 2; ++d) vmstash_free(p[d], 0, d, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
 }
 
 }  // namespace

@@ -2,6 +2,21 @@
 // stash::StashArena, on the process runtime (shim.h). Each arena counts as a dependent of
 // the Runtime (it holds an allocator pointer), so a shutdown refuses while one exists. An opaque
 // vmstash_stash_arena is a StashArena; handles are the arena's device handle pointers.
+//
+// Note [Arenas Across Fork]
+//   An arena records the Runtime that created it and the process it was created in. A
+//   forked child inherits the parent's arenas with the parent's runtime; once it has shut
+//   that copy down and initialized a runtime of its own (runtime/process.h, Note [Fork]),
+//   an inherited arena still points into the abandoned copy, whose locks a parent thread
+//   may have held at fork. So a call on an arena of another runtime or another process is
+//   refused with FailedPrecondition before anything is touched, and destroying one frees
+//   the handle only: its StashArena (whose destructor would give pages back to the
+//   abandoned allocator) is leaked on purpose, and no runtime's dependents change, so the
+//   child's own shutdown counts the child's own arenas only. Within one process an arena
+//   cannot outlive its runtime (a shutdown refuses while arenas exist), so the check
+//   refuses inherited arenas only.
+#include <unistd.h>
+
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -15,6 +30,8 @@
 
 struct vmstash_stash_arena {
   std::unique_ptr<vmstash::stash::StashArena> arena;
+  vmstash::Runtime* owner;  // Note [Arenas Across Fork]
+  pid_t pid;                // the process that created it
 };
 
 namespace vmstash {
@@ -24,16 +41,30 @@ static_assert(sizeof(vmstash_stash_flags) == sizeof(stash::StashFlags), "flags l
 
 using c_abi::Fail;
 
+// Note [Arenas Across Fork]: whether `arena` belongs to `rt` (the runtime of this call,
+// null when there is none) in this process.
+bool OwnedHere(const vmstash_stash_arena& arena, const Runtime* rt) {
+  return arena.pid == ::getpid() && arena.owner == rt;
+}
+
+absl::Status NotOwnedHere(const vmstash_stash_arena& arena) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "vmstash stash: this stash arena belongs to the vmstash runtime of process ", arena.pid,
+      " (before a fork() or a shutdown); it cannot be used here (process ", ::getpid(),
+      "): create the arenas of this runtime anew; vmstash_stash_destroy frees the handle only"));
+}
+
 Stream S(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
 stash::StashHandleHeader* H(void* handle) { return static_cast<stash::StashHandleHeader*>(handle); }
 
 // Runs `fn` on the arena's StashArena, or fails with InvalidArgument for a null arena.
 template <typename Fn>
 int OnArena(vmstash_stash_arena* arena, Fn fn) noexcept {
-  return c_abi::Guard([&](process::Call&) {
+  return c_abi::Guard([&](process::Call& call) {
     if (arena == nullptr || arena->arena == nullptr) {
       return Fail(absl::InvalidArgumentError("vmstash stash: null arena"));
     }
+    if (!OwnedHere(*arena, call.runtime_if_initialized())) return Fail(NotOwnedHere(*arena));
     absl::Status s = fn(*arena->arena);
     return s.ok() ? 0 : Fail(s);
   });
@@ -62,7 +93,7 @@ int vmstash_stash_create(int device, const char* tag, uint64_t row_bytes, uint32
     if (tag != nullptr && tag[0] != '\0') spec.tag = tag;
     absl::StatusOr<std::unique_ptr<StashArena>> arena = StashArena::Create((*a)->driver(), *a, std::move(spec));
     if (!arena.ok()) return vmstash::c_abi::Fail(arena.status());
-    *out = new vmstash_stash_arena{*std::move(arena)};
+    *out = new vmstash_stash_arena{*std::move(arena), &rt, ::getpid()};
     rt.AddDependent(+1);
     return 0;
   });
@@ -73,9 +104,20 @@ int vmstash_stash_prepare(vmstash_stash_arena* arena, uint64_t device_pages, uin
   return OnArena(arena, [&](StashArena& a) { return a.Prepare(device_pages, host_pages, S(stream)); });
 }
 
+// Note [Arenas Across Fork]: an arena of another runtime or process loses its handle only.
 int vmstash_stash_destroy(vmstash_stash_arena* arena) noexcept {
+  if (arena != nullptr && arena->pid != ::getpid()) {  // inherited: whatever this process's runtime state
+    (void)arena->arena.release();
+    delete arena;
+    return 0;
+  }
   return vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
     if (arena == nullptr) return 0;
+    if (!vmstash::OwnedHere(*arena, &rt)) {
+      (void)arena->arena.release();
+      delete arena;
+      return 0;
+    }
     delete arena;
     rt.AddDependent(-1);
     return 0;

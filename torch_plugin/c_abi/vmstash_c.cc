@@ -427,6 +427,30 @@ int vmstash_last_error_done(void) noexcept { return last_error_done ? 1 : 0; }
 // A pause over devices with each device's own liveness hint, as one Runtime call: all or
 // nothing across devices (runtime.h, Note [All-or-Nothing Transitions]), where one call per
 // device would leave the first devices paused when a later one fails.
+namespace {
+// The device of entry `i` of vmstash_pause_live_devices's `live` (vmstash.h): a device of
+// this process, not named by an earlier entry, and the paused `device` unless that is -1.
+absl::Status CheckLiveEntryDevice(const Runtime& rt, int device, const vmstash_live_ranges* live, size_t i) {
+  const int d = live[i].device;
+  if (d < 0 || d >= rt.device_count()) {
+    return absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: entry ", i, " names device ", d,
+                                                   ", not a device of this process (0..", rt.device_count() - 1,
+                                                   "); nothing was paused"));
+  }
+  if (device != Runtime::kAllDevices && d != device) {
+    return absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: entry ", i, " names device ", d,
+                                                   ", not the paused device ", device, "; nothing was paused"));
+  }
+  for (size_t j = 0; j < i; ++j) {
+    if (live[j].device == d) {
+      return absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: entry ", i, " names device ", d,
+                                                     " again (as entry ", j, " does); nothing was paused"));
+    }
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 extern "C" int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
                                           size_t n_live) noexcept {
   if (tag == nullptr || (n_live != 0 && live == nullptr)) {
@@ -438,6 +462,7 @@ extern "C" int vmstash_pause_live_devices(const char* tag, int device, const vms
     Runtime::LiveRangesByDevice ranges;
     for (size_t i = 0; i < n_live; ++i) {
       const vmstash_live_ranges& l = live[i];
+      if (absl::Status s = CheckLiveEntryDevice(rt, device, live, i); !s.ok()) return Fail(s);
       if (l.tag != nullptr && std::strcmp(l.tag, tag) != 0) {
         return Fail(absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: ranges ", i, " name tag '",
                                                             l.tag, "', not the paused tag '", tag, "'")));

@@ -132,9 +132,12 @@ int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* co
                    int device, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
 /* Pause with a liveness hint per device, in one call: `live` (NULL, or `n_live` entries)
  * gives, for one device each, the byte ranges of `tag` that hold data there, as for
- * vmstash_pause_live (an entry's `tag` is NULL or `tag`; VMSTASH_INVALID_ARGUMENT
- * otherwise; entries of one device add up). A device without an entry pauses without a
- * hint (every live block of a backup tag is copied). device -1: every device in use, all
+ * vmstash_pause_live. VMSTASH_INVALID_ARGUMENT, with nothing paused, for an entry whose
+ * `tag` is neither NULL nor `tag`, whose device is not one of this process's (negative,
+ * -1 included, or out of range), names a device an earlier entry names, or, when `device`
+ * is not -1, names another device than `device` (with -1, entries of any devices). A
+ * device without an entry pauses without a hint (every live block of a backup tag is
+ * copied). device -1: every device in use, all
  * or nothing as vmstash_pause — where one vmstash_pause_live call per device would leave
  * the first devices paused when a later one fails. Returns as vmstash_pause. */
 int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,

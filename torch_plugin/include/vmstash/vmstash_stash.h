@@ -17,6 +17,12 @@
  *     by events); two streams concurrently are not supported.
  *   - create, prepare, new_handle, free_handle, read_flags and destroy are host calls
  *     (not capturable). vmstash_shutdown() refuses while arenas exist.
+ *   - An arena belongs to the runtime and the process that created it. In a forked child
+ *     (which must vmstash_shutdown() and vmstash_init() before using vmstash) an inherited
+ *     arena is refused by every call with VMSTASH_FAILED_PRECONDITION ("belongs to the
+ *     vmstash runtime of process P"), and vmstash_stash_destroy of it returns 0 after
+ *     freeing the handle only: the memory stays the parent's, and the child's own
+ *     shutdown does not count it (stash_c.cc, Note [Arenas Across Fork]).
  *   - Under the simulated driver the operations run on the host at once (for tests).
  */
 #ifndef VMSTASH_VMSTASH_STASH_H_
