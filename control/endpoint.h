@@ -24,8 +24,9 @@
 //   a handler already running is waited for. When accept fails for want of descriptors or
 //   memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) the connection stays pending: the accept
 //   thread logs a warning (once per server) and retries every 100 ms instead of spinning,
-//   still woken at once by a stop; the client waits meanwhile, up to its deadline. The process umask is never changed. A forked
-//   child's copy of a server neither stops the parent's threads nor removes its socket.
+//   still woken at once by a stop; the client waits meanwhile, up to its deadline. The
+//   process umask is never changed. A forked child's copy of a server neither stops the
+//   parent's threads nor removes its socket.
 //
 // Note [Client Deadlines]
 //   The client side (ListEndpoints, EndpointOf, Call) trusts a runtime directory only when

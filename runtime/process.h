@@ -29,7 +29,9 @@
 //   Shutdown() succeeds without touching the copy (it is abandoned, never destroyed), after
 //   which Init() may create a runtime of the child's own. The check costs one relaxed load
 //   per call. The tag-intern table (allocator/tag.cc) has fork handlers of its own: tag
-//   names stay usable in the child.
+//   names stay usable in the child. Stash arenas the child inherited stay the parent's
+//   runtime's: refused in the child's own (torch_plugin/c_abi/stash_c.cc, Note [Arenas
+//   Across Fork]).
 //
 // Thread-safety: every function is thread-safe. The Runtime a Call returns is valid until
 // that Call ends.
