@@ -394,6 +394,8 @@ class CachingAllocator {
   // of the hook's own transition), a lock is only tried: waiting for it while holding
   // those could deadlock with a transition that holds it and waits for them
   // (Note [Pause/Resume Protocol]); a busy one is FailedPrecondition, nothing held.
+  // "From a hook" is known per thread: a hook that hands a transition to another thread
+  // and waits for it is not recognised, and may deadlock as before; hooks must not.
   class ControlLocks {
    public:
     ControlLocks() = default;
