@@ -187,16 +187,27 @@ class BackupStoreTest : public ::testing::Test {
     return {};
   }
   BackupStore Disk() const { return BackupStore{BackupStore::Kind::kDisk, dir_}; }
-  // Pauses weights_ to its disk file, keeps the file's bytes (*saved) and cuts it to 0
-  // bytes (*fd: the file); what went wrong, or "".
-  std::string PauseAndEmptyTheFile(int* fd, std::string* saved) {
-    absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
-    if (!paused.ok()) return "pause: " + paused.status().ToString();
-    *fd = BackupFd(dir_);
-    const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
-    *saved = ReadAll(*fd, size);
-    if (*fd < 0 || saved->size() != size || ftruncate(*fd, 0) != 0) return "cannot shorten the backup file";
-    return "";
+  // In a child (RunInChild): weights_ paused to a disk file whose bytes are kept (`saved`)
+  // and which is then cut to 0 bytes (`fd`), then `body`. The failures `check` noted, a
+  // setup failure, or what `body` returned; "" when all went well.
+  using Check = std::function<void(bool ok, const std::string& what)>;
+  std::string WithAnEmptiedBackupFile(
+      const std::function<std::string(int fd, const std::string& saved, const Check& check)>& body) {
+    if (!alloc_->SetBackupStore(weights_, Disk()).ok()) return "cannot set the disk store";
+    return RunInChild([&]() -> std::string {
+      std::string out;
+      const Check check = [&](bool ok, const std::string& what) {
+        if (!ok) out += what + "\n";
+      };
+      absl::StatusOr<Transition> paused = alloc_->Pause(weights_);
+      if (!paused.ok()) return "pause: " + paused.status().ToString();
+      const int fd = BackupFd(dir_);
+      const std::size_t size = static_cast<std::size_t>(Tag(weights_).backup_arena_bytes);
+      const std::string saved = ReadAll(fd, size);
+      if (fd < 0 || saved.size() != size || ftruncate(fd, 0) != 0) return "cannot shorten the backup file";
+      const std::string rest = body(fd, saved, check);  // first: it appends to `out`
+      return out + rest;
+    });
   }
   void RoundTrip() {
     ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
@@ -413,26 +424,18 @@ TEST_F(BackupStoreTest, ADiskBackupIsReadInOnlyWhereItIsRead) {
 // memory released and its file kept; with the file whole again a resume restores every
 // byte. In a child: before the fix the resume died of SIGBUS.
 TEST_F(BackupStoreTest, AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused) {
-  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
-  const std::string failures = RunInChild([&]() -> std::string {
-    std::string out;
-    auto check = [&](bool ok, const std::string& what) {
-      if (!ok) out += what + "\n";
-    };
-    int fd = -1;
-    std::string saved;
-    if (std::string why = PauseAndEmptyTheFile(&fd, &saved); !why.empty()) return why;
+  const std::string failures = WithAnEmptiedBackupFile([&](int fd, const std::string& saved, const Check& check) {
     const std::size_t used = sim_->UsedBytes(0);
     absl::StatusOr<Transition> resumed = alloc_->Resume(weights_);
     check(resumed.status().code() == absl::StatusCode::kDataLoss, "resume: " + resumed.status().ToString());
     check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
     check(sim_->UsedBytes(0) == used, "device memory left mapped by the failed resume");
     check(alloc_->Validate().ok(), "Validate");
-    if (!WriteAll(fd, saved)) return out + "cannot rewrite the backup file";
+    if (!WriteAll(fd, saved)) return std::string("cannot rewrite the backup file");
     resumed = alloc_->Resume(weights_);
     check(resumed.ok() && *resumed == Transition::kDone, "resume, file whole: " + resumed.status().ToString());
     check(Intact(), "bytes lost");
-    return out;
+    return std::string();
   });
   EXPECT_EQ(failures, "");
 }
@@ -440,26 +443,18 @@ TEST_F(BackupStoreTest, AResumeFromAShortenedDiskFileFailsAndLeavesTheTagPaused)
 // The same through a switch bringing the tag in, and through ReadBackup (TMS's
 // get_cpu_backup): errors, not SIGBUS; the tag stays paused and comes back whole later.
 TEST_F(BackupStoreTest, ASwitchOrABackupReadFromAShortenedDiskFileFailsCleanly) {
-  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
-  const std::string failures = RunInChild([&]() -> std::string {
-    std::string out;
-    auto check = [&](bool ok, const std::string& what) {
-      if (!ok) out += what + "\n";
-    };
-    int fd = -1;
-    std::string saved;
-    if (std::string why = PauseAndEmptyTheFile(&fd, &saved); !why.empty()) return why;
+  const std::string failures = WithAnEmptiedBackupFile([&](int fd, const std::string& saved, const Check& check) {
     absl::StatusOr<Transition> switched = alloc_->Switch({}, {weights_});
     check(switched.status().code() == absl::StatusCode::kDataLoss, "switch: " + switched.status().ToString());
     check(Tag(weights_).state == "paused", "state " + Tag(weights_).state);
     char byte = 0;
     absl::Status read = alloc_->ReadBackup(blocks_[0].first, 1, &byte);
     check(read.code() == absl::StatusCode::kDataLoss, "read: " + read.ToString());
-    if (!WriteAll(fd, saved)) return out + "cannot rewrite the backup file";
+    if (!WriteAll(fd, saved)) return std::string("cannot rewrite the backup file");
     switched = alloc_->Switch({}, {weights_});
     check(switched.ok() && *switched == Transition::kDone, "switch, file whole: " + switched.status().ToString());
     check(Intact(), "bytes lost");
-    return out;
+    return std::string();
   });
   EXPECT_EQ(failures, "");
 }

@@ -80,13 +80,22 @@ absl::Status ValidateTagName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The id of a valid `name`, or -1 when it was never interned; the table's lock is held.
+TagId FindLocked(InternTable& table, absl::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(table.mu) {
+  auto it = table.ids.find(name);
+  return it == table.ids.end() ? -1 : it->second;
+}
+
+}  // namespace
+
 absl::StatusOr<TagId> InternTag(absl::string_view name) {
   absl::Status valid = ValidateTagName(name);
   if (!valid.ok()) return valid;
   InternTable& table = Table();
   MutexLock lock(&table.mu);
-  auto it = table.ids.find(name);
-  if (it != table.ids.end()) return it->second;
+  if (const TagId found = FindLocked(table, name); found >= 0) return found;
   int id = table.count.load(std::memory_order_relaxed);
   if (id >= kMaxTags) {
     return absl::ResourceExhaustedError(absl::StrCat("too many tag names (", kMaxTags, "); cannot add '", name, "'"));
@@ -103,11 +112,11 @@ absl::StatusOr<TagId> FindTag(absl::string_view name) {
   if (!valid.ok()) return valid;
   InternTable& table = Table();
   MutexLock lock(&table.mu);
-  auto it = table.ids.find(name);
-  if (it == table.ids.end()) {
+  const TagId found = FindLocked(table, name);
+  if (found < 0) {
     return absl::NotFoundError(absl::StrCat("tag '", name, "' does not exist in this process (never created or used)"));
   }
-  return it->second;
+  return found;
 }
 
 absl::string_view TagName(TagId id) {

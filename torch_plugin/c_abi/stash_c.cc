@@ -106,18 +106,16 @@ int vmstash_stash_prepare(vmstash_stash_arena* arena, uint64_t device_pages, uin
 
 // Note [Arenas Across Fork]: an arena of another runtime or process loses its handle only.
 int vmstash_stash_destroy(vmstash_stash_arena* arena) noexcept {
-  if (arena != nullptr && arena->pid != ::getpid()) {  // inherited: whatever this process's runtime state
+  // Note [Arenas Across Fork]: an arena of another process or runtime loses its handle only.
+  auto drop_handle = [&] {
     (void)arena->arena.release();
     delete arena;
     return 0;
-  }
+  };
+  if (arena == nullptr) return 0;
+  if (arena->pid != ::getpid()) return drop_handle();  // inherited: whatever this process's runtime state
   return vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
-    if (arena == nullptr) return 0;
-    if (!vmstash::OwnedHere(*arena, &rt)) {
-      (void)arena->arena.release();
-      delete arena;
-      return 0;
-    }
+    if (!vmstash::OwnedHere(*arena, &rt)) return drop_handle();
     delete arena;
     rt.AddDependent(-1);
     return 0;

@@ -141,6 +141,18 @@ CachingAllocator::TransitionHook Adapt(vmstash_hook_fn fn, void* user, const cha
   };
 }
 
+// Adds entry `l` of a `what` call's live ranges (vmstash.h: vmstash_live_ranges) to
+// `out`, as ranges of tag `id` on the entry's device; InvalidArgument for NULL arrays.
+absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* what,
+                          Runtime::LiveRangesByDevice* out) {
+  if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": live ranges with NULL arrays and n > 0"));
+  }
+  CachingAllocator::LiveRanges& r = (*out)[l.device][id];
+  for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+  return absl::OkStatus();
+}
+
 }  // namespace
 }  // namespace c_abi
 }  // namespace vmstash
@@ -311,14 +323,9 @@ int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* co
     }
     Runtime::LiveRangesByDevice ranges;
     for (size_t i = 0; i < n_live; ++i) {
-      const vmstash_live_ranges& l = live[i];
-      if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
-        return Fail(absl::InvalidArgumentError("vmstash_switch: live ranges with NULL arrays and n > 0"));
-      }
-      absl::StatusOr<TagId> id = ExistingTagArg(l.tag);
+      absl::StatusOr<TagId> id = ExistingTagArg(live[i].tag);
       if (!id.ok()) return Fail(id.status());
-      CachingAllocator::LiveRanges& r = ranges[l.device][*id];
-      for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+      if (absl::Status s = AddLiveEntry(live[i], *id, "vmstash_switch", &ranges); !s.ok()) return Fail(s);
     }
     return WithRuntime([&](Runtime& rt) {
       return TransitionCode(rt.Switch(pause, resume, device, n_live == 0 ? nullptr : &ranges));
@@ -467,11 +474,7 @@ extern "C" int vmstash_pause_live_devices(const char* tag, int device, const vms
         return Fail(absl::InvalidArgumentError(absl::StrCat("vmstash_pause_live_devices: ranges ", i, " name tag '",
                                                             l.tag, "', not the paused tag '", tag, "'")));
       }
-      if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
-        return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: live ranges with NULL arrays and n > 0"));
-      }
-      CachingAllocator::LiveRanges& r = ranges[l.device][*id];
-      for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+      if (absl::Status s = AddLiveEntry(l, *id, "vmstash_pause_live_devices", &ranges); !s.ok()) return Fail(s);
     }
     return TransitionCode(rt.Pause(*id, device, ranges));
   });
