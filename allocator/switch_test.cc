@@ -5,6 +5,7 @@
 // (issue 28): zeroing before the incoming tags are published, an overhang that touched
 // the next cover, a backup tag's handed-over bytes outside its restored ranges.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -513,6 +514,17 @@ TEST_F(SwitchTest, StressUsersOfIncomingTagsNeverSeeTheSwitchZeroTheirBytes) {
     leaving[out].store(false);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) break;
+    // The tag just switched in is the next one to leave: let its users in first, or on a
+    // busy machine the loop can run through without any of them touching it.
+    const int before = used.load();
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (used.load() < before + 2 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+    if (used.load() < before + 2) {
+      ADD_FAILURE() << "no user allocated in a switched-in tag for 60 s";
+      break;
+    }
   }
   stop.store(true);
   for (std::thread& th : threads) th.join();

@@ -197,7 +197,7 @@ TEST(EndpointTest, StartingLeavesTheProcessUmaskAloneAndTheSocketIs0600) {
         ::unlink(scratch.c_str());
       }
     });
-    for (int i = 0; i < 300 && wrong_mode.load() == 0; ++i) {
+    for (int i = 0; (i < 300 || created.load() == 0) && i < 30000 && wrong_mode.load() == 0; ++i) {
       ServerOptions options;
       options.dir = dir;
       absl::StatusOr<std::unique_ptr<ControlServer>> server = ControlServer::Start(options, Echo);

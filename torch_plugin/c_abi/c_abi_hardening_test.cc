@@ -76,9 +76,14 @@ TEST(CAbiHardeningTest, ShutdownIsSafeAgainstConcurrentCallsAndDoesNotReinitiali
         }
       });
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    // Wait on progress, not on a clock: a loaded machine may not run the callers for a while.
+    auto wait_for = [](const std::atomic<int>& n, int at_least) {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (n.load() < at_least && std::chrono::steady_clock::now() < give_up) std::this_thread::yield();
+    };
+    wait_for(ok_calls, 8);
     ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK) << vmstash_last_error();
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    wait_for(refused, 4);
     stop.store(true);
     for (auto& th : threads) th.join();
     EXPECT_GT(ok_calls.load(), 0);
