@@ -23,23 +23,28 @@ rollout, in the order verl and slime sync weights, switch(adam + stash + train_g
 weights), the weight sync, then switch(optimizer -> kv_cache + decode_graph). The last
 --sequential-cycles cycles take the path before switch() (pauses, then resumes; the same
 tags and bytes), so the summary compares the two in one run.
-Both graphs are captured once and replayed in every phase; every replay is checked
-against the same computation run eagerly (training: without the stash). Prints, per
-phase switch, GPU memory in use, bytes released by the pause, pause/resume times and
-GiB/s; exits non-zero on a mismatch or when a done-criterion of issue 8 fails (memory
-freed >= 95% of the paused tags' reserved bytes; a backup switch within 10% of
-bytes / same-run pinned copy bandwidth + 10 ms), and ends with a short summary.
+
+Both graphs are captured once and replayed in every phase. Each switch prints what moved
+each way, the memory it released and its time against a same-run bound (bytes over the
+measured pinned copy bandwidth, plus 10 ms); the summary gives each direction's median,
+p90 and max against that bound and names the switches over 1.1x it. The verdict: FAILED
+on wrong data (a replay that differs from the same computation run eagerly beyond bf16
+rounding, a NaN or infinity, a backup tag's bytes changed between its pause and its
+resume, a tensor's address moved, less than 95% of the paused tags' memory released) or
+on speed clearly broken (a direction's median over 1.5x its bound); otherwise PASSED.
+One slow switch on a shared machine is named, never failed on: speed claims belong to
+the benchmarks (bench/).
 
 Peers: when torch_memory_saver is importable (or for each --peer MODULE with its API, e.g.
 vmstash.compat.torch_memory_saver), the same tags' bytes then go through the same switches
 under that module in a child process (vmstash.demo.tms_peer), whose figures are
-printed beside ours.
+printed beside ours. A vmstash module's lost data fails the run; another module's is its
+result.
 """
 import argparse
 import concurrent.futures
 import importlib.util
 import math
-import os
 import subprocess
 import sys
 import time
@@ -48,8 +53,24 @@ import torch
 import torch.nn.functional as F
 
 import vmstash
-from vmstash.demo.common import (GiB, Timeline, criteria_failures, pinned_bandwidth, summarize, switch_line,
-                                 switch_record, switch_speedups, write_json)
+from vmstash.demo.common import (SPEED_MARGIN, GiB, Timeline, memory_failures, pinned_bandwidth, speed_failures,
+                                 summarize, switch_line, switch_record, switch_speedups, write_json)
+
+ROLLOUT_TAGS = ["weights", "kv_cache", "decode_graph"]
+TRAIN_TAGS = ["optimizer", "adam", "stash", "train_graph"]
+# Each phase switch is a list of steps: (pause_tags, resume_tags) transitions, and "sync"
+# where the weight sync runs (timed apart: not a vmstash cost). Weights are synced when
+# both sides are resident (the master weights and the rollout copy).
+SWITCH_PATH = {
+    "training": [(ROLLOUT_TAGS, TRAIN_TAGS)],
+    "rollout": [(["adam", "stash", "train_graph"], ["weights"]), "sync", (["optimizer"], ["kv_cache", "decode_graph"])],
+}
+# The path before switch(): the rollout tags come back before the training tags go, since
+# memory allows it here (a resume right after a large release waits on the driver).
+SEQUENTIAL_PATH = {
+    "training": [(ROLLOUT_TAGS, []), ([], TRAIN_TAGS)],
+    "rollout": [([], ROLLOUT_TAGS), "sync", (TRAIN_TAGS, [])],
+}
 
 
 class Config:
@@ -152,131 +173,185 @@ def same(a, b):
     return False, (a.float() - b.float()).abs().max().item() / max(scale, 1e-12)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cycles", type=int, default=10)
-    ap.add_argument("--sequential-cycles", type=int, default=3,
-                    help="then this many cycles through the path before switch() (pauses, then resumes)")
-    ap.add_argument("--plot", default=None, help="write the memory timeline here (SVG)")
-    ap.add_argument("--json", default=None, help="write the switches and the summary here")
-    ap.add_argument("--peer", action="append", default=None, metavar="MODULE",
-                    help="run the same switches' memory under this module's torch_memory_saver API in a child "
-                         "process (default: torch_memory_saver when importable; repeatable)")
-    args = ap.parse_args()
-    if args.peer is None:
-        args.peer = ["torch_memory_saver"] if importlib.util.find_spec("torch_memory_saver") else []
-    if not torch.cuda.is_available():
-        print("no CUDA device: run the C++ demo instead (scripts/run_demo.sh)", file=sys.stderr)
-        return 2
-    cfg, dev = Config(), torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    # The capture warm-up runs on a side stream and the eager reference on the default one, so
-    # autograd warns that the leaves' AccumulateGrad nodes change streams: intended here.
-    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
-        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
-    d2h, h2d = pinned_bandwidth(dev)
-    print(f"vmstash RL phase switch on {torch.cuda.get_device_name(0)}: pinned copy D2H {d2h / GiB:.1f} GiB/s, "
-          f"H2D {h2d / GiB:.1f} GiB/s (same run)")
-    if not args.peer:
-        print("torch_memory_saver: not importable here, no comparison")
-    timeline = Timeline()
-    gen = torch.Generator(device=dev).manual_seed(0)
 
-    with vmstash.region("optimizer", policy="backup"):
-        master = {k: v.requires_grad_() for k, v in make_params(cfg, torch.float32, gen, dev).items()}
-    with vmstash.region("adam", policy="backup"):
-        opt = torch.optim.Adam(master.values(), lr=1e-4, fused=True)
-        for v in master.values():  # Adam's state is created here, inside the tag (a zero step)
-            v.grad = torch.zeros_like(v)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    with vmstash.region("weights", policy="backup"):
-        weights = {k: v.detach().to(torch.bfloat16) for k, v in master.items()}
-    with vmstash.region("kv_cache"):
-        kv = torch.zeros(cfg.layers, 2, cfg.batch, cfg.max_len, cfg.heads, cfg.d // cfg.heads, device=dev,
-                         dtype=torch.bfloat16)
-    train_tokens = cfg.train_batch * cfg.train_len
-    capacity = math.ceil(cfg.cf * train_tokens * cfg.topk / cfg.experts)
-    pages = cfg.layers * cfg.experts * math.ceil(capacity / 64)
-    arenas = [vmstash.stash.Arena(row_bytes=cfg.d * 2, device_pages=pages),
-              vmstash.stash.Arena(row_bytes=cfg.ffn * 2, device_pages=2 * pages)]
-    for a in arenas:
-        a.reserve_handles(3 * cfg.layers * cfg.experts, capacity)
-    tok = torch.zeros(cfg.batch, dtype=torch.long, device=dev)
-    pos = torch.zeros(1, dtype=torch.long, device=dev)
-    tokens = torch.zeros(cfg.train_batch, cfg.train_len, dtype=torch.long, device=dev)
-    targets = torch.zeros_like(tokens)
-    flags = torch.zeros(2, 48, dtype=torch.uint8, device=dev)
 
-    def train_step(stash):
+def fingerprint(tensors):
+    """Exact per-tensor checksums (the bits summed as integers): any changed byte pattern
+    shows, NaN or not."""
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return torch.stack([x.detach().reshape(-1).view(ints[x.element_size()]).sum(dtype=torch.int64) for x in tensors])
+
+
+class Model:
+    """Step 1, build the model: each part of its memory in its tag (the table above), the
+    stash arenas, and the static inputs the captured graphs read."""
+
+    def __init__(self, cfg, dev):
+        self.cfg = cfg
+        gen = torch.Generator(device=dev).manual_seed(0)
+        with vmstash.region("optimizer", policy="backup"):
+            self.master = {k: v.requires_grad_() for k, v in make_params(cfg, torch.float32, gen, dev).items()}
+        with vmstash.region("adam", policy="backup"):
+            self.opt = torch.optim.Adam(self.master.values(), lr=1e-4, fused=True)
+            for v in self.master.values():  # Adam's state is created here, inside the tag (a zero step)
+                v.grad = torch.zeros_like(v)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        with vmstash.region("weights", policy="backup"):
+            self.weights = {k: v.detach().to(torch.bfloat16) for k, v in self.master.items()}
+        with vmstash.region("kv_cache"):
+            self.kv = torch.zeros(cfg.layers, 2, cfg.batch, cfg.max_len, cfg.heads, cfg.d // cfg.heads, device=dev,
+                                  dtype=torch.bfloat16)
+        capacity = math.ceil(cfg.cf * cfg.train_batch * cfg.train_len * cfg.topk / cfg.experts)
+        pages = cfg.layers * cfg.experts * math.ceil(capacity / 64)
+        self.arenas = [vmstash.stash.Arena(row_bytes=cfg.d * 2, device_pages=pages),
+                       vmstash.stash.Arena(row_bytes=cfg.ffn * 2, device_pages=2 * pages)]
+        for a in self.arenas:
+            a.reserve_handles(3 * cfg.layers * cfg.experts, capacity)
+        self.tok = torch.zeros(cfg.batch, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(cfg.train_batch, cfg.train_len, dtype=torch.long, device=dev)
+        self.targets = torch.zeros_like(self.tokens)
+        self.flags = torch.zeros(2, 48, dtype=torch.uint8, device=dev)
+
+    def decode(self):
+        return decode_step(self.cfg, self.weights, self.kv, self.tok, self.pos)
+
+    def train_step(self, stash):
+        """(loss, gradients of the master weights); the expert activations in `stash` when given."""
         if stash is not None:
             for a in stash:
                 a.reset()
-        p = {k: v.to(torch.bfloat16) for k, v in master.items()}
-        logits = train_forward(cfg, p, tokens, stash)
-        loss = F.cross_entropy(logits.view(-1, cfg.vocab).float(), targets.view(-1))
-        grads = torch.autograd.grad(loss, list(master.values()))
+        p = {k: v.to(torch.bfloat16) for k, v in self.master.items()}
+        logits = train_forward(self.cfg, p, self.tokens, stash)
+        loss = F.cross_entropy(logits.view(-1, self.cfg.vocab).float(), self.targets.view(-1))
+        grads = torch.autograd.grad(loss, list(self.master.values()))
         if stash is not None:
             for i, a in enumerate(stash):
-                a.write_flags(flags[i])
+                a.write_flags(self.flags[i])
         return loss, grads
 
-    # Capture both graphs once (after a warm-up on a side stream, as CUDA graphs need).
-    decode_graph, train_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            decode_step(cfg, weights, kv, tok, pos)
-            train_step(arenas)
-    torch.cuda.current_stream().wait_stream(side)
-    with vmstash.cuda_graph(decode_graph, tag="decode_graph", policy="discard"):
-        static_logits = decode_step(cfg, weights, kv, tok, pos)
-    with vmstash.cuda_graph(train_graph, tag="train_graph", policy="discard"):
-        static_loss, static_grads = train_step(arenas)
-    torch.cuda.synchronize()
+    def optimizer_step(self, grads):
+        for p, g in zip(self.master.values(), grads):
+            p.grad = g
+        self.opt.step()  # fused: no temporaries for torch to cache and release at the switch
+        self.opt.zero_grad(set_to_none=True)
 
-    rollout_tags = ["weights", "kv_cache", "decode_graph"]
-    train_tags = ["optimizer", "adam", "stash", "train_graph"]
-    # Weights are synced when both sides are resident (the master weights and the rollout
-    # copy). Each phase switch is a list of steps: (pause_tags, resume_tags) transitions, and
-    # "sync" where the weight sync runs (timed apart: not a vmstash cost).
-    switch_path = {
-        "training": [(rollout_tags, train_tags)],
-        "rollout": [(["adam", "stash", "train_graph"], ["weights"]), "sync",
-                    (["optimizer"], ["kv_cache", "decode_graph"])],
-    }
-    # The path before switch(): the rollout tags come back before the training tags go,
-    # since memory allows it here (a resume right after a large release waits on the driver).
-    sequential_path = {
-        "training": [(rollout_tags, []), ([], train_tags)],
-        "rollout": [([], rollout_tags), "sync", (train_tags, [])],
-    }
-    failures, exact, checks = [], 0, 0
-    switches = []
+    def sync_weights(self):
+        with torch.no_grad():
+            for k, w in self.weights.items():
+                w.copy_(self.master[k])  # the trained master weights to the rollout copy
 
-    workers = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+    def training_state(self):
+        """The backup training tags' tensors: master weights and Adam's state."""
+        adam = [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v) and v.is_cuda]
+        return list(self.master.values()) + adam
 
-    def each(fn, tags):
+    def tensors(self):
+        """Every long-lived tensor by name: none may ever move."""
+        out = {f"master {k}": v for k, v in self.master.items()}
+        out.update({f"weights {k}": v for k, v in self.weights.items()})
+        out.update({f"adam {i}": v for i, v in enumerate(self.training_state()[len(self.master):])})
+        out.update(kv_cache=self.kv, tok=self.tok, pos=self.pos, tokens=self.tokens, flags=self.flags)
+        return out
+
+
+class Graphs:
+    """Step 2, capture the graphs: both once (after a warm-up on a side stream, as CUDA
+    graphs need), their pools in the tags decode_graph and train_graph."""
+
+    def __init__(self, model):
+        self.decode, self.train = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model.decode()
+                model.train_step(model.arenas)
+        torch.cuda.current_stream().wait_stream(side)
+        with vmstash.cuda_graph(self.decode, tag="decode_graph", policy="discard"):
+            self.logits = model.decode()
+        with vmstash.cuda_graph(self.train, tag="train_graph", policy="discard"):
+            self.loss, self.grads = model.train_step(model.arenas)
+        torch.cuda.synchronize()
+
+
+class Verifier:
+    """Step 4, verify: what the verdict rests on. Replays against eager, a backup tag's
+    bytes between its pause and its resume, addresses, memory released; collects failures."""
+
+    def __init__(self, model):
+        self.model, self.failures, self.checks, self.exact = model, [], 0, 0
+        self.addresses = {k: v.data_ptr() for k, v in model.tensors().items()}
+        self.prints = {}
+
+    def replay(self, name, eager, replayed):
+        ok, rel = same(eager, replayed)
+        self.checks += 1
+        self.exact += ok
+        if rel > 2e-2:
+            self.failures.append(f"{name}: replay differs from eager by {rel:.3g} (relative)")
+
+    def remember(self, group, tensors):
+        """Before `group`'s tags are paused."""
+        self.prints[group] = fingerprint(tensors)
+
+    def unchanged(self, group, tensors, when):
+        """After they are back: every tensor's bits as remembered."""
+        if group in self.prints:
+            changed = (self.prints.pop(group) != fingerprint(tensors)).sum().item()
+            if changed:
+                self.failures.append(f"{when}: {changed} {group} tensors changed between pause and resume")
+
+    def addresses_kept(self, when):
+        moved = [k for k, v in self.model.tensors().items() if v.data_ptr() != self.addresses[k]]
+        if moved:
+            self.failures.append(f"{when}: {len(moved)} tensors moved ({', '.join(moved[:3])})")
+
+    def switched(self, record):
+        self.failures.extend(memory_failures(record))
+        self.addresses_kept(f"switch to {record['label']}")
+
+
+class PhaseSwitcher:
+    """Step 3's transitions: runs one phase switch (SWITCH_PATH or SEQUENTIAL_PATH), times
+    it, measures the memory it released, prints its line and hands it to the verifier."""
+
+    def __init__(self, bandwidth, timeline, verifier):
+        self.d2h, self.h2d = bandwidth
+        self.timeline, self.verifier, self.switches = timeline, verifier, []
+        self.workers = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+
+    def _each(self, fn, tags):
         """Tags pause/resume concurrently (a backup tag's copies overlap a discard tag's
         unmap/release or create/map); the first error is raised."""
-        for f in [workers.submit(fn, t) for t in tags]:
+        for f in [self.workers.submit(fn, t) for t in tags]:
             f.result()
 
-    def phase_switch(label, steps, sequential, sync=None):
-        """Runs `steps` (see switch_path); a step with tags on both sides is one
-        vmstash.switch() unless `sequential` (then its pauses, then its resumes, each tag in
-        its own thread as before switch()). Checks memory released and the time against the
-        same-run bound."""
+    def _step(self, out, into, sequential):
+        """One transition: (pause seconds, resume seconds), or None for one switch()."""
+        t0 = time.perf_counter()
+        if sequential or not (out and into):
+            self._each(vmstash.pause, out)  # (pause and resume return with their copies done)
+            t1 = time.perf_counter()
+            self._each(vmstash.resume, into)
+            torch.cuda.synchronize()
+            return t1 - t0, time.perf_counter() - t1
+        vmstash.switch(pause=out, resume=into)
+        torch.cuda.synchronize()
+        return None
+
+    def run(self, label, steps, sequential, sync=None):
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # the eager references' memory goes back to the driver
         transitions = [st for st in steps if st != "sync"]
-        all_paused = [t for p, _ in transitions for t in p]
-        all_resumed = [t for _, r in transitions for t in r]
-        reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in all_paused)
-        restored = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in all_resumed)
+        paused = [t for p, _ in transitions for t in p]
+        resumed = [t for _, r in transitions for t in r]
+        reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in paused)
+        restored = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in resumed)
         free0 = torch.cuda.mem_get_info()[0]
-        pause_s = resume_s = sync_s = 0.0
+        total_s = sync_s = 0.0
+        sides = [0.0, 0.0]  # pause, resume: only while no step is one switch()
         for st in steps:
             t0 = time.perf_counter()
             if st == "sync":
@@ -284,132 +359,190 @@ def main():
                 torch.cuda.synchronize()
                 sync_s += time.perf_counter() - t0
                 continue
-            pause_tags, resume_tags = st
-            if sequential or not (pause_tags and resume_tags):
-                each(vmstash.pause, pause_tags)  # (pause and resume return with their copies done)
-                t1 = time.perf_counter()
-                each(vmstash.resume, resume_tags)
-                torch.cuda.synchronize()
-                pause_s += t1 - t0
-                resume_s += time.perf_counter() - t1
-            else:
-                vmstash.switch(pause=pause_tags, resume=resume_tags)
-                torch.cuda.synchronize()
-                pause_s += time.perf_counter() - t0  # one transaction: both directions at once
-        backed = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in all_paused)
+            split = self._step(*st, sequential)
+            total_s += time.perf_counter() - t0
+            sides = [a + b for a, b in zip(sides, split)] if split and sides else None
+        backed = sum(vmstash.tag_stats(t)["backed_up_bytes"] for t in paused)
         # Released by the pauses: free memory now vs before, plus what the resumes took.
-        resumed_reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in all_resumed)
+        resumed_reserved = sum(vmstash.tag_stats(t)["reserved_bytes"]["current"] for t in resumed)
         freed = torch.cuda.mem_get_info()[0] - free0 + resumed_reserved
-        name = label + (" (sequential)" if sequential else "")
-        timeline.mark(f"switched to {label}")
-        r = switch_record(name, all_paused, all_resumed, reserved, freed, pause_s, resume_s, backed, restored,
-                          d2h, h2d, sync_s if sync else None)
-        switches.append(r)
+        self.timeline.mark(f"switched to {label}")
+        r = switch_record(label + (" (sequential)" if sequential else ""), paused, resumed, reserved, freed, backed,
+                          restored, self.d2h, self.h2d, total_s, *(sides or (None, None)),
+                          sync_s=sync_s if sync else None)
+        self.switches.append(r)
         print(switch_line(r))
-        failures.extend(criteria_failures(r))
+        self.verifier.switched(r)
 
-    def check(name, a, b):
-        nonlocal exact, checks
-        ok, rel = same(a, b)
-        checks += 1
-        exact += ok
-        if rel > 2e-2:
-            failures.append(f"{name}: replay differs from eager by {rel:.3g} (relative)")
 
-    # Start in the rollout phase: the training tags are paused.
-    for t in train_tags:
+def rollout_phase(cycle, model, graphs, verifier, data):
+    """Decode with the graph; every step checked against the same step run eagerly."""
+    cfg = model.cfg
+    model.tok.copy_(torch.randint(0, cfg.vocab, (cfg.batch,), device=model.tok.device, generator=data))
+    for step in range(cfg.decode_steps):
+        model.pos.fill_(step)
+        graphs.decode.replay()
+        got = graphs.logits.clone()
+        verifier.replay(f"cycle {cycle} decode {step}", model.decode(), got)
+        model.tok.copy_(got.argmax(-1))
+
+
+def training_phase(cycle, model, graphs, verifier, data):
+    """One step through the captured graph, checked against eager without the stash.
+    The eager reference runs first, so that its activations go back to the driver here and
+    not right before the switch (memory created right after a large release waits on the
+    driver; pause_bench measures it). Returns the eager results: the caller frees them
+    after the next switch."""
+    for t in (model.tokens, model.targets):
+        t.copy_(torch.randint(0, model.cfg.vocab, t.shape, device=t.device, generator=data))
+    eager = model.train_step(None)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    graphs.train.replay()
+    if model.flags[:, 0].any().item():
+        verifier.failures.append(f"cycle {cycle}: stash overflow")
+    verifier.replay(f"cycle {cycle} loss", eager[0], graphs.loss)
+    for i, (ge, gg) in enumerate(zip(eager[1], graphs.grads)):
+        verifier.replay(f"cycle {cycle} grad {i}", ge, gg)
+    return eager
+
+
+def peer_layout():
+    """What a peer run allocates per tag (called while the training tags are paused)."""
+    return [{"tag": t, "phase": phase, "backup": st["policy"] == "backup",
+             "bytes": max(st["reserved_bytes"]["current"], st["paused_bytes"])}
+            for phase, tags in (("rollout", ROLLOUT_TAGS), ("training", TRAIN_TAGS))
+            for t, st in ((t, vmstash.tag_stats(t)) for t in tags)]
+
+
+def phase_cycle(args, model, graphs, verifier, switcher, timeline):
+    """Step 3, the phase cycle: rollout, switch to training, train, switch to rollout
+    (syncing the weights), --cycles times through switch() and --sequential-cycles times
+    through the path before it. Returns (GPU bytes in use per phase, the peer layout)."""
+    verifier.remember("training state", model.training_state())
+    torch.cuda.synchronize()
+    for t in TRAIN_TAGS:  # start in the rollout phase
         vmstash.pause(t)
-    data = torch.Generator(device=dev).manual_seed(1)
-    last_sums = None
+    data = torch.Generator(device=model.tok.device).manual_seed(1)
+    used, layout = {}, None
     for cycle in range(args.cycles + args.sequential_cycles):
         sequential = cycle >= args.cycles
-        # Rollout: the weights must have survived the pause; then decode with the graph.
-        sums = torch.stack([w.float().sum() for w in weights.values()])
-        if cycle > 0 and not torch.equal(sums, last_sums):
-            failures.append(f"cycle {cycle}: rollout weights changed across pause/resume")
-        tok.copy_(torch.randint(0, cfg.vocab, (cfg.batch,), device=dev, generator=data))
-        for step in range(cfg.decode_steps):
-            pos.fill_(step)
-            decode_graph.replay()
-            got = static_logits.clone()
-            check(f"cycle {cycle} decode {step}", decode_step(cfg, weights, kv, tok, pos), got)
-            tok.copy_(got.argmax(-1))
-        used_rollout = timeline.mark(f"rollout {cycle}")
-        if cycle == 0:
-            # What a peer run allocates per tag (the training tags are paused here).
-            layout = [{"tag": t, "phase": phase, "backup": st["policy"] == "backup",
-                       "bytes": max(st["reserved_bytes"]["current"], st["paused_bytes"])}
-                      for phase, tags in (("rollout", rollout_tags), ("training", train_tags))
-                      for t, st in ((t, vmstash.tag_stats(t)) for t in tags)]
-        phase_switch("training", (sequential_path if sequential else switch_path)["training"], sequential)
-        # Training: one step through the captured graph, checked against eager without the stash.
-        # The eager reference runs first, so that its activations go back to the driver here and
-        # not right before the switch (memory created right after a large release waits on the
-        # driver; pause_bench measures it). Its gradients are freed after the switch.
-        tokens.copy_(torch.randint(0, cfg.vocab, tokens.shape, device=dev, generator=data))
-        targets.copy_(torch.randint(0, cfg.vocab, tokens.shape, device=dev, generator=data))
-        loss_e, grads_e = train_step(None)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        train_graph.replay()
-        if flags[:, 0].any().item():
-            failures.append(f"cycle {cycle}: stash overflow")
-        used_train = timeline.mark(f"train {cycle}")
-        check(f"cycle {cycle} loss", loss_e, static_loss)
-        for i, (ge, gg) in enumerate(zip(grads_e, static_grads)):
-            check(f"cycle {cycle} grad {i}", ge, gg)
-        for p, g in zip(master.values(), static_grads):
-            p.grad = g
-        opt.step()  # fused: no temporaries for torch to cache and release at the switch
-        opt.zero_grad(set_to_none=True)
-        print(f"cycle {cycle}: rollout used {used_rollout / GiB:.2f} GiB, training {used_train / GiB:.2f} GiB; "
-              f"loss {static_loss.item():.4f}")
+        path = SEQUENTIAL_PATH if sequential else SWITCH_PATH
+        rollout_phase(cycle, model, graphs, verifier, data)
+        used["rollout"] = timeline.mark(f"rollout {cycle}")
+        layout = layout or peer_layout()
+        verifier.remember("weights", model.weights.values())
+        switcher.run("training", path["training"], sequential)
+        verifier.unchanged("training state", model.training_state(), f"cycle {cycle}, to training")
+        eager = training_phase(cycle, model, graphs, verifier, data)
+        used["training"] = timeline.mark(f"train {cycle}")
+        model.optimizer_step(graphs.grads)
+        verifier.remember("training state", model.training_state())
+        print(f"cycle {cycle}: rollout used {used['rollout'] / GiB:.2f} GiB, training {used['training'] / GiB:.2f} "
+              f"GiB; loss {graphs.loss.item():.4f}")
 
         def sync():
-            with torch.no_grad():
-                for k, w in weights.items():
-                    w.copy_(master[k])  # the trained master weights to the rollout copy
+            verifier.unchanged("weights", model.weights.values(), f"cycle {cycle}, to rollout")
+            model.sync_weights()
 
-        phase_switch("rollout", (sequential_path if sequential else switch_path)["rollout"], sequential, sync=sync)
-        del grads_e, loss_e
+        switcher.run("rollout", path["rollout"], sequential, sync=sync)
+        del eager
         torch.cuda.empty_cache()  # now, a rollout phase before the next switch
-        last_sums = torch.stack([w.float().sum() for w in weights.values()])
-    if args.plot:
-        timeline.svg(args.plot)
-        print(f"memory timeline: {args.plot}")
-    print(f"{checks} replay checks against eager: {exact} bit-exact, the rest within bf16 rounding; "
-          f"{len(switches)} phase switches, no re-capture")
-    speedups = switch_speedups(switches)
-    used = {"rollout": used_rollout, "training": used_train}
-    lines, summary = summarize("vmstash", switches, used)
-    summary.update(checks=checks, exact=exact, d2h=d2h, h2d=h2d, device=torch.cuda.get_device_name(0),
-                   failures=failures, switch_log=switches, speedups=speedups)
-    if args.peer:  # the peer runs in a child process: leave it the GPU
-        for t in rollout_tags:
-            vmstash.pause(t)
-        torch.cuda.empty_cache()
-    peers = [run_peer(m, layout, args.cycles) for m in args.peer]
+    return used, layout
+
+
+def run_peers(args, layout):
+    """The peers run in child processes: leave them the GPU. A vmstash module's failures
+    are ours."""
+    if not args.peer:
+        return [], []
+    for t in ROLLOUT_TAGS:
+        vmstash.pause(t)
+    torch.cuda.empty_cache()
+    peers, failures = [run_peer(m, layout, args.cycles) for m in args.peer], []
     for m, peer in zip(args.peer, peers):
-        # Another module's lost data or crash is its result; vmstash's drop-in module's is ours.
         if m.startswith("vmstash") and (peer.get("error") or peer.get("exit_code") or peer.get("failures")):
             failures.append(f"peer {m}: {peer.get('error') or peer.get('failures') or 'exit ' + str(peer['exit_code'])}")
-    print(f"\nSummary ({torch.cuda.get_device_name(0)}, pinned D2H {d2h / GiB:.1f} GiB/s, H2D {h2d / GiB:.1f} GiB/s):")
-    print(f"vmstash: {args.cycles} rollout/training cycles, both CUDA graphs captured once; {checks} replays "
-          f"checked against eager ({exact} bit-exact), {len(failures)} failures")
+    return peers, failures
+
+
+def report(args, verifier, switcher, used, peers, failures, bandwidth, layout, timeline):
+    """Step 5, report: the summary, the comparisons, the verdict. Returns the exit code."""
+    name = torch.cuda.get_device_name(0)
+    lines, summary = summarize("vmstash", switcher.switches, used)
+    slow = speed_failures(summary)
+    speedups = switch_speedups(switcher.switches)
+    failures = verifier.failures + failures + slow
+    print(f"\nSummary ({name}, pinned D2H {bandwidth[0] / GiB:.1f} GiB/s, H2D {bandwidth[1] / GiB:.1f} GiB/s):")
+    print(f"vmstash: {args.cycles} rollout/training cycles through switch() and {args.sequential_cycles} through "
+          f"pauses then resumes, both CUDA graphs captured once; {verifier.checks} replays checked against eager "
+          f"({verifier.exact} bit-exact, the rest within bf16 rounding)")
     print("\n".join(lines))
     for label, (seq_ms, sw_ms) in speedups.items():
         print(f"  to {label:9s} switch() median {sw_ms:.1f} ms vs the sequential path {seq_ms:.1f} ms in this run: "
               f"{seq_ms / sw_ms:.2f}x")
     for peer in peers:
         print("\n".join(peer.get("lines", [f"{peer['name']}: {peer.get('error')}"])))
+    if args.plot:
+        timeline.svg(args.plot)
+        print(f"memory timeline: {args.plot}")
     if args.json:
+        summary.update(checks=verifier.checks, exact=verifier.exact, d2h=bandwidth[0], h2d=bandwidth[1], device=name,
+                       failures=failures, switch_log=switcher.switches, speedups=speedups)
         write_json(args.json, {"vmstash": summary, "peers": peers, "layout": layout,
                                "timeline": [{"s": t, "gib": m, "at": label} for t, m, label in timeline.points]})
+    print(f"verdict: data (replays, backup bytes across every switch, addresses, memory released: "
+          f"{len(verifier.failures)} failures); speed (every direction's median within {SPEED_MARGIN:g}x its bound: "
+          f"{'yes' if not slow else 'no'})")
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures[:20]))
         return 1
     print("PASSED")
     return 0
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cycles", type=int, default=10, help="rollout/training cycles through switch() (default 10)")
+    ap.add_argument("--sequential-cycles", type=int, default=3,
+                    help="then this many cycles through the path before switch(): pauses, then resumes (default 3)")
+    ap.add_argument("--plot", default=None, help="write the memory timeline here (SVG)")
+    ap.add_argument("--json", default=None, help="write the switches and the summary here")
+    ap.add_argument("--peer", action="append", default=None, metavar="MODULE",
+                    help="run the same switches' memory under this module's torch_memory_saver API in a child "
+                         "process (default: torch_memory_saver when importable; repeatable)")
+    args = ap.parse_args(argv)
+    if args.cycles < 1 or args.sequential_cycles < 0:
+        ap.error("--cycles must be at least 1 and --sequential-cycles at least 0")
+    if args.peer is None:
+        args.peer = ["torch_memory_saver"] if importlib.util.find_spec("torch_memory_saver") else []
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device: run the C++ demo instead (scripts/run_demo.sh)", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    # The capture warm-up runs on a side stream and the eager reference on the default one, so
+    # autograd warns that the leaves' AccumulateGrad nodes change streams: intended here.
+    if hasattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch"):
+        torch.autograd.graph.set_warn_on_accumulate_grad_stream_mismatch(False)
+    bandwidth = pinned_bandwidth(dev)
+    print(f"vmstash RL phase switch on {torch.cuda.get_device_name(0)}: pinned copy D2H {bandwidth[0] / GiB:.1f} "
+          f"GiB/s, H2D {bandwidth[1] / GiB:.1f} GiB/s (same run)")
+    if not args.peer:
+        print("torch_memory_saver: not importable here, no comparison")
+    timeline = Timeline()
+    model = Model(Config(), dev)
+    graphs = Graphs(model)
+    verifier = Verifier(model)
+    switcher = PhaseSwitcher(bandwidth, timeline, verifier)
+    used, layout = phase_cycle(args, model, graphs, verifier, switcher, timeline)
+    peers, peer_failures = run_peers(args, layout)
+    return report(args, verifier, switcher, used, peers, peer_failures, bandwidth, layout, timeline)
 
 
 def run_peer(module, layout, cycles):
