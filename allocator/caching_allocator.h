@@ -360,10 +360,12 @@ class CachingAllocator {
   absl::Status FreeBypassLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a live block already taken out of live_; its pool is not in transition.
   absl::Status FreeBlockLocked(TagPool* pool, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Step 2 of the ladder; true when blocks moved to a shared index.
-  // Heap growth, unless it would cut into the memory margin (ResourceExhausted).
+  // Step 3 of the ladder (Note [OOM Ladder]): heap growth, unless it would cut into the
+  // memory margin (ResourceExhausted).
   absl::StatusOr<Block*> GrowLocked(Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Step 2 of the ladder (Note [OOM Ladder]): completed fences on other streams; true
+  // when blocks moved to a shared index.
   bool ReuseFencedLocked(Heap* heap, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Returns pending frees whose events completed, and those with seq < synced_before
   // (completed by a device synchronization that started when pending_seq_ was
@@ -416,13 +418,13 @@ class CachingAllocator {
   // The background preparer's work: Prepare() for an active tag whose arena is smaller
   // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
-  // Executes a backup pause's plan (transition_plan.h): reserves the arena, queues the
-  // copies of every stage and unmaps each stage's chunks as its copies complete; on
-  // failure waits for the copies and maps everything back (*undo_error: whether that
-  // failed). *backed_up: the bytes copied.
   // Finds the backed-up bytes [ptr, ptr + size_bytes) of a paused tag and calls `use`
   // with their host address, holding that tag's transition lock (no resume meanwhile).
   absl::Status WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use);
+  // Executes a backup pause's plan (transition_plan.h): reserves the arena, queues
+  // the copies of every stage and unmaps each stage's chunks as its copies complete;
+  // on failure waits for the copies and maps everything back (*undo_error: whether
+  // that failed). *backed_up: the bytes copied.
   absl::Status BackupAndUnmap(TagPool* pool, const BackupLayout& layout, std::size_t* backed_up,
                               absl::Status* undo_error);
   // Executes one heap's resume plan into *txn: maps its covers piece by piece and, when

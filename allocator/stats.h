@@ -46,7 +46,7 @@ struct TagStats {
   std::int64_t paused_bytes = 0;
   std::int64_t backed_up_bytes = 0;
   // Pause/resume (see Note [Pause/Resume Protocol] in caching_allocator.h).
-  std::string state = "active";  // active | pausing | paused | resuming
+  std::string state = "active";  // active | pausing | paused | resuming | broken
   std::int64_t backup_arena_bytes = 0;
   std::uint64_t pauses = 0;
   std::uint64_t resumes = 0;
