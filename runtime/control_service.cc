@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/json_writer.h"
 #include "base/status_macros.h"
-#include "runtime/version.h"
+#include "base/version.h"
 
 namespace vmstash {
 namespace {

@@ -1,4 +1,4 @@
-"""Writing wheels without a build backend: the version (runtime/version.h, its one place),
+"""Writing wheels without a build backend: the version (base/version.h, its one place),
 an honest manylinux platform tag read from the ELF files a wheel carries, and the archive
 with its dist-info and RECORD. Used by build_vmstash_wheel.py, build_tms_dropin_wheel.py
 and check_wheel.py."""
@@ -13,10 +13,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def vmstash_version():
-    with open(os.path.join(ROOT, "runtime", "version.h")) as f:
+    with open(os.path.join(ROOT, "base", "version.h")) as f:
         match = re.search(r'kVersion\[\] = "([^"]+)"', f.read())
     if not match:
-        raise SystemExit("wheel_writer: no kVersion in runtime/version.h")
+        raise SystemExit("wheel_writer: no kVersion in base/version.h")
     return match.group(1)
 
 

@@ -19,9 +19,9 @@
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "base/log.h"
+#include "base/version.h"
 #include "runtime/process.h"
 #include "runtime/runtime.h"
-#include "runtime/version.h"
 #include "torch_plugin/c_abi/shim.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 
