@@ -2,7 +2,7 @@
 # End to end on the simulated driver: a demo process serves its control endpoint; the
 # `vmstash` CLI lists it, shows it, pauses and resumes a tag remotely, and takes a
 # snapshot; bad requests fail with clear messages; once the process is gone its stale
-# socket disappears.
+# socket disappears; --version, --help on every command, and bad usage (exit 2).
 set -euo pipefail
 root="${TEST_SRCDIR}/${TEST_WORKSPACE}"
 cli="$root/tools/cli/vmstash_cli"
@@ -96,6 +96,55 @@ grep -q "INVALID_ARGUMENT\|printable\|tag" "$out/err.txt" || fail "bad tag messa
 if "$cli" pause "$pid" no_such_tag 2> "$out/err.txt"; then fail "pause of a tag never created succeeded"; fi
 grep -q "'no_such_tag' does not exist" "$out/err.txt" || fail "unknown tag message: $(cat "$out/err.txt")"
 if "$cli" frobnicate 2> /dev/null; then fail "unknown command accepted"; fi
+
+# --version: the one version (base/version.h), the same the process's library reports.
+version=$("$cli" --version) || fail "--version: exit $?"
+[[ "$version" =~ ^vmstash\ [0-9]+\.[0-9]+\.[0-9]+[^\ ]*$ ]] || fail "--version printed: $version"
+"$cli" show "$pid" | grep -q "^process $pid (vmstash_demo), ${version}, " \
+  || fail "the CLI's version ($version) is not the library's: $("$cli" show "$pid" | head -1)"
+# The console script (vmstash._cli, the wheel's `vmstash`) runs this binary: the same answer.
+shim_version=$(VMSTASH_CLI="$cli" PYTHONPATH="$root/torch_plugin/python${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 -c 'import sys; from vmstash._cli import main; sys.exit(main())' --version) || fail "console script --version"
+[ "$shim_version" = "$version" ] || fail "console script --version: '$shim_version', the CLI's: '$version'"
+# --help and -h: the usage on stdout, exit 0; of one command after its name (doing nothing).
+"$cli" --help > "$out/usage.txt" || fail "--help: exit $?"
+for cmd in ps show pause resume switch snapshot map top; do
+  grep -q "vmstash $cmd" "$out/usage.txt" || fail "--help does not list $cmd: $(cat "$out/usage.txt")"
+  for flag in --help -h; do
+    "$cli" "$cmd" "$flag" > "$out/help.txt" 2> "$out/help.err" || fail "$cmd $flag: exit $?"
+    grep -q "^usage: vmstash $cmd" "$out/help.txt" || fail "$cmd $flag printed: $(cat "$out/help.txt")"
+    grep -q "^  -h, --help" "$out/help.txt" || fail "$cmd $flag lists no options: $(cat "$out/help.txt")"
+    [ ! -s "$out/help.err" ] || fail "$cmd $flag wrote to stderr: $(cat "$out/help.err")"
+  done
+done
+"$cli" pause "$pid" weights --help | grep -q "^usage: vmstash pause PID TAG" || fail "pause PID TAG --help"
+"$cli" show "$pid" | grep -q "weights *backup *active" || fail "pause ... --help paused: $("$cli" show "$pid")"
+# Bad usage: exit 2, the reason and the command's usage on stderr, nothing done.
+expect_usage_error() {  # REASON ARGS...
+  local reason=$1 rc
+  shift
+  set +e; "$cli" "$@" > "$out/stdout.txt" 2> "$out/err.txt"; rc=$?; set -e
+  [ "$rc" = 2 ] || fail "vmstash $*: exit $rc, want 2 (usage)"
+  grep -qF -- "$reason" "$out/err.txt" || fail "vmstash $*: no '$reason' in: $(cat "$out/err.txt")"
+  grep -q "^usage: vmstash" "$out/err.txt" || fail "vmstash $*: no usage on stderr: $(cat "$out/err.txt")"
+  [ ! -s "$out/stdout.txt" ] || fail "vmstash $*: wrote to stdout: $(cat "$out/stdout.txt")"
+}
+expect_usage_error "no command given"
+expect_usage_error "unknown command 'frobnicate'" frobnicate --help
+expect_usage_error "unknown option --bogus" ps --bogus
+expect_usage_error "unknown option --bogus" pause "$pid" --bogus
+expect_usage_error "unknown option -x" show "$pid" -x
+expect_usage_error "--device is not an option of show" show "$pid" --device=0
+expect_usage_error "--json is not an option of top" top --json
+expect_usage_error "PID is missing" show
+expect_usage_error "TAG is missing" pause "$pid"
+expect_usage_error "PID must be a process id" show self
+expect_usage_error "unexpected argument 'extra'" show "$pid" extra
+expect_usage_error "-o FILE is missing" snapshot "$pid"
+expect_usage_error "-o needs a value" map "$pid" -o
+expect_usage_error "the format is json or torch" snapshot "$pid" -o "$out/x" --format=xml
+expect_usage_error "usage: vmstash switch" switch "$pid"
+"$cli" show "$pid" | grep -q "weights *backup *active" || fail "a bad usage changed a tag: $("$cli" show "$pid")"
 
 kill -TERM "$pid"
 wait "$pid" || fail "demo exited non-zero: $(cat "$out/demo.log")"

@@ -12,6 +12,8 @@
 //                                            pickle PyTorch's memory_viz loads
 //   vmstash map PID -o FILE.svg|FILE.html    a picture of the address spaces (map_svg.h)
 //   vmstash top [--interval=SECONDS] [--iterations=N]   `ps`, refreshed
+//   vmstash --version                        the version (base/version.h)
+//   vmstash COMMAND --help                   the command's usage (-h too; `vmstash --help`: all)
 //
 // Sizes are human-readable unless --json. Exit status: 0 ok, 1 the operation failed (the
 // reason on stderr: no such process, permission denied, protocol version mismatch, ...),
@@ -35,6 +37,7 @@
 #include "fmt/format.h"
 #include "base/bytes.h"
 #include "base/json_reader.h"
+#include "base/version.h"
 #include "tools/cli/per_device.h"
 #include "tools/cli/map_svg.h"
 #include "tools/cli/torch_snapshot.h"
@@ -42,17 +45,119 @@
 namespace vmstash::cli {
 namespace {
 
-constexpr const char* kUsage =
-    "usage: vmstash ps [--json]\n"
-    "       vmstash show PID [--json]\n"
-    "       vmstash pause PID TAG [--device=N] [--json]\n"
-    "       vmstash resume PID TAG [--device=N] [--json]\n"
-    "       vmstash switch PID --pause A,B --resume C,D [--device=N] [--json]\n"
-    "       vmstash snapshot PID -o FILE [--format=json|torch]\n"
-    "       vmstash map PID -o FILE.svg|FILE.html\n"
-    "       vmstash top [--interval=SECONDS] [--iterations=N]\n"
-    "options: --timeout=SECONDS  deadline of each request (0: none; default 5 s, none for\n"
-    "                            pause/resume/switch)\n";
+// The options, as bits of Command::options: which command takes which.
+enum Option : unsigned {
+  kJson = 1 << 0,
+  kDevice = 1 << 1,
+  kLists = 1 << 2,  // --pause, --resume
+  kOutput = 1 << 3,
+  kFormat = 1 << 4,
+  kInterval = 1 << 5,
+  kIterations = 1 << 6,
+  kTimeout = 1 << 7,  // every command
+};
+
+struct OptionHelp {
+  Option option;
+  const char* name;  // as messages name it
+  const char* help;  // its lines of a command's --help
+};
+
+// In the order of the synopses.
+constexpr OptionHelp kOptionHelp[] = {
+    {kLists, "--pause/--resume",
+     "  --pause A,B            the tags to pause (also --pause=A,B)\n"
+     "  --resume C,D           the tags to resume (also --resume=C,D); either list may be left out\n"},
+    {kOutput, "-o", "  -o FILE                the file to write\n"},
+    {kFormat, "--format", "  --format=json|torch    vmstash's snapshot JSON (default), or a pickle for memory_viz\n"},
+    {kDevice, "--device",
+     "  --device=N             device N only (default, or -1: every device the process uses)\n"},
+    {kJson, "--json", "  --json                 JSON on stdout instead of text\n"},
+    {kInterval, "--interval", "  --interval=SECONDS     time between refreshes (default 1)\n"},
+    {kIterations, "--iterations", "  --iterations=N         stop after N refreshes (default 0: until Ctrl-C)\n"},
+    {kTimeout, "--timeout",
+     "  --timeout=SECONDS      deadline of each request (0: none; default 5 s, none for\n"
+     "                         pause/resume/switch)\n"},
+};
+
+struct Command {
+  const char* name;
+  const char* synopsis;  // after "vmstash "
+  const char* summary;
+  unsigned options;
+  int operands;  // after the command's name: PID, then TAG for pause/resume
+};
+
+constexpr Command kCommands[] = {
+    {"ps", "ps [--json]",
+     "Lists this user's processes that serve a vmstash control endpoint, per GPU: reserved, allocated,\n"
+     "paused and backed-up bytes.",
+     kJson | kTimeout, 0},
+    {"show", "show PID [--json]",
+     "Shows the tags of process PID: policy, state, bytes, blocks, chunks, last pause and resume.",
+     kJson | kTimeout, 1},
+    {"pause", "pause PID TAG [--device=N] [--json]",
+     "Pauses TAG in process PID: its physical memory is released (a backup tag's bytes are copied\n"
+     "out first); its addresses stay reserved.",
+     kDevice | kJson | kTimeout, 2},
+    {"resume", "resume PID TAG [--device=N] [--json]",
+     "Resumes TAG in process PID at the same addresses (a backup tag's bytes are copied back).",
+     kDevice | kJson | kTimeout, 2},
+    {"switch", "switch PID --pause A,B --resume C,D [--device=N] [--json]",
+     "Pauses A,B and resumes C,D in process PID in one transaction: all of it or nothing\n"
+     "(Note [Switch Protocol]).",
+     kLists | kDevice | kJson | kTimeout, 1},
+    {"snapshot", "snapshot PID -o FILE [--format=json|torch]",
+     "Writes the allocator snapshot of process PID to FILE: vmstash's JSON (allocator/snapshot.h),\n"
+     "or a pickle PyTorch's memory_viz loads.",
+     kOutput | kFormat | kTimeout, 1},
+    {"map", "map PID -o FILE.svg|FILE.html",
+     "Draws the address spaces of process PID (tags, chunks, blocks; paused tags dashed) as SVG,\n"
+     "or as an HTML page around it when FILE ends in .html.",
+     kOutput | kTimeout, 1},
+    {"top", "top [--interval=SECONDS] [--iterations=N]", "`vmstash ps`, refreshed.",
+     kInterval | kIterations | kTimeout, 0},
+};
+
+const Command* FindCommand(absl::string_view name) {
+  for (const Command& c : kCommands) {
+    if (name == c.name) return &c;
+  }
+  return nullptr;
+}
+
+// `vmstash --help`: every command's synopsis.
+std::string Usage() {
+  std::string out;
+  for (const Command& c : kCommands) {
+    out += fmt::format("{}vmstash {}\n", out.empty() ? "usage: " : "       ", c.synopsis);
+  }
+  out +=
+      "       vmstash --version\n"
+      "options: --timeout=SECONDS  deadline of each request (0: none; default 5 s, none for\n"
+      "                            pause/resume/switch)\n"
+      "`vmstash COMMAND --help` describes a command. Exit status: 0 ok, 1 the operation failed,\n"
+      "2 bad usage.\n";
+  return out;
+}
+
+// `vmstash COMMAND --help`: its synopsis, what it does and its options.
+std::string Usage(const Command& c) {
+  std::string out = fmt::format("usage: vmstash {}\n{}\noptions:\n", c.synopsis, c.summary);
+  for (const OptionHelp& o : kOptionHelp) {
+    if (c.options & o.option) out += o.help;
+  }
+  out += "  -h, --help             this help\n";
+  return out;
+}
+
+// Bad usage: the reason, then the usage of the command (all of them when there is none), on
+// stderr; exit status 2.
+int BadUsage(const Command* c, absl::string_view reason) {
+  fmt::print(stderr, "vmstash{}{}: {}\n{}", c ? " " : "", c ? c->name : "", std::string(reason),
+             c ? Usage(*c) : Usage());
+  return 2;
+}
 
 // The deadlines of every request; set once by Main (--timeout) before any request.
 control::CallOptions call_options;
@@ -270,65 +375,113 @@ int Top(double interval_s, int iterations) {
 }
 
 int Main(int argc, char** argv) {
-  std::vector<std::string> args;
-  bool json = false;
+  std::vector<std::string> args;  // the command and its operands
+  bool json = false, help = false, version = false, options_done = false;
+  unsigned given = 0;  // Option bits seen
   int device = -1;
   std::string output, format = "json", pause_list, resume_list;
-  bool has_lists = false;
   double interval = 1.0;
   int iterations = 0;
+  std::string error;  // the first bad option; reported once the command is known
+  auto bad = [&](std::string reason) {
+    if (error.empty()) error = std::move(reason);
+  };
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json") {
+    const std::string a = argv[i];
+    if (options_done || a.size() < 2 || a[0] != '-') {
+      args.push_back(a);
+    } else if (a == "--") {  // the rest are operands (a TAG starting with '-')
+      options_done = true;
+    } else if (a == "-h" || a == "--help") {
+      help = true;
+    } else if (a == "--version") {
+      version = true;
+    } else if (a == "--json") {
       json = true;
+      given |= kJson;
     } else if (absl::StartsWith(a, "--device=")) {
-      if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) return fmt::print(stderr, "{}", kUsage), 2;
+      given |= kDevice;
+      if (!absl::SimpleAtoi(a.substr(9), &device) || device < -1) {
+        bad(fmt::format("{}: N must be a device number (or -1: every device)", a));
+      }
     } else if (absl::StartsWith(a, "--timeout=")) {
+      given |= kTimeout;
       double seconds = 0;
       if (!absl::SimpleAtod(a.substr(10), &seconds) || !(seconds >= 0) || seconds > 1e6) {
-        return fmt::print(stderr, "{}", kUsage), 2;
+        bad(fmt::format("{}: SECONDS must be a number from 0 (no deadline) to 1e6", a));
+        continue;
       }
       const int ms = static_cast<int>(seconds * 1000);
       call_options.read_timeout_ms = call_options.transition_timeout_ms = seconds > 0 && ms == 0 ? 1 : ms;
     } else if (absl::StartsWith(a, "--interval=")) {
-      if (!absl::SimpleAtod(a.substr(11), &interval) || interval <= 0) return fmt::print(stderr, "{}", kUsage), 2;
+      given |= kInterval;
+      if (!absl::SimpleAtod(a.substr(11), &interval) || !(interval > 0) || interval > 1e6) {
+        bad(fmt::format("{}: SECONDS must be a number above 0", a));
+      }
     } else if (absl::StartsWith(a, "--iterations=")) {
-      if (!absl::SimpleAtoi(a.substr(13), &iterations) || iterations < 0) return fmt::print(stderr, "{}", kUsage), 2;
+      given |= kIterations;
+      if (!absl::SimpleAtoi(a.substr(13), &iterations) || iterations < 0) {
+        bad(fmt::format("{}: N must be a count (0: until Ctrl-C)", a));
+      }
     } else if (absl::StartsWith(a, "--format=")) {
+      given |= kFormat;
       format = a.substr(9);
-      if (format != "json" && format != "torch") return fmt::print(stderr, "{}", kUsage), 2;
-    } else if ((a == "--pause" || a == "--resume") && i + 1 < argc) {
-      (a == "--pause" ? pause_list : resume_list) = argv[++i];
-      has_lists = true;
+      if (format != "json" && format != "torch") bad(fmt::format("{}: the format is json or torch", a));
+    } else if (a == "--pause" || a == "--resume" || a == "-o") {
+      given |= a == "-o" ? kOutput : kLists;
+      if (i + 1 >= argc) {
+        bad(fmt::format("{} needs a value", a));
+        continue;
+      }
+      (a == "-o" ? output : a == "--pause" ? pause_list : resume_list) = argv[++i];
     } else if (absl::StartsWith(a, "--pause=") || absl::StartsWith(a, "--resume=")) {
+      given |= kLists;
       const bool p = absl::StartsWith(a, "--pause=");
       (p ? pause_list : resume_list) = a.substr(p ? 8 : 9);
-      has_lists = true;
-    } else if (a == "-o" && i + 1 < argc) {
-      output = argv[++i];
-    } else if (a == "-h" || a == "--help") {
-      fmt::print("{}", kUsage);
-      return 0;
     } else {
-      args.push_back(a);
+      bad(fmt::format("unknown option {}", a));
     }
   }
-  auto pid_arg = [&](int* pid) { return args.size() >= 2 && absl::SimpleAtoi(args[1], pid) && *pid > 0; };
+  const Command* command = args.empty() ? nullptr : FindCommand(args[0]);
+  if (!args.empty() && command == nullptr) return BadUsage(nullptr, fmt::format("unknown command '{}'", args[0]));
+  if (help) {
+    fmt::print("{}", command ? Usage(*command) : Usage());
+    return 0;
+  }
+  if (version) {
+    fmt::print("vmstash {}\n", kVersion);
+    return 0;
+  }
+  if (command == nullptr) return BadUsage(nullptr, error.empty() ? "no command given" : error);
+  if (!error.empty()) return BadUsage(command, error);
+  for (const OptionHelp& o : kOptionHelp) {
+    if ((given & o.option) && !(command->options & o.option)) {
+      return BadUsage(command, fmt::format("{} is not an option of {}", o.name, command->name));
+    }
+  }
+  const int operands = static_cast<int>(args.size()) - 1;
+  if (operands > command->operands) {
+    return BadUsage(command, fmt::format("unexpected argument '{}'", args[command->operands + 1]));
+  }
+  if (operands < command->operands) {
+    return BadUsage(command, operands == 0 ? "PID is missing" : "TAG is missing");
+  }
   int pid = 0;
-  if (args.size() == 1 && args[0] == "ps") return Ps(json);
-  if (args.size() == 2 && args[0] == "show" && pid_arg(&pid)) return Show(pid, json);
-  if (args.size() == 3 && (args[0] == "pause" || args[0] == "resume") && pid_arg(&pid)) {
-    return Transition(pid, args[2], args[0] == "pause", device, json);
+  if (command->operands > 0 && (!absl::SimpleAtoi(args[1], &pid) || pid <= 0)) {
+    return BadUsage(command, fmt::format("PID must be a process id (a number above 0), not '{}'", args[1]));
   }
-  if (args.size() == 2 && args[0] == "switch" && pid_arg(&pid) && has_lists) {
-    return Switch(pid, pause_list, resume_list, device, json);
+  if ((command->options & kOutput) && output.empty()) return BadUsage(command, "-o FILE is missing");
+  if ((command->options & kLists) && pause_list.empty() && resume_list.empty()) {
+    return BadUsage(command, "no tag to pause or resume (--pause A,B and/or --resume C,D)");
   }
-  if (has_lists) return fmt::print(stderr, "{}", kUsage), 2;  // --pause/--resume belong to switch
-  if (args.size() == 1 && args[0] == "top") return Top(interval, iterations);
-  if (args.size() == 2 && args[0] == "map" && pid_arg(&pid) && !output.empty()) return Map(pid, output);
-  if (args.size() == 2 && args[0] == "snapshot" && pid_arg(&pid) && !output.empty()) return Snapshot(pid, output, format == "torch");
-  fmt::print(stderr, "{}", kUsage);
-  return 2;
+  const std::string name = command->name;
+  if (name == "ps") return Ps(json);
+  if (name == "show") return Show(pid, json);
+  if (name == "pause" || name == "resume") return Transition(pid, args[2], name == "pause", device, json);
+  if (name == "switch") return Switch(pid, pause_list, resume_list, device, json);
+  if (name == "snapshot") return Snapshot(pid, output, format == "torch");
+  if (name == "map") return Map(pid, output);
+  return Top(interval, iterations);
 }
 
 }  // namespace
