@@ -48,6 +48,15 @@ class VmstashCpuTest(unittest.TestCase):
         self.assertEqual(e.exception.code_name, "INVALID_ARGUMENT")
         self.assertIn("no_such_key", str(e.exception))
 
+    def test_dunder_version_is_the_library_version(self):
+        self.assertIsInstance(vmstash.__version__, str)
+        self.assertEqual(vmstash.__version__, vmstash.version())
+        self.assertRegex(vmstash.__version__, r"^\d+\.\d+\.\d+([.+-][0-9A-Za-z.]+)?$")
+        self.assertEqual(getattr(vmstash, "no_such_attribute", None), None)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        with open(os.path.join(root, "base", "version.h")) as f:  # the version's one place
+            self.assertIn(f'kVersion[] = "{vmstash.__version__}";', f.read())
+
     def test_tags_and_policies(self):
         vmstash.create_tag("cpu_w", "backup")
         vmstash.create_tag("cpu_w", "backup")  # idempotent

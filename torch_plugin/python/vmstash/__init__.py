@@ -14,6 +14,9 @@
 Errors raise vmstash.Error (OutOfMemoryError, also a torch.OutOfMemoryError, when memory
 runs out); nothing in vmstash exits the process. See torch_plugin/README.md. The paged
 stash tier for MoE activations is vmstash.stash (Arena, saved_tensors).
+
+vmstash.__version__ is version(): the loaded library's version (base/version.h, its one
+place), read on first use so that importing vmstash loads no library.
 """
 from ._api import (backup_store, create_tag, current_tag, empty_cache, init, pause, prepare, read_backup,
                    release_backup, resume, set_backup_store, set_current_tag, set_memory_margin, snapshot, stats,
@@ -28,3 +31,15 @@ __all__ = [
     "set_backup_store", "set_current_tag", "set_memory_margin",
     "snapshot", "stash", "stats", "switch", "tag_stats", "tags", "version", "warm_blas_workspaces",
 ]
+
+
+def __getattr__(name):
+    # Module attributes looked up lazily (PEP 562): only __version__.
+    if name == "__version__":
+        try:
+            value = version()
+        except Error as e:
+            raise AttributeError(f"vmstash.__version__: {e}") from e
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module 'vmstash' has no attribute {name!r}")
