@@ -166,7 +166,7 @@ def render(results, specs, info):
     out = ["# Benchmark report", "",
            "Written by `scripts/bench_report.sh` (builds, then runs `bench/report.py`); every figure below is "
            "from the run it names. Ratios and percentages compare against the same run's physical limit or "
-           "peer.", "",
+           "peer. Goals, tuning history and earlier runs: [HISTORY.md](HISTORY.md) (kept by hand).", "",
            "| machine | |", "| --- | --- |"]
     for k in ("gpu", "cpu", "os", "kernel", "nvcc", "torch", "python", "commit", "date"):
         out.append(f"| {k} | {info.get(k, '')} |")
