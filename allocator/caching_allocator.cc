@@ -61,35 +61,27 @@ CachingAllocator::~CachingAllocator() {
   pending_.clear();
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
-  for (auto& pool : pools_) {
-    if (pool == nullptr) continue;
-    for (Event e : pool->copy_events) idle_events_.push_back(e);
-    pool->copy_events.clear();
-    if (pool->copy_stream == nullptr) continue;
-    absl::Status s = driver_->DestroyStream(device_, pool->copy_stream);
-    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a tag's copy stream: {}", s.ToString());
-  }
   for (Event e : idle_events_) {
     absl::Status s = driver_->DestroyEvent(device_, e);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a pooled event: {}", s.ToString());
   }
   live_.clear();
   bypass_live_.clear();  // RAII: unmap, release, free VA (errors logged)
-  pools_.clear();        // heaps give back their chunks and reservations
+  pools_.clear();        // copy streams and events destroyed; heaps give back their chunks and reservations
 }
 
-absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId tag, bool create, Policy policy) {
-  if (tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() && pools_[tag] != nullptr) return pools_[tag].get();
+absl::StatusOr<TagPool*> CachingAllocator::FindPoolLocked(TagId tag, const char* what) const {
+  if (TagPool* pool = PoolOrNullLocked(tag)) return pool;
   if (tag < 0 || tag >= TagCount()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag, " (intern the name first)"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown tag id ", tag, " (intern the name first)"));
   }
-  if (!create) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' has no memory on device ", device_));
-  auto pool = std::make_unique<TagPool>();
-  pool->id = tag;
-  pool->stats.name = std::string(TagName(tag));
-  pool->stats.policy = policy;
-  pool->store = options_.backup_store;
-  pool->stats.backup_store = DescribeBackupStore(pool->store);
+  return absl::NotFoundError(absl::StrCat(what, ": tag '", TagName(tag), "' does not exist on device ", device_,
+                                          " (create it or allocate in it first)"));
+}
+
+absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy) {
+  absl::StatusOr<TagPool*> found = FindPoolLocked(tag, "allocate");
+  if (!absl::IsNotFound(found.status())) return found;
   std::size_t va = options_.heap_va_bytes != 0 ? options_.heap_va_bytes : 2 * device_total_bytes_;
   va = RoundUp(std::max(va, granularity_bytes_), granularity_bytes_);
   HeapConfig base;
@@ -99,53 +91,44 @@ absl::StatusOr<CachingAllocator::TagPool*> CachingAllocator::PoolLocked(TagId ta
   base.granularity_bytes = granularity_bytes_;
   base.va_bytes = va;
   HeapConfig small = base;
-  small.name = absl::StrCat(pool->stats.name, "/small");
+  small.name = absl::StrCat(TagName(tag), "/small");
   small.small = true;
   small.small_chunk_bytes = RoundUp(std::size_t{2} << 20, granularity_bytes_);
   small.min_split_bytes = kAlignmentBytes;
   HeapConfig large = base;
-  large.name = absl::StrCat(pool->stats.name, "/large");
+  large.name = absl::StrCat(TagName(tag), "/large");
   large.min_chunk_bytes = RoundUp(options_.min_chunk_bytes, granularity_bytes_);
   large.max_chunk_bytes = RoundUp(options_.max_chunk_bytes, granularity_bytes_);
   // A remainder no larger than the small limit can never serve a large request.
   large.min_split_bytes = kSmallMaxBytes + 1;
-  pool->small = std::make_unique<Heap>(std::move(small), pool->blocks.get());
-  pool->large = std::make_unique<Heap>(std::move(large), pool->blocks.get());
   if (pools_.size() <= static_cast<std::size_t>(tag)) pools_.resize(tag + 1);
-  pools_[tag] = std::move(pool);
+  pools_[tag] = std::make_unique<TagPool>(tag, policy, options_.backup_store, driver_, device_, std::move(small),
+                                          std::move(large));
   return pools_[tag].get();
 }
 
 absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
   MutexLock lock(&mu_);
-  absl::StatusOr<TagPool*> existing = PoolLocked(tag, false, policy);
-  if (existing.ok()) {
-    if ((*existing)->stats.policy == policy) return absl::OkStatus();
+  if (const TagPool* existing = PoolOrNullLocked(tag)) {
+    if (existing->policy() == policy) return absl::OkStatus();
     return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' already exists on device ", device_,
-                                                      " with policy ", PolicyName((*existing)->stats.policy)));
+                                                      " with policy ", PolicyName(existing->policy())));
   }
-  if (!absl::IsNotFound(existing.status())) return existing.status();
-  return PoolLocked(tag, true, policy).status();
+  return PoolLocked(tag, policy).status();
 }
 
 bool CachingAllocator::DropEmptyTag(TagId tag) {
   MutexLock lock(&mu_);
-  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) return false;
-  const TagPool& pool = *pools_[tag];
-  const bool empty = pool.state == TagState::kActive && pool.small->chunk_count() == 0 &&
-                     pool.large->chunk_count() == 0 && pool.small->va_bytes() == 0 && pool.large->va_bytes() == 0 &&
-                     pool.hooks.empty() && pool.arena == nullptr && pool.copy_stream == nullptr;
-  if (!empty) return false;
+  TagPool* pool = PoolOrNullLocked(tag);
+  if (pool == nullptr || !pool->Empty()) return false;
   pools_[tag].reset();
   return true;
 }
 
 absl::StatusOr<Policy> CachingAllocator::TagPolicy(TagId tag) const {
   MutexLock lock(&mu_);
-  if (tag < 0 || static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr) {
-    return absl::NotFoundError(absl::StrCat("tag id ", tag, " is not used on device ", device_));
-  }
-  return pools_[tag]->stats.policy;
+  VMSTASH_ASSIGN_OR_RETURN(const TagPool* pool, FindPoolLocked(tag, "policy"));
+  return pool->policy();
 }
 
 absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Stream stream, TagId tag) {
@@ -155,20 +138,14 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   }
   const std::size_t rounded = RoundUp(size_bytes, kAlignmentBytes);
   MutexLock lock(&mu_);
-  TagPool* pool;
-  if (tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() && pools_[tag] != nullptr) {
-    pool = pools_[tag].get();
-  } else {
-    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, true, Policy::kDiscard));
+  TagPool* pool = PoolOrNullLocked(tag);
+  if (pool == nullptr) {
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, Policy::kDiscard));
   }
-  if (pool->state != TagState::kActive) {
-    if (pool->state == TagState::kBroken) return absl::FailedPreconditionError(pool->broken_reason);
-    return absl::FailedPreconditionError(absl::StrCat("tag '", pool->stats.name, "' is ", StateName(pool->state),
-                                                      " on device ", device_, ": resume it before allocating"));
-  }
+  if (pool->state() != TagState::kActive) return pool->NotActiveError("resume it before allocating");
   if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
   if (!pending_.empty()) ProcessPendingLocked(0);
-  Heap* heap = rounded <= kSmallMaxBytes ? pool->small.get() : pool->large.get();
+  Heap* heap = rounded <= kSmallMaxBytes ? pool->small() : pool->large();
   Block* block = heap->AllocateCached(rounded, stream);
   if (block != nullptr) {
     ++counters_.cache_hits;
@@ -179,7 +156,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   }
   block->requested_bytes = size_bytes;
   live_.emplace(block->address, block);
-  TagStats& s = pool->stats;
+  TagStats& s = pool->stats();
   s.allocated_bytes.Add(static_cast<std::int64_t>(block->size_bytes));
   s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
   s.active_blocks.Add(1);
@@ -264,8 +241,8 @@ bool CachingAllocator::ReuseFencedLocked(Heap* heap, Stream stream) {
     if (!done.ok() || !*done) continue;
     for (auto& pool : pools_) {
       if (pool == nullptr || pool->frozen()) continue;
-      moved |= pool->small->ShareFreeBlocks(s, it->epoch) != 0;
-      moved |= pool->large->ShareFreeBlocks(s, it->epoch) != 0;
+      moved |= pool->small()->ShareFreeBlocks(s, it->epoch) != 0;
+      moved |= pool->large()->ShareFreeBlocks(s, it->epoch) != 0;
     }
     idle_events_.push_back(it->event);
     fences_.erase(it);
@@ -285,7 +262,7 @@ absl::StatusOr<Event> CachingAllocator::TakeEventLocked() {
 void CachingAllocator::ProcessPendingLocked(std::uint64_t synced_before, TagId in_transition) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     TagPool* owner = PoolOf(it->block);
-    if (owner->busy() && owner->id != in_transition) {
+    if (owner->busy() && owner->id() != in_transition) {
       ++it;
       continue;
     }
@@ -318,7 +295,7 @@ absl::Status CachingAllocator::SynchronizeLocked() {
   fences_.clear();
   for (auto& pool : pools_) {
     if (pool == nullptr || pool->frozen()) continue;
-    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+    for (Heap* heap : pool->heaps()) {
       for (Stream s : heap->StreamsWithFreeBlocks()) heap->ShareFreeBlocks(s, ~std::uint64_t{0});
     }
   }
@@ -328,8 +305,8 @@ absl::Status CachingAllocator::SynchronizeLocked() {
 absl::Status CachingAllocator::ReleaseCachedLocked(TagId tag) {
   absl::Status first;
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id != tag)) continue;
-    for (Heap* heap : {pool->small.get(), pool->large.get()}) {
+    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id() != tag)) continue;
+    for (Heap* heap : pool->heaps()) {
       absl::Status error;
       counters_.released_bytes += heap->ReleaseFreeChunks(&error);
       if (first.ok()) first = error;
@@ -340,19 +317,17 @@ absl::Status CachingAllocator::ReleaseCachedLocked(TagId tag) {
 }
 
 void CachingAllocator::NoteReservedLocked(TagPool* pool) {
-  std::int64_t reserved = static_cast<std::int64_t>(pool->small->mapped_bytes() + pool->large->mapped_bytes());
-  pool->stats.reserved_bytes.Add(reserved - pool->stats.reserved_bytes.current);
-  pool->stats.chunks = static_cast<std::int64_t>(pool->small->chunk_count() + pool->large->chunk_count());
+  pool->NoteReserved();
   // A `backup` tag outgrowing its prepared arena: pin ahead of the first pause, with 25%
   // headroom (see auto_preparer.h).
-  const auto bytes = static_cast<std::size_t>(reserved);
+  const std::size_t bytes = pool->mapped_bytes();
   // Only pinned arenas: the others cost nothing to make at pause time (and a disk arena
   // made early would take the disk before it is needed).
-  if (preparer_ != nullptr && pool->stats.policy == Policy::kBackup && pool->state == TagState::kActive &&
-      pool->store.kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepared_bytes &&
-      bytes > pool->auto_prepare_floor) {
-    pool->auto_prepared_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
-    preparer_->Request(pool->id, pool->auto_prepared_bytes);
+  if (preparer_ != nullptr && pool->policy() == Policy::kBackup && pool->state() == TagState::kActive &&
+      pool->store().kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepare().requested_bytes &&
+      bytes > pool->auto_prepare().floor_bytes) {
+    pool->auto_prepare().requested_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
+    preparer_->Request(pool->id(), pool->auto_prepare().requested_bytes);
   }
 }
 
@@ -382,7 +357,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
         live_.erase(it);
         return FreeBlockLocked(pool, block);
       }
-      wait_for = pool->transition_mu.get();
+      wait_for = pool->transition_mu();
     }
     MutexLock wait(wait_for);  // the pause or resume of the block's tag finishes first
   }
@@ -390,13 +365,13 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
 
 absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   Heap* heap = block->heap;
-  TagStats& s = pool->stats;
-  if (pool->state == TagState::kPaused) {
+  TagStats& s = pool->stats();
+  if (pool->state() == TagState::kPaused) {
     // Its bytes were released with the pause; its backup bytes are dropped.
-    auto found = pool->backup_extents.find(block);
-    if (found != pool->backup_extents.end()) {
+    auto found = pool->backup_extents().find(block);
+    if (found != pool->backup_extents().end()) {
       for (const BackupExtent& e : found->second) s.backed_up_bytes -= static_cast<std::int64_t>(e.size_bytes);
-      pool->backup_extents.erase(found);
+      pool->backup_extents().erase(found);
     }
     block->other_streams.clear();
   }
@@ -456,15 +431,16 @@ absl::Status CachingAllocator::EmptyCache() { return EmptyCache(-1); }
 absl::Status CachingAllocator::EmptyCache(TagId tag) {
   MutexLock lock(&mu_);
   ++counters_.empty_cache_calls;
-  if (tag >= 0 && (static_cast<std::size_t>(tag) >= pools_.size() || pools_[tag] == nullptr)) {
-    if (tag >= TagCount()) return absl::InvalidArgumentError(absl::StrCat("unknown tag id ", tag));
-    return absl::OkStatus();  // nothing cached for a tag never used here
+  if (tag >= 0) {
+    absl::StatusOr<TagPool*> pool = FindPoolLocked(tag, "empty_cache");
+    if (absl::IsNotFound(pool.status())) return absl::OkStatus();  // nothing cached for a tag never used here
+    VMSTASH_RETURN_IF_ERROR(pool.status());
   }
   bool anything = !pending_.empty();
   for (auto& pool : pools_) {
-    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id != tag)) continue;
-    anything = anything || pool->small->free_bytes() != 0 || pool->large->free_bytes() != 0 ||
-               pool->small->va_bytes() != 0 || pool->large->va_bytes() != 0;
+    if (pool == nullptr || pool->frozen() || (tag >= 0 && pool->id() != tag)) continue;
+    anything = anything || pool->small()->free_bytes() != 0 || pool->large()->free_bytes() != 0 ||
+               pool->small()->va_bytes() != 0 || pool->large()->va_bytes() != 0;
   }
   if (!anything) return absl::OkStatus();
   VMSTASH_RETURN_IF_ERROR(SynchronizeLocked());
@@ -500,11 +476,11 @@ absl::StatusOr<DevicePtr> CachingAllocator::AllocateBypassLocked(TagPool* pool, 
     }
     return status;
   }
-  a->tag = pool->id;
+  a->tag = pool->id();
   a->size_bytes = bytes;
   a->requested_bytes = size_bytes;
   DevicePtr ptr = a->reservation.address();
-  TagStats& s = pool->stats;
+  TagStats& s = pool->stats();
   s.allocated_bytes.Add(static_cast<std::int64_t>(bytes));
   s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
   s.reserved_bytes.Add(static_cast<std::int64_t>(bytes));
@@ -529,7 +505,7 @@ absl::Status CachingAllocator::FreeBypassLocked(DevicePtr ptr) {
   VMSTASH_RETURN_IF_ERROR(a.mapping.Unmap());
   VMSTASH_RETURN_IF_ERROR(a.chunk.Release());
   VMSTASH_RETURN_IF_ERROR(a.reservation.Free());
-  TagStats& s = pools_[a.tag]->stats;
+  TagStats& s = pools_[a.tag]->stats();
   s.allocated_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
   s.requested_bytes.Add(-static_cast<std::int64_t>(a.requested_bytes));
   s.reserved_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
@@ -553,24 +529,16 @@ std::string CachingAllocator::OomMessageLocked(const TagPool* pool, std::size_t 
   std::string per_tag;
   for (const auto& p : pools_) {
     if (p == nullptr) continue;
-    reserved += p->stats.reserved_bytes.current;
-    paused += p->stats.paused_bytes;
-    absl::StrAppend(&per_tag, per_tag.empty() ? "" : "; ", p->stats.name, " (", PolicyName(p->stats.policy),
-                    "): allocated ", HumanBytes(p->stats.allocated_bytes.current), ", reserved ",
-                    HumanBytes(p->stats.reserved_bytes.current), ", paused ", HumanBytes(p->stats.paused_bytes));
+    reserved += p->stats().reserved_bytes.current;
+    paused += p->stats().paused_bytes;
+    absl::StrAppend(&per_tag, per_tag.empty() ? "" : "; ", p->name(), " (", PolicyName(p->policy()),
+                    "): allocated ", HumanBytes(p->stats().allocated_bytes.current), ", reserved ",
+                    HumanBytes(p->stats().reserved_bytes.current), ", paused ", HumanBytes(p->stats().paused_bytes));
   }
   return absl::StrCat("vmstash: out of memory on device ", device_, ": tried to allocate ", HumanBytes(size_bytes),
-                      " in tag '", pool->stats.name, "'; device has ", HumanBytes(free_bytes), " free of ",
+                      " in tag '", pool->name(), "'; device has ", HumanBytes(free_bytes), " free of ",
                       HumanBytes(total_bytes), "; vmstash reserves ", HumanBytes(reserved), " (paused ",
                       HumanBytes(paused), "); per tag: ", per_tag, ". Driver said: ", cause.message());
-}
-
-void CachingAllocator::FillTagStatsLocked(const TagPool& pool, TagStats* out) const {
-  *out = pool.stats;
-  out->state = StateName(pool.state);
-  // A pool in transition is being changed by its pauser/resumer without mu_: not read.
-  out->cached_bytes =
-      pool.frozen() ? 0 : static_cast<std::int64_t>(pool.small->free_bytes() + pool.large->free_bytes());
 }
 
 AllocatorStats CachingAllocator::Stats() const {
@@ -583,7 +551,7 @@ AllocatorStats CachingAllocator::Stats() const {
     for (const auto& pool : pools_) {
       if (pool == nullptr) continue;
       TagStats t;
-      FillTagStatsLocked(*pool, &t);
+      pool->FillStats(&t);
       TagStats& sum = out.total;
       sum.allocated_bytes.current += t.allocated_bytes.current;
       sum.allocated_bytes.peak += t.allocated_bytes.peak;  // sum of tag peaks (an upper bound)
@@ -616,10 +584,10 @@ void CachingAllocator::ResetPeaks() {
   MutexLock lock(&mu_);
   for (auto& pool : pools_) {
     if (pool == nullptr) continue;
-    pool->stats.allocated_bytes.ResetPeak();
-    pool->stats.requested_bytes.ResetPeak();
-    pool->stats.reserved_bytes.ResetPeak();
-    pool->stats.active_blocks.ResetPeak();
+    pool->stats().allocated_bytes.ResetPeak();
+    pool->stats().requested_bytes.ResetPeak();
+    pool->stats().reserved_bytes.ResetPeak();
+    pool->stats().active_blocks.ResetPeak();
   }
 }
 
@@ -631,12 +599,12 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   snap.granularity_bytes = granularity_bytes_;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
-    snap.tags.push_back(TagSnapshot{pool->stats.name, pool->stats.policy, StateName(pool->state)});
+    snap.tags.push_back(TagSnapshot{pool->name(), pool->policy(), TagStateName(pool->state())});
     if (pool->frozen()) continue;
-    for (const Heap* heap : {pool->small.get(), pool->large.get()}) {
+    for (const Heap* heap : pool->heaps()) {
       for (const Heap::SegmentView& view : heap->Segments()) {
         SegmentSnapshot seg;
-        seg.tag = pool->stats.name;
+        seg.tag = pool->name();
         seg.heap = heap->config().small ? "small" : "large";
         seg.address = view.address;
         seg.va_bytes = view.va_bytes;
@@ -695,28 +663,12 @@ absl::Status CachingAllocator::ValidateLocked() const {
   std::size_t busy_live_bytes = 0;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
-    if (pool->frozen()) {
-      busy_live_bytes += static_cast<std::size_t>(pool->stats.allocated_bytes.current);
-      continue;
-    }
-    std::size_t allocated = 0;
-    VMSTASH_RETURN_IF_ERROR(pool->small->Validate(&allocated, &pending));
-    VMSTASH_RETURN_IF_ERROR(pool->large->Validate(&allocated, &pending));
+    if (pool->frozen()) busy_live_bytes += static_cast<std::size_t>(pool->stats().allocated_bytes.current);
     std::size_t bypass = 0;
     for (const auto& [ptr, a] : bypass_live_) {
-      if (a->tag == pool->id) bypass += a->size_bytes;
+      if (a->tag == pool->id()) bypass += a->size_bytes;
     }
-    if (static_cast<std::int64_t>(allocated + bypass) != pool->stats.allocated_bytes.current) {
-      return absl::InternalError(absl::StrCat("tag ", pool->stats.name, ": allocated stat ",
-                                              pool->stats.allocated_bytes.current, " but blocks hold ",
-                                              allocated + bypass));
-    }
-    std::size_t mapped = pool->small->mapped_bytes() + pool->large->mapped_bytes() + bypass;
-    if (static_cast<std::int64_t>(mapped) != pool->stats.reserved_bytes.current) {
-      return absl::InternalError(absl::StrCat("tag ", pool->stats.name, ": reserved stat ",
-                                              pool->stats.reserved_bytes.current, " but ", mapped, " mapped"));
-    }
-    live_bytes_in_heaps += allocated;
+    VMSTASH_RETURN_IF_ERROR(pool->Validate(bypass, &live_bytes_in_heaps, &pending));
   }
   std::size_t live_bytes = 0;
   for (const auto& [ptr, b] : live_) {
@@ -732,7 +684,7 @@ absl::Status CachingAllocator::ValidateLocked() const {
     return absl::InternalError(absl::StrCat(pending, " blocks neither free nor live, ", pending_.size(), " pending"));
   }
   std::size_t records = 0, live_here = 0;
-  for (const auto& pool : pools_) records += pool == nullptr || pool->frozen() ? 0 : pool->blocks->live();
+  for (const auto& pool : pools_) records += pool == nullptr || pool->frozen() ? 0 : pool->block_records();
   for (const auto& [ptr, b] : live_) live_here += PoolOf(b)->frozen() ? 0 : 1;
   if (records < live_here) return absl::InternalError("block records fewer than live blocks");
   return absl::OkStatus();

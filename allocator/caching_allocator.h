@@ -1,9 +1,10 @@
 // CachingAllocator: the per-device caching allocator with tags (docs/architecture.md §5).
 //
-// Layout: one TagPool per tag in use on this device; each pool has a small heap (requests
-// up to kSmallMaxBytes, rounded to 512 B, carved from 2 MiB chunks) and a large heap
-// (geometric chunk growth, see heap.h), each with its own VA reservations, so blocks of
-// different tags never share a chunk. Live blocks are found by address in one hash map.
+// Layout: a directory of TagPools (tag_pool.h), one per tag in use on this device, each
+// with its one state machine; each pool has a small heap (requests up to kSmallMaxBytes,
+// rounded to 512 B, carved from 2 MiB chunks) and a large heap (geometric chunk growth,
+// see heap.h), each with its own VA reservations, so blocks of different tags never share
+// a chunk. Live blocks are found by address in one hash map.
 // Sizes are rounded up to kAlignmentBytes (512 B), which is also the minimum alignment of
 // every returned address.
 //
@@ -32,9 +33,9 @@
 //
 // Note [Allocator Locking]
 //   One Mutex per device allocator (mu_) guards the block map, the pending frees, the
-//   fences and every pool's state; a pool in transition (pausing/resuming) is changed
-//   by its pauser/resumer under the tag's transition lock alone (Note [Pause/Resume
-//   Protocol]). Driver calls on the slow paths (chunk create/map, events, synchronize)
+//   fences and every pool's state and stats; a pool in transition (pausing/resuming) is
+//   changed by its pauser/resumer under the tag's transition lock alone (Note [Heap
+//   Locking] in tag_pool.h, which also says what clang checks of these rules). Driver calls on the slow paths (chunk create/map, events, synchronize)
 //   are made holding mu_; nothing else is called out (no callbacks, no Python, logs only
 //   at debug level on slow paths). Hooks run holding only the tag's control lock.
 //   Lock order: control lock, transition lock, mu_, then the driver's own locks.
@@ -169,6 +170,7 @@
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/tag.h"
+#include "allocator/tag_pool.h"
 #include "allocator/transition_plan.h"
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
@@ -284,7 +286,7 @@ class CachingAllocator {
   // Note [Pause/Resume Protocol]): before_pause may veto the pause by returning an error;
   // after_resume errors are returned by Resume and Switch (the tags are resumed: the
   // error is marked TransitionDone). Every after-resume hook runs, even after one fails.
-  using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
+  using TransitionHook = vmstash::TransitionHook;
   absl::Status AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume);
 
   AllocatorStats Stats() const;
@@ -298,37 +300,6 @@ class CachingAllocator {
   std::size_t granularity_bytes() const { return granularity_bytes_; }
 
  private:
-  enum class TagState { kActive, kPausing, kPaused, kResuming, kBroken };
-  struct TagPool {
-    TagId id = kDefaultTag;
-    // Block records of this tag's heaps: per tag, so a pause or resume (which runs
-    // without mu_) never shares a free list with other tags' allocations.
-    std::unique_ptr<BlockPool> blocks = std::make_unique<BlockPool>();
-    std::unique_ptr<Heap> small;
-    std::unique_ptr<Heap> large;
-    TagStats stats;
-    TagState state = TagState::kActive;
-    // Held around a pause or resume and its hooks; see Note [Pause/Resume Protocol].
-    std::unique_ptr<Mutex> control_mu = std::make_unique<Mutex>();
-    // Held for the transition itself (and Prepare/ReleaseBackup/ReadBackup).
-    std::unique_ptr<Mutex> transition_mu = std::make_unique<Mutex>();
-    std::string broken_reason;                  // state kBroken: why (mu_)
-    std::unique_ptr<BackupArena> arena;         // guarded by transition_mu
-    BackupStore store;                          // written holding transition_mu and mu_
-    Stream copy_stream = nullptr;               // guarded by transition_mu
-    std::vector<Event> copy_events;             // one per pipelined pause stage; transition_mu
-    std::size_t auto_prepared_bytes = 0;        // last background request (mu_)
-    // ReleaseBackup's reserved bytes: background preparation waits until the tag grows
-    // past them, so a released arena is not pinned again at the next resume (mu_).
-    std::size_t auto_prepare_floor = 0;
-    // While paused: where each live block's backed-up bytes are in the arena.
-    BackupExtents backup_extents;
-    std::vector<std::pair<TransitionHook, TransitionHook>> hooks;
-    bool busy() const { return state == TagState::kPausing || state == TagState::kResuming; }
-    // Pools whose heaps are not in a consistent mapped state: skipped by cache release,
-    // fence sharing and validation.
-    bool frozen() const { return busy() || state == TagState::kBroken; }
-  };
   struct Fence {
     Stream stream = nullptr;
     Event event = nullptr;
@@ -352,7 +323,15 @@ class CachingAllocator {
   CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
                    std::size_t device_total_bytes);
 
-  absl::StatusOr<TagPool*> PoolLocked(TagId tag, bool create, Policy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one lookup of a tag's pool: null when the tag has none on this device.
+  TagPool* PoolOrNullLocked(TagId tag) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return tag >= 0 && static_cast<std::size_t>(tag) < pools_.size() ? pools_[tag].get() : nullptr;
+  }
+  // The pool `what` (a request's name, for the message) needs: InvalidArgument for a tag
+  // id never interned, NotFound for a tag without a pool on this device (one message).
+  absl::StatusOr<TagPool*> FindPoolLocked(TagId tag, const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tag's pool, created with `policy` when it has none here.
+  absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<DevicePtr> AllocateBypassLocked(TagPool* pool, std::size_t size_bytes, std::size_t rounded)
@@ -372,22 +351,19 @@ class CachingAllocator {
   // synced_before), skipping blocks of tags in transition except `in_transition`.
   void ProcessPendingLocked(std::uint64_t synced_before, TagId in_transition = -1)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pause steps (pause_resume.cc), called with the tag's transition lock and without mu_.
-  // Both leave every chunk unmapped (handles kept) or, on failure, the tag as it was.
-  // On failure, *undo_error says whether mapping back what was unmapped failed too.
-  absl::Status UnmapHeaps(TagPool* pool, absl::Status* undo_error);
-  absl::Status RemapHeaps(TagPool* pool);
   // The transition's failure: the pool goes back to `state`, or to kBroken when the
   // rollback failed (undo_error), with a message naming the tag and what to do.
   absl::Status FailTransition(TagPool* pool, TagState state, const absl::Status& status,
                               const absl::Status& undo_error = absl::OkStatus());
+  // A state change under mu_ (TagPool::MoveTo); a refused one is logged and returned.
+  absl::Status MoveLocked(TagPool* pool, TagState to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PrepareImpl(TagId tag, std::size_t bytes, bool background);
   // Pause/Resume without the hooks, with the control lock held.
   absl::StatusOr<Transition> PauseTransition(TagPool* pool, const LiveRanges* live);
   absl::StatusOr<Transition> ResumeTransition(TagPool* pool);
   // Runs the tag's before-pause (or after-resume) hooks, marked as this thread's hooks of
   // `tag`; the first error, with the tag named.
-  absl::Status RunHooks(TagId tag, const std::vector<std::pair<TransitionHook, TransitionHook>>& hooks,
+  absl::Status RunHooks(TagId tag, const TransitionHooks& hooks,
                         bool before_pause, const std::vector<TagId>& also_mine = {});
   // The pool for a Pause/Resume/hook, with its hooks; NotFound / FailedPrecondition.
   absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
@@ -412,9 +388,6 @@ class CachingAllocator {
    private:
     std::vector<Mutex*> held_;
   };
-  // Waits for the tag's copy stream (the device, if that wait fails) before a rollback
-  // unmaps memory the copies may still touch.
-  void DrainCopyStream(TagPool* pool);
   // The background preparer's work: Prepare() for an active tag whose arena is smaller
   // than `bytes` needs; a quiet no-op otherwise (the tag was paused or released meanwhile).
   absl::Status PrepareInBackground(TagId tag, std::size_t bytes);
@@ -426,17 +399,14 @@ class CachingAllocator {
   // on failure waits for the copies and maps everything back (*undo_error: whether
   // that failed). *backed_up: the bytes copied.
   absl::Status BackupAndUnmap(TagPool* pool, const BackupLayout& layout, std::size_t* backed_up,
-                              absl::Status* undo_error);
+                              absl::Status* undo_error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->transition_mu());
   // Executes one heap's resume plan into *txn: maps its covers piece by piece and, when
   // `restore`, queues each piece's restore copies as soon as it is mapped.
   absl::Status MapBack(TagPool* pool, Heap* heap, Heap::ResumeTxn* txn, bool restore, std::size_t first_piece_bytes,
-                       std::size_t* restored);
-  // Creates the tag's copy stream on first use.
-  absl::Status EnsureCopyStream(TagPool* pool);
+                       std::size_t* restored) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool->transition_mu());
   TagPool* PoolOf(const Block* block) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return pools_[block->heap->config().owner_id].get();
   }
-  static const char* StateName(TagState state);
   // Switch steps (switch.cc). SwitchTransition runs (2)-(5) of Note [Switch Protocol]
   // holding the tags' transition locks; it leaves every tag as it was on failure.
   struct SwitchRun;
@@ -461,20 +431,14 @@ class CachingAllocator {
   // Releases free chunks of one tag (or all when tag < 0); first error returned.
   absl::Status ReleaseCachedLocked(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteReservedLocked(TagPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A pause / resume has succeeded: the tag's state, backup extents and stats (one place
-  // for Pause, Resume and Switch). `ms`: how long it took.
-  void NotePausedLocked(TagPool* pool, BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NoteResumedLocked(TagPool* pool, std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The live blocks of both heaps of a tag (small, then large; paused or not), for a
-  // backup layout. The caller holds mu_ or the tag's transition lock.
-  static std::vector<const Block*> LiveBlocksOf(const TagPool* pool);
+  // A resume has succeeded (Resume and Switch): the pool's commit (TagPool::NoteResumed),
+  // then its reserved bytes, which may ask for a background preparation.
+  absl::Status NoteResumedLocked(TagPool* pool, std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string OomMessageLocked(const TagPool* pool, std::size_t size_bytes, const absl::Status& cause)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillTagStatsLocked(const TagPool& pool, TagStats* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Driver* const driver_;
   const int device_;

@@ -42,12 +42,13 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
     plan.handed_bytes += donor.size_bytes;
   }
   // A gap no remaining donor fits: the smallest leftover that covers it may overhang into
-  // the slack after the recipient, if the extra memory stays under 1/16 of the recipient
+  // the slack after the recipient, if the extra memory stays under 1/kGrowthDivisor of the
+  // recipient
   // and at least one granule of the slack stays unused (the cover must not touch the next).
   plan.overhang.assign(recipients.size(), 0);
   for (std::size_t r = 0; r < recipients.size(); ++r) {
     if (gap[r] == 0 || recipients[r].slack_bytes <= granularity) continue;
-    const std::size_t allowed = std::min(recipients[r].slack_bytes - granularity, recipients[r].size_bytes / 16);
+    const std::size_t allowed = std::min(recipients[r].slack_bytes - granularity, recipients[r].size_bytes / kGrowthDivisor);
     auto best = plan.leftover.end();
     for (auto it = plan.leftover.begin(); it != plan.leftover.end(); ++it) {
       const HandoffDonor& donor = donors[*it];
@@ -69,7 +70,7 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
     if (gap[r] == 0) continue;
     const std::size_t first = recipients[r].restores ? first_piece_bytes : 0;
     for (std::size_t size : PlanPieces(gap[r], first, max_piece_bytes, granularity)) {
-      plan.pieces[r].push_back({size, -1});
+      plan.pieces[r].push_back({size, kNoDonor});
       plan.fresh_bytes += size;
     }
   }

@@ -10,8 +10,8 @@
 //   pieces   which donors tile which recipients (best fit, largest donors first); where a
 //            gap is left that no remaining donor fits, the smallest donor that covers it
 //            may overhang the recipient's end into the unused address space after it
-//            (its slack), by at most 1/16 of the recipient (the heap's own growth
-//            overshoot) and always less than the slack, so the grown cover never touches
+//            (its slack), by at most 1/kGrowthDivisor of the recipient (the heap's own
+//            growth overshoot) and always less than the slack, so the grown cover never touches
 //            what follows it (another cover: two covers touching would be one run of
 //            chunks with two heads), so that memory is neither created nor released; otherwise fresh
 //            pieces fill the remainder (PlanPieces, as a resume makes them);
@@ -51,10 +51,15 @@ struct HandoffRecipient {
   // donor may overhang into it, but never fill it (overhang < slack_bytes).
   std::size_t slack_bytes = 0;
 };
-// One piece of a recipient: a donor (index into the donors) or a fresh chunk (-1).
+// The one "no donor" value: a piece, copy or mapping made of fresh memory, not of an
+// outgoing chunk. Donors are named by their index into the switch's donors everywhere
+// (plan, heap transaction, executor).
+inline constexpr int kNoDonor = -1;
+
+// One piece of a recipient: a donor (index into the donors) or a fresh chunk (kNoDonor).
 struct HandoffPiece {
   std::size_t size_bytes = 0;
-  int donor = -1;
+  int donor = kNoDonor;
   friend bool operator==(const HandoffPiece& a, const HandoffPiece& b) {
     return a.size_bytes == b.size_bytes && a.donor == b.donor;
   }
@@ -68,7 +73,7 @@ struct HandoffPlan {
   std::size_t leftover_bytes = 0;
 };
 // Every size is a multiple of `granularity`. Each recipient is tiled exactly, or up to
-// overhang[r] (< its slack, <= its size / 16) past its end by its last donor; each donor
+// overhang[r] (< its slack, <= its size / kGrowthDivisor) past its end by its last donor; each donor
 // is used at most once, never by a restoring recipient unless backed_up. Fresh remainders are
 // cut by PlanPieces(gap, first_piece_bytes if the recipient restores else 0,
 // max_piece_bytes, granularity).

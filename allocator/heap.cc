@@ -11,13 +11,6 @@
 #include "base/status_macros.h"
 
 namespace vmstash {
-namespace {
-
-// A large heap grows by 1/kGrowthDivisor of its mapped bytes (see heap.h).
-constexpr std::size_t kGrowthDivisor = 16;
-
-}  // namespace
-
 Heap::Heap(HeapConfig config, BlockPool* blocks)
     : config_(std::move(config)), blocks_(blocks), shared_(std::make_unique<FreeIndex>(nullptr)) {
   shared_->set_shared();

@@ -7,7 +7,7 @@
 //
 // Chunk sizing (docs/architecture.md §5; "the number of chunks decides pause/resume cost"):
 //   small heap: every chunk is small_chunk bytes (2 MiB rounded up to the granularity);
-//   large heap: a new chunk is 1/16 of what the heap already maps (geometric growth by
+//   large heap: a new chunk is 1/kGrowthDivisor (16, transition_plan.h) of what the heap already maps (geometric growth by
 //   6.25%), at least min_chunk and at most max_chunk, and at least the part of the
 //   request that the free tail before the gap does not cover; a single larger request
 //   gets one chunk of its own size. If the device refuses the growth size, the heap
@@ -23,9 +23,8 @@
 // roll back by RAII). ReleaseFreeChunks stops at a refused unmap, leaving that chunk
 // mapped and the heap valid; a refused release keeps the handle and retries it later.
 //
-// Thread-safety: none. The owning CachingAllocator serializes the calls: under its mutex,
-// or, for the heaps of a tag being paused or resumed, under that tag's transition lock
-// alone (the tag is frozen, no other call touches its heaps; Note [Pause/Resume Protocol]).
+// Thread-safety: none. The owning TagPool's callers serialize the calls; which lock that
+// is depends on the tag's state: Note [Heap Locking] in tag_pool.h.
 #ifndef VMSTASH_ALLOCATOR_HEAP_H_
 #define VMSTASH_ALLOCATOR_HEAP_H_
 
@@ -41,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/block.h"
 #include "allocator/free_index.h"
+#include "allocator/handoff_plan.h"
 #include "allocator/transition_plan.h"
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
@@ -140,7 +140,7 @@ class Heap {
       DevicePtr address = 0;
       std::size_t size_bytes = 0;
       Chunk chunk;      // empty for a handed-over chunk until the switch commits
-      ChunkHandle donor = 0;  // a switch: the outgoing chunk mapped here (owned elsewhere)
+      int donor = kNoDonor;  // a switch: the donor (outgoing chunk, owned elsewhere) mapped here
       Mapping mapping;  // declared after the chunk: unmapped before it is released
     };
     struct Cover {
@@ -156,16 +156,13 @@ class Heap {
                              const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
                              std::size_t first_piece_bytes = 0);
   // A switch's resume: like PrepareResume, with each cover tiled by `pieces[i]` (sizes
-  // summing to the cover's), a piece with a donor mapped to that chunk (a second mapping
-  // of an outgoing chunk; the piece does not own it) and the others created fresh.
-  // `on_mapped(va, size, donor)` runs after each piece is mapped (donor: null if fresh).
-  struct PieceSource {
-    std::size_t size_bytes = 0;
-    const Chunk* donor = nullptr;
-  };
+  // summing to the cover's), a piece with a donor mapped to that chunk, donors[donor] (a
+  // second mapping of an outgoing chunk; the piece does not own it), the others
+  // (kNoDonor) created fresh. `on_mapped(va, size, donor)` runs after each piece is mapped.
   absl::Status PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
-                              const std::vector<std::vector<PieceSource>>& pieces,
-                              const std::function<absl::Status(DevicePtr, std::size_t, const Chunk*)>& on_mapped);
+                              const std::vector<std::vector<HandoffPiece>>& pieces,
+                              const std::vector<const Chunk*>& donors,
+                              const std::function<absl::Status(DevicePtr, std::size_t, int)>& on_mapped);
   // Rebuilds chunks, runs and free filler blocks from the transaction; never fails. A
   // switch has moved each donor chunk into its piece first.
   void CommitResume(std::unique_ptr<ResumeTxn> txn);
@@ -217,8 +214,9 @@ class Heap {
   std::size_t GrowthBytes(std::size_t need_bytes) const;
   void CutFree(Segment& segment, Block* block, DevicePtr from, DevicePtr to);
   void RetryOrphans(absl::Status* error);
-  // Creates (or maps a donor for) one piece at `va`, appended to `cover`.
-  absl::Status MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, const Chunk* donor);
+  // Creates (or maps donor `donor`, `chunk`, for) one piece at `va`, appended to `cover`.
+  absl::Status MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, int donor,
+                         const Chunk* chunk);
 
   const HeapConfig config_;
   BlockPool* const blocks_;

@@ -122,18 +122,20 @@ DevicePtr Heap::SegmentEnd(std::size_t segment) const {
   return segments_[segment]->reservation.address() + segments_[segment]->reservation.size_bytes();
 }
 
-absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, const Chunk* donor) {
+absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t size_bytes, int donor,
+                             const Chunk* chunk) {
   ResumeTxn::Piece p;
   p.address = va;
   p.size_bytes = size_bytes;
-  if (donor != nullptr) {
-    if (donor->size_bytes() != size_bytes) {
-      return absl::InternalError(absl::StrCat(config_.name, ": handed-over chunk of ", donor->size_bytes(),
+  if (donor != kNoDonor) {
+    if (chunk == nullptr || chunk->size_bytes() != size_bytes) {
+      return absl::InternalError(absl::StrCat(config_.name, ": handed-over chunk of ",
+                                              chunk == nullptr ? 0 : chunk->size_bytes(),
                                               " bytes planned for a piece of ", size_bytes));
     }
-    p.donor = donor->handle();
+    p.donor = donor;
     VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
-                                                        absl::MakeConstSpan(donor, 1)));
+                                                        absl::MakeConstSpan(chunk, 1)));
   } else {
     VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size_bytes, ChunkOptions{}));
     VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
@@ -146,21 +148,21 @@ absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t 
 absl::Status Heap::PrepareResume(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
                                  const std::function<absl::Status(DevicePtr, std::size_t)>& on_mapped,
                                  std::size_t first_piece_bytes) {
-  std::vector<std::vector<PieceSource>> pieces;
+  std::vector<std::vector<HandoffPiece>> pieces;
   for (const CoverSpan& span : covers) {
-    std::vector<PieceSource>& p = pieces.emplace_back();
+    std::vector<HandoffPiece>& p = pieces.emplace_back();
     for (std::size_t size :
          PlanPieces(span.size_bytes, first_piece_bytes, config_.max_chunk_bytes, config_.granularity_bytes)) {
-      p.push_back({size, nullptr});
+      p.push_back({size, kNoDonor});
     }
   }
-  return PrepareHandoff(txn, covers, pieces,
-                        [&](DevicePtr va, std::size_t size, const Chunk*) { return on_mapped(va, size); });
+  return PrepareHandoff(txn, covers, pieces, {}, [&](DevicePtr va, std::size_t size, int) { return on_mapped(va, size); });
 }
 
 absl::Status Heap::PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& covers,
-                                  const std::vector<std::vector<PieceSource>>& pieces,
-                                  const std::function<absl::Status(DevicePtr, std::size_t, const Chunk*)>& on_mapped) {
+                                  const std::vector<std::vector<HandoffPiece>>& pieces,
+                                  const std::vector<const Chunk*>& donors,
+                                  const std::function<absl::Status(DevicePtr, std::size_t, int)>& on_mapped) {
   if (pieces.size() != covers.size()) {
     return absl::InternalError(absl::StrCat(config_.name, ": ", pieces.size(), " piece lists for ", covers.size(),
                                             " covers"));
@@ -172,7 +174,7 @@ absl::Status Heap::PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& 
                                                      " of ", segments_.size()));
     }
     std::size_t total = 0;
-    for (const PieceSource& p : pieces[i]) total += p.size_bytes;
+    for (const HandoffPiece& p : pieces[i]) total += p.size_bytes;
     if (total != span.size_bytes) {
       return absl::InternalError(absl::StrCat(config_.name, ": pieces of ", total, " bytes for a cover of ",
                                               span.size_bytes));
@@ -181,8 +183,10 @@ absl::Status Heap::PrepareHandoff(ResumeTxn* txn, const std::vector<CoverSpan>& 
     c.segment = segments_[span.segment].get();
     c.span = span;
     DevicePtr va = span.address;
-    for (const PieceSource& p : pieces[i]) {
-      VMSTASH_RETURN_IF_ERROR(MakePiece(&c, va, p.size_bytes, p.donor));
+    for (const HandoffPiece& p : pieces[i]) {
+      const bool known = p.donor >= 0 && static_cast<std::size_t>(p.donor) < donors.size();
+      const Chunk* chunk = known ? donors[p.donor] : nullptr;
+      VMSTASH_RETURN_IF_ERROR(MakePiece(&c, va, p.size_bytes, p.donor, chunk));
       // Copies queued into this piece may still run if a later step fails: the caller
       // drains them before *txn is destroyed.
       VMSTASH_RETURN_IF_ERROR(on_mapped(va, p.size_bytes, p.donor));

@@ -32,6 +32,8 @@ struct Stat {
 };
 
 struct TagStats {
+  // The tag's identity and state, reported from its TagPool (TagPool::FillStats); the
+  // allocator never reads them back.
   std::string name;
   Policy policy = Policy::kDiscard;
   std::string backup_store;  // a `backup` tag's BackupStore (DescribeBackupStore)

@@ -67,14 +67,14 @@ struct CachingAllocator::SwitchRun {
   };
   struct Donor {
     DevicePtr address = 0;
-    const Chunk* chunk = nullptr;
-    std::size_t out = 0;  // index into `out`
+    const Chunk* chunk = nullptr;  // valid until the commit hands it over
+    ChunkHandle handle = 0;        // its handle, which stays valid through the commit
+    std::size_t out = 0;           // index into `out`
   };
   // A restore copy, queued once every piece is mapped and every D2H copy queued.
-  static constexpr std::size_t kFresh = ~std::size_t{0};  // Deferred::donor of fresh memory
   struct Deferred {
     std::optional<std::size_t> wait;
-    std::size_t donor = 0;
+    int donor = kNoDonor;  // the donor it writes into (kNoDonor: fresh memory)
     std::size_t in = 0;
     CopyStep step;
   };
@@ -98,7 +98,7 @@ struct CachingAllocator::SwitchRun {
   Clock::time_point at[7];
 };
 
-absl::StatusOr<std::vector<CachingAllocator::TagPool*>> CachingAllocator::SwitchPools(const std::vector<TagId>& tags,
+absl::StatusOr<std::vector<TagPool*>> CachingAllocator::SwitchPools(const std::vector<TagId>& tags,
                                                                                     const char* what) {
   std::vector<TagPool*> pools;
   for (TagId t : tags) {
@@ -132,51 +132,51 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
   VMSTASH_ASSIGN_OR_RETURN(std::vector<TagPool*> in_pools, SwitchPools(resume, "switch (resume)"));
   std::vector<TagPool*> all = out_pools;
   all.insert(all.end(), in_pools.begin(), in_pools.end());
-  std::sort(all.begin(), all.end(), [](TagPool* a, TagPool* b) { return a->id < b->id; });
+  std::sort(all.begin(), all.end(), [](TagPool* a, TagPool* b) { return a->id() < b->id(); });
   std::vector<Mutex*> transition;
-  for (TagPool* p : all) transition.push_back(p->transition_mu.get());
+  for (TagPool* p : all) transition.push_back(p->transition_mu());
   ControlLocks control_locks;
   VMSTASH_RETURN_IF_ERROR(control_locks.Acquire(all, device_, "switch"));
 
   SwitchRun run;
-  std::vector<std::vector<std::pair<TransitionHook, TransitionHook>>> out_hooks, in_hooks;
+  std::vector<TransitionHooks> out_hooks, in_hooks;
   {
     MutexLock lock(&mu_);
     for (TagPool* p : all) {
-      if (p->state == TagState::kBroken) return absl::FailedPreconditionError(p->broken_reason);
+      if (p->state() == TagState::kBroken) return absl::FailedPreconditionError(p->broken_reason());
     }
     for (TagPool* p : out_pools) {
-      if (p->state == TagState::kPaused) continue;  // already in its requested state
+      if (p->state() == TagState::kPaused) continue;  // already in its requested state
       SwitchRun::Out& o = run.out.emplace_back();
       o.pool = p;
-      o.backup = p->stats.policy == Policy::kBackup;
+      o.backup = p->policy() == Policy::kBackup;
       if (live != nullptr) {
-        auto it = live->find(p->id);
+        auto it = live->find(p->id());
         if (it != live->end()) o.live = &it->second;
       }
-      out_hooks.push_back(p->hooks);
+      out_hooks.push_back(p->hooks());
     }
     for (TagPool* p : in_pools) {
-      if (p->state == TagState::kActive) continue;
+      if (p->state() == TagState::kActive) continue;
       SwitchRun::In& i = run.in.emplace_back();
       i.pool = p;
-      i.restore = p->stats.policy == Policy::kBackup && HasBackedUpBytes(p->backup_extents);
-      in_hooks.push_back(p->hooks);
+      i.restore = p->policy() == Policy::kBackup && HasBackedUpBytes(p->backup_extents());
+      in_hooks.push_back(p->hooks());
     }
   }
   if (run.out.empty() && run.in.empty()) return Transition::kAlreadyInState;
-  for (const SwitchRun::Out& o : run.out) run.tags.push_back(o.pool->id);
-  for (const SwitchRun::In& i : run.in) run.tags.push_back(i.pool->id);
+  for (const SwitchRun::Out& o : run.out) run.tags.push_back(o.pool->id());
+  for (const SwitchRun::In& i : run.in) run.tags.push_back(i.pool->id());
 
   // Compensates the before-pause hooks of the first `n` outgoing tags (they stay active).
   auto undo_hooks = [&](std::size_t n) {
     for (std::size_t k = 0; k < n; ++k) {
-      absl::Status s = RunHooks(run.out[k].pool->id, out_hooks[k], /*before_pause=*/false, run.tags);
+      absl::Status s = RunHooks(run.out[k].pool->id(), out_hooks[k], /*before_pause=*/false, run.tags);
       if (!s.ok()) VMSTASH_LOG(kWarning, "vmstash: switch undone: {}", s.ToString());
     }
   };
   for (std::size_t k = 0; k < run.out.size(); ++k) {
-    absl::Status s = RunHooks(run.out[k].pool->id, out_hooks[k], /*before_pause=*/true, run.tags);
+    absl::Status s = RunHooks(run.out[k].pool->id(), out_hooks[k], /*before_pause=*/true, run.tags);
     if (!s.ok()) {
       undo_hooks(k);
       return s;
@@ -190,11 +190,16 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
     run.start = Clock::now();
     {
       MutexLock lock(&mu_);
-      for (SwitchRun::Out& o : run.out) o.pool->state = TagState::kPausing;
-      for (SwitchRun::In& i : run.in) i.pool->state = TagState::kResuming;
+      // The control locks are held: no other transition moved these pools since they were read.
+      for (SwitchRun::Out& o : run.out) {
+        if (failed.ok()) failed = o.pool->MoveTo(TagState::kPausing);
+      }
+      for (SwitchRun::In& i : run.in) {
+        if (failed.ok()) failed = i.pool->MoveTo(TagState::kResuming);
+      }
       run.synced_before = pending_seq_;  // Note [Pending Frees and Synchronization]
     }
-    failed = SwitchTransition(run);
+    if (failed.ok()) failed = SwitchTransition(run);
     if (failed.ok()) {
       CommitSwitch(run);
       LogSwitch(run);
@@ -212,13 +217,13 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
                                      failed.message()));
   }
   if (changed != nullptr) {
-    for (const SwitchRun::Out& o : run.out) changed->paused.push_back(o.pool->id);
-    for (const SwitchRun::In& i : run.in) changed->resumed.push_back(i.pool->id);
+    for (const SwitchRun::Out& o : run.out) changed->paused.push_back(o.pool->id());
+    for (const SwitchRun::In& i : run.in) changed->resumed.push_back(i.pool->id());
   }
   // Every incoming tag's after-resume hooks run; the first failure is returned, marked done.
   absl::Status hooks_failed;
   for (std::size_t k = 0; k < run.in.size(); ++k) {
-    absl::Status s = RunHooks(run.in[k].pool->id, in_hooks[k], /*before_pause=*/false, run.tags);
+    absl::Status s = RunHooks(run.in[k].pool->id(), in_hooks[k], /*before_pause=*/false, run.tags);
     if (!s.ok() && hooks_failed.ok()) {
       hooks_failed = MarkTransitionDone(absl::Status(s.code(), absl::StrCat("switch done, but ", s.message())));
     }
@@ -233,13 +238,13 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   {
     MutexLock lock(&mu_);
     for (SwitchRun::Out& o : run.out) {
-      ProcessPendingLocked(run.synced_before, o.pool->id);
-      if (o.backup) o.layout = PlanBackupLayout(LiveBlocksOf(o.pool), o.live);
+      ProcessPendingLocked(run.synced_before, o.pool->id());
+      if (o.backup) o.layout = PlanBackupLayout(o.pool->LiveBlocks(), o.live);
     }
   }
   for (std::size_t k = 0; k < run.out.size(); ++k) {
-    for (Heap* heap : {run.out[k].pool->small.get(), run.out[k].pool->large.get()}) {
-      for (const ChunkView& c : heap->Chunks()) run.donors.push_back({c.address, c.chunk, k});
+    for (Heap* heap : {run.out[k].pool->small(), run.out[k].pool->large()}) {
+      for (const ChunkView& c : heap->Chunks()) run.donors.push_back({c.address, c.chunk, c.chunk->handle(), k});
     }
   }
   std::sort(run.donors.begin(), run.donors.end(),
@@ -249,7 +254,7 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   for (const SwitchRun::Donor& d : run.donors) donors.push_back({d.chunk->size_bytes(), run.out[d.out].backup});
   std::vector<HandoffRecipient> recipients;
   for (const SwitchRun::In& i : run.in) {
-    for (Heap* heap : {i.pool->small.get(), i.pool->large.get()}) {
+    for (Heap* heap : {i.pool->small(), i.pool->large()}) {
       VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
       for (std::size_t c = 0; c < covers.size(); ++c) {
         // Unused address space after the cover: up to the next cover of its segment (the
@@ -283,11 +288,12 @@ absl::Status CachingAllocator::SwitchTransition(SwitchRun& run) {
   if (run.d2h != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.d2h));
   if (run.h2d != nullptr) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeStream(device_, run.h2d));
   for (SwitchRun::Out& o : run.out) {
-    if (o.backup && o.layout.arena_bytes > 0) VMSTASH_RETURN_IF_ERROR(o.pool->arena->Seal());
+    o.pool->AssertTransitionHeld();
+    if (o.backup && o.layout.arena_bytes > 0) VMSTASH_RETURN_IF_ERROR(o.pool->arena()->Seal());
   }
   run.at[3] = Clock::now();
   for (SwitchRun::Out& o : run.out) {
-    absl::Status s = UnmapHeaps(o.pool, &o.undo_error);  // re-maps this tag itself on failure
+    absl::Status s = o.pool->UnmapHeaps(&o.undo_error);  // re-maps this tag itself on failure
     if (!s.ok()) return s;
     o.unmapped = true;
   }
@@ -299,14 +305,13 @@ absl::Status CachingAllocator::PrepareSwitchBackups(SwitchRun& run) {
   TagPool* d2h_pool = nullptr;
   for (SwitchRun::Out& o : run.out) {
     if (!o.backup || o.layout.arena_bytes == 0) continue;
-    if (o.pool->arena == nullptr) o.pool->arena = std::make_unique<BackupArena>(driver_, device_, o.pool->store);
-    VMSTASH_RETURN_IF_ERROR(o.pool->arena->Reserve(o.layout.arena_bytes));
+    o.pool->AssertTransitionHeld();
+    VMSTASH_RETURN_IF_ERROR(o.pool->EnsureArena()->Reserve(o.layout.arena_bytes));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();
-  VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(d2h_pool));
-  run.d2h = d2h_pool->copy_stream;
-  run.events = &d2h_pool->copy_events;
+  d2h_pool->AssertTransitionHeld();
+  VMSTASH_ASSIGN_OR_RETURN(run.d2h, d2h_pool->CopyStream());
   std::vector<ChunkSpan> spans;
   for (const SwitchRun::Donor& d : run.donors) spans.push_back({d.address, d.chunk->size_bytes()});
   for (SwitchRun::Out& o : run.out) {
@@ -317,10 +322,7 @@ absl::Status CachingAllocator::PrepareSwitchBackups(SwitchRun& run) {
     run.copies.insert(run.copies.end(), copies.begin(), copies.end());
   }
   const std::size_t groups = run.copies.empty() ? 0 : run.copies.back().group + 1;
-  while (run.events->size() < groups) {
-    VMSTASH_ASSIGN_OR_RETURN(Event e, driver_->CreateEvent(device_, false));
-    run.events->push_back(e);
-  }
+  VMSTASH_ASSIGN_OR_RETURN(run.events, d2h_pool->CopyEvents(groups));
   return absl::OkStatus();
 }
 
@@ -328,7 +330,8 @@ absl::Status CachingAllocator::QueueSwitchBackups(SwitchRun& run) {
   for (std::size_t k = 0; k < run.copies.size(); ++k) {
     const SwitchCopy& c = run.copies[k];
     SwitchRun::Out& o = run.out[run.donors[c.chunk].out];
-    VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, o.pool->arena->data() + c.step.arena_offset,
+    o.pool->AssertTransitionHeld();
+    VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, o.pool->arena()->data() + c.step.arena_offset,
                                                      c.step.device, c.step.size_bytes, run.d2h));
     o.backed_up += c.step.size_bytes;
     if (k + 1 == run.copies.size() || run.copies[k + 1].group != c.group) {
@@ -341,50 +344,45 @@ absl::Status CachingAllocator::QueueSwitchBackups(SwitchRun& run) {
 absl::Status CachingAllocator::MapSwitchRecipients(SwitchRun& run) {
   for (SwitchRun::In& i : run.in) {
     if (!i.restore) continue;
-    if (i.pool->arena == nullptr) {
-      return absl::InternalError(absl::StrCat("resume of tag '", i.pool->stats.name, "': its backup arena is gone"));
+    i.pool->AssertTransitionHeld();
+    if (i.pool->arena() == nullptr) {
+      return absl::InternalError(absl::StrCat("resume of tag '", i.pool->name(), "': its backup arena is gone"));
     }
     // Note [Disk Backup]: a read error, not a SIGBUS; only the backed-up bytes are read.
-    VMSTASH_RETURN_IF_ERROR(i.pool->arena->Load(0, BackedUpArenaEnd(i.pool->backup_extents)));
+    VMSTASH_RETURN_IF_ERROR(i.pool->arena()->Load(0, BackedUpArenaEnd(i.pool->backup_extents())));
     if (run.h2d == nullptr) {
-      VMSTASH_RETURN_IF_ERROR(EnsureCopyStream(i.pool));
-      run.h2d = i.pool->copy_stream;
+      VMSTASH_ASSIGN_OR_RETURN(run.h2d, i.pool->CopyStream());
     }
   }
   const CopyReadiness readiness(run.copies, run.donors.size());
-  absl::flat_hash_map<ChunkHandle, std::size_t> donor_of;
-  for (std::size_t d = 0; d < run.donors.size(); ++d) donor_of[run.donors[d].chunk->handle()] = d;
+  std::vector<const Chunk*> donor_chunks;
+  for (const SwitchRun::Donor& d : run.donors) donor_chunks.push_back(d.chunk);
   std::size_t recipient = 0;
   for (std::size_t k = 0; k < run.in.size(); ++k) {
     SwitchRun::In& i = run.in[k];
     for (int h = 0; h < 2; ++h) {
-      Heap* heap = h == 0 ? i.pool->small.get() : i.pool->large.get();
+      Heap* heap = h == 0 ? i.pool->small() : i.pool->large();
       const std::vector<CoverSpan>& covers = run.covers[2 * k + h];
-      std::vector<std::vector<Heap::PieceSource>> sources;
-      for (std::size_t c = 0; c < covers.size(); ++c, ++recipient) {
-        std::vector<Heap::PieceSource>& s = sources.emplace_back();
-        for (const HandoffPiece& p : run.plan.pieces[recipient]) {
-          s.push_back({p.size_bytes, p.donor < 0 ? nullptr : run.donors[p.donor].chunk});
-        }
-      }
+      const std::vector<std::vector<HandoffPiece>> pieces(run.plan.pieces.begin() + recipient,
+                                                          run.plan.pieces.begin() + recipient + covers.size());
+      recipient += covers.size();
       const std::vector<Block*> live = heap->LiveBlocks();
-      RestorePlanner planner(std::vector<const Block*>(live.begin(), live.end()), covers, &i.pool->backup_extents);
+      RestorePlanner planner(std::vector<const Block*>(live.begin(), live.end()), covers, &i.pool->backup_extents());
       i.txn[h] = std::make_unique<Heap::ResumeTxn>();
       VMSTASH_RETURN_IF_ERROR(heap->PrepareHandoff(
-          i.txn[h].get(), covers, sources, [&](DevicePtr va, std::size_t size, const Chunk* donor) -> absl::Status {
+          i.txn[h].get(), covers, pieces, donor_chunks, [&](DevicePtr va, std::size_t size, int d) -> absl::Status {
             if (!i.restore) {
-              if (donor != nullptr) i.unwritten.emplace_back(va, size);
+              if (d != kNoDonor) i.unwritten.emplace_back(va, size);
               return absl::OkStatus();
             }
             VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> steps, planner.CopiesInto(va, size));
-            if (donor != nullptr) NoteUnwritten(va, size, steps, &i.unwritten);
+            if (d != kNoDonor) NoteUnwritten(va, size, steps, &i.unwritten);
             for (const CopyStep& c : steps) {
-              if (donor == nullptr) {  // fresh memory: nothing to wait for
-                run.deferred.push_back({std::nullopt, SwitchRun::kFresh, k, c});
+              if (d == kNoDonor) {  // fresh memory: nothing to wait for
+                run.deferred.push_back({std::nullopt, kNoDonor, k, c});
                 continue;
               }
               // Cut like the D2H copies, so each part waits only for the reads it overwrites.
-              const std::size_t d = donor_of.at(donor->handle());
               const std::size_t step = GroupBytes();
               for (std::size_t done = 0; done < c.size_bytes; done += step) {
                 const CopyStep part{c.device + done, c.arena_offset + done, std::min(step, c.size_bytes - done)};
@@ -412,9 +410,10 @@ absl::Status CachingAllocator::QueueSwitchRestores(SwitchRun& run) {
       waited = q.wait;
     }
     SwitchRun::In& i = run.in[q.in];
-    if (q.donor != SwitchRun::kFresh) run.written[q.donor] = true;  // before the call: conservative
+    i.pool->AssertTransitionHeld();
+    if (q.donor != kNoDonor) run.written[q.donor] = true;  // before the call: conservative
     VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, q.step.device,
-                                                       i.pool->arena->data() + q.step.arena_offset,
+                                                       i.pool->arena()->data() + q.step.arena_offset,
                                                        q.step.size_bytes, run.h2d));
     i.restored += q.step.size_bytes;
   }
@@ -435,7 +434,7 @@ std::string CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status&
     i.txn[1].reset();
   }
   for (SwitchRun::Out& o : run.out) {
-    if (o.unmapped && o.undo_error.ok()) o.undo_error = RemapHeaps(o.pool);
+    if (o.unmapped && o.undo_error.ok()) o.undo_error = o.pool->RemapHeaps();
   }
   // Donors that restore copies wrote into get their tag's bytes back from the backup made
   // by this very switch (only `backup` donors are ever written: handoff_plan.h).
@@ -446,12 +445,13 @@ std::string CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status&
     const std::size_t k = run.donors[c.chunk].out;
     SwitchRun::Out& o = run.out[k];
     if (!o.undo_error.ok()) continue;
+    o.pool->AssertTransitionHeld();
     if (!loaded[k]) {  // a sealed disk backup is read in first (Note [Disk Backup])
       loaded[k] = true;
-      o.undo_error = o.pool->arena->Load(0, o.layout.arena_bytes);
+      o.undo_error = o.pool->arena()->Load(0, o.layout.arena_bytes);
       if (!o.undo_error.ok()) continue;
     }
-    absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena->data() + c.step.arena_offset,
+    absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena()->data() + c.step.arena_offset,
                                                 c.step.size_bytes, run.h2d);
     if (!s.ok()) o.undo_error = s;
     restoring = true;
@@ -466,16 +466,21 @@ std::string CachingAllocator::RollBackSwitch(SwitchRun& run, const absl::Status&
   }
   std::string broken;
   for (SwitchRun::Out& o : run.out) {
-    if (o.backup && o.pool->arena != nullptr) o.pool->arena->DropContents();
+    o.pool->AssertTransitionHeld();
+    if (o.backup && o.pool->arena() != nullptr) o.pool->arena()->DropContents();
     (void)FailTransition(o.pool, TagState::kActive, cause, o.undo_error);
     if (!o.undo_error.ok()) {
-      absl::StrAppend(&broken, broken.empty() ? "" : "; ", "tag '", TagName(o.pool->id), "' is broken: its memory "
+      absl::StrAppend(&broken, broken.empty() ? "" : "; ", "tag '", TagName(o.pool->id()), "' is broken: its memory "
                       "could not be restored (", o.undo_error.message(), "), its contents are lost; free its blocks "
                       "and use another tag");
     }
   }
   MutexLock lock(&mu_);
-  for (SwitchRun::In& i : run.in) i.pool->state = TagState::kPaused;
+  for (SwitchRun::In& i : run.in) {
+    if (i.pool->state() == TagState::kPaused) continue;  // not moved (the switch failed before)
+    absl::Status s = i.pool->MoveTo(TagState::kPaused);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: switch rollback: {}", s.ToString());
+  }
   return broken;
 }
 
@@ -485,7 +490,7 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
   absl::flat_hash_set<ChunkHandle> handed_set;
   for (const auto& pieces : run.plan.pieces) {
     for (const HandoffPiece& p : pieces) {
-      if (p.donor >= 0) handed_set.insert(run.donors[p.donor].chunk->handle());
+      if (p.donor != kNoDonor) handed_set.insert(run.donors[p.donor].handle);
     }
   }
   auto hand_over = [&](ChunkHandle h) { return handed_set.contains(h); };
@@ -494,8 +499,8 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
   absl::Status release_error;
   for (std::size_t k = 0; k < run.out.size(); ++k) {
     TagPool* pool = run.out[k].pool;
-    released[k] = pool->small->ReleaseAllAndPause(&release_error, hand_over, &handed);
-    released[k] += pool->large->ReleaseAllAndPause(&release_error, hand_over, &handed);
+    released[k] = pool->small()->ReleaseAllAndPause(&release_error, hand_over, &handed);
+    released[k] += pool->large()->ReleaseAllAndPause(&release_error, hand_over, &handed);
   }
   if (!release_error.ok()) {
     VMSTASH_LOG(kWarning, "vmstash: switch: a chunk release was refused ({}); it is retried later",
@@ -507,13 +512,14 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
     for (auto& txn : i.txn) {
       for (auto& cover : txn->covers) {
         for (auto& piece : cover.pieces) {
-          if (piece.donor != 0) piece.chunk = std::move(*by_handle.at(piece.donor));
+          if (piece.donor != kNoDonor) piece.chunk = std::move(*by_handle.at(run.donors[piece.donor].handle));
         }
       }
     }
-    i.pool->small->CommitResume(std::move(i.txn[0]));
-    i.pool->large->CommitResume(std::move(i.txn[1]));
-    if (i.pool->arena != nullptr) i.pool->arena->DropContents();
+    i.pool->small()->CommitResume(std::move(i.txn[0]));
+    i.pool->large()->CommitResume(std::move(i.txn[1]));
+    i.pool->AssertTransitionHeld();
+    if (i.pool->arena() != nullptr) i.pool->arena()->DropContents();
   }
   run.at[5] = Clock::now();
   // The incoming tags are still "resuming": nobody else allocates in them, frees their
@@ -525,12 +531,15 @@ void CachingAllocator::CommitSwitch(SwitchRun& run) {
   MutexLock lock(&mu_);
   for (std::size_t k = 0; k < run.out.size(); ++k) {
     SwitchRun::Out& o = run.out[k];
-    NotePausedLocked(o.pool, std::move(o.layout.by_block), released[k], o.backed_up, ms);
-    ++o.pool->stats.switches;
+    o.pool->AssertTransitionHeld();
+    absl::Status s = o.pool->NotePaused(std::move(o.layout.by_block), released[k], o.backed_up, ms);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: switch commit: {}", s.ToString());
+    ++o.pool->stats().switches;
   }
   for (SwitchRun::In& i : run.in) {
-    NoteResumedLocked(i.pool, i.restored, ms);
-    ++i.pool->stats.switches;
+    absl::Status s = NoteResumedLocked(i.pool, i.restored, ms);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: switch commit: {}", s.ToString());
+    ++i.pool->stats().switches;
   }
   counters_.switches += 1;
   counters_.handed_over_bytes += run.plan.handed_bytes;
@@ -576,9 +585,11 @@ void CachingAllocator::ZeroHandedOver(SwitchRun& run) {
   for (SwitchRun::In& i : run.in) {
     if (i.unwritten.empty()) continue;
     if (stream == nullptr) {
-      s = EnsureCopyStream(i.pool);
+      i.pool->AssertTransitionHeld();
+      absl::StatusOr<Stream> made = i.pool->CopyStream();
+      s = made.status();
       if (!s.ok()) break;
-      stream = i.pool->copy_stream;
+      stream = *made;
     }
     for (auto [va, size] : i.unwritten) {
       s = driver_->MemsetAsync(device_, va, 0, size, stream);

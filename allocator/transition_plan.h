@@ -33,6 +33,10 @@ namespace vmstash {
 inline constexpr std::size_t kBackupAlignBytes = 4096;
 // A pipelined pause has at most this many stages.
 inline constexpr std::size_t kMaxPauseStages = 16;
+// A large heap grows by 1/kGrowthDivisor of what it maps (heap.h), and a switch lets a
+// handed-over chunk overhang a cover by at most 1/kGrowthDivisor of it (handoff_plan.h):
+// the same overshoot either way.
+inline constexpr std::size_t kGrowthDivisor = 16;
 
 // Device bytes [address, address + size_bytes) are at arena offset arena_offset.
 struct BackupExtent {

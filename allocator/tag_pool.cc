@@ -1,0 +1,347 @@
+// TagPool: see tag_pool.h.
+#include "allocator/tag_pool.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "base/bytes.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+
+namespace vmstash {
+namespace {
+
+struct Move {
+  TagState from;
+  TagState to;
+};
+// The state machine of tag_pool.h: every allowed (from, to) pair, and only those.
+constexpr Move kAllowedTransitions[] = {
+    {TagState::kActive, TagState::kPausing},    // Pause, Switch (outgoing)
+    {TagState::kPausing, TagState::kPaused},    // its commit
+    {TagState::kPausing, TagState::kActive},    // its rollback
+    {TagState::kPausing, TagState::kBroken},    // a rollback that could not map the memory back
+    {TagState::kPaused, TagState::kResuming},   // Resume, Switch (incoming)
+    {TagState::kResuming, TagState::kActive},   // its commit
+    {TagState::kResuming, TagState::kPaused},   // its rollback
+};
+
+}  // namespace
+
+const char* TagStateName(TagState state) {
+  switch (state) {
+    case TagState::kActive: return "active";
+    case TagState::kPausing: return "pausing";
+    case TagState::kPaused: return "paused";
+    case TagState::kResuming: return "resuming";
+    case TagState::kBroken: return "broken";
+  }
+  return "active";
+}
+
+bool TagTransitionAllowed(TagState from, TagState to) {
+  for (const Move& m : kAllowedTransitions) {
+    if (m.from == from && m.to == to) return true;
+  }
+  return false;
+}
+
+TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
+                 HeapConfig large)
+    : id_(id),
+      name_(TagName(id)),
+      policy_(policy),
+      driver_(driver),
+      device_(device),
+      small_(std::make_unique<Heap>(std::move(small), blocks_.get())),
+      large_(std::make_unique<Heap>(std::move(large), blocks_.get())),
+      store_(std::move(store)) {}
+
+TagPool::~TagPool() {
+  for (Event e : copy_events_) {
+    absl::Status s = driver_->DestroyEvent(device_, e);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a copy event of tag '{}': {}", name_, s.ToString());
+  }
+  if (copy_stream_ != nullptr) {
+    absl::Status s = driver_->DestroyStream(device_, copy_stream_);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a tag's copy stream: {}", s.ToString());
+  }
+}
+
+absl::Status TagPool::MoveTo(TagState to, std::string broken_reason) {
+  if (!TagTransitionAllowed(state_, to)) {
+    return absl::InternalError(absl::StrCat("tag '", name_, "' on device ", device_, ": the move from ",
+                                            TagStateName(state_), " to ", TagStateName(to), " is not allowed"));
+  }
+  if ((to == TagState::kBroken) == broken_reason.empty()) {
+    return absl::InternalError(absl::StrCat("tag '", name_, "': a move to ", TagStateName(to),
+                                            to == TagState::kBroken ? " needs" : " takes no", " reason"));
+  }
+  previous_ = state_;
+  state_ = to;
+  broken_reason_ = std::move(broken_reason);
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::NotActiveError(const char* before) const {
+  if (state_ == TagState::kBroken) return absl::FailedPreconditionError(broken_reason_);
+  return absl::FailedPreconditionError(
+      absl::StrCat("tag '", name_, "' is ", TagStateName(state_), " on device ", device_, ": ", before));
+}
+
+std::vector<const Block*> TagPool::LiveBlocks() const {
+  std::vector<const Block*> live;
+  for (const Heap* heap : heaps()) {
+    for (const Block* b : heap->LiveBlocks()) live.push_back(b);
+  }
+  return live;
+}
+
+absl::Status TagPool::RemapHeaps() {
+  absl::Status first = small_->RemapAll();
+  absl::Status large = large_->RemapAll();
+  if (first.ok()) first = large;
+  if (!first.ok()) VMSTASH_LOG(kError, "vmstash: pause rollback of tag '{}': {}", name_, first.ToString());
+  return first;
+}
+
+absl::Status TagPool::UnmapHeaps(absl::Status* undo_error) {
+  absl::Status unmapped = small_->UnmapAll();
+  if (unmapped.ok()) unmapped = large_->UnmapAll();
+  if (!unmapped.ok()) *undo_error = RemapHeaps();
+  return unmapped;
+}
+
+BackupArena* TagPool::EnsureArena() {
+  if (arena_ == nullptr) arena_ = std::make_unique<BackupArena>(driver_, device_, store_);
+  return arena_.get();
+}
+
+absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
+  if (undo_error.ok()) {
+    VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
+    return cause;
+  }
+  VMSTASH_RETURN_IF_ERROR(MoveTo(
+      TagState::kBroken,
+      absl::StrCat("tag '", name_, "' on device ", device_, " is broken: a failed pause (", cause.message(),
+                   ") could not map its memory back (", undo_error.message(), "); its contents are lost. Allocation, "
+                   "pause and resume of it are refused; free its blocks (they can be freed) and use another tag, or "
+                   "restart the process")));
+  VMSTASH_LOG(kError, "vmstash: {}", broken_reason_);
+  return absl::Status(cause.code(), broken_reason_);
+}
+
+absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_mu) {
+  // The state is checked under the transition lock, and the arena is touched only while
+  // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
+  MutexLock t(&transition_mu_);
+  std::size_t want = bytes;
+  {
+    MutexLock lock(owner_mu);
+    if (background) {
+      // Paused, broken, or released since the request (which reset the target).
+      if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0) return absl::OkStatus();
+    } else if (policy_ != Policy::kBackup) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("tag '", name_, "' has policy discard: it has no backup arena to prepare"));
+    } else if (state_ != TagState::kActive) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("prepare of tag '", name_, "' on device ", device_, ": the tag is ", TagStateName(state_),
+                       " and its backup arena holds its bytes; prepare before pausing or after resuming"));
+    }
+    if (want == 0) want = static_cast<std::size_t>(stats_.requested_bytes.current);
+  }
+  // Every live block rounds up to a page in the arena; leave room for that.
+  VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(want + want / 64 + kBackupAlignBytes));
+  MutexLock lock(owner_mu);
+  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->capacity_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
+  MutexLock t(&transition_mu_);
+  {
+    MutexLock lock(owner_mu);
+    if (state_ == TagState::kPaused) {
+      return absl::FailedPreconditionError(absl::StrCat("release of the backup of tag '", name_, "' on device ",
+                                                        device_, ": the tag is paused and its backup arena holds "
+                                                        "its bytes; resume it first"));
+    }
+  }
+  if (arena_ != nullptr) VMSTASH_RETURN_IF_ERROR(arena_->Release());
+  MutexLock lock(owner_mu);
+  stats_.backup_arena_bytes = 0;
+  auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
+  auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
+  MutexLock t(&transition_mu_);
+  MutexLock lock(owner_mu);
+  if (policy_ != Policy::kBackup) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' has policy discard: its pauses "
+                                                      "keep no bytes, so it has no backup store"));
+  }
+  if (store_ == store) return absl::OkStatus();
+  if (state_ != TagState::kActive) {
+    return absl::FailedPreconditionError(absl::StrCat("backup store of tag '", name_, "' on device ", device_,
+                                                      ": the tag is ", TagStateName(state_), " and its ",
+                                                      DescribeBackupStore(store_), " backup holds its bytes; change "
+                                                      "the store while the tag is active"));
+  }
+  // The arena is touched only under the transition lock, which is held: no pause can be
+  // using it.
+  *dropped = std::move(arena_);
+  store_ = store;
+  stats_.backup_arena_bytes = 0;
+  auto_prepare_.requested_bytes = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
+                                         const std::function<void(const char*)>& use) {
+  MutexLock t(&transition_mu_);  // no resume meanwhile: the arena stays
+  std::optional<std::size_t> offset;
+  {
+    MutexLock lock(owner_mu);
+    if (state_ != TagState::kPaused) return false;
+    for (const auto& [block, extents] : backup_extents_) {
+      if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
+      for (const BackupExtent& e : extents) {
+        if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) offset = e.arena_offset + (ptr - e.address);
+      }
+      if (!offset.has_value()) {
+        return absl::NotFoundError(absl::StrCat("bytes ", Hex(ptr), "+", size_bytes, " of tag '", name_,
+                                                "' were not backed up (outside the live ranges of the pause)"));
+      }
+      break;
+    }
+  }
+  if (!offset.has_value()) return false;
+  // Without the owner's mu (a disk read may take long; nobody else waits for it): Note
+  // [Disk Backup], a read error rather than a SIGBUS, and only these bytes are read.
+  VMSTASH_RETURN_IF_ERROR(arena_->Load(*offset, size_bytes));
+  use(arena_->data() + *offset);
+  return true;
+}
+
+absl::StatusOr<Stream> TagPool::CopyStream() {
+  if (copy_stream_ == nullptr) {
+    VMSTASH_ASSIGN_OR_RETURN(copy_stream_, driver_->CreateStream(device_));
+  }
+  return copy_stream_;
+}
+
+absl::StatusOr<std::vector<Event>*> TagPool::CopyEvents(std::size_t count) {
+  while (copy_events_.size() < count) {
+    VMSTASH_ASSIGN_OR_RETURN(Event e, driver_->CreateEvent(device_, false));
+    copy_events_.push_back(e);
+  }
+  return &copy_events_;
+}
+
+void TagPool::DrainCopyStream() {
+  absl::Status s = driver_->SynchronizeStream(device_, copy_stream_);
+  if (s.ok()) return;
+  s = driver_->SynchronizeDevice(device_);  // the stream sync itself failed: wait for everything
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: tag '{}': cannot wait for its copies: {}", name_, s.ToString());
+}
+
+bool TagPool::Empty() {
+  if (state_ != TagState::kActive || chunk_count() != 0 || va_bytes() != 0 || !hooks_.empty()) return false;
+  if (!transition_mu_.TryLock()) return false;
+  const bool empty = arena_ == nullptr && copy_stream_ == nullptr;
+  transition_mu_.Unlock();
+  return empty;
+}
+
+void TagPool::NoteReserved() {
+  stats_.reserved_bytes.Add(static_cast<std::int64_t>(mapped_bytes()) - stats_.reserved_bytes.current);
+  stats_.chunks = static_cast<std::int64_t>(chunk_count());
+}
+
+void TagPool::FillStats(TagStats* out) const {
+  *out = stats_;
+  out->name = name_;
+  out->policy = policy_;
+  out->backup_store = DescribeBackupStore(store_);
+  out->state = TagStateName(state_);
+  // A pool in transition is being changed by its pauser/resumer without the owner's mu: not read.
+  out->cached_bytes = frozen() ? 0 : static_cast<std::int64_t>(free_bytes());
+}
+
+absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
+  VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
+  backup_extents_ = std::move(extents);
+  TagStats& s = stats_;
+  s.reserved_bytes.Add(-s.reserved_bytes.current);
+  s.chunks = 0;
+  s.paused_bytes = static_cast<std::int64_t>(released);
+  s.backed_up_bytes = static_cast<std::int64_t>(backed_up);
+  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;
+  ++s.pauses;
+  s.last_pause_ms = ms;
+  s.last_pause_gib_per_s = ms > 0 ? backed_up / (ms / 1000.0) / (1 << 30) : 0;
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
+  VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
+  backup_extents_.clear();
+  NoteReserved();
+  TagStats& s = stats_;
+  s.paused_bytes = 0;
+  s.backed_up_bytes = 0;
+  ++s.resumes;
+  s.last_resume_ms = ms;
+  s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes,
+                               std::size_t* pending_blocks) const {
+  auto fail = [&](const std::string& what) {
+    return absl::InternalError(absl::StrCat("tag ", name_, " (", TagStateName(state_), "): ", what));
+  };
+  // The state machine.
+  const bool initial = previous_ == TagState::kActive && state_ == TagState::kActive;
+  if (!initial && !TagTransitionAllowed(previous_, state_)) {
+    return fail(absl::StrCat("its last move, from ", TagStateName(previous_), ", is not in the table"));
+  }
+  if ((state_ == TagState::kBroken) == broken_reason_.empty()) return fail("broken exactly when it has a reason");
+  if (state_ == TagState::kPaused) {
+    if (!small_->paused() || !large_->paused()) return fail("a heap is not paused");
+    if (stats_.reserved_bytes.current != 0 || stats_.chunks != 0) return fail("it reserves memory");
+    std::int64_t backed_up = 0;
+    for (const auto& [block, extents] : backup_extents_) {
+      for (const BackupExtent& e : extents) backed_up += static_cast<std::int64_t>(e.size_bytes);
+    }
+    if (backed_up != stats_.backed_up_bytes) {
+      return fail(absl::StrCat("backed-up stat ", stats_.backed_up_bytes, " but its extents hold ", backed_up));
+    }
+  }
+  if (state_ == TagState::kActive) {
+    if (small_->paused() || large_->paused()) return fail("a heap is paused");
+    if (!backup_extents_.empty()) return fail("it holds backup extents");
+    if (stats_.paused_bytes != 0 || stats_.backed_up_bytes != 0) return fail("its stats count paused bytes");
+  }
+  if (frozen()) return absl::OkStatus();  // the heaps belong to their transition (Note [Heap Locking])
+  // The heaps and the stats.
+  std::size_t allocated = 0;
+  VMSTASH_RETURN_IF_ERROR(small_->Validate(&allocated, pending_blocks));
+  VMSTASH_RETURN_IF_ERROR(large_->Validate(&allocated, pending_blocks));
+  if (static_cast<std::int64_t>(allocated + bypass_bytes) != stats_.allocated_bytes.current) {
+    return fail(absl::StrCat("allocated stat ", stats_.allocated_bytes.current, " but blocks hold ",
+                             allocated + bypass_bytes));
+  }
+  const std::size_t mapped = mapped_bytes() + bypass_bytes;
+  if (static_cast<std::int64_t>(mapped) != stats_.reserved_bytes.current) {
+    return fail(absl::StrCat("reserved stat ", stats_.reserved_bytes.current, " but ", mapped, " mapped"));
+  }
+  *allocated_bytes += allocated;
+  return absl::OkStatus();
+}
+
+}  // namespace vmstash

@@ -1,0 +1,250 @@
+// TagPool: one tag's memory on one device, and the tag's one state machine
+// (docs/architecture.md §5).
+//
+// What: a pool owns its tag's identity (id, name, policy: read here, never from its
+// stats), its two heaps (small: requests up to kSmallMaxBytes; large: geometric growth,
+// heap.h) and their block records, its backup arena and backup store, the copy stream and
+// events of its transitions, its hooks and its statistics, and the two locks of its
+// transitions. The CachingAllocator keeps one pool per tag in use on its device (its
+// directory, indexed by TagId); the transition executors (transition.h, switch.h) move
+// pools from state to state.
+//
+// State machine (Note [Pause/Resume Protocol], Note [Switch Protocol]):
+//
+//            Pause / Switch out                  commit
+//   active ----------------------> pausing ------------------> paused
+//     ^  <------- rollback -------   |                           |
+//     |                              | rollback failed           | Resume / Switch in
+//     |                              v                           v
+//     |                            broken (final)             resuming
+//     +------------------------- commit ------------------------+  (rollback: paused)
+//
+// Every change of state goes through MoveTo(), which refuses any (from, to) pair that is
+// not in its table (kAllowedTransitions in tag_pool.cc); Validate() checks that the last
+// change was in the table and that the pool's parts agree with its state (a paused pool's
+// heaps are paused and it reserves nothing; an active one holds no backup extents; a
+// broken one says why).
+//
+// Locking (Note [Allocator Locking] in caching_allocator.h has the lock order):
+//   control_mu     held around a transition and its hooks (ControlLocks);
+//   transition_mu  held for the transition itself, and for Prepare, ReleaseBackup,
+//                  SetBackupStore and backup reads; it guards the arena, the copy stream
+//                  and the copy events (annotated: clang checks every use);
+//   the owner's mu (the CachingAllocator's per-device mutex) guards the state, the stats,
+//                  the hooks, the backup extents, the auto-prepare marks and the broken
+//                  reason. The pool cannot name its owner's mutex in an annotation, so
+//                  this rule is the owner's to keep (its methods touching pools are all
+//                  *Locked, annotated on its own mutex).
+// Note [Heap Locking]: which lock guards a pool's heaps (and its backup extents) depends
+//   on its state, which clang cannot check: while the pool is active, paused or broken,
+//   the owner's mu; while it is pausing or resuming (busy()), its transition lock alone,
+//   held by the one thread running the transition — every other code path skips busy
+//   pools (frozen()), so nobody else touches them. This is the one place that says so.
+//
+// Ownership: the CachingAllocator owns its pools (by unique_ptr: a pool never moves);
+// a pool owns its heaps, arena, stream and events and gives them back when destroyed.
+#ifndef VMSTASH_ALLOCATOR_TAG_POOL_H_
+#define VMSTASH_ALLOCATOR_TAG_POOL_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "allocator/backup_arena.h"
+#include "allocator/block.h"
+#include "allocator/heap.h"
+#include "allocator/stats.h"
+#include "allocator/tag.h"
+#include "allocator/transition_plan.h"
+#include "base/mutex.h"
+#include "vmm/driver.h"
+
+namespace vmstash {
+
+enum class TagState { kActive, kPausing, kPaused, kResuming, kBroken };
+const char* TagStateName(TagState state);
+// True when MoveTo(to) is allowed from `from` (the table in tag_pool.cc).
+bool TagTransitionAllowed(TagState from, TagState to);
+
+// Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
+using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
+using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>;  // (before pause, after resume)
+
+class TagPool {
+ public:
+  // `small` and `large` configure the heaps (their owner_id is `id`).
+  TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
+          HeapConfig large);
+  // Destroys the copy events and stream (errors logged), then the heaps give back their
+  // chunks and reservations.
+  ~TagPool();
+  TagPool(const TagPool&) = delete;
+  TagPool& operator=(const TagPool&) = delete;
+
+  // --- Identity ---------------------------------------------------------------------
+  TagId id() const { return id_; }
+  const std::string& name() const { return name_; }
+  Policy policy() const { return policy_; }
+  bool backup() const { return policy_ == Policy::kBackup; }
+  // Where a `backup` tag's pauses put their bytes: written holding both the transition
+  // lock and the owner's mu, so read holding either.
+  const BackupStore& store() const { return store_; }
+
+  // --- State machine (owner's mu) -------------------------------------------------------
+  TagState state() const { return state_; }
+  // Pausing or resuming: its heaps belong to the thread holding its transition lock.
+  bool busy() const { return state_ == TagState::kPausing || state_ == TagState::kResuming; }
+  // Heaps not in a consistent mapped state: skipped by cache release, fence sharing,
+  // snapshots and validation.
+  bool frozen() const { return busy() || state_ == TagState::kBroken; }
+  // The one transition function: Internal (the state unchanged) for a move that is not in
+  // the table. `broken_reason`: the message of a move to kBroken (required there).
+  absl::Status MoveTo(TagState to, std::string broken_reason = {});
+  const std::string& broken_reason() const { return broken_reason_; }
+  // FailedPrecondition naming the tag and its state ("... is paused on device 0: resume
+  // it before allocating"), or the broken reason.
+  absl::Status NotActiveError(const char* before) const;
+  // A failed pause (the owner's mu held): back to active, or to broken when the rollback
+  // failed too (undo_error), with a message naming the tag and what to do. The status for
+  // the caller to return.
+  absl::Status FailPause(const absl::Status& cause, const absl::Status& undo_error);
+
+  // --- Heaps (Note [Heap Locking]) -------------------------------------------------------
+  Heap* small() const { return small_.get(); }
+  Heap* large() const { return large_.get(); }
+  std::array<Heap*, 2> heaps() const { return {small_.get(), large_.get()}; }
+  std::size_t mapped_bytes() const { return small_->mapped_bytes() + large_->mapped_bytes(); }
+  std::size_t chunk_count() const { return small_->chunk_count() + large_->chunk_count(); }
+  std::size_t free_bytes() const { return small_->free_bytes() + large_->free_bytes(); }
+  std::size_t va_bytes() const { return small_->va_bytes() + large_->va_bytes(); }
+  // Block records in use (live, pending and free blocks of both heaps).
+  std::size_t block_records() const { return blocks_->live(); }
+  // The live blocks of both heaps (small, then large; paused or not): a backup layout's input.
+  std::vector<const Block*> LiveBlocks() const;
+  // A pause's unmapping of every chunk (handles kept); on failure what was unmapped is
+  // mapped back and *undo_error says whether that worked.
+  absl::Status UnmapHeaps(absl::Status* undo_error);
+  // Maps back what UnmapHeaps or UnmapChunk unmapped (a rollback); errors are logged.
+  absl::Status RemapHeaps();
+  // While paused: where each live block's backed-up bytes are in the arena.
+  BackupExtents& backup_extents() { return backup_extents_; }
+  const BackupExtents& backup_extents() const { return backup_extents_; }
+
+  // --- Transition resources (transition lock) -----------------------------------------------
+  Mutex* control_mu() const ABSL_LOCK_RETURNED(control_mu_) { return &control_mu_; }
+  Mutex* transition_mu() const ABSL_LOCK_RETURNED(transition_mu_) { return &transition_mu_; }
+  // For a caller that holds the lock through a lock set clang cannot follow (a switch's
+  // OrderedLocks): states it, for the analysis only.
+  void AssertTransitionHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(transition_mu_) {}
+  BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return arena_.get(); }
+  // The arena, made (empty, for the tag's store) on first use.
+  BackupArena* EnsureArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // The backup arena's requests (CachingAllocator::Prepare, ReleaseBackup, SetBackupStore,
+  // ReadBackup): each takes the transition lock, then `owner_mu` (the owner's mu: the
+  // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
+  // Prepare: reserves `bytes` (0: the requested bytes) of arena; `background`: the
+  // AutoPreparer's request, a quiet no-op unless the tag is active and still wants it.
+  absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  // A new backup store (the owner's mu held too): the old arena is handed back for the
+  // caller to free after the locks are released.
+  std::unique_ptr<BackupArena> ChangeStore(const BackupStore& store) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) {
+    store_ = store;
+    return std::move(arena_);
+  }
+  // A new store; the old arena goes to *dropped, for the caller to free without locks.
+  absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
+      ABSL_LOCKS_EXCLUDED(transition_mu_);
+  // When this paused pool backed up [ptr, ptr + size_bytes): calls `use` with their host
+  // address, holding the transition lock (no resume meanwhile), and returns true; false
+  // when those bytes are not its; NotFound when they lie in one of its live blocks but
+  // outside what was backed up.
+  absl::StatusOr<bool> WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
+                                  const std::function<void(const char*)>& use) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  // The copy stream, created on first use.
+  absl::StatusOr<Stream> CopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  Stream copy_stream() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return copy_stream_; }
+  // At least `count` copy events (one per pipelined stage or switch group).
+  absl::StatusOr<std::vector<Event>*> CopyEvents(std::size_t count) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // Waits for the copy stream (the device, if that wait fails) before a rollback unmaps
+  // memory the copies may still touch.
+  void DrainCopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // No mapped memory, no live block, no hooks, no arena, no stream (DropEmptyTag). Tries
+  // the transition lock (the caller holds the owner's mu, which comes after it): a pool
+  // in a transition is not empty.
+  bool Empty();
+
+  // --- Hooks and auto-prepare marks (owner's mu) --------------------------------------------
+  const TransitionHooks& hooks() const { return hooks_; }
+  void AddHooks(TransitionHook before_pause, TransitionHook after_resume) {
+    hooks_.emplace_back(std::move(before_pause), std::move(after_resume));
+  }
+  struct AutoPrepare {
+    std::size_t requested_bytes = 0;  // the last background request
+    // ReleaseBackup's reserved bytes: background preparation waits until the tag grows
+    // past them, so a released arena is not pinned again at the next resume.
+    std::size_t floor_bytes = 0;
+  };
+  AutoPrepare& auto_prepare() { return auto_prepare_; }
+
+  // --- Statistics (owner's mu) -------------------------------------------------------------
+  // The counters; their identity fields (name, policy, store, state) are filled by FillStats.
+  TagStats& stats() { return stats_; }
+  const TagStats& stats() const { return stats_; }
+  // The reserved bytes and chunk count from the heaps (not while busy).
+  void NoteReserved();
+  // The pool's report: counters, identity, state and cached bytes.
+  void FillStats(TagStats* out) const;
+  // A pause or switch-out committed: the state becomes paused, with its backup extents
+  // and stats. `ms`: how long it took. The transition lock is held.
+  absl::Status NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A resume or switch-in committed: the state becomes active, the reserved bytes are the
+  // heaps' again (NoteReserved) and the extents are gone.
+  absl::Status NoteResumed(std::size_t restored, double ms);
+
+  // Invariant walker, in the style of Heap::Validate: Internal naming the first violation.
+  // The state machine's (last move in the table; parts agreeing with the state), then, for
+  // a pool that is not frozen, the heaps' and the stats'. `bypass_bytes`: bytes of this
+  // tag's bypass allocations (counted in its stats, not in its heaps). *allocated_bytes
+  // and *pending_blocks accumulate as in Heap::Validate.
+  absl::Status Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes, std::size_t* pending_blocks) const;
+
+ private:
+  const TagId id_;
+  const std::string name_;
+  const Policy policy_;
+  Driver* const driver_;
+  const int device_;
+  // Block records of this tag's heaps: per tag, so a transition (without the owner's mu)
+  // never shares a free list with other tags' allocations.
+  const std::unique_ptr<BlockPool> blocks_ = std::make_unique<BlockPool>();
+  const std::unique_ptr<Heap> small_;
+  const std::unique_ptr<Heap> large_;
+
+  TagState state_ = TagState::kActive;
+  TagState previous_ = TagState::kActive;  // before the last move (Validate)
+  std::string broken_reason_;
+  BackupStore store_;
+  BackupExtents backup_extents_;
+  TransitionHooks hooks_;
+  AutoPrepare auto_prepare_;
+  TagStats stats_;
+
+  mutable Mutex control_mu_;
+  mutable Mutex transition_mu_;
+  std::unique_ptr<BackupArena> arena_ ABSL_GUARDED_BY(transition_mu_);
+  Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;
+  std::vector<Event> copy_events_ ABSL_GUARDED_BY(transition_mu_);
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_TAG_POOL_H_
