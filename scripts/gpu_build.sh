@@ -3,8 +3,10 @@
 # into a prefix when they are there, else uses the system's abseil/fmt/googletest; points
 # the loader at the prefix (RUNPATH is not transitive); configures CMake with torch when
 # `import torch` works; then `vmstash_build [TARGET...]` builds (everything when none).
+# `vmstash_ensure_pytest` installs pytest (the Python tests' runner) from the wheels of
+# scripts/fetch_wheels.sh in third_party/wheels when python3 cannot import it.
 #
-#   VMSTASH_DEBS, VMSTASH_PREFIX, VMSTASH_BUILD override the folders.
+#   VMSTASH_DEBS, VMSTASH_PREFIX, VMSTASH_BUILD, VMSTASH_WHEELS override the folders.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 debs=${VMSTASH_DEBS:-$root/third_party/debs}
 prefix=${VMSTASH_PREFIX:-$root/build/prefix}
@@ -29,6 +31,34 @@ vmstash_build() {
   else
     cmake --build "$build" -j "$(nproc)"
   fi
+}
+
+# pytest for python3, which the `gpu`-labelled Python tests run (python3 -m pytest): nothing
+# when it imports; else from the wheels in third_party/wheels (no network here) with pip,
+# into the environment or, where the system's Python refuses (PEP 668), the user's site;
+# without pip, the pure-Python wheels unpacked into the user's site.
+vmstash_ensure_pytest() {
+  python3 -c "import pytest" 2>/dev/null && return 0
+  local wheels=${VMSTASH_WHEELS:-$root/third_party/wheels}
+  if ! ls "$wheels"/pytest-*.whl >/dev/null 2>&1; then
+    echo "error: $(command -v python3) cannot import pytest, which runs the Python tests, and $wheels" \
+         "has no pytest wheel: run scripts/fetch_wheels.sh on a machine with network and copy" \
+         "third_party/wheels here (as third_party/debs), or install pytest for this python3" >&2
+    return 1
+  fi
+  echo "note: installing pytest for $(command -v python3) from $wheels" >&2
+  local pip=(python3 -m pip install --quiet --disable-pip-version-check --no-index --find-links "$wheels" pytest)
+  if ! "${pip[@]}" 2>/dev/null && ! "${pip[@]}" --user --break-system-packages; then
+    python3 - "$wheels" <<'PY' || return 1
+import glob, os, site, sys, zipfile
+dest = site.getusersitepackages()
+os.makedirs(dest, exist_ok=True)
+for wheel in glob.glob(os.path.join(sys.argv[1], "*-py3-none-any.whl")):
+    zipfile.ZipFile(wheel).extractall(dest)
+print(f"note: pip did not install pytest; unpacked its wheels into {dest}", file=sys.stderr)
+PY
+  fi
+  python3 -c "import pytest" || { echo "error: pytest still not importable by $(command -v python3)" >&2; return 1; }
 }
 
 # The Python package from the build tree, for the scripts that run it.

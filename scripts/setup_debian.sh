@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Installs what the build needs on a fresh Debian 12 machine, skipping what is present:
 # Bazel 4.2.3 (bazel-bootstrap) with Debian's rules_java, abseil, fmt, googletest,
-# benchmark, pkg-config, CMake, ninja, python3 (the Python package's CPU test) and clang
-# with its libFuzzer runtime (the control-protocol fuzzer). The CUDA toolkit (nvcc 13,
+# benchmark, pkg-config, CMake, ninja, python3 with pytest (the Python package's tests, run
+# by /usr/bin/python3: Bazel's sh_tests see only /bin:/usr/bin under
+# --incompatible_strict_action_env; Debian 12's python3-pytest, pinned to pytest 7.2.1 below)
+# and clang with its libFuzzer runtime (the control-protocol fuzzer). The CUDA toolkit (nvcc 13,
 # headers) must already be installed (it is on the project's machines; Debian 12 has no
 # CUDA 13 package): the build needs its headers and nvcc, not a GPU.
 set -euo pipefail
 
 packages=(bazel-bootstrap bazel-rules-java libabsl-dev libfmt-dev libgtest-dev libgmock-dev
-          libbenchmark-dev pkg-config g++ cmake ninja-build python3 clang libclang-rt-14-dev)
+          libbenchmark-dev pkg-config g++ cmake ninja-build python3 python3-pytest clang libclang-rt-14-dev)
+# Versions held where the tests depend on them (apt's version glob: any Debian revision).
+declare -A pins=([python3-pytest]="7.2.1*")
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p${pins[$p]:+=${pins[$p]}}")
 done
 sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
