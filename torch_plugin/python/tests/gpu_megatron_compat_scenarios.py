@@ -5,16 +5,24 @@ manager's allocate_stash_buffers / release_stash_buffers, with vmstash.compat.me
 installed; every reloaded tensor is compared with its input. Also the stash's torch.library
 operators under torch.compile. Needs torch with CUDA, triton and megatron-core importable
 (pure Python: pip install --no-deps megatron-core==0.19.2) and vmstash (VMSTASH_LIBRARY or
-an installed package). Skips (exit 0, says so) without megatron-core only when
-VMSTASH_ALLOW_NO_MEGATRON=1.
+an installed package). Without megatron-core the tests fail, or skip where
+VMSTASH_ALLOW_NO_MEGATRON=1. Marker gpu, ctest label gpu; each test in a fresh process
+(conftest.py):
+
+    python3 -m pytest -m gpu gpu_megatron_compat_scenarios.py [-k NAME]
 """
 import os
-import sys
 
-import torch
+import pytest
 
-import scenario_runner
-import vmstash
+try:
+    import torch
+except ImportError:  # collected where torch is not: the tests skip before they run (conftest.py)
+    torch = None
+
+import vmstash  # noqa: F401  (as a user imports it first)
+
+pytestmark = pytest.mark.gpu
 
 P = 64
 
@@ -28,7 +36,16 @@ def _megatron_missing():
     return None
 
 
+def _skip_without_megatron_if_allowed():
+    """Without megatron-core importable, the file's tests skip where VMSTASH_ALLOW_NO_MEGATRON=1
+    (and fail on the import otherwise)."""
+    missing = _megatron_missing()
+    if missing and os.environ.get("VMSTASH_ALLOW_NO_MEGATRON") == "1":
+        pytest.skip(f"megatron-core not importable ({missing})")
+
+
 def _megatron():
+    _skip_without_megatron_if_allowed()
     from megatron.core.transformer.moe import paged_stash
     import vmstash.compat.megatron as vm_megatron
     vm_megatron.install()
@@ -60,7 +77,7 @@ def _same(out, src, rows, hidden):
     return torch.equal(a[:rows * hidden], b[:rows * hidden])
 
 
-def round_trips_bf16_fp8_and_mxfp8_scales():
+def test_round_trips_bf16_fp8_and_mxfp8_scales():
     m, vm = _megatron()
     dev = torch.device("cuda", 0)
     overflow, spill = _flags(dev)
@@ -90,7 +107,7 @@ def round_trips_bf16_fp8_and_mxfp8_scales():
           f"n = 0 .. {M}) reloaded bit-equal")
 
 
-def host_spill_overflow_and_reset_semantics():
+def test_host_spill_overflow_and_reset_semantics():
     m, vm = _megatron()
     dev = torch.device("cuda", 0)
     overflow, spill = _flags(dev)
@@ -137,7 +154,7 @@ def host_spill_overflow_and_reset_semantics():
           "other buffer's stash and reload no-ops until Megatron's reset; then all works again")
 
 
-def manager_allocate_capture_release():
+def test_manager_allocate_capture_release():
     """The manager's own allocate_stash_buffers (handles reserved from the measuring
     iteration's count), a CUDA graph of offloads and reloads replayed with other counts,
     then release_stash_buffers: memory returned, the same graph valid after the reset."""
@@ -204,7 +221,8 @@ def manager_allocate_capture_release():
           f"({pages / 2**20:.0f} MiB of pages) and the same graph replayed bit-equal after paged_stash_reset")
 
 
-def torch_compile_custom_ops():
+def test_torch_compile_custom_ops():
+    _skip_without_megatron_if_allowed()  # as the whole file did
     from vmstash import stash
     dev = torch.device("cuda", 0)
     arena = stash.Arena(row_bytes=512 * 4, device_pages=64, tag="compile_stash")
@@ -230,17 +248,3 @@ def torch_compile_custom_ops():
     assert arena.pages_in_use() == 0
     print("torch.compile(fullgraph=True) of a function that stashes and restores through torch.ops.vmstash: "
           "bit-equal to eager at 3 row counts")
-
-
-SCENARIOS = [round_trips_bf16_fp8_and_mxfp8_scales, host_spill_overflow_and_reset_semantics,
-             manager_allocate_capture_release, torch_compile_custom_ops]
-
-
-globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS))
-
-
-if __name__ == "__main__":
-    if os.environ.get("VMSTASH_ALLOW_NO_MEGATRON") == "1" and not sys.argv[1:] and _megatron_missing():
-        print(f"megatron-core not importable ({_megatron_missing()}): skipped")
-        sys.exit(0)
-    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:]))

@@ -1,20 +1,18 @@
-"""GPU scenarios of vmstash.stash with PyTorch (label gpu), each in a fresh process.
+"""GPU tests of vmstash.stash with PyTorch (marker gpu, ctest label gpu), each in a fresh
+process (conftest.py).
 
-    python3 gpu_stash_scenarios.py            # every scenario, one subprocess each
-    python3 gpu_stash_scenarios.py NAME...    # the named ones, in this process
+    python3 -m pytest -m gpu gpu_stash_scenarios.py [-k NAME]
 
 Needs VMSTASH_LIBRARY (or an installed package), torch with CUDA and one GPU.
 """
-import os
-import sys
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scenario_runner  # noqa: E402
+pytestmark = pytest.mark.gpu
 
 P = 64
 
 
-def round_trips():
+def test_round_trips():
     """Counts {0, 1, P-1, P, P+1, max} round-trip bit-exact from torch tensors (device
     row counts, torch's current stream), zero tail, released out of order; an int count."""
     import torch
@@ -71,7 +69,7 @@ def _close(ref, got, what):
     return exact
 
 
-def saved_tensors_gradients():
+def test_saved_tensors_gradients():
     """The saved_tensors helper keeps an expert MLP's activations in the arena between
     forward and backward: gradients equal the plain run's, torch holds less memory after
     forward, and every page comes back."""
@@ -121,7 +119,7 @@ def saved_tensors_gradients():
         a.close()
 
 
-def captured_graph_counts_overflow_pause():
+def test_captured_graph_counts_overflow_pause():
     """Forward + backward of an expert MLP captured once with the stash (reset at the start
     of the graph), replayed with device counts {1, 4097, 0, max, 3333}, an overflow, then
     a clean replay: gradients equal eager each time. Then the idle arena is paused (its
@@ -203,13 +201,3 @@ def captured_graph_counts_overflow_pause():
     vmstash.resume("stash")
     check(5000, 11)
     print("after pause/resume: the same graph replays correctly")
-
-
-SCENARIOS = [round_trips, saved_tensors_gradients, captured_graph_counts_overflow_pause]
-
-
-globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS))
-
-
-if __name__ == "__main__":
-    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:]))

@@ -1,14 +1,12 @@
 """vmstash.compat.torch_memory_saver on a GPU (label gpu): the scenarios torch_memory_saver's
 own examples cover (simple, cuda_graph, rl_example, cpu_backup, nested regions,
-training_engine), each in a fresh process.
+training_engine); marker gpu, ctest label gpu; each in a fresh process (conftest.py).
 
-    python3 gpu_tms_compat_scenarios.py [NAME...]
+    python3 -m pytest -m gpu gpu_tms_compat_scenarios.py [-k NAME]
 """
-import os
-import sys
+import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import scenario_runner  # noqa: E402
+pytestmark = pytest.mark.gpu
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -25,7 +23,7 @@ def _free():
     return torch.cuda.mem_get_info()[0]
 
 
-def simple():
+def test_simple():
     import torch
     tms = _tms()
     with tms.region(tag="kv_cache"):
@@ -39,7 +37,7 @@ def simple():
     print("simple: OK")
 
 
-def cuda_graph():
+def test_cuda_graph():
     import torch
     tms = _tms()
     with tms.region(tag="weights", enable_cpu_backup=True):
@@ -67,7 +65,7 @@ def cuda_graph():
     print("cuda_graph: OK")
 
 
-def rl_example():
+def test_rl_example():
     import torch
     tms = _tms()
     with tms.region(tag="weights", enable_cpu_backup=True):
@@ -88,7 +86,7 @@ def rl_example():
     print("rl_example: 3 cycles OK")
 
 
-def cpu_backup():
+def test_cpu_backup():
     import torch
     tms = _tms()
     with tms.region(tag="a", enable_cpu_backup=True):
@@ -106,7 +104,7 @@ def cpu_backup():
     print("cpu_backup: OK")
 
 
-def nested_regions():
+def test_nested_regions():
     import torch
     tms = _tms()
     with tms.region(tag="outer", enable_cpu_backup=True):
@@ -125,7 +123,7 @@ def nested_regions():
     print("nested_regions: OK")
 
 
-def training_engine():
+def test_training_engine():
     import torch
     tms = _tms()
     free_initial = _free()
@@ -146,11 +144,3 @@ def training_engine():
     tms.resume()
     assert [w.sum().item() for w in weights] == sums
     print("training_engine: OK")
-
-
-SCENARIOS = [simple, cuda_graph, rl_example, cpu_backup, nested_regions, training_engine]
-globals().update(scenario_runner.pytest_cases(__file__, SCENARIOS))
-
-
-if __name__ == "__main__":
-    sys.exit(scenario_runner.main(__file__, SCENARIOS, sys.argv[1:]))

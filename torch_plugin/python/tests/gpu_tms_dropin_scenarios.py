@@ -19,15 +19,23 @@ unchanged, each in a fresh process, the way the frameworks start them:
   backends         cpu_backup_backend pinned and mmap, enable_disk_backup, with
                    retain_cpu_backup False and True: device memory, host memory (RSS,
                    MemAvailable) and disk space measured at each step
+Marker gpu, ctest label gpu; each test in a fresh process (conftest.py) with its
+environment from child_env below.
 
-    python3 gpu_tms_dropin_scenarios.py            (VMSTASH_PRELOAD_LIBRARY: the library)
+    python3 -m pytest -m gpu gpu_tms_dropin_scenarios.py [-k NAME]   (VMSTASH_PRELOAD_LIBRARY: the library)
 """
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import zipfile
+
+import pytest
+
+pytestmark = pytest.mark.gpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
@@ -83,7 +91,7 @@ def _deepep_buffer(tms):
     return buf
 
 
-def slime_training():
+def test_slime_training():
     import copy
     import torch
     import torch_memory_saver
@@ -144,7 +152,7 @@ def slime_training():
     print(f"slime_training: OK (held {held / MiB:.0f} MiB, {(free0 - after) / MiB:.0f} MiB while paused)")
 
 
-def sglang_server():
+def test_sglang_server():
     from torch_memory_saver import configure_subprocess
     with configure_subprocess():
         rc = subprocess.run([sys.executable, os.path.abspath(__file__), "sglang_scheduler"]).returncode
@@ -194,8 +202,8 @@ def sglang_scheduler():
     print("sglang_scheduler: OK")
 
 
-def slime_training_disk():
-    slime_training()
+def test_slime_training_disk():
+    test_slime_training()  # with the environment of child_env below
 
 
 def _owner(t):
@@ -204,7 +212,7 @@ def _owner(t):
     return _lib.lib().vmstash_owner_device(t.data_ptr())
 
 
-def megatron_rl():
+def test_megatron_rl():
     import torch
     from torch_memory_saver import torch_memory_saver as tms
     tms.hook_mode = "torch"  # Megatron-LM sets it before the first region
@@ -270,7 +278,7 @@ def _available():
     raise RuntimeError("no MemAvailable")
 
 
-def backends():
+def test_backends():
     import torch
     from torch_memory_saver import torch_memory_saver as tms
     tms.hook_mode = "torch"
@@ -331,9 +339,6 @@ def backends():
     print("backends: OK")
 
 
-SCENARIOS = [slime_training, slime_training_disk, sglang_server, megatron_rl, backends]
-
-
 def install_dropin(folder):
     """Builds the wheel and unpacks it into `folder` (what pip install --target does)."""
     builder = os.path.join(ROOT, "scripts", "build_tms_dropin_wheel.py")
@@ -361,31 +366,29 @@ def slime_preload_path(site, env):
                           text=True).stdout.strip()
 
 
-def main(names):
-    if names:
-        for n in names:
-            globals()[n]()
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        site = install_dropin(tmp)
-        base = dict(os.environ)
-        base["PYTHONPATH"] = os.pathsep.join([site, os.path.join(ROOT, "torch_plugin", "python")])
-        base.pop("LD_PRELOAD", None)
-        envs = {
-            "slime_training": dict(base, LD_PRELOAD=slime_preload_path(site, base), TMS_INIT_ENABLE="1",
-                                   TMS_INIT_ENABLE_CPU_BACKUP="1"),
-            "slime_training_disk": dict(base, LD_PRELOAD=slime_preload_path(site, base), TMS_INIT_ENABLE="1",
-                                        TMS_INIT_ENABLE_DISK_BACKUP="1", TMS_DISK_BACKUP_DIR=tmp),
-            "sglang_server": base,
-            "megatron_rl": base,
-            "backends": base,
-        }
-        failed = [f.__name__ for f in SCENARIOS
-                  if subprocess.run([sys.executable, os.path.abspath(__file__), f.__name__],
-                                    env=envs[f.__name__]).returncode != 0]
-    print(f"{len(SCENARIOS) - len(failed)}/{len(SCENARIOS)} scenarios passed" + (f"; failed: {failed}" if failed else ""))
-    return 1 if failed else 0
+_dropin = {}
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def child_env(name, env):
+    """The environment of each test's fresh process (conftest.py), as the frameworks start
+    theirs: the wheel built from this tree (once) and unpacked into a temporary folder, first
+    on PYTHONPATH; slime's training actor with the preload library found as slime finds it
+    and TMS_INIT_* set, its disk variant spilling into that folder."""
+    if not _dropin:
+        tmp = tempfile.mkdtemp(prefix="vmstash_dropin_")
+        atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+        _dropin.update(tmp=tmp, site=install_dropin(tmp))
+    tmp, site = _dropin["tmp"], _dropin["site"]
+    env["PYTHONPATH"] = os.pathsep.join([site, os.path.join(ROOT, "torch_plugin", "python")])
+    env.pop("LD_PRELOAD", None)
+    if name == "test_slime_training":
+        env.update(LD_PRELOAD=slime_preload_path(site, env), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+    elif name == "test_slime_training_disk":
+        env.update(LD_PRELOAD=slime_preload_path(site, env), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_DISK_BACKUP="1",
+                   TMS_DISK_BACKUP_DIR=tmp)
+    return env
+
+
+if __name__ == "__main__":  # sglang_server's scheduler process: python3 gpu_tms_dropin_scenarios.py sglang_scheduler
+    for function in sys.argv[1:]:
+        globals()[function]()

@@ -1,18 +1,20 @@
 """Two GPUs, one process per GPU (torch.distributed, NCCL; label gpu, needs 2 GPUs): each
 rank pauses and resumes its tagged buffers, then all_reduce on the resumed buffers gives
-the right sum. Skips (exit 0, says so) with fewer than 2 GPUs.
+the right sum. Skips with fewer than 2 GPUs. Marker gpu, ctest label gpu; in a fresh
+process (conftest.py), from which torch.multiprocessing starts the ranks.
 
-    python3 gpu_two_ranks.py
+    python3 -m pytest -m gpu gpu_two_ranks.py
 """
 import os
-import sys
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+import pytest
+
+pytestmark = pytest.mark.gpu
 
 
 def rank_main(rank, world, port):
+    import torch
+    import torch.distributed as dist
     import vmstash
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -40,16 +42,12 @@ def rank_main(rank, world, port):
     dist.destroy_process_group()
 
 
-def main():
+def test_two_ranks_pause_resume_all_reduce():
+    import torch
+    import torch.multiprocessing as mp
     world = torch.cuda.device_count()
     if world < 2:
-        print(f"two-rank test: {world} GPU(s) here, needs 2: skipped")
-        return 0
+        pytest.skip(f"two-rank test: {world} GPU(s) here, needs 2")
     world = 2
     mp.spawn(rank_main, args=(world, 29511), nprocs=world, join=True)
     print("two-rank test: OK")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

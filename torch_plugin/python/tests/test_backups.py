@@ -1,0 +1,83 @@
+"""Where a paused tag's bytes go and how they are read (simulated driver): backup stores
+(pinned, pageable, disk), read_backup while paused, and the memory margin."""
+import ctypes
+import os
+
+import pytest
+
+import vmstash
+from vmstash import _lib
+
+MiB = 1 << 20
+
+
+def test_read_backup_while_paused_and_memory_margin(sim):
+    vmstash.create_tag("cpu_rb", "backup")
+    p = sim.malloc("cpu_rb", 2 * MiB)
+    sim.fill(p, 2 * MiB, 0x3C)
+    buf = ctypes.create_string_buffer(4096)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.read_backup(p, 4096, ctypes.addressof(buf))
+    assert e.value.code_name == "NOT_FOUND"
+    assert vmstash.pause("cpu_rb")
+    vmstash.read_backup(p + MiB, 4096, ctypes.addressof(buf))
+    assert buf.raw == bytes([0x3C]) * 4096
+    # Issue 16 item 4: sizes that are negative or wrap the address space are refused.
+    with pytest.raises(ValueError):
+        vmstash.read_backup(p + 16, -1, ctypes.addressof(buf))
+    with pytest.raises(ValueError):
+        vmstash.read_backup(p + 16, 16, 0)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.read_backup(p + 16, (1 << 64) - 16, ctypes.addressof(buf))
+    assert e.value.code_name == "INVALID_ARGUMENT"
+    # Prepare of a paused tag is refused (its arena holds the paused bytes).
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.prepare("cpu_rb")
+    assert e.value.code_name == "FAILED_PRECONDITION"
+    assert vmstash.resume("cpu_rb")
+    sim.free(p, 2 * MiB)
+    vmstash.set_memory_margin(1 << 40)  # more than the device has
+    with pytest.raises(vmstash.Error):
+        sim.malloc("cpu_rb", 64 * MiB)
+    assert "memory margin" in _lib.last_error()
+    vmstash.set_memory_margin(0)
+    sim.free(sim.malloc("cpu_rb", 64 * MiB), 64 * MiB)
+    with pytest.raises(ValueError):
+        vmstash.set_memory_margin(-1)
+
+
+def test_backup_stores(sim):
+    import tempfile
+    vmstash.create_tag("cpu_store", "backup")
+    vmstash.create_tag("cpu_store_kv", "discard")
+    assert vmstash.backup_store("cpu_store") == "pinned"
+    with tempfile.TemporaryDirectory() as d:
+        p = sim.malloc("cpu_store", 5 * MiB)
+        sim.fill(p, 5 * MiB, 0x3C)
+        vmstash.set_backup_store("cpu_store", "disk", d)
+        assert vmstash.backup_store("cpu_store") == "disk:" + d
+        assert vmstash.tag_stats("cpu_store")["backup_store"] == "disk:" + d
+        assert vmstash.pause("cpu_store")
+        assert os.listdir(d) == []  # the file is unlinked: nothing left behind
+        with pytest.raises(vmstash.Error) as e:
+            vmstash.set_backup_store("cpu_store", "pinned")
+        assert e.value.code_name == "FAILED_PRECONDITION"
+        assert vmstash.resume("cpu_store")
+        assert sim.holds(p, 5 * MiB, 0x3C)
+        vmstash.set_backup_store("cpu_store", "pageable")
+        assert vmstash.pause("cpu_store")
+        assert vmstash.resume("cpu_store")
+        assert sim.holds(p, 5 * MiB, 0x3C)
+        sim.free(p, 5 * MiB)
+    for args, error in [(("cpu_store", "tape"), ValueError), (("cpu_store", "disk"), ValueError),
+                        (("cpu_store", "pinned", "/tmp"), ValueError)]:
+        with pytest.raises(error):
+            vmstash.set_backup_store(*args)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.set_backup_store("cpu_store", "disk", "/nonexistent/vmstash_dir")
+    assert e.value.code_name == "NOT_FOUND"
+    assert "/nonexistent/vmstash_dir" in str(e.value)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.set_backup_store("cpu_store_kv", "pageable")
+    assert e.value.code_name == "FAILED_PRECONDITION"
+    vmstash.release_backup("cpu_store")

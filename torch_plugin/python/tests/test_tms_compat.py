@@ -1,0 +1,215 @@
+"""vmstash.compat.torch_memory_saver without a GPU (simulated driver): its pure parts, the
+backup backends, a pause from another thread, and the drop-in wheel."""
+import os
+import re
+import sys
+
+import pytest
+
+import vmstash
+from vmstash import _lib
+
+MiB = 1 << 20
+
+
+def test_torch_memory_saver_compat_pure_parts(sim):
+    from vmstash.compat.torch_memory_saver import TorchMemorySaver, configure_subprocess, torch_memory_saver
+    assert torch_memory_saver.enabled
+    tms = TorchMemorySaver()
+    # Tag naming: the first backup setting keeps the name.
+    assert tms._vmstash_tag("kv", "discard") == ("kv", "discard")
+    assert tms._vmstash_tag("kv", "pinned") == ("kv:pinned", "backup")
+    assert tms._vmstash_tag("kv", "discard") == ("kv", "discard")
+    assert sorted(n for n, _ in tms._targets("kv")) == ["kv", "kv:pinned"]
+    assert tms._targets("other") == []
+    # torch_memory_saver's argument checks.
+    assert tms._setting(False, False, None) == "discard"
+    assert tms._setting(True, False, None) == "pinned"
+    assert tms._setting(True, False, "mmap") == "mmap"
+    assert tms._setting(False, True, None) == "disk"
+    for bad in [(True, True, None), (True, False, "disk"), (False, False, "mmap")]:
+        with pytest.raises(ValueError):
+            tms._setting(*bad)
+    os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "mmap"
+    try:
+        assert tms._setting(True, False, None) == "mmap"
+        assert tms._setting(True, False, "pinned") == "pinned"
+        os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "tape"
+        with pytest.raises(ValueError):
+            tms._setting(True, False, None)
+    finally:
+        del os.environ["TMS_INIT_CPU_BACKUP_BACKEND"]
+    with pytest.raises(vmstash.Error) as e:
+        tms.hook_mode = "preload"  # this process was not started with LD_PRELOAD
+    assert e.value.code_name == "FAILED_PRECONDITION"
+    with pytest.raises(ValueError):
+        tms.hook_mode = "bogus"
+    tms.hook_mode = "torch"
+    assert not tms.retain_cpu_backup  # torch_memory_saver's default
+    tms.retain_cpu_backup = True
+    assert tms.retain_cpu_backup
+    # Not under the preload library: hook mode torch, interesting region = in a region.
+    assert TorchMemorySaver().hook_mode == "torch"
+    tms._ensure_initialized()
+    cdll = tms._impl._binary_wrapper.cdll
+    assert not cdll.tms_get_interesting_region()
+    vmstash.set_current_tag("cpu_interesting")
+    assert cdll.tms_get_interesting_region()
+    cdll.tms_set_interesting_region(False)
+    assert vmstash.current_tag() == "default"
+    # Whole-process mode without the preload library is refused, not silently empty.
+    os.environ["TMS_INIT_ENABLE"] = "1"
+    try:
+        with pytest.raises(vmstash.Error) as e:
+            TorchMemorySaver()._ensure_initialized()
+        assert "LD_PRELOAD" in str(e.value)
+    finally:
+        del os.environ["TMS_INIT_ENABLE"]
+    tms.memory_margin_bytes = 0
+    assert tms.memory_margin_bytes == 0
+    # pause/resume of tags this instance never saw: nothing to do.
+    tms.pause("nothing")
+    tms.resume()
+    os.environ["VMSTASH_PRELOAD_LIBRARY"] = "/x/libvmstash_preload.so"
+    os.environ["LD_PRELOAD"] = "libother.so"
+    try:
+        with configure_subprocess():
+            assert os.environ["LD_PRELOAD"] == "/x/libvmstash_preload.so libother.so"
+        assert os.environ["LD_PRELOAD"] == "libother.so"
+    finally:
+        del os.environ["VMSTASH_PRELOAD_LIBRARY"]
+        del os.environ["LD_PRELOAD"]
+
+
+def test_torch_memory_saver_backends_disk_and_retain(sim):
+    """torch_memory_saver's per-region backends (pinned, mmap, disk) on one tag, the disk
+    directory's errors, and retain_cpu_backup both ways."""
+    import tempfile
+    from vmstash.compat.torch_memory_saver import TorchMemorySaver
+    tms = TorchMemorySaver()
+    tms.hook_mode = "torch"
+    n = 4 * MiB
+    with tempfile.TemporaryDirectory() as d:
+        spill = os.path.join(d, "spill")
+        tms.set_disk_backup_dir(spill)  # created
+        names = {}
+        for setting in ("disk", "mmap", "pinned"):
+            names[setting], _ = tms._vmstash_tag("st", setting)
+        assert names == {"disk": "st", "mmap": "st:mmap", "pinned": "st:pinned"}
+        assert vmstash.backup_store("st") == "disk:" + spill
+        assert vmstash.backup_store("st:mmap") == "pageable"
+        assert vmstash.backup_store("st:pinned") == "pinned"
+        ptrs = {s: sim.malloc(name, n) for s, name in names.items()}
+        for i, p in enumerate(ptrs.values()):
+            sim.fill(p, n, 0x40 + i)
+
+        def round_trip():
+            tms.pause("st")
+            assert {vmstash.tag_stats(v)["state"] for v in names.values()} == {"paused"}
+            tms.resume("st")
+            for i, p in enumerate(ptrs.values()):
+                assert sim.holds(p, n, 0x40 + i)
+
+        round_trip()
+        # retain_cpu_backup False (torch_memory_saver's default): every backup is given back.
+        assert [vmstash.tag_stats(v)["backup_arena_bytes"] for v in names.values()] == [0, 0, 0]
+        tms.retain_cpu_backup = True
+        round_trip()
+        assert all(vmstash.tag_stats(v)["backup_arena_bytes"] > 0 for v in names.values())
+        tms.retain_cpu_backup = False
+        round_trip()
+        assert os.listdir(spill) == []
+        # A missing directory fails the pause with a clear error; the tag stays active, intact.
+        os.rmdir(spill)
+        with pytest.raises(vmstash.Error) as e:
+            tms.pause("st")
+        assert e.value.code_name == "NOT_FOUND"
+        assert spill in str(e.value)
+        assert vmstash.tag_stats("st")["state"] == "active"
+        assert sim.holds(ptrs["disk"], n, 0x40)
+        # A new directory is used from the next pause on.
+        tms.set_disk_backup_dir(os.path.join(d, "spill2"))
+        round_trip()
+        assert vmstash.backup_store("st") == "disk:" + os.path.join(d, "spill2")
+        for p in ptrs.values():
+            sim.free(p, n)
+
+
+def test_torch_memory_saver_pause_from_another_thread_while_this_one_allocates(sim):
+    """SGLang and slime pause from an RPC thread while other threads keep working: the
+    paused tag comes back intact, the working thread's tag is untouched, no call fails."""
+    import threading
+    from vmstash.compat.torch_memory_saver import TorchMemorySaver
+    tms = TorchMemorySaver()
+    tms.hook_mode = "torch"
+    weights, _ = tms._vmstash_tag("thr_weights", "pinned")
+    work, _ = tms._vmstash_tag("thr_work", "discard")
+    p = sim.malloc(weights, 6 * MiB)
+    sim.fill(p, 6 * MiB, 0x77)
+    errors, done = [], threading.Event()
+
+    def worker():
+        try:
+            while not done.is_set():
+                q = sim.malloc(work, 3 * MiB)
+                sim.fill(q, 3 * MiB, 0x11)
+                if not sim.holds(q, 3 * MiB, 0x11):
+                    errors.append("worker's bytes changed")
+                sim.free(q, 3 * MiB)
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        for _ in range(20):
+            tms.pause("thr_weights")
+            assert vmstash.tag_stats(weights)["state"] == "paused"
+            tms.resume("thr_weights")
+            assert sim.holds(p, 6 * MiB, 0x77)
+    finally:
+        done.set()
+        t.join()
+    assert errors == []
+    assert vmstash.tag_stats(work)["state"] == "active"
+    sim.free(p, 6 * MiB)
+
+
+def test_torch_memory_saver_dropin_wheel_installs_the_package_and_the_preload_names():
+    import subprocess
+    import tempfile
+    import zipfile
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    builder = os.path.join(root, "scripts", "build_tms_dropin_wheel.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        # A real ELF file stands in for the preload library (its glibc needs give the tag).
+        stand_in = _lib.library_path()
+        out = subprocess.run([sys.executable, builder, "--preload", stand_in, "--out", tmp], check=True,
+                             capture_output=True, text=True).stdout.strip()
+        assert re.search(r"^torch_memory_saver-0\.0\.10\+vmstash\.[0-9.]+-py3-none-manylinux_2_\d+_x86_64\.whl$",
+                         os.path.basename(out))
+        site = os.path.join(tmp, "site")
+        with zipfile.ZipFile(out) as z:
+            assert z.testzip() is None
+            record = z.read([n for n in z.namelist() if n.endswith("/RECORD")][0]).decode()
+            for name in z.namelist():
+                assert name + "," in record
+            z.extractall(site)  # what pip puts into site-packages
+        probe = (
+            "import os, torch_memory_saver as t\n"
+            "from torch_memory_saver import torch_memory_saver, configure_subprocess\n"
+            "from torch_memory_saver.hooks.mode_preload import configure_subprocess as c2\n"
+            "from torch_memory_saver.entrypoint import TorchMemorySaver\n"
+            "import vmstash.compat.torch_memory_saver as compat\n"
+            "assert torch_memory_saver is compat.torch_memory_saver and c2 is configure_subprocess\n"
+            "assert isinstance(torch_memory_saver, TorchMemorySaver) and t.served_by == 'vmstash'\n"
+            "here = os.path.dirname(os.path.dirname(t.__file__))\n"  # slime's lookup
+            "assert os.path.exists(os.path.join(here, 'torch_memory_saver_hook_mode_preload_cu13.abi3.so'))\n"
+            "assert os.path.exists(os.path.join(here, 'torch_memory_saver_hook_mode_preload.abi3.so'))\n"
+            "torch_memory_saver._ensure_initialized()\n"
+            "assert torch_memory_saver._impl._binary_wrapper.cdll.tms_get_interesting_region() is False\n"
+            "print('dropin ok')\n")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.path.join(root, "torch_plugin", "python")]))
+        result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert "dropin ok" in result.stdout
