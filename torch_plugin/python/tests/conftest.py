@@ -88,7 +88,7 @@ _devices = []
 
 def _cuda_devices():
     """How many CUDA devices torch sees (None: torch is not importable), asked of a child process
-    so that this one never loads torch or CUDA; once per session."""
+    so that this one never initializes CUDA; once per session."""
     if not _devices:
         r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
                            capture_output=True, text=True)
