@@ -281,11 +281,11 @@ TEST(CAbiHardeningTest, AVetoedSwitchAndADoneSwitchWithAFailedHookAreToldApart) 
   const char* a = "td_a";
   const char* b = "td_b";
   veto_code = 3;
-  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), 10);  // ABORTED
+  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), VMSTASH_ABORTED);
   EXPECT_EQ(vmstash_last_error_done(), 0) << vmstash_last_error();
   veto_code = 0;
   after_code = 3;
-  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), 10);
+  EXPECT_EQ(vmstash_switch(&a, 1, &b, 1, -1, nullptr, 0), VMSTASH_ABORTED);
   EXPECT_EQ(vmstash_last_error_done(), 1) << vmstash_last_error();
   EXPECT_THAT(vmstash_last_error(), HasSubstr("done on every device"));
   EXPECT_THAT(vmstash_last_error(), ::testing::Not(HasSubstr("type.vmstash.dev")));
@@ -488,6 +488,50 @@ TEST(CAbiHardeningTest, PauseLiveDevicesRefusesEntriesOfBadDevices) {
   const vmstash_live_ranges both[2] = {entry(1), entry(0)};
   ASSERT_EQ(vmstash_pause_live_devices("pld", -1, both, 2), VMSTASH_OK) << vmstash_last_error();
   ASSERT_EQ(vmstash_resume("pld", -1), VMSTASH_OK) << vmstash_last_error();
+  for (int d = 0; d < 2; ++d) vmstash_free(p[d], 0, d, nullptr);
+  ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
+}
+
+// Issue 29 item 5: the one-call pause over every device refuses NULL pointers with
+// nonzero counts and entries of other tags, as it refuses bad devices: INVALID_ARGUMENT,
+// nothing paused on any device (a well-formed entry for device 0 comes first each time).
+TEST(CAbiHardeningTest, PauseLiveDevicesRefusesNullArraysAndOtherTagsPausingNothing) {
+  ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G,control:0,auto_prepare:0"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("pln", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("pln_other", "backup"), VMSTASH_OK);
+  void* p[2] = {MallocIn("pln", 4096, 0), MallocIn("pln", 4096, 1)};
+  ASSERT_TRUE(p[0] != nullptr && p[1] != nullptr);
+  const uint64_t start[2] = {reinterpret_cast<uint64_t>(p[0]), reinterpret_cast<uint64_t>(p[1])};
+  const uint64_t size = 4096;
+  const vmstash_live_ranges good = {"pln", 0, &start[0], &size, 1};
+  struct Case {
+    const char* tag;
+    std::vector<vmstash_live_ranges> live;
+    bool null_live;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"pln", {}, true, "NULL ranges with n_live > 0"},
+      {nullptr, {good}, false, "a NULL tag"},
+      {"pln", {good, {"pln", 1, nullptr, &size, 1}}, false, "NULL arrays and n > 0"},
+      {"pln", {good, {"pln", 1, &start[1], nullptr, 1}}, false, "NULL arrays and n > 0"},
+      {"pln", {good, {nullptr, 1, nullptr, nullptr, 2}}, false, "NULL arrays and n > 0"},
+      {"pln", {good, {"pln_other", 1, &start[1], &size, 1}}, false, "name tag 'pln_other'"},
+  };
+  for (const Case& c : cases) {
+    const size_t n = c.null_live ? 2 : c.live.size();
+    EXPECT_EQ(vmstash_pause_live_devices(c.tag, -1, c.null_live ? nullptr : c.live.data(), n),
+              VMSTASH_INVALID_ARGUMENT)
+        << c.says;
+    EXPECT_EQ(vmstash_last_error_code(), VMSTASH_INVALID_ARGUMENT) << c.says;
+    EXPECT_THAT(vmstash_last_error(), HasSubstr(c.says));
+    EXPECT_TRUE(StateIs(0, "pln", "active") && StateIs(1, "pln", "active")) << "paused by: " << c.says;
+  }
+  // NULL arrays with n == 0 are an empty hint: the device keeps nothing, and pauses.
+  const vmstash_live_ranges empty[2] = {{"pln", 0, nullptr, nullptr, 0}, {nullptr, 1, nullptr, nullptr, 0}};
+  ASSERT_EQ(vmstash_pause_live_devices("pln", -1, empty, 2), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_TRUE(StateIs(0, "pln", "paused") && StateIs(1, "pln", "paused"));
+  ASSERT_EQ(vmstash_resume("pln", -1), VMSTASH_OK) << vmstash_last_error();
   for (int d = 0; d < 2; ++d) vmstash_free(p[d], 0, d, nullptr);
   ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK);
 }

@@ -9,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
@@ -203,7 +204,7 @@ TEST_F(CAbiTest, PauseResumeThroughTheCAbi) {
   p[0] = 42;
   p[(3 << 20) - 1] = 43;
   ASSERT_EQ(vmstash_prepare("ckpt", 0, 0), VMSTASH_OK);
-  EXPECT_EQ(vmstash_pause("ckpt", 0), 10);  // ABORTED: the hook vetoed
+  EXPECT_EQ(vmstash_pause("ckpt", 0), VMSTASH_ABORTED);  // the hook vetoed
   EXPECT_THAT(vmstash_last_error(), HasSubstr("before-pause hook returned 7"));
   ASSERT_EQ(vmstash_pause("ckpt", 0), VMSTASH_OK);
   EXPECT_EQ(vmstash_pause("ckpt", -1), VMSTASH_NOOP);
@@ -312,6 +313,100 @@ TEST_F(CAbiTest, SwitchThroughTheCAbiWithALiveHint) {
   EXPECT_EQ(t[0], 1);
   vmstash_free(t, 8 << 20, 0, nullptr);
   vmstash_free(r, 8 << 20, 0, nullptr);
+}
+
+// Note [Status Codes]: the C table holds every absl::StatusCode, in order from 0, each
+// under absl's own name (StatusCodeToString) and number; nothing past it is a code.
+TEST(CAbiStatusCodesTest, TheTableIsEveryAbslStatusCodeByNameAndNumber) {
+  struct Entry {
+    const char* name;
+    int number;
+  };
+#define VMSTASH_TEST_ENTRY(name, number) {#name, number},
+  const Entry table[] = {VMSTASH_STATUS_CODES(VMSTASH_TEST_ENTRY)};
+#undef VMSTASH_TEST_ENTRY
+  int next = 0;
+  for (const Entry& e : table) {
+    EXPECT_EQ(e.number, next++) << e.name;
+    EXPECT_EQ(absl::StatusCodeToString(static_cast<absl::StatusCode>(e.number)), e.name);
+  }
+  EXPECT_EQ(next, static_cast<int>(absl::StatusCode::kUnauthenticated) + 1);
+  EXPECT_EQ(absl::StatusCodeToString(static_cast<absl::StatusCode>(next)), "");
+  // The enum is made from the table (spot checks of the names callers use).
+  EXPECT_EQ(VMSTASH_ABORTED, static_cast<int>(absl::StatusCode::kAborted));
+  EXPECT_EQ(VMSTASH_FAILED_PRECONDITION, static_cast<int>(absl::StatusCode::kFailedPrecondition));
+  EXPECT_EQ(VMSTASH_UNAVAILABLE, static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_LT(VMSTASH_NOOP, 0);
+}
+
+int VetoAlways(const char*, int, void*) { return 1; }
+
+// A hook's veto is VMSTASH_ABORTED, and calls that return NULL or -1 leave their code in
+// vmstash_last_error_code() (the code of the last failed call, kept across successes).
+TEST_F(CAbiTest, AVetoIsAbortedAndCallsWithoutACodeLeaveItInLastErrorCode) {
+  ASSERT_EQ(vmstash_create_tag("vetoed", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_register_hooks("vetoed", VetoAlways, nullptr, nullptr), VMSTASH_OK);
+  ASSERT_EQ(vmstash_set_current_tag("vetoed"), VMSTASH_OK);
+  void* p = vmstash_malloc(4096, 0, nullptr);
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(vmstash_pause("vetoed", -1), VMSTASH_ABORTED);
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_ABORTED);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("ABORTED: "));
+  EXPECT_EQ(vmstash_last_error_done(), 0);
+  EXPECT_EQ(vmstash_tag_policy("never_declared"), nullptr);
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_NOT_FOUND);
+  EXPECT_EQ(vmstash_bind_tag_slot("bad tag"), -1);
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_STREQ(vmstash_tag_policy("vetoed"), "backup");  // a success keeps the last failure's code
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_stats_json(9), nullptr);
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(vmstash_backup_store("never_declared"), nullptr);
+  EXPECT_EQ(vmstash_last_error_code(), VMSTASH_NOT_FOUND);
+  std::thread([] { EXPECT_EQ(vmstash_last_error_code(), VMSTASH_OK); }).join();  // per thread
+  vmstash_free(p, 4096, 0, nullptr);
+}
+
+// Note [Liveness Hints] as vmstash.region's MemPools give them, in one call for both
+// devices: a pool segment's active bytes plus every byte outside the pool's segments, up
+// to the end of the address space. The tag's block that is no pool segment is copied
+// whole; the segment's inactive bytes are not copied.
+TEST_F(CAbiTest, APoolHintCopiesTheSegmentsActiveBytesAndEveryOtherBlockWhole) {
+  ASSERT_EQ(vmstash_create_tag("pooled", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_set_current_tag("pooled"), VMSTASH_OK);
+  unsigned char* seg[2] = {static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr)),
+                           static_cast<unsigned char*>(vmstash_malloc(8 << 20, 1, nullptr))};
+  auto* other = static_cast<unsigned char*>(vmstash_malloc(1 << 20, 0, nullptr));  // global mode
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_TRUE(seg[0] != nullptr && seg[1] != nullptr && other != nullptr) << vmstash_last_error();
+  std::memset(other, 0x3c, 1 << 20);
+  uint64_t starts[2][3], sizes[2][3];
+  vmstash_live_ranges live[2];
+  for (int d = 0; d < 2; ++d) {
+    std::memset(seg[d] + (2 << 20), 0x40 + d, 1 << 20);  // the active block
+    const uint64_t s = reinterpret_cast<uint64_t>(seg[d]), end = s + (8 << 20);
+    starts[d][0] = 0, sizes[d][0] = s;                     // below the segment
+    starts[d][1] = s + (2 << 20), sizes[d][1] = 1 << 20;   // active in it
+    starts[d][2] = end, sizes[d][2] = uint64_t{0} - end;   // above it, to the end
+    live[d] = {"pooled", d, starts[d], sizes[d], 3};
+  }
+  ASSERT_EQ(vmstash_pause_live_devices("pooled", -1, live, 2), VMSTASH_OK) << vmstash_last_error();
+  for (int d = 0; d < 2; ++d) {
+    char* stats = vmstash_stats_json(d);
+    const std::string copied = d == 0 ? "\"backed_up_bytes\":2097152" : "\"backed_up_bytes\":1048576";
+    EXPECT_THAT(std::string(stats), HasSubstr(copied)) << "device " << d;
+    vmstash_string_free(stats);
+  }
+  ASSERT_EQ(vmstash_resume("pooled", -1), VMSTASH_OK) << vmstash_last_error();
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(seg[d][2 << 20], 0x40 + d);
+    EXPECT_EQ(seg[d][(3 << 20) - 1], 0x40 + d);
+    vmstash_free(seg[d], 0, d, nullptr);
+  }
+  EXPECT_EQ(other[0], 0x3c);
+  EXPECT_EQ(other[(1 << 20) - 1], 0x3c);
+  vmstash_free(other, 0, 0, nullptr);
 }
 
 }  // namespace

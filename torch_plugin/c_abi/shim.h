@@ -1,5 +1,7 @@
 // What every C ABI entry point shares (vmstash_c.cc, stash_c.cc): the error convention
-// (the message in a thread-local string, the absl::StatusCode as the return value) and
+// (the message and the code in thread-locals, vmstash_last_error() and
+// vmstash_last_error_code(); the absl::StatusCode as the return value, from the one table
+// of vmstash.h, Note [Status Codes]) and
 // the guard that runs a body inside a process Call (runtime/process.h, Note [Shutdown])
 // and turns exceptions, std::bad_alloc included, into codes.
 #ifndef VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
@@ -14,7 +16,7 @@
 
 namespace vmstash::c_abi {
 
-// Records `status` as this thread's last error; returns its code.
+// Records `status` as this thread's last error (message, code, done mark); returns its code.
 int Fail(const absl::Status& status);
 // The status's code, recording the error when it is not OK.
 inline int Code(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }

@@ -29,13 +29,26 @@ namespace vmstash {
 namespace c_abi {
 
 thread_local std::string last_error;
+thread_local int last_error_code = VMSTASH_OK;
 thread_local bool last_error_done = false;
+
+// Note [Status Codes] (vmstash.h): Fail returns status.code() as it is, so the C table
+// must hold every absl::StatusCode under its number (c_abi_test checks each name too).
+#define VMSTASH_COUNT_CODE(name, number) +1
+static_assert(0 VMSTASH_STATUS_CODES(VMSTASH_COUNT_CODE) == static_cast<int>(absl::StatusCode::kUnauthenticated) + 1,
+              "vmstash.h's VMSTASH_STATUS_CODES lists every absl::StatusCode");
+#undef VMSTASH_COUNT_CODE
+static_assert(VMSTASH_OK == static_cast<int>(absl::StatusCode::kOk) &&
+                  VMSTASH_ABORTED == static_cast<int>(absl::StatusCode::kAborted) &&
+                  VMSTASH_UNAUTHENTICATED == static_cast<int>(absl::StatusCode::kUnauthenticated),
+              "the C codes are the absl::StatusCode numbers");
 
 int Fail(const absl::Status& status) {
   // The code's name and the message: a status's payloads are marks for code, not text.
   last_error = absl::StrCat(absl::StatusCodeToString(status.code()), ": ", status.message());
+  last_error_code = static_cast<int>(status.code());
   last_error_done = Runtime::TransitionDone(status);
-  return static_cast<int>(status.code());
+  return last_error_code;
 }
 
 namespace {
@@ -289,6 +302,7 @@ const char* vmstash_get_current_tag(void) noexcept { return TagName(CurrentTag()
 
 int vmstash_pause(const char* tag, int device) noexcept { return Transition(tag, device, true, nullptr); }
 
+// Deprecated (vmstash.h): one hint, for `device` or (-1) for every device.
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) noexcept {
   if (n != 0 && (starts == nullptr || sizes == nullptr)) {
@@ -427,13 +441,15 @@ char* vmstash_snapshot_json(int device) noexcept {
 }
 void vmstash_string_free(char* s) noexcept { std::free(s); }
 const char* vmstash_last_error(void) noexcept { return last_error.c_str(); }
+int vmstash_last_error_code(void) noexcept { return last_error_code; }
 int vmstash_last_error_done(void) noexcept { return last_error_done ? 1 : 0; }
 
 }  // extern "C"
 
-// A pause over devices with each device's own liveness hint, as one Runtime call: all or
-// nothing across devices (runtime.h, Note [All-or-Nothing Transitions]), where one call per
-// device would leave the first devices paused when a later one fails.
+// The hinted pause (vmstash.h, Note [Liveness Hints]): every device's own hint in one
+// Runtime call, all or nothing across devices (runtime.h, Note [All-or-Nothing
+// Transitions]), where one call per device would leave the first devices paused when a
+// later one fails. Every entry is checked before anything is paused.
 namespace {
 // The device of entry `i` of vmstash_pause_live_devices's `live` (vmstash.h): a device of
 // this process, not named by an earlier entry, and the paused `device` unless that is -1.
@@ -460,8 +476,9 @@ absl::Status CheckLiveEntryDevice(const Runtime& rt, int device, const vmstash_l
 
 extern "C" int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
                                           size_t n_live) noexcept {
-  if (tag == nullptr || (n_live != 0 && live == nullptr)) {
-    return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: a NULL tag, or NULL ranges with n_live > 0"));
+  if (tag == nullptr) return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: a NULL tag"));
+  if (n_live != 0 && live == nullptr) {
+    return Fail(absl::InvalidArgumentError("vmstash_pause_live_devices: NULL ranges with n_live > 0"));
   }
   return WithRuntime([&](Runtime& rt) {
     absl::StatusOr<TagId> id = ExistingTagArg(tag);

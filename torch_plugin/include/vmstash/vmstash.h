@@ -37,17 +37,45 @@ extern "C" {
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;
 
-/* Return codes: the absl::StatusCode values. */
-enum vmstash_code {
-  VMSTASH_OK = 0,
-  VMSTASH_INVALID_ARGUMENT = 3,
-  VMSTASH_NOT_FOUND = 5,
-  VMSTASH_RESOURCE_EXHAUSTED = 8,
-  VMSTASH_FAILED_PRECONDITION = 9,
-  VMSTASH_UNIMPLEMENTED = 12,
-  VMSTASH_INTERNAL = 13,
-  VMSTASH_UNAVAILABLE = 14
-};
+/* Note [Status Codes]
+ * Return codes are the absl::StatusCode values; VMSTASH_STATUS_CODES is their one table
+ * (name, number), from which enum vmstash_code is made. The C ABI checks it against
+ * absl::StatusCode at compile time and in c_abi_test (every absl code, by name and
+ * number); Python's vmstash/_codes.py mirrors it and its test reads this table from this
+ * header, so the three cannot drift. Numbers never change: absl adds new codes at the end,
+ * and so does this table. What a code means here:
+ *   INVALID_ARGUMENT bad input; NOT_FOUND an unknown tag, device memory or backup;
+ *   RESOURCE_EXHAUSTED out of device or host memory, or of tag slots; FAILED_PRECONDITION
+ *   wrong state (paused, shut down, inside a hook); ABORTED a hook vetoed a pause or switch,
+ *   or an after-resume hook failed (vmstash_last_error_done() tells which); INTERNAL a
+ *   driver failure or an unexpected exception. Each call's comment names its own.
+ * VMSTASH_NOOP (-1), below, is not a status code: a transition that changed nothing.
+ * A call that returns NULL or -1 instead of a code leaves its code in
+ * vmstash_last_error_code(), as every failed call does, and its message in
+ * vmstash_last_error(). */
+#define VMSTASH_STATUS_CODES(X) \
+  X(OK, 0)                      \
+  X(CANCELLED, 1)               \
+  X(UNKNOWN, 2)                 \
+  X(INVALID_ARGUMENT, 3)        \
+  X(DEADLINE_EXCEEDED, 4)       \
+  X(NOT_FOUND, 5)               \
+  X(ALREADY_EXISTS, 6)          \
+  X(PERMISSION_DENIED, 7)       \
+  X(RESOURCE_EXHAUSTED, 8)      \
+  X(FAILED_PRECONDITION, 9)     \
+  X(ABORTED, 10)                \
+  X(OUT_OF_RANGE, 11)           \
+  X(UNIMPLEMENTED, 12)          \
+  X(INTERNAL, 13)               \
+  X(UNAVAILABLE, 14)            \
+  X(DATA_LOSS, 15)              \
+  X(UNAUTHENTICATED, 16)
+
+/* VMSTASH_OK, VMSTASH_INVALID_ARGUMENT, ... VMSTASH_ABORTED, ... */
+#define VMSTASH_CODE_ENUMERATOR_(name, number) VMSTASH_##name = number,
+enum vmstash_code { VMSTASH_STATUS_CODES(VMSTASH_CODE_ENUMERATOR_) };
+#undef VMSTASH_CODE_ENUMERATOR_
 
 int vmstash_init(const char* options) VMSTASH_NOEXCEPT;
 /* 1 when initialized, else 0. */
@@ -101,10 +129,40 @@ const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
 #define VMSTASH_NOOP (-1)
 int vmstash_pause(const char* tag, int device) VMSTASH_NOEXCEPT;
 int vmstash_resume(const char* tag, int device) VMSTASH_NOEXCEPT;
-/* Pause with a liveness hint: `n` byte ranges [starts[i], starts[i] + sizes[i]) that hold
- * data (e.g. PyTorch's active blocks inside our segments, from MemPool.snapshot()). A
- * backup pause copies only the parts of the tag's blocks inside them; other bytes of the
- * tag are not preserved. n == 0 with NULL arrays: nothing is preserved. */
+/* Note [Liveness Hints]
+ * A pause of a "backup" tag copies the requested bytes of each of its live blocks, unless
+ * the call gives a hint for the device: byte ranges [starts[i], starts[i] + sizes[i]) that
+ * hold data. Then only the parts of the tag's live blocks inside those ranges are copied;
+ * the tag's other bytes on that device are not preserved (a "discard" tag ignores hints).
+ * Ranges may be unsorted or overlap, and may run to the end of the address space (a size
+ * past it ends there). A hint of no range (n == 0, the arrays may be NULL) preserves
+ * nothing on that device. A layer that caches inside vmstash blocks passes what it knows
+ * to be live and every byte it does not manage: vmstash.region's MemPools give their
+ * active blocks plus the gaps between the pool's own segments up to the end of the
+ * address space, so a live block of the tag that is no segment of the pool (global mode,
+ * C++ callers) is copied whole (torch_plugin/python/vmstash/_torch.py, live_ranges). */
+typedef struct vmstash_live_ranges {
+  const char* tag; /* the tag the ranges are of (vmstash_pause_live_devices: NULL or its tag) */
+  int device;
+  const uint64_t* starts;
+  const uint64_t* sizes;
+  size_t n;
+} vmstash_live_ranges;
+/* Pause with liveness hints (Note [Liveness Hints]): THE hinted pause, one call for every
+ * device, as vmstash_switch takes them. `live` (NULL, or `n_live` entries) gives, for one
+ * device each, the byte ranges of `tag` that hold data there; a device without an entry
+ * pauses without a hint (every live block of a backup tag is copied whole). device -1:
+ * every device in use (entries may name any of them), all or nothing as vmstash_pause;
+ * else only `device` (an entry must name it). VMSTASH_INVALID_ARGUMENT, with nothing
+ * paused, for a NULL tag, NULL `live` with n_live > 0, an entry with NULL arrays and
+ * n > 0, an entry whose `tag` is neither NULL nor `tag`, whose device is not one of this
+ * process's (negative, -1 included, or out of range), names a device an earlier entry
+ * names, or is not `device` when that is not -1. Returns as vmstash_pause. */
+int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
+                               size_t n_live) VMSTASH_NOEXCEPT;
+/* Deprecated (kept for existing callers): vmstash_pause_live_devices with one hint, these
+ * `n` ranges, for `device`; with device -1 the same ranges stand for every device.
+ * VMSTASH_INVALID_ARGUMENT for NULL arrays with n > 0. */
 int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, const uint64_t* sizes,
                        size_t n) VMSTASH_NOEXCEPT;
 /* A phase switch: pauses the `n_pause` tags of `pause_tags` and resumes the `n_resume`
@@ -116,32 +174,15 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
  * device already switched is switched back when another fails). Returns 0 when done,
  * VMSTASH_NOOP when every tag already was in its requested state, VMSTASH_NOT_FOUND for a
  * tag this process never created or used, VMSTASH_INVALID_ARGUMENT for a tag listed
- * twice or in both lists, VMSTASH_RESOURCE_EXHAUSTED when the incoming tags do not fit.
- * On a failure every tag is as it was, except: after-resume hooks that failed with the
- * switch done (vmstash_last_error_done() is 1), and a tag whose memory a rollback could
- * not restore (the message names it "broken", and any device left switched). `live` (NULL, or `n_live` entries): for an
- * outgoing tag on one device, the byte ranges that hold data, as for vmstash_pause_live. */
-typedef struct vmstash_live_ranges {
-  const char* tag;
-  int device;
-  const uint64_t* starts;
-  const uint64_t* sizes;
-  size_t n;
-} vmstash_live_ranges;
+ * twice or in both lists, VMSTASH_RESOURCE_EXHAUSTED when the incoming tags do not fit,
+ * VMSTASH_ABORTED when a before-pause hook vetoed it. On a failure every tag is as it
+ * was, except: after-resume hooks that failed with the switch done
+ * (vmstash_last_error_done() is 1), and a tag whose memory a rollback could not restore
+ * (the message names it "broken", and any device left switched). `live` (NULL, or
+ * `n_live` entries): for an outgoing tag on one device, its liveness hint (Note [Liveness
+ * Hints]). */
 int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
                    int device, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
-/* Pause with a liveness hint per device, in one call: `live` (NULL, or `n_live` entries)
- * gives, for one device each, the byte ranges of `tag` that hold data there, as for
- * vmstash_pause_live. VMSTASH_INVALID_ARGUMENT, with nothing paused, for an entry whose
- * `tag` is neither NULL nor `tag`, whose device is not one of this process's (negative,
- * -1 included, or out of range), names a device an earlier entry names, or, when `device`
- * is not -1, names another device than `device` (with -1, entries of any devices). A
- * device without an entry pauses without a hint (every live block of a backup tag is
- * copied). device -1: every device in use, all
- * or nothing as vmstash_pause — where one vmstash_pause_live call per device would leave
- * the first devices paused when a later one fails. Returns as vmstash_pause. */
-int vmstash_pause_live_devices(const char* tag, int device, const vmstash_live_ranges* live,
-                               size_t n_live) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
  * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
  * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
@@ -173,10 +214,11 @@ char* vmstash_backup_store(const char* tag) VMSTASH_NOEXCEPT;
  * called without vmstash locks (the tag is active in both): they may allocate and free,
  * in their own tag too; pausing or resuming their own tag, or vmstash_shutdown, fails
  * with VMSTASH_FAILED_PRECONDITION. A non-zero return from before_pause vetoes the
- * pause; one from after_resume is reported by vmstash_resume and vmstash_switch (its
- * code: ABORTED, 10) with the transition done on every device: the message says so
- * and names each device whose hook failed, and vmstash_last_error_done() is 1
- * (runtime/runtime.h, Note [All-or-Nothing Transitions]). Either may be NULL. */
+ * pause or switch (VMSTASH_ABORTED, nothing changed); one from after_resume is reported
+ * by vmstash_resume and vmstash_switch (VMSTASH_ABORTED too) with the transition done on
+ * every device: the message says so and names each device whose hook failed, and
+ * vmstash_last_error_done() is 1 (runtime/runtime.h, Note [All-or-Nothing Transitions]).
+ * Either may be NULL. */
 typedef int (*vmstash_hook_fn)(const char* tag, int device, void* user);
 int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstash_hook_fn after_resume,
                            void* user) VMSTASH_NOEXCEPT;
@@ -192,6 +234,9 @@ void vmstash_string_free(char* s) VMSTASH_NOEXCEPT;
 
 /* This thread's message for its last failed call ("" if none). */
 const char* vmstash_last_error(void) VMSTASH_NOEXCEPT;
+/* This thread's code for its last failed call (a vmstash_code; VMSTASH_OK if none): the
+ * code of a call that returns NULL or -1 (Note [Status Codes]). */
+int vmstash_last_error_code(void) VMSTASH_NOEXCEPT;
 /* 1 when this thread's last failed call is a transition that is done nonetheless (every
  * tag in its requested state on every device; only after-resume hooks failed), 0 when it
  * changed nothing or failed otherwise (runtime/runtime.h, Note [All-or-Nothing

@@ -4,7 +4,8 @@ pause/resume act on one tag or (tag=None) on every tag declared in this process 
 runtime's tag registry: this package keeps no copy), on one device or (device=None) on
 every device the allocator uses. When PyTorch MemPools
 cache tensors inside our segments (vmstash.region), pause asks PyTorch which of their
-blocks are in use so that free cached blocks are not copied (see _torch.live_ranges).
+blocks are in use so that free cached blocks are not copied (see _torch.live_ranges), and
+hands every device's hint to the library in one call (vmstash.h, Note [Liveness Hints]).
 """
 import ctypes
 import os
@@ -13,7 +14,8 @@ from . import _lib
 
 _POLICIES = ("discard", "backup")
 
-# Set by vmstash._torch when torch is in use: (tag, device) -> list of (address, size) or None.
+# Set by vmstash._torch when torch is in use: (tag, device) -> the tag's liveness hint on the
+# device, a list of (address, size) (vmstash.h, Note [Liveness Hints]).
 live_ranges_provider = None
 # Set by vmstash._torch: devices that have a MemPool of `tag`.
 pool_devices_provider = None
@@ -45,13 +47,26 @@ def tags():
 
 
 def policy_of(tag):
-    """The policy of a declared tag, or None."""
-    policy = _lib.lib().vmstash_tag_policy(_lib.encode(tag))
+    """The policy of a declared tag, or None. Raises vmstash.Error with the library's code
+    for anything else (a malformed name: INVALID_ARGUMENT; after shutdown:
+    FAILED_PRECONDITION)."""
+    l = _lib.lib()
+    policy = l.vmstash_tag_policy(_lib.encode(tag))
     if policy is None:
-        if _lib.last_error().startswith("NOT_FOUND"):
+        if l.vmstash_last_error_code() == _lib.NOT_FOUND:
             return None
-        raise _lib.Error(f"policy_of({tag!r}): {_lib.last_error()}", 3)
+        raise _lib.last_failure(f"policy_of({tag!r})")
     return policy.decode()
+
+
+def bind_tag_slot(tag):
+    """The allocation slot bound to `tag` (vmstash_bind_tag_slot): the N of the tag's own
+    entry point vmstash_malloc_slot<N>. Raises vmstash.Error with the library's code
+    (RESOURCE_EXHAUSTED: every slot is bound, as vmstash.OutOfMemoryError)."""
+    slot = _lib.lib().vmstash_bind_tag_slot(_lib.encode(tag))
+    if slot < 0:
+        raise _lib.last_failure(f"bind_tag_slot({tag!r})")
+    return slot
 
 
 def set_current_tag(tag):
@@ -95,14 +110,19 @@ def pause(tag=None, device=None):
 
 def _live_hints(tag, dev):
     """(device, starts, sizes, n) for each device (`dev`, or all: -1) where `tag` has a
-    PyTorch MemPool: the byte ranges PyTorch holds live there, as ctypes arrays. Nothing
-    for a discard tag (only a backup pause copies) or without torch."""
-    if live_ranges_provider is None or pool_devices_provider is None or policy_of(tag) != "backup":
+    PyTorch MemPool: the tag's liveness hint there (live_ranges_provider, computed from the
+    pool's own segments by _torch.live_ranges), as ctypes arrays; n == 0 keeps nothing on
+    that device. Nothing for a tag without a MemPool, a discard tag (only a backup pause
+    copies) or without torch: those devices pause without a hint."""
+    if live_ranges_provider is None or pool_devices_provider is None:
         return
-    for d in pool_devices_provider(tag):
-        if dev != -1 and d != dev:
-            continue
+    devices = [d for d in pool_devices_provider(tag) if dev == -1 or d == dev]
+    if not devices or policy_of(tag) != "backup":
+        return
+    for d in devices:
         ranges = live_ranges_provider(tag, d)
+        if ranges is None:  # the pool went away meanwhile: no hint
+            continue
         n = len(ranges)
         starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
         sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])

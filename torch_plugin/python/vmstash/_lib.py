@@ -2,7 +2,8 @@
 
 Only control calls go through Python: tensors are allocated and freed by PyTorch calling
 the library's C entry points directly. Every call that fails raises vmstash.Error (or
-vmstash.OutOfMemoryError) with the library's message; nothing here exits the process.
+vmstash.OutOfMemoryError) with the library's message and code (vmstash._codes, the C
+table's copy); nothing here exits the process.
 
 The library is libvmstash_preload.so when LD_PRELOAD names it (it carries the C ABI too),
 else VMSTASH_LIBRARY, else the copy next to this package (pip install puts it in
@@ -13,19 +14,9 @@ import json
 import os
 import threading
 
-OK = 0
-NOOP = -1
-INVALID_ARGUMENT = 3
-NOT_FOUND = 5
-RESOURCE_EXHAUSTED = 8
-FAILED_PRECONDITION = 9
-
-_CODE_NAMES = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
-    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
-    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
+from . import _codes
+from ._codes import (ABORTED, FAILED_PRECONDITION, INTERNAL, INVALID_ARGUMENT, NOOP, NOT_FOUND,  # noqa: F401
+                     OK, RESOURCE_EXHAUSTED, UNAVAILABLE, UNIMPLEMENTED, UNKNOWN)
 
 
 def _oom_base():
@@ -42,15 +33,23 @@ class Error(RuntimeError):
     requested state on every device; only after-resume hooks failed), False when the call
     changed nothing or failed otherwise (Note [All-or-Nothing Transitions])."""
 
-    def __init__(self, message, code=2, done=False):
+    def __init__(self, message, code=UNKNOWN, done=False):
         super().__init__(message)
         self.code = code
-        self.code_name = _CODE_NAMES.get(code, str(code))
+        self.code_name = _codes.name_of(code)
         self.done = done
 
 
 class OutOfMemoryError(Error, _oom_base()):
     """Device (or pinned host) memory ran out: RESOURCE_EXHAUSTED. Also a torch.OutOfMemoryError."""
+
+
+def error(message, code, done=False):
+    """The exception for a failed call's code (Python's mapping of the C codes, one place):
+    OutOfMemoryError for RESOURCE_EXHAUSTED, else Error."""
+    if code == RESOURCE_EXHAUSTED:
+        return OutOfMemoryError(message, code, done)
+    return Error(message, code, done)
 
 
 def preloaded_library():
@@ -92,7 +91,7 @@ def preload_library_path():
     if os.path.exists(candidate):
         return candidate
     raise Error("libvmstash_preload.so not found: install the package (pip install .) or set "
-                "VMSTASH_PRELOAD_LIBRARY", 5)
+                "VMSTASH_PRELOAD_LIBRARY", NOT_FOUND)
 
 
 def library_path():
@@ -106,7 +105,7 @@ def library_path():
     for candidate in (os.path.join(here, "lib", "libvmstash.so"), os.path.join(here, "libvmstash.so")):
         if os.path.exists(candidate):
             return candidate
-    raise Error("libvmstash.so not found: install the package (pip install .) or set VMSTASH_LIBRARY", 5)
+    raise Error("libvmstash.so not found: install the package (pip install .) or set VMSTASH_LIBRARY", NOT_FOUND)
 
 
 _lock = threading.Lock()
@@ -124,7 +123,7 @@ def lib():
             try:
                 handle = ctypes.CDLL(path)
             except OSError as e:
-                raise Error(f"cannot load {path}: {e}", 14) from e
+                raise Error(f"cannot load {path}: {e}", UNAVAILABLE) from e
             _declare(handle)
             _lib = handle
     return _lib
@@ -172,6 +171,7 @@ def _declare(l):
         "vmstash_string_free": (None, [c_void_p]),
         "vmstash_last_error": (c_char_p, []),
         "vmstash_last_error_done": (c_int, []),
+        "vmstash_last_error_code": (c_int, []),
     }
     for name, (restype, argtypes) in protos.items():
         fn = getattr(l, name)
@@ -216,16 +216,23 @@ def last_error():
     return msg.decode(errors="replace") if msg else ""
 
 
+def last_failure(what):
+    """The exception for this thread's last failed call, for a call that returns NULL or -1
+    instead of a code: its code (vmstash_last_error_code), message and done flag."""
+    l = lib()
+    code = l.vmstash_last_error_code()
+    if code == OK:  # the call did not fail through the C ABI's error convention
+        code = UNKNOWN
+    return error(f"{what}: {last_error()}", code, done=bool(l.vmstash_last_error_done()))
+
+
 def raise_for(code, what):
     """Raises for a failed call; returns True when done, False for VMSTASH_NOOP."""
     if code == OK:
         return True
     if code == NOOP:
         return False
-    message = f"{what}: {last_error()}"
-    if code == RESOURCE_EXHAUSTED:
-        raise OutOfMemoryError(message, code)
-    raise Error(message, code, done=bool(lib().vmstash_last_error_done()))
+    raise error(f"{what}: {last_error()}", code, done=bool(lib().vmstash_last_error_done()))
 
 
 def check(code, what):
@@ -236,7 +243,7 @@ def string_call(fn, arg, what):
     """The string fn(arg) returns, freed after reading."""
     raw = fn(arg)
     if not raw:
-        raise Error(f"{what}: {last_error()}", 13)
+        raise last_failure(what)
     try:
         return ctypes.string_at(raw).decode()
     finally:
@@ -247,7 +254,7 @@ def json_call(fn, device, what):
     """The JSON document fn(device) returns (fn(), device None), freed after reading."""
     raw = fn() if device is None else fn(device)
     if not raw:
-        raise Error(f"{what}: {last_error()}", 13)
+        raise last_failure(what)
     try:
         return json.loads(ctypes.string_at(raw).decode())
     finally:

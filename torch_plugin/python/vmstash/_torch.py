@@ -4,7 +4,7 @@ One torch.cuda.MemPool per (tag, device), whose allocator is a CUDAPluggableAllo
 over the tag's own entry point vmstash_malloc_slot<N> (vmstash_bind_tag_slot), so every
 segment PyTorch asks for lands in the tag whatever thread asks. PyTorch caches tensors
 inside those segments; vmstash.pause swaps the physical memory under them (same
-addresses) and copies only PyTorch's active blocks (MemPool.snapshot()).
+addresses) and copies only PyTorch's active blocks (MemPool.snapshot(): live_ranges).
 
 Pools and their allocator objects live until interpreter exit, where the pools are
 dropped first (PyTorch documents crashes when an allocator wrapper dies before its pools).
@@ -30,9 +30,11 @@ def _torch():
     try:
         import torch
     except ImportError as e:
-        raise _lib.Error("this vmstash function needs PyTorch (import torch failed)", 9) from e
+        raise _lib.Error("this vmstash function needs PyTorch (import torch failed)",
+                         _lib.FAILED_PRECONDITION) from e
     if not torch.cuda.is_available():
-        raise _lib.Error("this vmstash function needs a CUDA device (torch.cuda.is_available() is False)", 9)
+        raise _lib.Error("this vmstash function needs a CUDA device (torch.cuda.is_available() is False)",
+                         _lib.FAILED_PRECONDITION)
     _torch_module = torch
     return torch
 
@@ -57,9 +59,7 @@ def pool(tag, policy="discard", device=None):
             return found
         alloc = _allocators.get(tag)
         if alloc is None:
-            slot = _lib.lib().vmstash_bind_tag_slot(_lib.encode(tag))
-            if slot < 0:
-                raise _lib.Error(f"vmstash.region({tag!r}): {_lib.last_error()}", 8)
+            slot = _api.bind_tag_slot(tag)  # raises with the library's code and message
             alloc = torch.cuda.memory.CUDAPluggableAllocator(_lib.library_path(), f"vmstash_malloc_slot{slot}",
                                                                "vmstash_free")
             _allocators[tag] = alloc
@@ -194,38 +194,55 @@ def install(tag="default"):
             torch.cuda.memory.change_current_allocator(alloc)
         except RuntimeError as e:
             raise _lib.Error("vmstash.install() must run before the process's first CUDA allocation "
-                             f"(PyTorch: {e})", 9) from e
+                             f"(PyTorch: {e})", _lib.FAILED_PRECONDITION) from e
         _allocators[None] = alloc
     warm_blas_workspaces()  # in the "default" tag, before any other tag is current
     if tag != "default":
         _api.set_current_tag(tag)
 
 
-def live_ranges(tag, device):
-    """PyTorch's active blocks in the tag's MemPool on `device`, plus the whole requested
-    range of every live vmstash block of the tag that is not one of that pool's segments
-    (global-mode tensors, C++ users)."""
-    mp = _pools.get((tag, device))
+# The end of the 64-bit device address space: the last hint range runs up to it.
+_ADDRESS_SPACE_END = 1 << 64
+
+
+def hint_from_segments(segments, device=None):
+    """The liveness hint (vmstash.h, Note [Liveness Hints]) of a tag on one device, from its
+    MemPool's own segments (MemPool.snapshot(), torch.cuda.memory_snapshot(pool id)): the
+    blocks PyTorch holds active in them (any state but "inactive", whose bytes are cached
+    and free), and every byte outside them — the gaps between the segments, from 0 up to
+    the end of the address space — so that the tag's live allocations that are no segment
+    of the pool (global mode, C++ callers) are copied whole by the library, which knows
+    them. Segments of other devices (a segment's "device") are left out.
+
+    A list of (address, size). No C call: the pool's segments say all."""
+    mine = sorted((s for s in segments if device is None or s.get("device", device) == device),
+                  key=lambda s: s["address"])
     ranges = []
-    segment_starts = set()
-    if mp is not None:
-        try:
-            segments = mp.snapshot(include_traces=False)
-        except TypeError:
-            segments = mp.snapshot()
-        for seg in segments:
-            segment_starts.add(seg["address"])
-            for b in seg["blocks"]:
-                if b["state"] != "inactive":
-                    ranges.append((b["address"], b["size"]))
-    snap = _api.snapshot(device)
-    for seg in snap["segments"]:
-        if seg["tag"] != tag:
-            continue
+    below = 0  # the first byte not yet covered by a segment or a gap
+    for seg in mine:
+        start, end = seg["address"], seg["address"] + seg["total_size"]
+        if start > below:
+            ranges.append((below, start - below))
         for b in seg["blocks"]:
-            if b["live"] and b["address"] not in segment_starts:
-                ranges.append((b["address"], b["requested"]))
+            if b["state"] != "inactive":
+                ranges.append((b["address"], b["size"]))
+        below = max(below, end)
+    if below < _ADDRESS_SPACE_END:
+        ranges.append((below, _ADDRESS_SPACE_END - below))
     return ranges
+
+
+def live_ranges(tag, device):
+    """The liveness hint of `tag` on `device` from its MemPool there (hint_from_segments);
+    None without one."""
+    mp = _pools.get((tag, device))
+    if mp is None:
+        return None
+    try:
+        segments = mp.snapshot(include_traces=False)
+    except TypeError:
+        segments = mp.snapshot()
+    return hint_from_segments(segments, device)
 
 
 def pool_devices(tag):

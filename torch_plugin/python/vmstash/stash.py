@@ -33,7 +33,7 @@ import ctypes
 import threading
 
 from . import _lib
-from ._lib import Error, check, encode
+from ._lib import FAILED_PRECONDITION, INVALID_ARGUMENT, OK, UNIMPLEMENTED, Error, check, encode
 
 __all__ = ["Arena", "Stashed", "Flags", "saved_tensors", "set_launch_shape"]
 
@@ -60,7 +60,7 @@ def _register_ops():
         def _stash_op(x: torch.Tensor, rows: torch.Tensor, arena: int) -> torch.Tensor:
             a = _op_arenas.get(arena)
             if a is None:
-                raise Error(f"vmstash::stash: arena {arena} is closed", 9)
+                raise Error(f"vmstash::stash: arena {arena} is closed", FAILED_PRECONDITION)
             stashed = a.stash(x.contiguous(), a._rows_tensor(rows))
             with _ops_lock:
                 key = _op_next[0]
@@ -78,7 +78,7 @@ def _register_ops():
             with _ops_lock:
                 stashed = _op_tokens.pop(int(token[0]), None)
             if stashed is None:
-                raise Error("vmstash::restore: the token was restored already or never stashed", 9)
+                raise Error("vmstash::restore: the token was restored already or never stashed", FAILED_PRECONDITION)
             out = torch.empty(shape, dtype=dtype, device=device)
             return stashed.restore(out=out, zero_tail=True)
 
@@ -126,7 +126,7 @@ def _fn(name):
     if fn is None:
         where = _lib.library_path()
         raise Error(f"{name} is not in {where}: the paged stash tier needs libvmstash.so built with the CUDA "
-                    "kernels (it is not part of libvmstash_preload.so)", 12)
+                    "kernels (it is not part of libvmstash_preload.so)", UNIMPLEMENTED)
     return fn
 
 
@@ -224,7 +224,7 @@ class Arena:
 
     def _live(self):
         if self._arena is None:
-            raise Error("vmstash.stash.Arena: the arena is closed", 9)
+            raise Error("vmstash.stash.Arena: the arena is closed", FAILED_PRECONDITION)
         return self._arena
 
     # --- handles -------------------------------------------------------------------
@@ -252,7 +252,7 @@ class Arena:
             capturing = False
         if capturing:
             raise Error(f"vmstash.stash: no free handle for {max_rows} rows during a CUDA graph capture; call "
-                        f"arena.reserve_handles(count, {max_rows}) before capturing", 9)
+                        f"arena.reserve_handles(count, {max_rows}) before capturing", FAILED_PRECONDITION)
         return self._new_handle(max_rows)
 
     def _give_handle(self, max_rows, handle):
@@ -358,7 +358,7 @@ class Arena:
         if isinstance(rows, int):
             if _capturing():
                 raise Error("vmstash.stash: pass the row count as a device int64 tensor during a CUDA graph "
-                            "capture (a Python int would be frozen into the graph)", 3)
+                            "capture (a Python int would be frozen into the graph)", INVALID_ARGUMENT)
             return torch.tensor([rows], dtype=torch.int64, device=f"cuda:{self.device}")
         if not isinstance(rows, torch.Tensor) or rows.numel() < 1 or not rows.is_cuda:
             raise ValueError("rows: a CUDA tensor holding the row count (its first element), or an int")
@@ -384,7 +384,7 @@ class Arena:
         fast = _fast_fns()
         code = fast["stash"](self._live(), fast["stream"](self.device), tensor.data_ptr(), rows_t.data_ptr(),
                              max_rows, handle)
-        if code != 0:
+        if code != OK:
             self._give_handle(max_rows, handle)
             check(code, "vmstash.stash: stash")
         return Stashed(self, handle, tuple(tensor.shape), tensor.dtype, rows_t)
@@ -451,7 +451,7 @@ class Stashed:
         if self._restored is not None:
             return self._restored
         if self._handle is None:
-            raise Error("vmstash.stash: this tensor was discarded", 9)
+            raise Error("vmstash.stash: this tensor was discarded", FAILED_PRECONDITION)
         arena = self.arena
         if out is None:
             import torch

@@ -130,7 +130,7 @@ class TorchMemorySaver:
         if whole and _lib.preloaded_library() is None:
             raise _lib.Error("TMS_INIT_ENABLE=1 (every CUDA allocation of the process managed) needs the process "
                              "started with LD_PRELOAD=<libvmstash_preload.so> (configure_subprocess() does it for "
-                             "children); refusing to manage nothing", 9)
+                             "children); refusing to manage nothing", _lib.FAILED_PRECONDITION)
         if (whole or self.hook_mode == "preload") and \
                 "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
             raise RuntimeError("torch_memory_saver on vmstash: PyTorch's expandable_segments allocates through "
@@ -156,9 +156,10 @@ class TorchMemorySaver:
             raise ValueError(f"hook_mode must be 'torch' or 'preload', got {mode!r}")
         if mode == "preload" and _lib.preloaded_library() is None:
             raise _lib.Error("hook_mode='preload' needs the process started with LD_PRELOAD=<libvmstash_preload.so> "
-                             "(vmstash.preload_library_path(); configure_subprocess() does it for children)", 9)
+                             "(vmstash.preload_library_path(); configure_subprocess() does it for children)",
+                             _lib.FAILED_PRECONDITION)
         if self._used and mode != self.hook_mode:
-            raise _lib.Error("hook_mode must be set before the first region", 9)
+            raise _lib.Error("hook_mode must be set before the first region", _lib.FAILED_PRECONDITION)
         self._hook_mode = mode
 
     @property
