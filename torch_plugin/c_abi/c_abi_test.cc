@@ -329,9 +329,12 @@ TEST(CAbiStatusCodesTest, TheTableIsEveryAbslStatusCodeByNameAndNumber) {
   for (const Entry& e : table) {
     EXPECT_EQ(e.number, next++) << e.name;
     EXPECT_EQ(absl::StatusCodeToString(static_cast<absl::StatusCode>(e.number)), e.name);
+    EXPECT_STREQ(vmstash_code_name(e.number), e.name);
   }
   EXPECT_EQ(next, static_cast<int>(absl::StatusCode::kUnauthenticated) + 1);
   EXPECT_EQ(absl::StatusCodeToString(static_cast<absl::StatusCode>(next)), "");
+  EXPECT_EQ(vmstash_code_name(next), nullptr);
+  EXPECT_EQ(vmstash_code_name(VMSTASH_NOOP), nullptr);
   // The enum is made from the table (spot checks of the names callers use).
   EXPECT_EQ(VMSTASH_ABORTED, static_cast<int>(absl::StatusCode::kAborted));
   EXPECT_EQ(VMSTASH_FAILED_PRECONDITION, static_cast<int>(absl::StatusCode::kFailedPrecondition));

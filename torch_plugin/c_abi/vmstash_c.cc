@@ -442,6 +442,17 @@ char* vmstash_snapshot_json(int device) noexcept {
 void vmstash_string_free(char* s) noexcept { std::free(s); }
 const char* vmstash_last_error(void) noexcept { return last_error.c_str(); }
 int vmstash_last_error_code(void) noexcept { return last_error_code; }
+const char* vmstash_code_name(int code) noexcept {
+  switch (code) {
+#define VMSTASH_CODE_CASE(name, number) \
+  case number:                          \
+    return #name;
+    VMSTASH_STATUS_CODES(VMSTASH_CODE_CASE)
+#undef VMSTASH_CODE_CASE
+    default:
+      return nullptr;
+  }
+}
 int vmstash_last_error_done(void) noexcept { return last_error_done ? 1 : 0; }
 
 }  // extern "C"

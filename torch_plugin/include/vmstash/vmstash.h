@@ -41,9 +41,10 @@ typedef struct CUstream_st* cudaStream_t;
  * Return codes are the absl::StatusCode values; VMSTASH_STATUS_CODES is their one table
  * (name, number), from which enum vmstash_code is made. The C ABI checks it against
  * absl::StatusCode at compile time and in c_abi_test (every absl code, by name and
- * number); Python's vmstash/_codes.py mirrors it and its test reads this table from this
- * header, so the three cannot drift. Numbers never change: absl adds new codes at the end,
- * and so does this table. What a code means here:
+ * number); Python's vmstash/_codes.py mirrors it, and its test compares it with this
+ * header's table and with the library's (vmstash_code_name), so they cannot drift.
+ * Numbers never change: absl adds new codes at the end, and so does this table. What a
+ * code means here:
  *   INVALID_ARGUMENT bad input; NOT_FOUND an unknown tag, device memory or backup;
  *   RESOURCE_EXHAUSTED out of device or host memory, or of tag slots; FAILED_PRECONDITION
  *   wrong state (paused, shut down, inside a hook); ABORTED a hook vetoed a pause or switch,
@@ -152,8 +153,8 @@ typedef struct vmstash_live_ranges {
  * device, as vmstash_switch takes them. `live` (NULL, or `n_live` entries) gives, for one
  * device each, the byte ranges of `tag` that hold data there; a device without an entry
  * pauses without a hint (every live block of a backup tag is copied whole). device -1:
- * every device in use (entries may name any of them), all or nothing as vmstash_pause;
- * else only `device` (an entry must name it). VMSTASH_INVALID_ARGUMENT, with nothing
+ * every device in use, all or nothing as vmstash_pause (entries may name any device of
+ * this process); else only `device` (an entry must name it). VMSTASH_INVALID_ARGUMENT, with nothing
  * paused, for a NULL tag, NULL `live` with n_live > 0, an entry with NULL arrays and
  * n > 0, an entry whose `tag` is neither NULL nor `tag`, whose device is not one of this
  * process's (negative, -1 included, or out of range), names a device an earlier entry
@@ -237,6 +238,9 @@ const char* vmstash_last_error(void) VMSTASH_NOEXCEPT;
 /* This thread's code for its last failed call (a vmstash_code; VMSTASH_OK if none): the
  * code of a call that returns NULL or -1 (Note [Status Codes]). */
 int vmstash_last_error_code(void) VMSTASH_NOEXCEPT;
+/* The name of a code in the table ("ABORTED" for VMSTASH_ABORTED; a static string), or
+ * NULL for a number that is none (VMSTASH_NOOP included). */
+const char* vmstash_code_name(int code) VMSTASH_NOEXCEPT;
 /* 1 when this thread's last failed call is a transition that is done nonetheless (every
  * tag in its requested state on every device; only after-resume hooks failed), 0 when it
  * changed nothing or failed otherwise (runtime/runtime.h, Note [All-or-Nothing

@@ -172,6 +172,7 @@ def _declare(l):
         "vmstash_last_error": (c_char_p, []),
         "vmstash_last_error_done": (c_int, []),
         "vmstash_last_error_code": (c_int, []),
+        "vmstash_code_name": (c_char_p, [c_int]),
     }
     for name, (restype, argtypes) in protos.items():
         fn = getattr(l, name)
