@@ -125,7 +125,9 @@ def pytest_pyfunc_call(pyfuncitem):
                f"{pyfuncitem.path}::{pyfuncitem.name}"]
         rc = subprocess.run(cmd, env=env, cwd=str(pyfuncitem.config.rootpath)).returncode
         outcome = open(env[CHILD]).read() if os.path.exists(env[CHILD]) else "no outcome"
-    if outcome.startswith("skipped"):
+    # The exit status first: a child that skipped and then failed in teardown, or crashed or
+    # was killed on its way out, failed.
+    if rc == 0 and outcome.startswith("skipped"):
         pytest.skip(outcome.partition("\n")[2] or "skipped in its child process")
     if rc != 0 or outcome != "passed":
         pytest.fail(f"{pyfuncitem.name} in a fresh process: {outcome}, exit status {rc} (its report: the captured "
@@ -143,6 +145,9 @@ def pytest_runtest_logreport(report):
         text = "skipped\n" + reason.removeprefix("Skipped: ")
     else:
         text = report.outcome
-    if not (os.path.exists(path) and open(path).read() != "passed"):  # the first failure or skip stays
+    # The first failure stays; a failure replaces a skip (a skipped test whose teardown
+    # failed failed); a skip or a pass replaces only a pass.
+    before = open(path).read() if os.path.exists(path) else None
+    if before is None or before == "passed" or (before.startswith("skipped") and text == "failed"):
         with open(path, "w") as f:
             f.write(text)

@@ -69,3 +69,19 @@ def test_torch_functions_without_torch_raise_clearly(sim):
         with vmstash.region("cpu_r"):
             pass
     assert "needs PyTorch" in str(e.value)
+
+
+def test_a_library_that_does_not_match_the_package_is_a_clear_error():
+    # VMSTASH_LIBRARY naming an older build (here: libc, which has no vmstash call at all).
+    import ctypes.util
+    import subprocess
+    libc = ctypes.util.find_library("c")
+    code = ("import vmstash\n"
+            "try:\n    vmstash.version()\n"
+            "except vmstash.Error as e:\n    print(e.code_name, e)\n")
+    env = dict(os.environ, VMSTASH_LIBRARY=libc)
+    env.pop("LD_PRELOAD", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("FAILED_PRECONDITION ")
+    assert "lacks vmstash_init" in r.stdout and "does not match this Python package" in r.stdout

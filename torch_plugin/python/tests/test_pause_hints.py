@@ -27,7 +27,7 @@ import vmstash  # noqa: E402
 from vmstash import _api, _lib, _torch  # noqa: E402
 
 MiB = 1 << 20
-END = 1 << 64  # the end of the address space
+END = (1 << 64) - 1  # where the last range ends: the largest size a uint64 holds
 
 
 def segment(address, total_size, blocks, device=0):
@@ -174,6 +174,43 @@ def test_one_device_pause_passes_only_that_devices_hint():
     assert holds(seg[0], 4 * MiB, 0x20)  # never paused
     for d in (0, 1):
         _lib.lib().vmstash_free(seg[d], 4 * MiB, d, None)
+
+
+def test_a_pool_with_no_segment_on_a_device_still_keeps_the_tags_other_blocks():
+    # The hint is then one range over the whole address space; its size must reach the C
+    # call as such (1 << 64 wrapped to 0 there, and a foreign block was released uncopied).
+    vmstash.create_tag("hint_empty", "backup")
+    foreign = malloc("hint_empty", 2 * MiB, 0)
+    ctypes.memset(foreign, 0x5a, 2 * MiB)
+    remove = with_pools({("hint_empty", 0): FakePool([])})
+    try:
+        assert vmstash.pause("hint_empty", device=0)
+    finally:
+        remove()
+    assert vmstash.tag_stats("hint_empty", 0)["backed_up_bytes"] == 2 * MiB
+    assert vmstash.resume("hint_empty", device=0)
+    assert holds(foreign, 2 * MiB, 0x5a)
+    _lib.lib().vmstash_free(foreign, 2 * MiB, 0, None)
+
+
+def test_a_range_outside_the_address_space_is_refused_and_nothing_pauses():
+    vmstash.create_tag("hint_wide", "backup")
+    p = malloc("hint_wide", MiB, 0)
+    remove = with_pools({("hint_wide", 0): FakePool([])})
+    saved = _api.live_ranges_provider
+    _api.live_ranges_provider = lambda tag, device: [(0, 1 << 64)]
+    try:
+        try:
+            vmstash.pause("hint_wide", device=0)
+            raise AssertionError("a range past the address space was passed on")
+        except vmstash.Error as e:
+            assert e.code == _lib.INVALID_ARGUMENT
+            assert "outside the 64-bit address space" in str(e)
+    finally:
+        _api.live_ranges_provider = saved
+        remove()
+    assert vmstash.tag_stats("hint_wide", 0)["state"] == "active"
+    _lib.lib().vmstash_free(p, MiB, 0, None)
 
 
 def test_a_discard_tag_and_a_tag_without_pools_pause_without_hints():

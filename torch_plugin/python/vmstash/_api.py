@@ -124,6 +124,10 @@ def _live_hints(tag, dev):
         if ranges is None:  # the pool went away meanwhile: no hint
             continue
         n = len(ranges)
+        bad = [(a, s) for a, s in ranges if not (0 <= a < 1 << 64 and 0 <= s < 1 << 64)]
+        if bad:  # ctypes would wrap them silently, and the hint would keep other bytes
+            raise _lib.Error(f"pause({tag!r}): a live range {bad[0]} of device {d} is outside the 64-bit "
+                             "address space", _lib.INVALID_ARGUMENT)
         starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
         sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
         yield d, starts, sizes, n

@@ -174,6 +174,11 @@ def _declare(l):
         "vmstash_last_error_code": (c_int, []),
         "vmstash_code_name": (c_char_p, [c_int]),
     }
+    missing = [name for name in protos if getattr(l, name, None) is None]
+    if missing:  # e.g. VMSTASH_LIBRARY naming a build older than this package
+        raise Error(f"the vmstash library {l._name} lacks {', '.join(missing)}: it does not match this "
+                    "Python package (rebuild it, or unset VMSTASH_LIBRARY to use the package's own)",
+                    FAILED_PRECONDITION)
     for name, (restype, argtypes) in protos.items():
         fn = getattr(l, name)
         fn.restype = restype

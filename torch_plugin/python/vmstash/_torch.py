@@ -201,8 +201,10 @@ def install(tag="default"):
         _api.set_current_tag(tag)
 
 
-# The end of the 64-bit device address space: the last hint range runs up to it.
-_ADDRESS_SPACE_END = 1 << 64
+# The last hint range runs up to here: the largest size a uint64 holds (the last byte of
+# the 64-bit address space is no allocation's). 1 << 64 would wrap to a size of 0 in the
+# C call, and a range of size 0 keeps nothing.
+_ADDRESS_SPACE_END = (1 << 64) - 1
 
 
 def hint_from_segments(segments, device=None):
