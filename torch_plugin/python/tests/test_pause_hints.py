@@ -5,7 +5,7 @@ call. The pools here are stand-ins with MemPool.snapshot()'s segment format over
 the simulated driver, so no torch and no GPU are needed; the real MemPool path runs in
 the GPU scenarios.
 
-pytest, or `python3 test_pause_hints.py` without it. Needs libvmstash.so: VMSTASH_LIBRARY
+Run with pytest (or `python3 test_pause_hints.py`). Needs libvmstash.so: VMSTASH_LIBRARY
 (the Bazel and CTest runners set it), else bazel-bin/torch_plugin/libvmstash.so here.
 """
 import ctypes
@@ -269,23 +269,6 @@ def test_a_failed_pause_over_two_devices_leaves_both_active_with_their_bytes():
     assert "all or nothing ok" in result.stdout
 
 
-def _run_all():
-    failed = 0
-    for name, fn in list(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-                print(f"ok   {name}")
-            except Exception as e:  # noqa: BLE001  (report every test)
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{failed} failed" if failed else "all passed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    try:
-        import pytest
-    except ImportError:
-        sys.exit(_run_all())
+    import pytest
     sys.exit(pytest.main([__file__] + sys.argv[1:]))

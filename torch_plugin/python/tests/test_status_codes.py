@@ -2,7 +2,7 @@
 (vmstash_code_name), Python's copy (vmstash._codes) and Python's exception mapping agree; the package raises with named codes only, and with
 the library's own code where a C call fails (no code guessed by Python).
 
-pytest, or `python3 test_status_codes.py` without it. The library tests need
+Run with pytest (or `python3 test_status_codes.py`). The library tests need
 libvmstash.so: VMSTASH_LIBRARY (the Bazel and CTest runners set it), else a Bazel build's
 bazel-bin/torch_plugin/libvmstash.so in this checkout. No GPU: the simulated driver.
 """
@@ -223,23 +223,6 @@ def test_policy_of_after_shutdown_and_full_slots_report_their_codes():
     assert "after shutdown FAILED_PRECONDITION" in out, out
 
 
-def _run_all():
-    failed = 0
-    for name, fn in list(globals().items()):
-        if name.startswith("test_") and callable(fn):
-            try:
-                fn()
-                print(f"ok   {name}")
-            except Exception as e:  # noqa: BLE001  (report every test)
-                failed += 1
-                print(f"FAIL {name}: {type(e).__name__}: {e}")
-    print(f"{failed} failed" if failed else "all passed")
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    try:
-        import pytest
-    except ImportError:
-        sys.exit(_run_all())
+    import pytest
     sys.exit(pytest.main([__file__] + sys.argv[1:]))
