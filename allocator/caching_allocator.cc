@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
+#include "allocator/pause_resume.h"
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/status_macros.h"
@@ -31,17 +34,13 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Drive
 
 CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
                                    std::size_t device_total_bytes)
-    : driver_(driver),
-      device_(device),
-      options_(options),
-      granularity_bytes_(granularity_bytes),
-      device_total_bytes_(device_total_bytes) {
+    : TransitionHost(driver, device, options, granularity_bytes), device_total_bytes_(device_total_bytes) {
   counters_.device = device;
   counters_.driver = std::string(driver->Name());
   counters_.bypass = options.bypass;
   if (options.auto_prepare) {
     preparer_ = std::make_unique<AutoPreparer>(
-        [this](TagId tag, std::size_t bytes) { return PrepareInBackground(tag, bytes); },
+        [this](TagId tag, std::size_t bytes) { return PrepareTag(tag, bytes, /*background=*/true); },
         std::chrono::milliseconds(std::max(options.auto_prepare_settle_ms, 0)));
   }
 }
@@ -144,7 +143,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   }
   if (pool->state() != TagState::kActive) return pool->NotActiveError("resume it before allocating");
   if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
-  if (!pending_.empty()) ProcessPendingLocked(0);
+  if (!pending_.empty()) CompletePendingLocked(0, /*in_transition=*/-1);
   Heap* heap = rounded <= kSmallMaxBytes ? pool->small() : pool->large();
   Block* block = heap->AllocateCached(rounded, stream);
   if (block != nullptr) {
@@ -259,7 +258,7 @@ absl::StatusOr<Event> CachingAllocator::TakeEventLocked() {
   return driver_->CreateEvent(device_, false);
 }
 
-void CachingAllocator::ProcessPendingLocked(std::uint64_t synced_before, TagId in_transition) {
+void CachingAllocator::CompletePendingLocked(std::uint64_t synced_before, TagId in_transition) {
   for (auto it = pending_.begin(); it != pending_.end();) {
     TagPool* owner = PoolOf(it->block);
     if (owner->busy() && owner->id() != in_transition) {
@@ -290,7 +289,7 @@ void CachingAllocator::ProcessPendingLocked(std::uint64_t synced_before, TagId i
 absl::Status CachingAllocator::SynchronizeLocked() {
   ++counters_.device_syncs;
   VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
-  ProcessPendingLocked(pending_seq_);  // mu_ was held throughout: every pending free is older
+  CompletePendingLocked(pending_seq_, /*in_transition=*/-1);  // mu_ was held throughout: every pending free is older
   for (Fence& f : fences_) idle_events_.push_back(f.event);
   fences_.clear();
   for (auto& pool : pools_) {
@@ -583,11 +582,7 @@ AllocatorStats CachingAllocator::Stats() const {
 void CachingAllocator::ResetPeaks() {
   MutexLock lock(&mu_);
   for (auto& pool : pools_) {
-    if (pool == nullptr) continue;
-    pool->stats().allocated_bytes.ResetPeak();
-    pool->stats().requested_bytes.ResetPeak();
-    pool->stats().reserved_bytes.ResetPeak();
-    pool->stats().active_blocks.ResetPeak();
+    if (pool != nullptr) pool->stats().ResetPeaks();
   }
 }
 
@@ -599,36 +594,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
   snap.granularity_bytes = granularity_bytes_;
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
-    snap.tags.push_back(TagSnapshot{pool->name(), pool->policy(), TagStateName(pool->state())});
-    if (pool->frozen()) continue;
-    for (const Heap* heap : pool->heaps()) {
-      for (const Heap::SegmentView& view : heap->Segments()) {
-        SegmentSnapshot seg;
-        seg.tag = pool->name();
-        seg.heap = heap->config().small ? "small" : "large";
-        seg.address = view.address;
-        seg.va_bytes = view.va_bytes;
-        DevicePtr cursor = view.address;
-        for (const ChunkView& c : view.chunks) {
-          if (c.address > cursor) seg.chunks.push_back({cursor, c.address - cursor, false});
-          seg.chunks.push_back({c.address, c.size_bytes, true});
-          seg.mapped_bytes += c.size_bytes;
-          cursor = c.address + c.size_bytes;
-        }
-        for (const Block* b : view.blocks) {
-          seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
-                                             reinterpret_cast<std::uint64_t>(b->stream)});
-        }
-        if (heap->paused()) {  // live blocks keep their addresses without chunks
-          for (const Block* b : heap->LiveBlocks()) {
-            if (b->address < seg.address || b->address >= seg.address + seg.va_bytes) continue;
-            seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
-                                               reinterpret_cast<std::uint64_t>(b->stream)});
-          }
-        }
-        snap.segments.push_back(std::move(seg));
-      }
-    }
+    pool->AppendSnapshot(&snap);
   }
   for (const auto& [ptr, a] : bypass_live_) {
     SegmentSnapshot seg;
@@ -641,6 +607,134 @@ Snapshot CachingAllocator::TakeSnapshot() const {
     snap.segments.push_back(std::move(seg));
   }
   return snap;
+}
+
+absl::StatusOr<TagPool*> CachingAllocator::TransitionPool(TagId tag, const char* what) {
+  if (InOwnHook(static_cast<const TransitionHost*>(this), tag)) {
+    return absl::FailedPreconditionError(absl::StrCat(what, " of tag '", TagName(tag), "' on device ", device_,
+                                                      " from a hook of that tag (or of a switch moving it): a hook "
+                                                      "may allocate and free, but not pause, resume or switch the "
+                                                      "tags it runs for"));
+  }
+  MutexLock lock(&mu_);
+  return FindPoolLocked(tag, what);
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Pause(TagId tag, const LiveRanges* live_ranges) {
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "pause"));
+  return PauseExecutor(this, pool, live_ranges).Run();
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag) {
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, TransitionPool(tag, "resume"));
+  return ResumeExecutor(this, pool).Run();
+}
+
+absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std::vector<TagId>& pause,
+                                                                     const std::vector<TagId>& resume,
+                                                                     const LiveRangesByTag* live,
+                                                                     SwitchChanges* changed) {
+  if (changed != nullptr) *changed = SwitchChanges();
+  if (pause.empty() && resume.empty()) {
+    return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
+  }
+  absl::flat_hash_set<TagId> seen;
+  std::vector<TagPool*> out, in;
+  for (TagId t : pause) {
+    if (!seen.insert(t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice"));
+    }
+  }
+  for (TagId t : resume) {
+    if (!seen.insert(t).second) {
+      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice or both paused "
+                                                     "and resumed"));
+    }
+  }
+  for (TagId t : pause) {
+    VMSTASH_ASSIGN_OR_RETURN(TagPool * p, TransitionPool(t, "switch (pause)"));
+    out.push_back(p);
+  }
+  for (TagId t : resume) {
+    VMSTASH_ASSIGN_OR_RETURN(TagPool * p, TransitionPool(t, "switch (resume)"));
+    in.push_back(p);
+  }
+  return SwitchExecutor(this, std::move(out), std::move(in), live).Run(changed);
+}
+
+absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {
+  MutexLock lock(&mu_);
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, Policy::kDiscard));
+  pool->AddHooks(std::move(before_pause), std::move(after_resume));
+  return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) { return PrepareTag(tag, bytes, false); }
+
+absl::Status CachingAllocator::PrepareTag(TagId tag, std::size_t bytes, bool background) {
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "prepare"));
+  }
+  return pool->Prepare(bytes, background, &mu_);
+}
+
+absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "release_backup"));
+  }
+  return pool->ReleaseBackup(&mu_);
+}
+
+absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store));
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_store"));
+  }
+  std::unique_ptr<BackupArena> dropped;  // freed after the locks are released
+  return pool->SetStore(store, &mu_, &dropped);
+}
+
+absl::StatusOr<BackupStore> CachingAllocator::TagBackupStore(TagId tag) const {
+  MutexLock lock(&mu_);
+  VMSTASH_ASSIGN_OR_RETURN(const TagPool* pool, FindPoolLocked(tag, "backup store"));
+  return pool->store();
+}
+
+absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
+                                          const std::function<void(const char*)>& use) {
+  if (size_bytes > ~DevicePtr{0} - ptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("backup read: ", size_bytes, " bytes at ", Hex(ptr), " run past the end of the address space"));
+  }
+  std::vector<TagPool*> paused;
+  {
+    MutexLock lock(&mu_);
+    for (auto& pool : pools_) {
+      if (pool != nullptr && pool->state() == TagState::kPaused && pool->backup()) paused.push_back(pool.get());
+    }
+  }
+  for (TagPool* pool : paused) {
+    VMSTASH_ASSIGN_OR_RETURN(bool found, pool->WithBackup(ptr, size_bytes, &mu_, use));
+    if (found) return absl::OkStatus();
+  }
+  return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
+}
+
+absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {
+  if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("ReadBackup: null destination");
+  return WithBackup(ptr, size_bytes, [&](const char* src) { std::memcpy(dst, src, size_bytes); });
+}
+
+absl::StatusOr<const void*> CachingAllocator::BackupAddress(DevicePtr ptr, std::size_t size_bytes) {
+  const void* found = nullptr;
+  VMSTASH_RETURN_IF_ERROR(WithBackup(ptr, size_bytes, [&](const char* src) { found = src; }));
+  return found;
 }
 
 absl::Status CachingAllocator::Validate() const {

@@ -1,4 +1,4 @@
-// HandoffPlan: the pure half of a switch (Note [Switch Protocol] in caching_allocator.h).
+// HandoffPlan: the pure half of a switch (Note [Switch Protocol] in switch.h).
 //
 // A switch pauses outgoing tags and resumes incoming tags in one transaction. Instead of
 // releasing the outgoing tags' chunks and creating new ones for the incoming tags, it maps

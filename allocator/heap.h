@@ -99,7 +99,7 @@ class Heap {
   // released; the first error (if any) goes to *error and the heap stays valid.
   std::size_t ReleaseFreeChunks(absl::Status* error);
 
-  // --- Pause and resume (Note [Pause/Resume Protocol] in caching_allocator.h) -----------
+  // --- Pause and resume (Note [Pause/Resume Protocol] in pause_resume.h) ----------------
   // While paused the heap has no chunks and no free blocks; its live blocks keep their
   // addresses (the reservations stay) and Free() of one just drops the record.
   bool paused() const { return paused_; }
@@ -118,7 +118,7 @@ class Heap {
   absl::Status RemapAll();
   // Step 2: releases the handles (a refused release keeps the handle for a later retry and
   // goes to *error), drops free blocks and runs; the heap is paused. Returns the bytes.
-  // A switch hands chunks over instead (Note [Switch Protocol] in caching_allocator.h):
+  // A switch hands chunks over instead (Note [Switch Protocol] in switch.h):
   // those for which `hand_over(handle)` is true move to *handed, unreleased.
   std::size_t ReleaseAllAndPause(absl::Status* error, const std::function<bool(ChunkHandle)>& hand_over = nullptr,
                                  std::vector<Chunk>* handed = nullptr);

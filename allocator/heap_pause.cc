@@ -1,4 +1,4 @@
-// Heap: pause and resume. See Note [Pause/Resume Protocol] in caching_allocator.h.
+// Heap: pause and resume. See Note [Pause/Resume Protocol] in pause_resume.h.
 #include <algorithm>
 #include <utility>
 

@@ -47,7 +47,7 @@ struct TagStats {
   std::int64_t cached_bytes = 0;  // filled in by Stats()
   std::int64_t paused_bytes = 0;
   std::int64_t backed_up_bytes = 0;
-  // Pause/resume (see Note [Pause/Resume Protocol] in caching_allocator.h).
+  // Pause/resume (see Note [Pause/Resume Protocol] in pause_resume.h).
   std::string state = "active";  // active | pausing | paused | resuming | broken
   std::int64_t backup_arena_bytes = 0;
   std::uint64_t pauses = 0;
@@ -57,6 +57,13 @@ struct TagStats {
   double last_resume_ms = 0;
   double last_pause_gib_per_s = 0;   // backed-up bytes / pause time (0 for discard)
   double last_resume_gib_per_s = 0;  // restored bytes / resume time
+  // The peaks of the Stats (allocated, requested, reserved, active) to the current values.
+  void ResetPeaks() {
+    allocated_bytes.ResetPeak();
+    requested_bytes.ResetPeak();
+    reserved_bytes.ResetPeak();
+    active_blocks.ResetPeak();
+  }
 };
 
 struct AllocatorStats {

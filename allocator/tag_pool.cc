@@ -272,6 +272,39 @@ void TagPool::FillStats(TagStats* out) const {
   out->cached_bytes = frozen() ? 0 : static_cast<std::int64_t>(free_bytes());
 }
 
+void TagPool::AppendSnapshot(Snapshot* snap) const {
+  snap->tags.push_back(TagSnapshot{name(), policy(), TagStateName(state())});
+  if (frozen()) return;  // the heaps belong to their transition (Note [Heap Locking])
+  for (const Heap* heap : heaps()) {
+    for (const Heap::SegmentView& view : heap->Segments()) {
+      SegmentSnapshot seg;
+      seg.tag = name();
+      seg.heap = heap->config().small ? "small" : "large";
+      seg.address = view.address;
+      seg.va_bytes = view.va_bytes;
+      DevicePtr cursor = view.address;
+      for (const ChunkView& c : view.chunks) {
+        if (c.address > cursor) seg.chunks.push_back({cursor, c.address - cursor, false});
+        seg.chunks.push_back({c.address, c.size_bytes, true});
+        seg.mapped_bytes += c.size_bytes;
+        cursor = c.address + c.size_bytes;
+      }
+      for (const Block* b : view.blocks) {
+        seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
+                                           reinterpret_cast<std::uint64_t>(b->stream)});
+      }
+      if (heap->paused()) {  // live blocks keep their addresses without chunks
+        for (const Block* b : heap->LiveBlocks()) {
+          if (b->address < seg.address || b->address >= seg.address + seg.va_bytes) continue;
+          seg.blocks.push_back(BlockSnapshot{b->address, b->size_bytes, b->requested_bytes, b->allocated,
+                                             reinterpret_cast<std::uint64_t>(b->stream)});
+        }
+      }
+      snap->segments.push_back(std::move(seg));
+    }
+  }
+}
+
 absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
   backup_extents_ = std::move(extents);

@@ -33,10 +33,13 @@
 //   the owner's mu (the CachingAllocator's per-device mutex) guards the state, the stats,
 //                  the hooks, the backup extents, the auto-prepare marks and the broken
 //                  reason. The pool cannot name its owner's mutex in an annotation, so
-//                  this rule is the owner's to keep (its methods touching pools are all
-//                  *Locked, annotated on its own mutex).
-// Note [Heap Locking]: which lock guards a pool's heaps (and its backup extents) depends
-//   on its state, which clang cannot check: while the pool is active, paused or broken,
+//                  this rule is kept (and clang-checked) on the owner's side: its
+//                  *Locked methods require its mutex, and the executors take the same
+//                  mutex as TransitionHost::mu().
+//
+// Note [Heap Locking]
+//   Which lock guards a pool's heaps (and its backup extents) depends on its state, which
+//   clang cannot check: while the pool is active, paused or broken,
 //   the owner's mu; while it is pausing or resuming (busy()), its transition lock alone,
 //   held by the one thread running the transition — every other code path skips busy
 //   pools (frozen()), so nobody else touches them. This is the one place that says so.
@@ -60,6 +63,7 @@
 #include "allocator/backup_arena.h"
 #include "allocator/block.h"
 #include "allocator/heap.h"
+#include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/tag.h"
 #include "allocator/transition_plan.h"
@@ -153,12 +157,6 @@ class TagPool {
   // AutoPreparer's request, a quiet no-op unless the tag is active and still wants it.
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  // A new backup store (the owner's mu held too): the old arena is handed back for the
-  // caller to free after the locks are released.
-  std::unique_ptr<BackupArena> ChangeStore(const BackupStore& store) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) {
-    store_ = store;
-    return std::move(arena_);
-  }
   // A new store; the old arena goes to *dropped, for the caller to free without locks.
   absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
@@ -202,6 +200,8 @@ class TagPool {
   void NoteReserved();
   // The pool's report: counters, identity, state and cached bytes.
   void FillStats(TagStats* out) const;
+  // The pool's part of a snapshot: its tag, and its segments unless frozen.
+  void AppendSnapshot(Snapshot* snap) const;
   // A pause or switch-out committed: the state becomes paused, with its backup extents
   // and stats. `ms`: how long it took. The transition lock is held.
   absl::Status NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)

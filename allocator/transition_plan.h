@@ -1,5 +1,5 @@
 // TransitionPlan: the pure half of pause and resume (Note [Pause/Resume Protocol] in
-// caching_allocator.h).
+// pause_resume.h).
 //
 // A pause or resume decides four things before (or while) it calls the driver:
 //   extents  which device bytes of which live block are backed up, at which arena offset

@@ -118,7 +118,7 @@ char* vmstash_tags_json(void) VMSTASH_NOEXCEPT;
 /* This thread's current tag ("default" until set); valid until the process ends. */
 const char* vmstash_get_current_tag(void) VMSTASH_NOEXCEPT;
 
-/* Pause and resume a tag (allocator/caching_allocator.h, Note [Pause/Resume Protocol]):
+/* Pause and resume a tag (allocator/pause_resume.h, Note [Pause/Resume Protocol]):
  * pause releases the tag's physical memory after copying its live bytes to host memory
  * when its policy is "backup"; resume maps memory at the same addresses and restores.
  * device -1: every device in use. Returns 0 when done, VMSTASH_NOOP when the tag was

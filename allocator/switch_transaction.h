@@ -1,0 +1,139 @@
+// SwitchTransaction: the transaction phase of a switch, steps (2)-(5) of Note [Switch
+// Protocol] (switch.h): every outgoing pool paused and every incoming pool resumed, with
+// the outgoing chunks handed over to the incoming covers and both copy directions at once,
+// or, on any failure, every pool as it was.
+//
+// What: the SwitchExecutor (switch.h) takes the control locks, runs the hooks, takes every
+// pool's transition lock and then runs one SwitchTransaction. The transaction moves the
+// pools to pausing/resuming (Begin), plans the handoff from the pools' chunks and covers
+// (handoff_plan.h: the pure decisions), maps the incoming pieces, queues the D2H and H2D
+// copies, waits, unmaps the outgoing mappings, and commits (Commit, which cannot fail) or
+// rolls back (RollBack). Its steps are timed into a timeline indexed by Step (the debug
+// log's "at ms").
+//
+// Layering: it sees TagPools and the TransitionHost (transition_host.h), never the
+// allocator.
+//
+// Thread-safety: used by one thread, which holds the transition locks of all its pools
+// (OrderedLocks, a lock set clang cannot name: each use of a pool's transition resources
+// states it with TagPool::AssertTransitionHeld). The host's mu is taken for state and
+// stats changes.
+#ifndef VMSTASH_ALLOCATOR_SWITCH_TRANSACTION_H_
+#define VMSTASH_ALLOCATOR_SWITCH_TRANSACTION_H_
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "allocator/handoff_plan.h"
+#include "allocator/heap.h"
+#include "allocator/tag_pool.h"
+#include "allocator/transition_host.h"
+#include "allocator/transition_plan.h"
+
+namespace vmstash {
+
+class SwitchTransaction {
+ public:
+  // The steps of the timeline, in order (each marks when it ended).
+  enum class Step { kPlanned, kRecipientsMapped, kCopiesQueued, kCopiesDone, kOutgoingUnmapped, kCommitted, kZeroed };
+  static constexpr std::size_t kSteps = 7;
+
+  // `out`: the pools to pause, each with its live-range hint (or null); `in`: the pools to
+  // resume. Every pool's transition lock is held by the caller for the transaction's life.
+  SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
+                    std::vector<TagPool*> in);
+  SwitchTransaction(const SwitchTransaction&) = delete;
+  SwitchTransaction& operator=(const SwitchTransaction&) = delete;
+
+  // Runs steps (2)-(5): OK when committed; otherwise the failure, every pool rolled back,
+  // and *broken names the pools the rollback could not restore (empty when none).
+  absl::Status Run(std::string* broken);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Out {
+    TagPool* pool = nullptr;
+    const ByteRanges* live = nullptr;
+    BackupLayout layout;
+    std::size_t backed_up = 0;
+    bool unmapped = false;    // its own mappings are gone (handles kept)
+    absl::Status undo_error;  // a rollback step for this tag failed
+  };
+  struct In {
+    TagPool* pool = nullptr;
+    bool restore = false;
+    std::unique_ptr<Heap::ResumeTxn> txn[2];  // small, large
+    std::size_t restored = 0;
+    // Bytes of donor pieces mapped here that no restore copy writes (all of them for a
+    // tag that restores nothing): zeroed before the tag is active (switch_zero).
+    std::vector<std::pair<DevicePtr, std::size_t>> unwritten;
+  };
+  struct Donor {
+    DevicePtr address = 0;
+    const Chunk* chunk = nullptr;  // valid until the commit hands it over
+    ChunkHandle handle = 0;        // its handle, which stays valid through the commit
+    std::size_t out = 0;           // index into `out_`
+  };
+  // A restore copy, queued once every piece is mapped and every D2H copy queued.
+  struct Deferred {
+    std::optional<std::size_t> wait;
+    int donor = kNoDonor;  // the donor it writes into (kNoDonor: fresh memory)
+    std::size_t in = 0;
+    CopyStep step;
+  };
+
+  // The pools move to pausing / resuming (under the host's mu).
+  absl::Status Begin();
+  // (2)-(4): synchronize, plan, map, queue, wait, unmap. On failure RollBack undoes it.
+  absl::Status Execute();
+  // (2) The donors (outgoing chunks), the covers of the incoming heaps and the handoff plan.
+  absl::Status Plan();
+  absl::Status PrepareBackups();
+  absl::Status MapRecipients();
+  absl::Status QueueBackups();
+  absl::Status QueueRestores();
+  // Returns what it could not restore ("tag 'x' is broken: ..."), empty when every tag is
+  // as it was.
+  std::string RollBack(const absl::Status& cause);
+  // (5) Cannot fail.
+  void Commit();
+  void ZeroHandedOver();
+  // Appends the parts of donor piece [va, va + size_bytes) that the restore copies
+  // `written` do not cover (switch_zero zeroes them).
+  static void NoteUnwritten(DevicePtr va, std::size_t size_bytes, std::vector<CopyStep> written,
+                            std::vector<std::pair<DevicePtr, std::size_t>>* out);
+  void Log() const;
+  std::size_t GroupBytes() const;
+  void Mark(Step step) { at_[static_cast<std::size_t>(step)] = Clock::now(); }
+  double MsAt(Step step) const;
+
+  TransitionHost* const host_;
+  Driver* const driver_;
+  const int device_;
+  std::vector<Out> out_;
+  std::vector<In> in_;
+  std::vector<Donor> donors_;           // every mapped chunk of the outgoing tags, by address
+  std::vector<SwitchCopy> copies_;      // D2H, in queue order
+  std::vector<std::vector<CoverSpan>> covers_;  // per (in, heap): index 2 * in + heap
+  HandoffPlan plan_;
+  std::vector<Deferred> deferred_;
+  std::vector<bool> written_;  // per donor: restore copies were queued into it
+  Stream d2h_ = nullptr;
+  Stream h2d_ = nullptr;
+  std::vector<Event>* events_ = nullptr;  // the D2H pool's copy events: one per group
+  std::uint64_t synced_before_ = 0;
+  Clock::time_point start_;
+  std::array<Clock::time_point, kSteps> at_{};  // indexed by Step
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_SWITCH_TRANSACTION_H_

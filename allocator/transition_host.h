@@ -1,0 +1,74 @@
+// TransitionHost: what the transition executors (pause_resume.h, switch.h) need of the
+// per-device allocator that owns the pools they move, and nothing more.
+//
+// What: the device's driver, options and granularity; the device lock (mu), which guards
+// every pool's state and stats (Note [Allocator Locking] in caching_allocator.h); and
+// three services of the directory: the pending frees a synchronization completes (Note
+// [Pending Frees and Synchronization]), the reserved-bytes accounting of a pool that comes
+// back (which may start a background preparation), and the switch counters.
+//
+// Layering: the CachingAllocator derives from this class (privately) and hands `this` to
+// the executors it runs; the executors see this interface and the TagPools, never the
+// allocator itself, so the arrows point one way: caching_allocator -> executors ->
+// transition_host, tag_pool.
+//
+// Thread-safety: mu() is the device lock; the *Locked methods require it (annotated on the
+// lock itself, so clang checks the executors' calls). The rest is immutable.
+#ifndef VMSTASH_ALLOCATOR_TRANSITION_HOST_H_
+#define VMSTASH_ALLOCATOR_TRANSITION_HOST_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "allocator/allocator_options.h"
+#include "allocator/tag.h"
+#include "allocator/tag_pool.h"
+#include "base/mutex.h"
+#include "vmm/driver.h"
+
+namespace vmstash {
+
+// What Pause, Resume and Switch report when they succeed.
+enum class TransitionResult { kDone, kAlreadyInState };
+
+class TransitionHost {
+ public:
+  TransitionHost(const TransitionHost&) = delete;
+  TransitionHost& operator=(const TransitionHost&) = delete;
+
+  Driver* driver() const { return driver_; }
+  int device() const { return device_; }
+  const AllocatorOptions& options() const { return options_; }
+  std::size_t granularity_bytes() const { return granularity_bytes_; }
+  Mutex* mu() const ABSL_LOCK_RETURNED(mu_) { return &mu_; }
+
+  // Note [Pending Frees and Synchronization]: the sequence number of the next pending
+  // free, noted before a synchronize made without mu.
+  virtual std::uint64_t PendingSeqLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Completes the pending frees older than `synced_before` (and those whose events
+  // completed), including those of `in_transition`, a busy pool of the caller's.
+  virtual void CompletePendingLocked(std::uint64_t synced_before, TagId in_transition)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // A pool's reserved bytes changed (it came back active): its stats, and a background
+  // preparation when a `backup` tag outgrew its arena.
+  virtual void NoteReservedLocked(TagPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // A switch committed, handing `handed_bytes` of chunks over.
+  virtual void NoteSwitchLocked(std::size_t handed_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+
+ protected:
+  TransitionHost(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes)
+      : driver_(driver), device_(device), options_(std::move(options)), granularity_bytes_(granularity_bytes) {}
+  ~TransitionHost() = default;
+
+  Driver* const driver_;
+  const int device_;
+  const AllocatorOptions options_;
+  const std::size_t granularity_bytes_;
+  mutable Mutex mu_;  // the device lock (Note [Allocator Locking])
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_TRANSITION_HOST_H_
