@@ -34,7 +34,9 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Drive
 
 CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
                                    std::size_t device_total_bytes)
-    : TransitionHost(driver, device, options, granularity_bytes), device_total_bytes_(device_total_bytes) {
+    : TransitionHost(driver, device, options, granularity_bytes),
+      device_total_bytes_(device_total_bytes),
+      bypass_(driver, device, granularity_bytes) {
   counters_.device = device;
   counters_.driver = std::string(driver->Name());
   counters_.bypass = options.bypass;
@@ -50,9 +52,9 @@ CachingAllocator::~CachingAllocator() {
   MutexLock lock(&mu_);
   absl::Status sync = driver_->SynchronizeDevice(device_);
   if (!sync.ok()) VMSTASH_LOG(kError, "vmstash: device {} sync at allocator shutdown: {}", device_, sync.ToString());
-  if (!live_.empty() || !bypass_live_.empty()) {
+  if (!live_.empty() || bypass_.size() != 0) {
     VMSTASH_LOG(kWarning, "vmstash: device {} allocator destroyed with {} live block(s); their memory is released",
-                device_, live_.size() + bypass_live_.size());
+                device_, live_.size() + bypass_.size());
   }
   for (PendingFree& p : pending_) {
     for (Event e : p.events) idle_events_.push_back(e);
@@ -65,7 +67,7 @@ CachingAllocator::~CachingAllocator() {
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: destroying a pooled event: {}", s.ToString());
   }
   live_.clear();
-  bypass_live_.clear();  // RAII: unmap, release, free VA (errors logged)
+  bypass_.Clear();  // RAII: unmap, release, free VA (errors logged)
   pools_.clear();        // copy streams and events destroyed; heaps give back their chunks and reservations
 }
 
@@ -142,7 +144,23 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, Policy::kDiscard));
   }
   if (pool->state() != TagState::kActive) return pool->NotActiveError("resume it before allocating");
-  if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
+  if (options_.bypass) {
+    DevicePtr ptr = 0;
+    absl::StatusOr<BypassAllocations::Record> made =
+        bypass_.Allocate(pool->id(), size_bytes, rounded, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return SynchronizeLocked();  // called by Allocate, under mu_
+        }, &ptr);
+    if (absl::IsResourceExhausted(made.status())) {
+      ++counters_.ooms;
+      return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, made.status()));
+    }
+    VMSTASH_RETURN_IF_ERROR(made.status());
+    pool->NoteAllocated(made->size_bytes, size_bytes);
+    pool->stats().reserved_bytes.Add(static_cast<std::int64_t>(made->size_bytes));
+    ++pool->stats().chunks;
+    ++counters_.grows;
+    return ptr;
+  }
   if (!pending_.empty()) CompletePendingLocked(0, /*in_transition=*/-1);
   Heap* heap = rounded <= kSmallMaxBytes ? pool->small() : pool->large();
   Block* block = heap->AllocateCached(rounded, stream);
@@ -155,11 +173,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   }
   block->requested_bytes = size_bytes;
   live_.emplace(block->address, block);
-  TagStats& s = pool->stats();
-  s.allocated_bytes.Add(static_cast<std::int64_t>(block->size_bytes));
-  s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
-  s.active_blocks.Add(1);
-  ++s.allocations;
+  pool->NoteAllocated(block->size_bytes, size_bytes);
   if (options_.validate_each_op) VMSTASH_RETURN_IF_ERROR(AfterOpLocked(absl::OkStatus()));
   return block->address;
 }
@@ -346,7 +360,17 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
       MutexLock lock(&mu_);
       auto it = live_.find(ptr);  // the one lookup of the free path
       if (it == live_.end()) {
-        if (options_.bypass) return AfterOpLocked(FreeBypassLocked(ptr));
+        if (bypass_.Contains(ptr)) {
+          ++counters_.device_syncs;
+          absl::StatusOr<BypassAllocations::Record> freed = bypass_.Free(ptr);
+          if (!freed.ok()) return AfterOpLocked(freed.status());
+          TagPool* pool = pools_[freed->tag].get();
+          pool->NoteFreed(freed->size_bytes, freed->requested_bytes);
+          pool->stats().reserved_bytes.Add(-static_cast<std::int64_t>(freed->size_bytes));
+          --pool->stats().chunks;
+          counters_.released_bytes += freed->size_bytes;
+          return AfterOpLocked(absl::OkStatus());
+        }
         return absl::InvalidArgumentError(
             absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
       }
@@ -374,10 +398,7 @@ absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
     }
     block->other_streams.clear();
   }
-  s.allocated_bytes.Add(-static_cast<std::int64_t>(block->size_bytes));
-  s.requested_bytes.Add(-static_cast<std::int64_t>(block->requested_bytes));
-  s.active_blocks.Add(-1);
-  ++s.frees;
+  pool->NoteFreed(block->size_bytes, block->requested_bytes);
   if (block->other_streams.empty()) {
     heap->Free(block, ++free_epoch_);
   } else {
@@ -406,14 +427,14 @@ absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
 
 bool CachingAllocator::Owns(DevicePtr ptr) const {
   MutexLock lock(&mu_);
-  return live_.contains(ptr) || bypass_live_.contains(ptr);
+  return live_.contains(ptr) || bypass_.Contains(ptr);
 }
 
 absl::Status CachingAllocator::RecordStream(DevicePtr ptr, Stream stream) {
   MutexLock lock(&mu_);
   auto it = live_.find(ptr);
   if (it == live_.end()) {
-    if (bypass_live_.contains(ptr)) return absl::OkStatus();  // bypass frees synchronize the device
+    if (bypass_.Contains(ptr)) return absl::OkStatus();  // bypass frees synchronize the device
     return absl::InvalidArgumentError(
         absl::StrCat("record_stream on ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
   }
@@ -444,76 +465,6 @@ absl::Status CachingAllocator::EmptyCache(TagId tag) {
   if (!anything) return absl::OkStatus();
   VMSTASH_RETURN_IF_ERROR(SynchronizeLocked());
   return AfterOpLocked(ReleaseCachedLocked(tag));
-}
-
-absl::StatusOr<DevicePtr> CachingAllocator::AllocateBypassLocked(TagPool* pool, std::size_t size_bytes,
-                                                                 std::size_t rounded) {
-  std::size_t bytes = RoundUp(rounded, granularity_bytes_);
-  auto a = std::make_unique<BypassAllocation>();
-  absl::Status status;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    absl::StatusOr<Reservation> r = Reservation::Create(driver_, device_, bytes, 0);
-    absl::StatusOr<Chunk> c = r.ok() ? Chunk::Create(driver_, device_, bytes, ChunkOptions{}) : r.status();
-    absl::StatusOr<Mapping> m = c.ok() ? Mapping::Create(driver_, device_, r->address(), absl::MakeConstSpan(&*c, 1))
-                                       : absl::StatusOr<Mapping>(c.status());
-    if (m.ok()) {
-      a->reservation = *std::move(r);
-      a->chunk = *std::move(c);
-      a->mapping = *std::move(m);
-      status = absl::OkStatus();
-      break;
-    }
-    status = m.status();
-    // Out of memory: wait for frees queued on the device to land, then try once more.
-    if (!absl::IsResourceExhausted(status) || attempt == 1) break;
-    VMSTASH_RETURN_IF_ERROR(SynchronizeLocked());
-  }
-  if (!status.ok()) {
-    if (absl::IsResourceExhausted(status)) {
-      ++counters_.ooms;
-      return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, status));
-    }
-    return status;
-  }
-  a->tag = pool->id();
-  a->size_bytes = bytes;
-  a->requested_bytes = size_bytes;
-  DevicePtr ptr = a->reservation.address();
-  TagStats& s = pool->stats();
-  s.allocated_bytes.Add(static_cast<std::int64_t>(bytes));
-  s.requested_bytes.Add(static_cast<std::int64_t>(size_bytes));
-  s.reserved_bytes.Add(static_cast<std::int64_t>(bytes));
-  s.active_blocks.Add(1);
-  ++s.chunks;
-  ++s.allocations;
-  ++counters_.grows;
-  bypass_live_.emplace(ptr, std::move(a));
-  return ptr;
-}
-
-absl::Status CachingAllocator::FreeBypassLocked(DevicePtr ptr) {
-  auto it = bypass_live_.find(ptr);
-  if (it == bypass_live_.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("free of ", Hex(ptr), ": not a live allocation of vmstash on device ", device_));
-  }
-  BypassAllocation& a = *it->second;
-  // Like cudaFree: the memory may still be in use by queued work.
-  ++counters_.device_syncs;
-  VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeDevice(device_));
-  VMSTASH_RETURN_IF_ERROR(a.mapping.Unmap());
-  VMSTASH_RETURN_IF_ERROR(a.chunk.Release());
-  VMSTASH_RETURN_IF_ERROR(a.reservation.Free());
-  TagStats& s = pools_[a.tag]->stats();
-  s.allocated_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
-  s.requested_bytes.Add(-static_cast<std::int64_t>(a.requested_bytes));
-  s.reserved_bytes.Add(-static_cast<std::int64_t>(a.size_bytes));
-  s.active_blocks.Add(-1);
-  --s.chunks;
-  ++s.frees;
-  counters_.released_bytes += a.size_bytes;
-  bypass_live_.erase(it);
-  return absl::OkStatus();
 }
 
 std::string CachingAllocator::OomMessageLocked(const TagPool* pool, std::size_t size_bytes,
@@ -596,16 +547,7 @@ Snapshot CachingAllocator::TakeSnapshot() const {
     if (pool == nullptr) continue;
     pool->AppendSnapshot(&snap);
   }
-  for (const auto& [ptr, a] : bypass_live_) {
-    SegmentSnapshot seg;
-    seg.tag = std::string(TagName(a->tag));
-    seg.heap = "bypass";
-    seg.address = ptr;
-    seg.va_bytes = seg.mapped_bytes = a->size_bytes;
-    seg.chunks.push_back({ptr, a->size_bytes, true});
-    seg.blocks.push_back(BlockSnapshot{ptr, a->size_bytes, a->requested_bytes, true, 0});
-    snap.segments.push_back(std::move(seg));
-  }
+  bypass_.AppendSnapshot(&snap);
   return snap;
 }
 
@@ -758,11 +700,7 @@ absl::Status CachingAllocator::ValidateLocked() const {
   for (const auto& pool : pools_) {
     if (pool == nullptr) continue;
     if (pool->frozen()) busy_live_bytes += static_cast<std::size_t>(pool->stats().allocated_bytes.current);
-    std::size_t bypass = 0;
-    for (const auto& [ptr, a] : bypass_live_) {
-      if (a->tag == pool->id()) bypass += a->size_bytes;
-    }
-    VMSTASH_RETURN_IF_ERROR(pool->Validate(bypass, &live_bytes_in_heaps, &pending));
+    VMSTASH_RETURN_IF_ERROR(pool->Validate(bypass_.BytesOf(pool->id()), &live_bytes_in_heaps, &pending));
   }
   std::size_t live_bytes = 0;
   for (const auto& [ptr, b] : live_) {

@@ -54,9 +54,10 @@
 // its SwitchTransaction (switch.h, Note [Switch Protocol]); they see the allocator only
 // through TransitionHost (transition_host.h), which it implements.
 //
-// bypass (AllocatorOptions::bypass): every allocation gets its own reservation and chunk straight
-// from the driver, and every free synchronizes the device and releases them: slow, but
-// every byte is the user's, for compute-sanitizer and use-after-free hunts.
+// bypass (AllocatorOptions::bypass): every allocation gets its own reservation and chunk
+// straight from the driver, and every free synchronizes the device and releases them:
+// slow, but every byte is the user's, for compute-sanitizer and use-after-free hunts
+// (BypassAllocations, bypass.h).
 //
 // Validate() walks every invariant (block.h, heap.h, stats); tests turn on
 // validate_each_op so it runs after every public operation.
@@ -83,6 +84,7 @@
 #include "allocator/auto_preparer.h"
 #include "allocator/backup_arena.h"
 #include "allocator/block.h"
+#include "allocator/bypass.h"
 #include "allocator/heap.h"
 #include "allocator/hooks.h"
 #include "allocator/snapshot.h"
@@ -228,14 +230,6 @@ class CachingAllocator : private TransitionHost {
     std::vector<Event> events;
     bool needs_device_sync = false;  // an event could not be recorded
   };
-  struct BypassAllocation {
-    Reservation reservation;
-    Chunk chunk;
-    Mapping mapping;
-    TagId tag = kDefaultTag;
-    std::size_t size_bytes = 0;
-    std::size_t requested_bytes = 0;
-  };
 
   CachingAllocator(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes,
                    std::size_t device_total_bytes);
@@ -251,9 +245,6 @@ class CachingAllocator : private TransitionHost {
   absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<DevicePtr> AllocateBypassLocked(TagPool* pool, std::size_t size_bytes, std::size_t rounded)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status FreeBypassLocked(DevicePtr ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a live block already taken out of live_; its pool is not in transition.
   absl::Status FreeBlockLocked(TagPool* pool, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 3 of the ladder (Note [OOM Ladder]): heap growth, unless it would cut into the
@@ -303,7 +294,7 @@ class CachingAllocator : private TransitionHost {
 
   std::vector<std::unique_ptr<TagPool>> pools_ ABSL_GUARDED_BY(mu_);  // by TagId
   absl::flat_hash_map<DevicePtr, Block*> live_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<DevicePtr, std::unique_ptr<BypassAllocation>> bypass_live_ ABSL_GUARDED_BY(mu_);
+  BypassAllocations bypass_ ABSL_GUARDED_BY(mu_);  // options_.bypass: every allocation is here
   std::vector<Event> idle_events_ ABSL_GUARDED_BY(mu_);
   std::vector<Fence> fences_ ABSL_GUARDED_BY(mu_);
   std::vector<PendingFree> pending_ ABSL_GUARDED_BY(mu_);

@@ -198,6 +198,20 @@ class TagPool {
   const TagStats& stats() const { return stats_; }
   // The reserved bytes and chunk count from the heaps (not while busy).
   void NoteReserved();
+  // A block (or bypass allocation) of size_bytes, of which requested_bytes were asked
+  // for, was allocated / freed.
+  void NoteAllocated(std::size_t size_bytes, std::size_t requested_bytes) {
+    stats_.allocated_bytes.Add(static_cast<std::int64_t>(size_bytes));
+    stats_.requested_bytes.Add(static_cast<std::int64_t>(requested_bytes));
+    stats_.active_blocks.Add(1);
+    ++stats_.allocations;
+  }
+  void NoteFreed(std::size_t size_bytes, std::size_t requested_bytes) {
+    stats_.allocated_bytes.Add(-static_cast<std::int64_t>(size_bytes));
+    stats_.requested_bytes.Add(-static_cast<std::int64_t>(requested_bytes));
+    stats_.active_blocks.Add(-1);
+    ++stats_.frees;
+  }
   // The pool's report: counters, identity, state and cached bytes.
   void FillStats(TagStats* out) const;
   // The pool's part of a snapshot: its tag, and its segments unless frozen.
