@@ -80,8 +80,8 @@ absl::StatusOr<TagPool*> CachingAllocator::FindPoolLocked(TagId tag, const char*
                                           " (create it or allocate in it first)"));
 }
 
-absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy) {
-  absl::StatusOr<TagPool*> found = FindPoolLocked(tag, "allocate");
+absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy, const char* what) {
+  absl::StatusOr<TagPool*> found = FindPoolLocked(tag, what);
   if (!absl::IsNotFound(found.status())) return found;
   std::size_t va = options_.heap_va_bytes != 0 ? options_.heap_va_bytes : 2 * device_total_bytes_;
   va = RoundUp(std::max(va, granularity_bytes_), granularity_bytes_);
@@ -115,7 +115,7 @@ absl::Status CachingAllocator::CreateTag(TagId tag, Policy policy) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' already exists on device ", device_,
                                                       " with policy ", PolicyName(existing->policy())));
   }
-  return PoolLocked(tag, policy).status();
+  return PoolLocked(tag, policy, "create_tag").status();
 }
 
 bool CachingAllocator::DropEmptyTag(TagId tag) {
@@ -141,7 +141,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   MutexLock lock(&mu_);
   TagPool* pool = PoolOrNullLocked(tag);
   if (pool == nullptr) {
-    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, Policy::kDiscard));
+    VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, Policy::kDiscard, "allocate"));
   }
   if (pool->state() != TagState::kActive) return pool->NotActiveError("resume it before allocating");
   if (options_.bypass) {
@@ -606,7 +606,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
 
 absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {
   MutexLock lock(&mu_);
-  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, Policy::kDiscard));
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, Policy::kDiscard, "add_hooks"));
   pool->AddHooks(std::move(before_pause), std::move(after_resume));
   return absl::OkStatus();
 }

@@ -241,8 +241,8 @@ class CachingAllocator : private TransitionHost {
   // The pool `what` (a request's name, for the message) needs: InvalidArgument for a tag
   // id never interned, NotFound for a tag without a pool on this device (one message).
   absl::StatusOr<TagPool*> FindPoolLocked(TagId tag, const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The tag's pool, created with `policy` when it has none here.
-  absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The tag's pool, created with `policy` when it has none here (`what` as for FindPoolLocked).
+  absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a live block already taken out of live_; its pool is not in transition.

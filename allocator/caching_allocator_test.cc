@@ -382,5 +382,20 @@ TEST_F(CachingAllocatorTest, DestroyingWithLiveBlocksReleasesEverything) {
   EXPECT_EQ(sim_->UsedBytes(0), 0u);  // TearDown checks for leaks
 }
 
+// A tag id never interned is refused by every call that would make its pool, and the
+// error names the call that was made.
+TEST_F(CachingAllocatorTest, AnUninternedTagIdIsRefusedNamingTheCall) {
+  const TagId bogus = 1 << 20;
+  absl::Status created = alloc_->CreateTag(bogus, Policy::kBackup);
+  EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(created.message()), HasSubstr("create_tag: unknown tag id"));
+  absl::Status hooked = alloc_->AddHooks(bogus, nullptr, nullptr);
+  EXPECT_EQ(hooked.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(hooked.message()), HasSubstr("add_hooks: unknown tag id"));
+  absl::StatusOr<DevicePtr> p = alloc_->Allocate(4096, nullptr, bogus);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(p.status().message()), HasSubstr("allocate: unknown tag id"));
+}
+
 }  // namespace
 }  // namespace vmstash
