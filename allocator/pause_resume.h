@@ -16,10 +16,10 @@
 //
 // Note [Pause/Resume Protocol] (docs/architecture.md §5; planned in transition_plan.h,
 //   executed by PauseExecutor and ResumeExecutor here and by the heaps, heap_pause.cc)
-//   Pause(tag): the tag's transition lock is taken (pause/resume of one tag are serial;
-//   other tags and devices proceed), the state becomes "pausing" (allocations into the tag
-//   fail with FailedPrecondition, frees of its blocks wait), before-pause hooks run, then
-//   (1) the device is synchronized: simple and certain, and a pause is rare; (2) for a
+//   Pause(tag): under the tag's control lock the before-pause hooks run (see Hooks below);
+//   then the tag's transition lock is taken (pause/resume of one tag are serial; other
+//   tags and devices proceed) and the state becomes "pausing" (allocations into the tag
+//   fail with FailedPrecondition, frees of its blocks wait), then (1) the device is synchronized: simple and certain, and a pause is rare; (2) for a
 //   `backup` tag the requested bytes of each live block — never free cached blocks — are
 //   copied into the tag's backup arena with async copies on the tag's own stream, queued
 //   all at once in stages of whole chunks with an event after each stage; (3a) as each
@@ -107,7 +107,8 @@ class ResumeExecutor {
   ResumeExecutor& operator=(const ResumeExecutor&) = delete;
 
   // The lock/hook phase: the control lock, the state check (kAlreadyInState for an active
-  // tag), Transact(), then the after-resume hooks (their error marked TransitionDone).
+  // tag, the broken reason for a broken one), Transact(), then the after-resume hooks
+  // (their error marked TransitionDone).
   absl::StatusOr<TransitionResult> Run();
 
  private:

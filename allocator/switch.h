@@ -20,9 +20,10 @@
 //   resumed, or, on any failure, every tag as it was. It exists because a phase switch run
 //   as pauses then resumes costs D2H + H2D although the link carries both directions at
 //   once, and releases physical memory only to create as much again right after.
-//   (1) Control locks, then transition locks, of all its tags in ascending tag id order
-//   (the one order every multi-tag caller uses); tags already in the requested state are
-//   left out (kAlreadyInState when all are). P's before-pause hooks run first; a veto
+//   (1) Control locks of all its tags, then transition locks of the tags that move, each
+//   in ascending tag id order (the one order every multi-tag caller uses); tags already in
+//   the requested state do not move (kAlreadyInState when none does), but their control
+//   locks are held to the end, so no other call changes or drops them meanwhile. P's before-pause hooks run first; a veto
 //   runs the after-resume hooks of the P tags whose before-pause hooks already ran.
 //   (2) The device is synchronized once. The outgoing chunks become donors and the
 //   incoming covers recipients (PlanHandoff): a donor fitting a recipient's gap is mapped

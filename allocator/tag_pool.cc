@@ -251,9 +251,16 @@ void TagPool::DrainCopyStream() {
 
 bool TagPool::Empty() {
   if (state_ != TagState::kActive || chunk_count() != 0 || va_bytes() != 0 || !hooks_.empty()) return false;
-  if (!transition_mu_.TryLock()) return false;
-  const bool empty = arena_ == nullptr && copy_stream_ == nullptr;
-  transition_mu_.Unlock();
+  if (stats_.active_blocks.current != 0) return false;  // bypass allocations live outside the heaps
+  // A pool named in a transition or a switch (moving or not) holds its control lock
+  // throughout: not empty. Both are tried, never waited for (the caller holds mu_).
+  if (!control_mu_.TryLock()) return false;
+  bool empty = false;
+  if (transition_mu_.TryLock()) {
+    empty = arena_ == nullptr && copy_stream_ == nullptr;
+    transition_mu_.Unlock();
+  }
+  control_mu_.Unlock();
   return empty;
 }
 

@@ -6,8 +6,8 @@
 // heap.h) and their block records, its backup arena and backup store, the copy stream and
 // events of its transitions, its hooks and its statistics, and the two locks of its
 // transitions. The CachingAllocator keeps one pool per tag in use on its device (its
-// directory, indexed by TagId); the transition executors (transition.h, switch.h) move
-// pools from state to state.
+// directory, indexed by TagId); the transition executors (pause_resume.h, switch.h,
+// switch_transaction.h) move pools from state to state.
 //
 // State machine (Note [Pause/Resume Protocol], Note [Switch Protocol]):
 //
@@ -33,9 +33,9 @@
 //   the owner's mu (the CachingAllocator's per-device mutex) guards the state, the stats,
 //                  the hooks, the backup extents, the auto-prepare marks and the broken
 //                  reason. The pool cannot name its owner's mutex in an annotation, so
-//                  this rule is kept (and clang-checked) on the owner's side: its
-//                  *Locked methods require its mutex, and the executors take the same
-//                  mutex as TransitionHost::mu().
+//                  clang checks this rule only for the owner's *Locked methods; the
+//                  executors' calls of state(), MoveTo(), NotePaused(), hooks() and
+//                  backup_extents() under TransitionHost::mu() are kept by hand.
 //
 // Note [Heap Locking]
 //   Which lock guards a pool's heaps (and its backup extents) depends on its state, which
@@ -174,9 +174,9 @@ class TagPool {
   // Waits for the copy stream (the device, if that wait fails) before a rollback unmaps
   // memory the copies may still touch.
   void DrainCopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  // No mapped memory, no live block, no hooks, no arena, no stream (DropEmptyTag). Tries
-  // the transition lock (the caller holds the owner's mu, which comes after it): a pool
-  // in a transition is not empty.
+  // No mapped memory, no live block (bypass allocations included), no hooks, no arena, no
+  // stream (DropEmptyTag). Tries the control and transition locks (the caller holds the
+  // owner's mu, which comes after them): a pool named in a transition or switch is not empty.
   bool Empty();
 
   // --- Hooks and auto-prepare marks (owner's mu) --------------------------------------------

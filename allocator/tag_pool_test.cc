@@ -134,5 +134,23 @@ TEST_F(TagPoolTest, StatsReportTheIdentityThePoolHolds) {
   EXPECT_TRUE(pool->stats().name.empty()) << "the counters do not carry the identity";
 }
 
+// DropEmptyTag's test: a pool named in a transition or a switch (its control lock held,
+// moving or not), in its transition (the transition lock), or holding a bypass allocation
+// (a live block outside its heaps) is not empty; it is only once none of these holds.
+TEST_F(TagPoolTest, APoolInUseIsNeverEmpty) {
+  std::unique_ptr<TagPool> pool = NewPool();
+  EXPECT_TRUE(pool->Empty());
+  pool->control_mu()->Lock();
+  EXPECT_FALSE(pool->Empty()) << "a switch that names the tag holds its control lock";
+  pool->control_mu()->Unlock();
+  pool->transition_mu()->Lock();
+  EXPECT_FALSE(pool->Empty());
+  pool->transition_mu()->Unlock();
+  pool->NoteAllocated(4096, 4096);  // as a bypass allocation is counted
+  EXPECT_FALSE(pool->Empty());
+  pool->NoteFreed(4096, 4096);
+  EXPECT_TRUE(pool->Empty());
+}
+
 }  // namespace
 }  // namespace vmstash
