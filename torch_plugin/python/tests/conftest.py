@@ -71,6 +71,19 @@ class SimDevice:
     def holds(self, p, n, byte):
         return ctypes.string_at(p, n) == bytes([byte]) * n
 
+    def churn(self, tag, done, errors, size=3 << 20):
+        """A working thread's loop until `done` is set: allocate in `tag`, write, check, free;
+        a changed byte or an exception goes into `errors` (the test asserts it stays empty)."""
+        try:
+            while not done.is_set():
+                q = self.malloc(tag, size)
+                self.fill(q, size, 0x11)
+                if not self.holds(q, size, 0x11):
+                    errors.append("worker's bytes changed")
+                self.free(q, size)
+        except Exception as e:  # reported by the test
+            errors.append(repr(e))
+
 
 @pytest.fixture(scope="session")
 def sim():

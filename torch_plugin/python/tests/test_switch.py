@@ -71,17 +71,6 @@ def test_switch_from_another_thread_while_this_one_allocates(sim):
     assert vmstash.pause("thr_sw_train")
     errors, done = [], threading.Event()
 
-    def worker():
-        try:
-            while not done.is_set():
-                q = sim.malloc("thr_sw_work", 3 * MiB)
-                sim.fill(q, 3 * MiB, 0x11)
-                if not sim.holds(q, 3 * MiB, 0x11):
-                    errors.append("worker's bytes changed")
-                sim.free(q, 3 * MiB)
-        except Exception as e:  # reported below
-            errors.append(repr(e))
-
     def control():
         try:
             for _ in range(10):
@@ -94,7 +83,7 @@ def test_switch_from_another_thread_while_this_one_allocates(sim):
         except Exception as e:  # reported below
             errors.append(repr(e))
 
-    t = threading.Thread(target=worker)
+    t = threading.Thread(target=sim.churn, args=("thr_sw_work", done, errors))
     t.start()
     try:
         c = threading.Thread(target=control)

@@ -148,18 +148,7 @@ def test_torch_memory_saver_pause_from_another_thread_while_this_one_allocates(s
     sim.fill(p, 6 * MiB, 0x77)
     errors, done = [], threading.Event()
 
-    def worker():
-        try:
-            while not done.is_set():
-                q = sim.malloc(work, 3 * MiB)
-                sim.fill(q, 3 * MiB, 0x11)
-                if not sim.holds(q, 3 * MiB, 0x11):
-                    errors.append("worker's bytes changed")
-                sim.free(q, 3 * MiB)
-        except Exception as e:  # reported below
-            errors.append(repr(e))
-
-    t = threading.Thread(target=worker)
+    t = threading.Thread(target=sim.churn, args=(work, done, errors))
     t.start()
     try:
         for _ in range(20):
