@@ -24,6 +24,7 @@
 
 #include "allocator/backup_arena.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -34,7 +35,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 // Open descriptors of this process naming a file in `dir` (the disk arena's file is
 // unlinked, so /proc shows it as "<dir>/vmstash-backup-... (deleted)").
@@ -139,7 +139,7 @@ std::string RunInChild(const std::function<std::string()>& body) {
   return report;
 }
 
-class BackupStoreTest : public ::testing::Test {
+class BackupStoreTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override {
     const char* tmp = std::getenv("TEST_TMPDIR");
@@ -148,13 +148,12 @@ class BackupStoreTest : public ::testing::Test {
     buf.push_back('\0');
     ASSERT_NE(mkdtemp(buf.data()), nullptr);
     dir_ = buf.data();
-    sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 1024 * kMiB, 2 * kMiB, {}});
-    AllocatorOptions options;
-    options.validate_each_op = true;
+    AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = false;
     options.pause_stage_bytes = 8 * kMiB;
     options.resume_first_piece_bytes = 4 * kMiB;
-    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    MakeAllocator(SimDriverOptions{1, 1024 * kMiB, 2 * kMiB, {}}, options);
+    ASSERT_NE(alloc_, nullptr);
     weights_ = *InternTag("store_weights");
     kv_ = *InternTag("store_kv");
     ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
@@ -168,9 +167,7 @@ class BackupStoreTest : public ::testing::Test {
   }
   void TearDown() override {
     for (auto [p, n] : blocks_) EXPECT_TRUE(alloc_->Free(p).ok());
-    alloc_.reset();
-    absl::Status leaks = sim_->CheckNoLeaks();
-    EXPECT_TRUE(leaks.ok()) << leaks;
+    SimAllocatorTest::TearDown();  // the allocator, then the leak check
     EXPECT_EQ(OpenBackupFiles(dir_), 0) << "a disk arena outlived its allocator";
     rmdir(dir_.c_str());
   }
@@ -216,8 +213,6 @@ class BackupStoreTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> alloc_;
   TagId weights_ = 0, kv_ = 0;
   std::vector<std::pair<DevicePtr, std::size_t>> blocks_;
 };

@@ -7,13 +7,12 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {
 namespace {
-
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Outcome {
   int failures = 0;  // steps that returned the injected code
@@ -74,8 +73,7 @@ TEST(CachingAllocatorFaultTest, EveryDriverCallSiteFailsCleanly) {
   {
     SimDriver sim(sim_options);
     Stream s1 = *sim.CreateStream(0), s2 = *sim.CreateStream(0);
-    AllocatorOptions options;
-    options.validate_each_op = true;
+    AllocatorOptions options = testing::TestOptions();
     auto alloc = *CachingAllocator::Create(&sim, 0, options);
     DriverCounters before = sim.Counters();
     std::vector<DevicePtr> live;
@@ -97,8 +95,7 @@ TEST(CachingAllocatorFaultTest, EveryDriverCallSiteFailsCleanly) {
         SCOPED_TRACE(std::string(DriverOpName(op)) + "@" + std::to_string(nth) + " " + absl::StatusCodeToString(code));
         SimDriver sim(sim_options);
         Stream s1 = *sim.CreateStream(0), s2 = *sim.CreateStream(0);
-        AllocatorOptions options;
-        options.validate_each_op = true;
+        AllocatorOptions options = testing::TestOptions();
         auto alloc = *CachingAllocator::Create(&sim, 0, options);
         sim.InjectFault(FaultRule{op, static_cast<int>(nth), 1, code});
         std::vector<DevicePtr> live;

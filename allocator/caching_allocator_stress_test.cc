@@ -10,14 +10,13 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
 #include "base/mutex.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {
 namespace {
-
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Live {
   DevicePtr ptr = 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
 
@@ -13,7 +14,6 @@ namespace vmstash {
 namespace {
 
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Fixture {
   std::unique_ptr<SimDriver> sim;
@@ -36,8 +36,7 @@ bool Check(DevicePtr p, std::size_t n, std::uint8_t v) {
 Fixture Make(Policy policy) {
   Fixture f;
   f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
-  AllocatorOptions options;
-  options.validate_each_op = true;
+  AllocatorOptions options = testing::TestOptions();
   options.auto_prepare = false;  // the test counts driver calls
   // Small stages and pieces, so the pipelined pause and resume have several of each.
   options.pause_stage_bytes = 8 * kMiB;

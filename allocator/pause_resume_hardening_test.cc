@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -24,8 +25,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
-constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 // Runs `fn` on another thread; a call that does not return within 20 s is a hang, which
 // ends the test binary at once (a hung thread cannot be joined).
@@ -40,24 +39,19 @@ auto WithinDeadline(const char* what, Fn fn) {
   return future.get();
 }
 
-class HardeningTest : public ::testing::Test {
+class HardeningTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override { Make(); }
   void TearDown() override {
     if (sim_ != nullptr) sim_->SetAfterSynchronizeDevice(nullptr);
-    alloc_.reset();
-    if (sim_ == nullptr) return;
-    absl::Status leaks = sim_->CheckNoLeaks();
-    EXPECT_TRUE(leaks.ok()) << leaks;
+    SimAllocatorTest::TearDown();
   }
   void Make(bool auto_prepare = false, int settle_ms = 250) {
-    alloc_.reset();
-    sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}});
-    AllocatorOptions options;
-    options.validate_each_op = true;
+    AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = auto_prepare;
     options.auto_prepare_settle_ms = settle_ms;
-    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    MakeAllocator(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}, options);
+    ASSERT_NE(alloc_, nullptr);
     weights_ = *InternTag("weights");
     kv_ = *InternTag("kv_cache");
     ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
@@ -74,8 +68,6 @@ class HardeningTest : public ::testing::Test {
     }
     return TagStats();
   }
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> alloc_;
   TagId weights_ = 0, kv_ = 0;
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
 #include "base/mutex.h"
 #include "vmm/sim_driver.h"
@@ -21,7 +22,6 @@ namespace vmstash {
 namespace {
 
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct TagCtl {
   TagId id = 0;

@@ -1,8 +1,10 @@
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
@@ -12,8 +14,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
-constexpr std::size_t kGiB = std::size_t{1} << 30;
 
 void FillPattern(DevicePtr p, std::size_t n, std::uint8_t seed) {
   auto* b = reinterpret_cast<std::uint8_t*>(p);
@@ -28,21 +28,15 @@ bool HasPattern(DevicePtr p, std::size_t n, std::uint8_t seed) {
   return b[n - 1] == static_cast<std::uint8_t>(seed ^ 0x5a);
 }
 
-class PauseResumeTest : public ::testing::Test {
+class PauseResumeTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override { Make(SimDriverOptions{1, 2 * kGiB, 2 * kMiB, {}}); }
-  void TearDown() override {
-    alloc_.reset();
-    absl::Status leaks = sim_->CheckNoLeaks();
-    EXPECT_TRUE(leaks.ok()) << leaks;
-  }
   // Background preparation is off unless a test asks: the others count driver calls.
   void Make(SimDriverOptions sim_options, AllocatorOptions options = {}, bool auto_prepare = false) {
-    alloc_.reset();
-    sim_ = std::make_unique<SimDriver>(sim_options);
     options.validate_each_op = true;
     options.auto_prepare = auto_prepare;
-    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    MakeAllocator(std::move(sim_options), options);
+    ASSERT_NE(alloc_, nullptr);
     weights_ = *InternTag("weights");
     kv_ = *InternTag("kv_cache");
     ASSERT_TRUE(alloc_->CreateTag(weights_, Policy::kBackup).ok());
@@ -61,8 +55,6 @@ class PauseResumeTest : public ::testing::Test {
     static TagStats none;
     return none;
   }
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> alloc_;
   AllocatorStats stats_;
   TagId weights_ = 0, kv_ = 0;
 };

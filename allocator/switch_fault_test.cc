@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
@@ -15,7 +16,6 @@ namespace vmstash {
 namespace {
 
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Block {
   DevicePtr address = 0;
@@ -49,8 +49,7 @@ std::vector<Block> Fill(CachingAllocator& a, TagId tag, const std::vector<std::s
 Fixture Make() {
   Fixture f;
   f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
-  AllocatorOptions options;
-  options.validate_each_op = true;
+  AllocatorOptions options = testing::TestOptions();
   options.auto_prepare = false;  // the test counts driver calls
   options.pause_stage_bytes = 4 * kMiB;
   options.switch_group_bytes = 4 * kMiB;

@@ -3,7 +3,10 @@
 // allow, more and less incoming memory, no-ops, bad input, hooks, out of memory, and a
 // stress run of concurrent switches, pauses, resumes and allocations. Round 3 of review
 // (issue 28): zeroing before the incoming tags are published, an overhang that touched
-// the next cover, a backup tag's handed-over bytes outside its restored ranges.
+// the next cover, a backup tag's handed-over bytes outside its restored ranges. A discard
+// tag's handed-over memory, zeroed or (switch_zero off) the very same physical memory, and
+// backed-up bytes both ways are the allocator conformance suite's too, held on a GPU as
+// well (allocator_conformance.h).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -21,7 +25,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Live {
   DevicePtr address = 0;
@@ -29,26 +32,17 @@ struct Live {
   std::uint8_t seed = 0;
 };
 
-class SwitchTest : public ::testing::Test {
+class SwitchTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override { Make(768 * kMiB); }
-  void TearDown() override {
-    alloc_.reset();
-    absl::Status leaks = sim_->CheckNoLeaks();
-    EXPECT_TRUE(leaks.ok()) << leaks;
-  }
   void Make(std::size_t capacity) {
-    alloc_.reset();
-    sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, capacity, 2 * kMiB, {}});
-    AllocatorOptions options;
-    options.validate_each_op = true;
+    AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = false;
     options.pause_stage_bytes = 8 * kMiB;
     options.switch_group_bytes = 4 * kMiB;  // several copy groups
-    options.switch_zero = zero_;
     options.resume_first_piece_bytes = 4 * kMiB;
     if (min_chunk_ != 0) options.min_chunk_bytes = min_chunk_;
-    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    MakeAllocator(SimDriverOptions{1, capacity, 2 * kMiB, {}}, options);
   }
   TagId Tag(const char* name, Policy policy) {
     TagId t = *InternTag(name);
@@ -82,9 +76,6 @@ class SwitchTest : public ::testing::Test {
     for (const Live& b : blocks) ASSERT_TRUE(alloc_->Free(b.address).ok());
   }
 
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> alloc_;
-  bool zero_ = true;
   std::size_t min_chunk_ = 0;  // 0: the default
 };
 
@@ -119,50 +110,6 @@ TEST_F(SwitchTest, BackupBothWaysSameSizesHandsEveryChunkOver) {
   EXPECT_EQ(Wrong(r), 0u);
   FreeAll(t);
   FreeAll(r);
-}
-
-TEST_F(SwitchTest, DiscardSwitchNeedsNoCreateReleaseOrCopy) {
-  TagId kv = Tag("sw_kv", Policy::kDiscard);
-  TagId act = Tag("sw_act", Policy::kDiscard);
-  std::vector<Live> a = Fill(act, {128 * kMiB, 64 * kMiB}, 3);
-  ASSERT_EQ(*alloc_->Pause(act), Transition::kDone);
-  std::vector<Live> k = Fill(kv, {128 * kMiB, 64 * kMiB}, 9);
-  const DriverCounters before = sim_->Counters();
-  ASSERT_EQ(*alloc_->Switch({kv}, {act}), Transition::kDone);
-  const DriverCounters after = sim_->Counters();
-  EXPECT_EQ(after.Calls(DriverOp::kCreateChunk), before.Calls(DriverOp::kCreateChunk));
-  EXPECT_EQ(after.Calls(DriverOp::kReleaseChunk), before.Calls(DriverOp::kReleaseChunk));
-  EXPECT_EQ(after.Calls(DriverOp::kCopyToHost), before.Calls(DriverOp::kCopyToHost));
-  EXPECT_EQ(after.Calls(DriverOp::kCopyToDevice), before.Calls(DriverOp::kCopyToDevice));
-  // Handed-over memory reads as zeros (switch_zero), not as the other tag's bytes.
-  for (const Live& b : a) {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(b.address);
-    std::size_t nonzero = 0;
-    for (std::size_t i = 0; i < b.size; i += 4096) nonzero += p[i] != 0;
-    EXPECT_EQ(nonzero, 0u);
-  }
-  // The addresses are usable again.
-  for (const Live& b : a) FillPattern(b.address, b.size, b.seed);
-  EXPECT_EQ(Wrong(a), 0u);
-  ASSERT_EQ(*alloc_->Resume(kv), Transition::kDone);
-  FreeAll(a);
-  FreeAll(k);
-}
-
-TEST_F(SwitchTest, WithoutZeroingADiscardTagSeesTheOldBytesOfTheChunksItWasHanded) {
-  zero_ = false;
-  Make(768 * kMiB);
-  TagId kv = Tag("sw_kv_nz", Policy::kDiscard), act = Tag("sw_act_nz", Policy::kDiscard);
-  std::vector<Live> a = Fill(act, {64 * kMiB}, 3);
-  ASSERT_EQ(*alloc_->Pause(act), Transition::kDone);
-  std::vector<Live> k = Fill(kv, {64 * kMiB}, 9);
-  const std::uint64_t memsets = Calls(DriverOp::kMemset);
-  ASSERT_EQ(*alloc_->Switch({kv}, {act}), Transition::kDone);
-  EXPECT_EQ(Calls(DriverOp::kMemset), memsets);
-  EXPECT_EQ(WrongBytes(a[0].address, a[0].size, k[0].seed), 0u) << "the same physical memory, not a copy";
-  ASSERT_EQ(*alloc_->Resume(kv), Transition::kDone);
-  FreeAll(a);
-  FreeAll(k);
 }
 
 TEST_F(SwitchTest, IncomingNeedsMoreTheRestIsCreated) {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "allocator/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
@@ -13,7 +14,6 @@ namespace vmstash {
 namespace {
 
 using ::testing::HasSubstr;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 constexpr TagState kStates[] = {TagState::kActive, TagState::kPausing, TagState::kPaused, TagState::kResuming,
                                 TagState::kBroken};

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gtest/gtest.h"
 #include "runtime/runtime.h"
@@ -23,7 +24,6 @@
 namespace vmstash {
 namespace {
 
-constexpr std::size_t kKiB = 1024, kMiB = kKiB * 1024;
 constexpr int kDevices = 2;
 
 struct Block {

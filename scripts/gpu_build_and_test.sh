@@ -25,5 +25,6 @@ if [ "$run_all" = 1 ]; then
 else
   ctest -L gpu --output-on-failure
 fi
-# Show the per-case results of the conformance suite.
+# Show the per-case results of the conformance suites (the driver's, the allocator's).
 VMSTASH_TEST_REQUIRE_GPU=1 ./tests/gpu/cuda_driver_conformance_test --gtest_brief=0 | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) '
+VMSTASH_TEST_REQUIRE_GPU=1 ./tests/gpu/cuda_allocator_conformance_test --gtest_brief=0 | grep -E '^\[ +(OK|FAILED|SKIPPED|PASSED) '

@@ -16,7 +16,8 @@ bazel test //... "$@"
 if [[ $# -eq 0 ]]; then
   bazel test --config=asan //allocator:caching_allocator_stress_test //allocator:caching_allocator_fault_test \
     //allocator:pause_resume_stress_test //allocator:pause_resume_test //allocator:pause_resume_hardening_test \
-    //allocator:backup_store_test //allocator:switch_test //allocator:switch_fault_test //stash:arena_sim_test //torch_plugin:c_abi_hardening_test //runtime:runtime_test \
+    //allocator:backup_store_test //allocator:switch_test //allocator:switch_fault_test //allocator:sim_allocator_conformance_test \
+    //stash:arena_sim_test //torch_plugin:c_abi_hardening_test //runtime:runtime_test \
     //runtime:process_test //runtime:transition_sweep_test //runtime:control_service_test //allocator:tag_test \
     //allocator:fork_test //allocator:tag_pool_test
   bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test \

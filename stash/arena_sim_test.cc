@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
 #include "stash/arena.h"
 #include "stash/page_model.h"
@@ -22,21 +23,18 @@ namespace {
 
 constexpr std::uint64_t kRowBytes = 96;  // 16-byte multiple, not a power of two
 constexpr std::uint32_t kP = 8;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-class ArenaSimTest : public ::testing::Test {
+class ArenaSimTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override {
-    sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
     AllocatorOptions options;
     options.auto_prepare = false;
-    alloc_ = *CachingAllocator::Create(sim_.get(), 0, options);
+    MakeAllocator(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}}, options);
   }
   void TearDown() override {
     arena_.reset();
     for (DevicePtr p : buffers_) EXPECT_TRUE(alloc_->Free(p).ok());
-    alloc_.reset();
-    EXPECT_TRUE(sim_->CheckNoLeaks().ok()) << sim_->CheckNoLeaks();
+    SimAllocatorTest::TearDown();  // the allocator, then the leak check
   }
   std::uint8_t* Buffer(std::uint64_t bytes) {
     DevicePtr p = *alloc_->Allocate(bytes, nullptr, kDefaultTag);
@@ -55,8 +53,6 @@ class ArenaSimTest : public ::testing::Test {
     return out;
   }
 
-  std::unique_ptr<SimDriver> sim_;
-  std::unique_ptr<CachingAllocator> alloc_;
   std::unique_ptr<StashArena> arena_;
   std::vector<DevicePtr> buffers_;
 };
@@ -83,7 +79,7 @@ TEST_F(ArenaSimTest, MatchesTheReferenceModelOverRandomSequences) {
     for (int step = 0; step < 3000; ++step) {
       const int h = static_cast<int>(rng() % kHandles);
       const int op = static_cast<int>(rng() % 10);
-      SCOPED_TRACE(testing::Message() << "step " << step << " op " << op << " handle " << h);
+      SCOPED_TRACE(::testing::Message() << "step " << step << " op " << op << " handle " << h);
       if (op < 5 && model_handles[h].status == HandleStatus::kEmpty) {
         const std::uint64_t n = rng() % 3 == 0 ? rng() % (kMaxRows + 1) : counts[rng() % 7];
         for (std::uint64_t i = 0; i < n * kRowBytes; ++i) src[i] = static_cast<std::uint8_t>(rng());
@@ -239,7 +235,7 @@ TEST_F(ArenaSimTest, PauseIsRefusedWithLivePagesAndReleasesAnIdleArena) {
 TEST_F(ArenaSimTest, PrepareRollsBackUnderInjectedFaultsAndCanBeRetried) {
   for (DriverOp op : {DriverOp::kCreateChunk, DriverOp::kMap, DriverOp::kHostAlloc, DriverOp::kSynchronizeStream}) {
     for (int nth = 1; nth <= 4; ++nth) {
-      SCOPED_TRACE(testing::Message() << "op " << static_cast<int>(op) << " nth " << nth);
+      SCOPED_TRACE(::testing::Message() << "op " << static_cast<int>(op) << " nth " << nth);
       arena_ = *StashArena::Create(sim_.get(), alloc_.get(), StashArenaSpec{kRowBytes, kP, "stash"});
       ASSERT_TRUE(alloc_->EmptyCache().ok());
       const std::size_t before = sim_->UsedBytes(0);

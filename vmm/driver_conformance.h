@@ -3,32 +3,21 @@
 // Instantiated for SimDriver in vmm/sim_driver_conformance_test.cc (CI) and for CudaDriver
 // in tests/gpu/cuda_driver_conformance_test.cc (label/tag `gpu`), so the simulator is held
 // to what the hardware does. Each case runs on a fresh driver and ends with its leak check.
+// The parameter, DriverFactory, is vmm/driver_under_test.h.
 //
 //   INSTANTIATE_TEST_SUITE_P(Sim, DriverConformanceTest,
 //                            ::testing::Values(DriverFactory{"sim", MakeSim, false}));
 #ifndef VMSTASH_VMM_DRIVER_CONFORMANCE_H_
 #define VMSTASH_VMM_DRIVER_CONFORMANCE_H_
 
-#include <functional>
+#include <cstddef>
 #include <memory>
-#include <ostream>
-#include <string>
 
-#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "vmm/driver.h"
+#include "vmm/driver_under_test.h"
 
 namespace vmstash {
-
-struct DriverFactory {
-  std::string name;
-  std::function<absl::StatusOr<std::unique_ptr<Driver>>()> make;
-  // When false, a driver that cannot be created (Unavailable: no GPU here) skips the
-  // case; when true, that is a failure (the GPU run sets it).
-  bool required = true;
-};
-
-inline std::ostream& operator<<(std::ostream& os, const DriverFactory& f) { return os << f.name; }
 
 class DriverConformanceTest : public ::testing::TestWithParam<DriverFactory> {
  protected:

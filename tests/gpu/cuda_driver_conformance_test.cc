@@ -1,15 +1,14 @@
 // The driver conformance suite (vmm/driver_conformance.h) on CudaDriver, plus kernel
 // access to VMM memory across a pause/resume at the same address. Label/tag `gpu`.
 // With VMSTASH_TEST_REQUIRE_GPU=1 (the GPU run sets it) a missing GPU is a failure;
-// otherwise these cases skip on machines without one.
-#include <cstdlib>
-#include <cstring>
+// otherwise these cases skip on machines without one (tests/gpu/cuda_factory.h).
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/gpu/cuda_factory.h"
 #include "tests/gpu/pattern_kernels.h"
 #include "vmm/chunk.h"
-#include "vmm/cuda_driver.h"
 #include "vmm/driver_conformance.h"
 #include "vmm/mapping.h"
 #include "vmm/pinned_host_buffer.h"
@@ -18,20 +17,8 @@
 namespace vmstash {
 namespace {
 
-bool GpuRequired() {
-  const char* v = std::getenv("VMSTASH_TEST_REQUIRE_GPU");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
-absl::StatusOr<std::unique_ptr<Driver>> MakeCuda() {
-  absl::StatusOr<std::unique_ptr<CudaDriver>> d = CudaDriver::Create();
-  if (!d.ok()) return d.status();
-  return std::unique_ptr<Driver>(std::move(d).value());
-}
-
-INSTANTIATE_TEST_SUITE_P(Cuda, DriverConformanceTest,
-                         ::testing::Values(DriverFactory{"cuda", MakeCuda, GpuRequired()}),
-                         [](const ::testing::TestParamInfo<DriverFactory>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cuda, DriverConformanceTest, ::testing::Values(testing::CudaDriverFactory()),
+                         testing::FactoryName);
 
 class CudaKernelAccessTest : public DriverConformanceTest {};
 
@@ -79,9 +66,8 @@ TEST_P(CudaKernelAccessTest, KernelsSeeRestoredBytesAtTheSameAddress) {
   ASSERT_TRUE(d.DestroyStream(0, s).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, CudaKernelAccessTest,
-                         ::testing::Values(DriverFactory{"cuda", MakeCuda, GpuRequired()}),
-                         [](const ::testing::TestParamInfo<DriverFactory>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Cuda, CudaKernelAccessTest, ::testing::Values(testing::CudaDriverFactory()),
+                         testing::FactoryName);
 
 }  // namespace
 }  // namespace vmstash

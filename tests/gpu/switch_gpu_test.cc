@@ -10,21 +10,21 @@
 //     after the switches;
 //   - device free memory after a switch accounts for the incoming tags only.
 // With VMSTASH_TEST_REQUIRE_GPU=1 a missing GPU fails; otherwise the tests skip.
-#include <cstdlib>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
-#include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gtest/gtest.h"
+#include "tests/gpu/cuda_factory.h"
 #include "tests/gpu/graph_kernels.h"
 #include "tests/gpu/pattern_kernels.h"
-#include "vmm/cuda_driver.h"
 
 namespace vmstash {
 namespace {
 
 using Transition = CachingAllocator::Transition;
-constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 struct Region {
   DevicePtr address = 0;
@@ -45,24 +45,21 @@ std::uint64_t Mismatches(Driver& d, Stream s, DevicePtr counter, const std::vect
   return total;
 }
 
-TEST(SwitchGpuTest, HandedOverChunksKeepEveryByteAndGraphsReplay) {
-  absl::StatusOr<std::unique_ptr<CudaDriver>> d = CudaDriver::Create();
-  if (!d.ok() || *(*d)->DeviceCount() == 0) {
-    const char* req = std::getenv("VMSTASH_TEST_REQUIRE_GPU");
-    if (req != nullptr && std::strcmp(req, "1") == 0) FAIL() << "no GPU";
-    GTEST_SKIP() << "no GPU";
-  }
-  std::unique_ptr<CudaDriver> driver = *std::move(d);
+class SwitchGpuTest : public testing::DriverAllocatorTest {};
+
+TEST_P(SwitchGpuTest, HandedOverChunksKeepEveryByteAndGraphsReplay) {
   AllocatorOptions options;
   options.auto_prepare = false;
-  auto alloc = *CachingAllocator::Create(driver.get(), 0, options);
+  MakeAllocator(options);
+  Driver* driver = driver_.get();
+  CachingAllocator* alloc = alloc_.get();
   const TagId weights = *InternTag("gpu_sw_weights"), kv = *InternTag("gpu_sw_kv");
   const TagId opt = *InternTag("gpu_sw_optimizer"), act = *InternTag("gpu_sw_activations");
   ASSERT_TRUE(alloc->CreateTag(weights, Policy::kBackup).ok());
   ASSERT_TRUE(alloc->CreateTag(kv, Policy::kDiscard).ok());
   ASSERT_TRUE(alloc->CreateTag(opt, Policy::kBackup).ok());
   ASSERT_TRUE(alloc->CreateTag(act, Policy::kDiscard).ok());
-  Stream s = *driver->CreateStream(0);
+  Stream s = NewStream();
   DevicePtr counter = *alloc->Allocate(8, nullptr, kDefaultTag);
   auto fill = [&](TagId tag, std::size_t bytes, int blocks, std::uint32_t seed) {
     std::vector<Region> out;
@@ -128,11 +125,10 @@ TEST(SwitchGpuTest, HandedOverChunksKeepEveryByteAndGraphsReplay) {
   }
   ASSERT_TRUE(alloc->Free(out).ok());
   ASSERT_TRUE(alloc->Free(counter).ok());
-  alloc.reset();
-  ASSERT_TRUE(driver->DestroyStream(0, s).ok());
-  absl::Status leaks = driver->CheckNoLeaks();
-  EXPECT_TRUE(leaks.ok()) << leaks;
+  // TearDown destroys the allocator, then the stream, then checks for leaks.
 }
+
+INSTANTIATE_TEST_SUITE_P(Cuda, SwitchGpuTest, ::testing::Values(testing::CudaDriverFactory()), testing::FactoryName);
 
 }  // namespace
 }  // namespace vmstash

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/replay/caching_allocator_target.h"
@@ -14,7 +15,6 @@ namespace vmstash {
 namespace {
 
 using ::testing::HasSubstr;
-constexpr std::uint64_t kMiB = 1 << 20;
 
 TEST(TraceTest, ParseErrorsNameTheLine) {
   EXPECT_TRUE(ParseTraceCsv("# comment\n\na,1,512,0\nf,1\n").ok());
