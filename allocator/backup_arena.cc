@@ -1,5 +1,6 @@
 #include "allocator/backup_arena.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -10,7 +11,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,14 +61,109 @@ std::string FileSizeLimit() {
   return absl::StrCat("; the process's file size limit (RLIMIT_FSIZE, `ulimit -f`) is ", limit.rlim_cur, " bytes");
 }
 
+// --- Note [Disk Backup Files]: names, the sweep, the exit handler --------------------------
+
+constexpr char kFilePrefix[] = "vmstash-tms-";
+
+// The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot),
+// or 0 when it cannot be read.
+unsigned long long StartTime(long pid) {
+  char path[64];
+  std::snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+  std::FILE* f = std::fopen(path, "re");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  const std::size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (p == nullptr) return 0;
+  // After ")": field 3 (state) ... field 22 (starttime): skip 19 fields.
+  for (int field = 3; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  return p != nullptr ? std::strtoull(p + 1, nullptr, 10) : 0;
+}
+
+unsigned long long OwnStartTime() {
+  static const unsigned long long start = StartTime(static_cast<long>(getpid()));
+  return start;
+}
+
+// "vmstash-tms-<pid>-<start>-": this process's file name prefix.
+std::string OwnFilePrefix() {
+  return absl::StrCat(kFilePrefix, static_cast<long>(getpid()), "-", OwnStartTime(), "-");
+}
+
+// True for a file of the pattern whose process is gone: its pid is not alive, or is alive
+// with another start time (the pid was reused). False for other names and live owners.
+bool IsStaleFile(const char* name) {
+  if (std::strncmp(name, kFilePrefix, sizeof(kFilePrefix) - 1) != 0) return false;
+  char* end = nullptr;
+  const long pid = std::strtol(name + sizeof(kFilePrefix) - 1, &end, 10);
+  if (end == nullptr || *end != '-' || pid <= 0) return false;
+  const unsigned long long start = std::strtoull(end + 1, &end, 10);
+  if (end == nullptr || *end != '-') return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  const unsigned long long now = StartTime(pid);
+  return now != 0 && start != 0 && now != start;
+}
+
+// Removes the stale files of `directory` (Note [Disk Backup Files]); errors are ignored (a
+// file another process removed first, a directory we may not list).
+void SweepStaleFiles(const std::string& directory) {
+  DIR* dir = opendir(directory.c_str());
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    if (IsStaleFile(e->d_name)) {
+      const std::string path = absl::StrCat(directory, "/", e->d_name);
+      if (unlink(path.c_str()) == 0) VMSTASH_LOG(kInfo, "vmstash: removed the stale disk backup file '{}'", path);
+    }
+  }
+  closedir(dir);
+}
+
+// This process's visible backup files, unlinked at exit if still there (a process that
+// ends with a tag paused). Leaked on purpose: the handler may run after static destructors.
+std::mutex& FilesMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::set<std::string>& LiveFiles() {
+  static auto* files = new std::set<std::string>;
+  return *files;
+}
+void UnlinkLiveFilesAtExit() {
+  std::lock_guard<std::mutex> lock(FilesMu());
+  for (const std::string& path : LiveFiles()) unlink(path.c_str());
+  LiveFiles().clear();
+}
+void NoteLiveFile(const std::string& path, bool live) {
+  static const bool registered = [] { return std::atexit(UnlinkLiveFilesAtExit) == 0; }();
+  (void)registered;
+  std::lock_guard<std::mutex> lock(FilesMu());
+  if (live) {
+    LiveFiles().insert(path);
+  } else {
+    LiveFiles().erase(path);
+  }
+}
+
+// The error of a failed file creation in `directory` (errno `err`).
+absl::Status CreateFileError(const std::string& directory, int err) {
+  std::string what = absl::StrCat("disk backup directory '", directory, "': cannot create a file: ", Errno(err));
+  if (err == ENOENT || err == ENOTDIR) return absl::NotFoundError(what);
+  if (IsNoRoom(err) || err == EMFILE || err == ENFILE) return absl::ResourceExhaustedError(what);
+  return absl::FailedPreconditionError(what);
+}
+
 }  // namespace
 
 absl::StatusOr<BackupStore::Kind> ParseBackupStoreKind(absl::string_view text) {
   if (text == "pinned") return BackupStore::Kind::kPinned;
   if (text == "pageable") return BackupStore::Kind::kPageable;
   if (text == "disk") return BackupStore::Kind::kDisk;
+  if (text == "disk_files") return BackupStore::Kind::kDiskFiles;
   return absl::InvalidArgumentError(
-      absl::StrCat("backup store '", text, "' is not one of pinned, pageable, disk"));
+      absl::StrCat("backup store '", text, "' is not one of pinned, pageable, disk, disk_files"));
 }
 
 absl::string_view BackupStoreKindName(BackupStore::Kind kind) {
@@ -71,22 +171,26 @@ absl::string_view BackupStoreKindName(BackupStore::Kind kind) {
     case BackupStore::Kind::kPinned: return "pinned";
     case BackupStore::Kind::kPageable: return "pageable";
     case BackupStore::Kind::kDisk: return "disk";
+    case BackupStore::Kind::kDiskFiles: return "disk_files";
   }
   return "?";
 }
 
 std::string DescribeBackupStore(const BackupStore& store) {
-  if (store.kind != BackupStore::Kind::kDisk) return std::string(BackupStoreKindName(store.kind));
-  return absl::StrCat("disk:", store.directory);
+  if (!store.on_disk()) return std::string(BackupStoreKindName(store.kind));
+  return absl::StrCat(BackupStoreKindName(store.kind), ":", store.directory);
 }
 
 absl::Status CheckBackupStore(const BackupStore& store) {
-  if (store.kind != BackupStore::Kind::kDisk) {
+  if (!store.on_disk()) {
     if (store.directory.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("backup store ", BackupStoreKindName(store.kind),
                                                    " takes no directory (got '", store.directory, "')"));
   }
-  if (store.directory.empty()) return absl::InvalidArgumentError("backup store disk needs a directory");
+  if (store.directory.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("backup store ", BackupStoreKindName(store.kind),
+                                                   " needs a directory"));
+  }
   struct stat st;
   if (stat(store.directory.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("disk backup directory '", store.directory, "': ", Errno(errno)));
@@ -103,6 +207,7 @@ BackupArena::~BackupArena() {
 }
 
 absl::Status BackupArena::Reserve(std::size_t size_bytes) {
+  if (store_.kind == BackupStore::Kind::kDiskFiles) return absl::OkStatus();  // see ReserveLayout
   if (size_bytes <= capacity_bytes_) return absl::OkStatus();
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
   VMSTASH_RETURN_IF_ERROR(Release());
@@ -123,9 +228,16 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
     case BackupStore::Kind::kDisk:
       VMSTASH_RETURN_IF_ERROR(ReserveDisk(want));
       break;
+    case BackupStore::Kind::kDiskFiles:
+      return absl::OkStatus();  // Note [Disk Backup Files]: nothing to make ahead
   }
   capacity_bytes_ = want;
   return absl::OkStatus();
+}
+
+absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
+  if (store_.kind != BackupStore::Kind::kDiskFiles) return Reserve(size_bytes);
+  return ReserveFiles(size_bytes, piece_bytes);
 }
 
 absl::Status BackupArena::ReserveDisk(std::size_t want) {
@@ -163,6 +275,7 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
 }
 
 absl::Status BackupArena::Release() {
+  if (store_.kind == BackupStore::Kind::kDiskFiles) return ReleaseFiles();
   if (store_.kind == BackupStore::Kind::kPinned) {
     if (pinned_.valid()) VMSTASH_RETURN_IF_ERROR(pinned_.Release());
   } else if (mapped_ != nullptr) {
@@ -181,68 +294,92 @@ absl::Status BackupArena::Release() {
 }
 
 absl::Status BackupArena::Seal() {
-  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr) return absl::OkStatus();
+  if (!store_.on_disk() || mapped_ == nullptr) return absl::OkStatus();
   if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
     const int err = errno;
-    std::string what = absl::StrCat("disk backup file '", path_, "' (unlinked): writing ", capacity_bytes_,
-                                    " bytes back failed: ", Errno(err));
+    std::string what = absl::StrCat(FileWhat(), ": writing ", capacity_bytes_, " bytes back failed: ", Errno(err));
     return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
   }
-  DropContents();
+  DropPages();
   return absl::OkStatus();
+}
+
+std::string BackupArena::FileWhat() const {
+  if (store_.kind == BackupStore::Kind::kDisk) return absl::StrCat("disk backup file '", path_, "' (unlinked)");
+  return absl::StrCat("disk backup files in '", store_.directory, "'");
 }
 
 // Note [Disk Backup]: every page of the file read in, or an error instead of a SIGBUS.
 absl::Status BackupArena::Load(std::size_t offset, std::size_t size_bytes) {
-  if (store_.kind != BackupStore::Kind::kDisk || mapped_ == nullptr || size_bytes == 0) return absl::OkStatus();
+  if (!store_.on_disk() || mapped_ == nullptr || size_bytes == 0) return absl::OkStatus();
   if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
-    return absl::InvalidArgumentError(absl::StrCat("disk backup file '", path_, "': bytes ", offset, "+", size_bytes,
+    return absl::InvalidArgumentError(absl::StrCat(FileWhat(), ": bytes ", offset, "+", size_bytes,
                                                    " lie outside its ", capacity_bytes_, " bytes"));
   }
   // Whole pages around the range (the mapping is page-aligned, its size a page multiple).
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t begin = offset / page * page;
   const std::size_t end = std::min(capacity_bytes_, (offset + size_bytes + page - 1) / page * page);
-  struct stat st;
-  if (fstat(fd_, &st) != 0) {
-    return absl::DataLossError(
-        absl::StrCat("disk backup file '", path_, "' (unlinked): cannot stat it: ", Errno(errno)));
-  }
-  if (static_cast<std::size_t>(st.st_size) < capacity_bytes_) {
-    return absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked) is ", st.st_size,
-                                            " bytes, ", capacity_bytes_,
-                                            " expected: it was shortened while the tag was paused"));
-  }
+  VMSTASH_RETURN_IF_ERROR(CheckFileSizes(begin, end));
   absl::Status status;
   if (madvise(static_cast<char*>(mapped_) + begin, end - begin, MADV_POPULATE_READ) != 0) {
     const int err = errno;
     if (err == EINVAL) {
       status = ReadFileThrough(begin, end);
     } else {
-      status = absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading ",
-                                                end - begin, " bytes back failed: ", Errno(err)));
+      status = absl::DataLossError(
+          absl::StrCat(FileWhat(), ": reading ", end - begin, " bytes back failed: ", Errno(err)));
     }
   }
-  if (!status.ok()) DropContents();
+  if (!status.ok()) DropPages();
   return status;
+}
+
+absl::Status BackupArena::CheckFileSizes(std::size_t begin, std::size_t end) const {
+  auto check = [&](int fd, const std::string& what, std::size_t expected) -> absl::Status {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return absl::DataLossError(absl::StrCat(what, ": cannot stat it: ", Errno(errno)));
+    if (static_cast<std::size_t>(st.st_size) < expected) {
+      return absl::DataLossError(absl::StrCat(what, " is ", st.st_size, " bytes, ", expected,
+                                              " expected: it was shortened while the tag was paused"));
+    }
+    return absl::OkStatus();
+  };
+  if (store_.kind == BackupStore::Kind::kDisk) return check(fd_, FileWhat(), capacity_bytes_);
+  for (const File& f : files_) {
+    if (f.offset >= end || f.offset + f.size_bytes <= begin) continue;
+    VMSTASH_RETURN_IF_ERROR(check(f.fd, absl::StrCat("disk backup file '", f.path, "'"), f.size_bytes));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BackupArena::ReadFileThrough(std::size_t begin, std::size_t end) {
   constexpr std::size_t kStep = std::size_t{1} << 20;
   std::vector<char> buffer(kStep);
-  for (std::size_t at = begin; at < end;) {
-    const ssize_t n = pread(fd_, buffer.data(), std::min(kStep, end - at), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return absl::DataLossError(absl::StrCat("disk backup file '", path_, "' (unlinked): reading at byte ", at,
-                                              " failed: ", n == 0 ? "end of file" : Errno(errno)));
+  // (fd, file offset of arena byte 0 of that file, the file's arena range, its name)
+  auto read = [&](int fd, std::size_t file_begin, std::size_t from, std::size_t to,
+                  const std::string& what) -> absl::Status {
+    for (std::size_t at = from; at < to;) {
+      const ssize_t n = pread(fd, buffer.data(), std::min(kStep, to - at), static_cast<off_t>(at - file_begin));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        return absl::DataLossError(absl::StrCat(what, ": reading at byte ", at - file_begin, " failed: ",
+                                                n == 0 ? "end of file" : Errno(errno)));
+      }
+      at += static_cast<std::size_t>(n);
     }
-    at += static_cast<std::size_t>(n);
+    return absl::OkStatus();
+  };
+  if (store_.kind == BackupStore::Kind::kDisk) return read(fd_, 0, begin, end, FileWhat());
+  for (const File& f : files_) {
+    const std::size_t from = std::max(begin, f.offset), to = std::min(end, f.offset + f.size_bytes);
+    if (from >= to) continue;
+    VMSTASH_RETURN_IF_ERROR(read(f.fd, f.offset, from, to, absl::StrCat("disk backup file '", f.path, "'")));
   }
   return absl::OkStatus();
 }
 
-void BackupArena::DropContents() {
+void BackupArena::DropPages() {
   if (mapped_ == nullptr) return;
   if (store_.kind == BackupStore::Kind::kPageable) {
     madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
@@ -250,7 +387,103 @@ void BackupArena::DropContents() {
     // Clean shared pages: dropping them loses nothing (the file has the bytes).
     madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
     posix_fadvise(fd_, 0, static_cast<off_t>(capacity_bytes_), POSIX_FADV_DONTNEED);
+  } else if (store_.kind == BackupStore::Kind::kDiskFiles) {
+    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
+    for (const File& f : files_) posix_fadvise(f.fd, 0, static_cast<off_t>(f.size_bytes), POSIX_FADV_DONTNEED);
   }
+}
+
+void BackupArena::DropContents() {
+  if (store_.kind != BackupStore::Kind::kDiskFiles) {
+    DropPages();
+    return;
+  }
+  absl::Status s = ReleaseFiles();  // Note [Disk Backup Files]: removed once not needed
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: removing the disk backup files in '{}': {}", store_.directory, s.ToString());
+}
+
+std::vector<std::string> BackupArena::FilePaths() const {
+  std::vector<std::string> out;
+  for (const File& f : files_) out.push_back(f.path);
+  return out;
+}
+
+// Note [Disk Backup Files]: one file per piece, mapped side by side into one range.
+absl::Status BackupArena::ReserveFiles(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
+  VMSTASH_RETURN_IF_ERROR(ReleaseFiles());
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store_));
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::size_t total = 0;
+  for (std::size_t n : piece_bytes) {
+    if (n == 0 || n % page != 0) {
+      return absl::InternalError(absl::StrCat("disk backup files: a piece of ", n, " bytes is not a page multiple"));
+    }
+    total += n;
+  }
+  if (total != size_bytes || total == 0) {
+    return absl::InternalError(absl::StrCat("disk backup files: pieces of ", total, " bytes for an arena of ",
+                                            size_bytes));
+  }
+  SweepStaleFiles(store_.directory);
+  void* base = mmap(nullptr, total, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    return absl::ResourceExhaustedError(absl::StrCat("disk backup files: reserving ", total,
+                                                     " bytes of address space failed: ", Errno(errno)));
+  }
+  mapped_ = base;
+  capacity_bytes_ = total;
+  const std::string prefix = absl::StrCat(store_.directory, "/", OwnFilePrefix());
+  std::size_t offset = 0;
+  for (std::size_t n : piece_bytes) {
+    absl::Status made = AddFile(prefix, offset, n);
+    if (!made.ok()) {
+      absl::Status undo = ReleaseFiles();
+      if (!undo.ok()) VMSTASH_LOG(kError, "vmstash: {}", undo.ToString());
+      return made;
+    }
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BackupArena::AddFile(const std::string& prefix, std::size_t offset, std::size_t size_bytes) {
+  std::vector<char> name(prefix.begin(), prefix.end());
+  const char suffix[] = "XXXXXX";
+  name.insert(name.end(), suffix, suffix + sizeof(suffix));  // with the terminating NUL
+  const int fd = mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) return CreateFileError(store_.directory, errno);
+  File file{fd, std::string(name.data()), offset, size_bytes};
+  NoteLiveFile(file.path, true);
+  files_.push_back(file);  // from here on ReleaseFiles removes it
+  if (const int err = GrowFileWithoutSignal(fd, static_cast<off_t>(size_bytes)); err != 0) {
+    std::string what = absl::StrCat("disk backup file '", file.path, "' has no room for ", size_bytes, " bytes: ",
+                                    Errno(err), err == EFBIG ? FileSizeLimit() : "");
+    return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::FailedPreconditionError(what);
+  }
+  void* at = static_cast<char*>(mapped_) + offset;
+  if (mmap(at, size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("disk backup file '", file.path, "': mmap of ", size_bytes, " bytes failed: ", Errno(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BackupArena::ReleaseFiles() {
+  absl::Status status;
+  if (mapped_ != nullptr && munmap(mapped_, capacity_bytes_) != 0) {
+    status = absl::InternalError(absl::StrCat("disk backup files: munmap failed: ", Errno(errno)));
+  }
+  mapped_ = nullptr;
+  capacity_bytes_ = 0;
+  for (const File& f : files_) {
+    close(f.fd);
+    if (unlink(f.path.c_str()) != 0 && errno != ENOENT && status.ok()) {
+      status = absl::InternalError(absl::StrCat("disk backup file '", f.path, "': unlink failed: ", Errno(errno)));
+    }
+    NoteLiveFile(f.path, false);
+  }
+  files_.clear();
+  return status;
 }
 
 }  // namespace vmstash

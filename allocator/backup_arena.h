@@ -47,6 +47,26 @@
 //   failing to read again (a disk failing inside that window), or a file truncated
 //   after Load() by a writer other than vmstash.
 //
+// Note [Disk Backup Files]
+//   DiskFiles ("disk_files", torch_memory_saver's layout, used by its drop-in): while a
+//   tag is paused, each live block with backed-up bytes has its own visible file in the
+//   directory, named vmstash-tms-<pid>-<start>-XXXXXX (<start>: the process's start time
+//   in clock ticks, /proc/<pid>/stat, so that a reused pid is told apart). ReserveLayout()
+//   makes them at each pause, one per piece of the pause's layout (transition_plan.h,
+//   BackupPieceBytes), and maps them side by side into one reserved address range, so
+//   data() is one contiguous arena as for the other stores; the writes, Seal(), Load()
+//   and the errors are those of Note [Disk Backup] (a full disk or a missing directory
+//   fails the pause before the device is touched; the files stay open, so removing them
+//   loses nothing). The files are removed when the tag resumes (DropContents), when the
+//   pause fails (the pause executors call DropContents on their failure path: a failed
+//   pause leaves nothing behind), when the arena is released, and — for a process that
+//   ends with a tag paused — at exit (an atexit handler unlinks this process's files).
+//   A process that dies without running it leaves its files; each ReserveLayout() first
+//   sweeps the directory: a file of this pattern whose pid is not alive, or alive with
+//   another start time, is removed. Files of live processes (this one's included) stay.
+//   Prepare() does nothing for this store (the files are per pause); costs one open file
+//   descriptor per file while paused.
+//
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back.
 //
@@ -57,6 +77,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -68,17 +89,20 @@ namespace vmstash {
 
 // Where a `backup` tag's paused bytes go.
 struct BackupStore {
-  enum class Kind { kPinned, kPageable, kDisk };
+  enum class Kind { kPinned, kPageable, kDisk, kDiskFiles };
   Kind kind = Kind::kPinned;
-  std::string directory;  // kDisk only: an existing directory
+  std::string directory;  // kDisk and kDiskFiles only: an existing directory
+
+  bool on_disk() const { return kind == Kind::kDisk || kind == Kind::kDiskFiles; }
 
   bool operator==(const BackupStore& o) const { return kind == o.kind && directory == o.directory; }
   bool operator!=(const BackupStore& o) const { return !(*this == o); }
 };
-// "pinned" | "pageable" | "disk"; InvalidArgument otherwise.
+// "pinned" | "pageable" | "disk" | "disk_files"; InvalidArgument otherwise.
 absl::StatusOr<BackupStore::Kind> ParseBackupStoreKind(absl::string_view text);
 absl::string_view BackupStoreKindName(BackupStore::Kind kind);
-// A store as a user would write it: "pinned", "pageable" or "disk:<directory>".
+// A store as a user would write it: "pinned", "pageable", "disk:<directory>" or
+// "disk_files:<directory>".
 std::string DescribeBackupStore(const BackupStore& store);
 // OK, or InvalidArgument (a directory given for a host store, or none for disk) / NotFound
 // (the directory does not exist or is not a directory).
@@ -93,8 +117,14 @@ class BackupArena {
   BackupArena& operator=(const BackupArena&) = delete;
 
   // Capacity >= size_bytes (rounded up to 2 MiB). ResourceExhausted when the host (or the
-  // disk) refuses; NotFound for a disk store whose directory is missing.
+  // disk) refuses; NotFound for a disk store whose directory is missing. A no-op for
+  // kDiskFiles (its files are made per pause, by ReserveLayout).
   absl::Status Reserve(std::size_t size_bytes);
+  // A pause's reservation: `piece_bytes` (BackupPieceBytes of its layout, page multiples
+  // adding up to size_bytes) are the backed-up bytes of each block in arena order. For
+  // kDiskFiles, one file per piece (Note [Disk Backup Files]), replacing any files the
+  // arena had; for the other stores Reserve(size_bytes).
+  absl::Status ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
   absl::Status Release();
   // After the pause's copies completed: a disk arena is written back and its pages
   // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
@@ -106,9 +136,12 @@ class BackupArena {
   // range is read (a prepared arena may be far larger than what a pause used).
   // InvalidArgument for a range outside the arena. No-op for the host stores.
   absl::Status Load(std::size_t offset, std::size_t size_bytes);
-  // After a resume: pageable and disk arenas give their pages back to the OS (a pageable
-  // arena's contents are lost; a disk arena's stay in the file). No-op when pinned.
+  // After a resume (and after a failed pause): pageable and disk arenas give their pages
+  // back to the OS (a pageable arena's contents are lost; a disk arena's stay in the
+  // file); a disk-files arena is released, its files removed. No-op when pinned.
   void DropContents();
+  // The files of a kDiskFiles arena (their paths), for tests and messages.
+  std::vector<std::string> FilePaths() const;
 
   char* data() const { return static_cast<char*>(store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : mapped_); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
@@ -116,7 +149,26 @@ class BackupArena {
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
-  absl::Status ReadFileThrough(std::size_t begin, std::size_t end);  // Load() without MADV_POPULATE_READ
+  absl::Status ReserveFiles(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
+  // One more file of `size_bytes` at arena `offset`, named `prefix` + XXXXXX, mapped there.
+  absl::Status AddFile(const std::string& prefix, std::size_t offset, std::size_t size_bytes);
+  absl::Status ReleaseFiles();
+  // "disk backup file '<path>' (unlinked)" or "disk backup files in '<directory>'".
+  std::string FileWhat() const;
+  // Load() without MADV_POPULATE_READ: reads [begin, end) of the arena from its file(s).
+  absl::Status ReadFileThrough(std::size_t begin, std::size_t end);
+  // Load()'s check that the file(s) holding [begin, end) still have their size.
+  absl::Status CheckFileSizes(std::size_t begin, std::size_t end) const;
+  // Gives the mapped pages back (pageable: the contents too; disk: they stay in the file).
+  void DropPages();
+
+  // One file of a kDiskFiles arena: its bytes are [offset, offset + size_bytes) of the arena.
+  struct File {
+    int fd = -1;
+    std::string path;
+    std::size_t offset = 0;
+    std::size_t size_bytes = 0;
+  };
 
   Driver* const driver_;
   const int device_;
@@ -125,6 +177,7 @@ class BackupArena {
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
   std::string path_;        // disk store: the (unlinked) file's name, for messages
+  std::vector<File> files_;  // disk-files store, in arena order
   std::size_t capacity_bytes_ = 0;
 };
 

@@ -356,6 +356,8 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
   if (ptr == 0) return absl::OkStatus();
   for (;;) {
     Mutex* wait_for = nullptr;
+    TagPool* orphaned = nullptr;  // Note [Retained Backups]: its arena goes with its last backed-up block
+    absl::Status freed_status;
     {
       MutexLock lock(&mu_);
       auto it = live_.find(ptr);  // the one lookup of the free path
@@ -378,9 +380,17 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
       if (!pool->busy()) {
         Block* block = it->second;
         live_.erase(it);
-        return FreeBlockLocked(pool, block);
+        if (pool->DropBackupOf(block)) orphaned = pool;
+        freed_status = FreeBlockLocked(pool, block);
+      } else {
+        wait_for = pool->transition_mu();
       }
-      wait_for = pool->transition_mu();
+    }
+    if (wait_for == nullptr) {
+      // Pools are never destroyed while they hold an arena (TagPool::Empty), so `orphaned`
+      // outlives the owner's mu.
+      if (orphaned != nullptr) orphaned->ReleaseOrphanedArena(&mu_);
+      return freed_status;
     }
     MutexLock wait(wait_for);  // the pause or resume of the block's tag finishes first
   }
@@ -388,14 +398,9 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
 
 absl::Status CachingAllocator::FreeBlockLocked(TagPool* pool, Block* block) {
   Heap* heap = block->heap;
-  TagStats& s = pool->stats();
   if (pool->state() == TagState::kPaused) {
-    // Its bytes were released with the pause; its backup bytes are dropped.
-    auto found = pool->backup_extents().find(block);
-    if (found != pool->backup_extents().end()) {
-      for (const BackupExtent& e : found->second) s.backed_up_bytes -= static_cast<std::int64_t>(e.size_bytes);
-      pool->backup_extents().erase(found);
-    }
+    // Its bytes were released with the pause; its backup bytes are dropped (the caller's
+    // TagPool::DropBackupOf, which also drops a retained backup of an active tag).
     block->other_streams.clear();
   }
   pool->NoteFreed(block->size_bytes, block->requested_bytes);
@@ -642,6 +647,16 @@ absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& stor
   return pool->SetStore(store, &mu_, &dropped);
 }
 
+absl::Status CachingAllocator::SetBackupRetention(TagId tag, BackupRetention retention) {
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_retention"));
+  }
+  pool->SetRetention(retention, &mu_);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<BackupStore> CachingAllocator::TagBackupStore(TagId tag) const {
   MutexLock lock(&mu_);
   VMSTASH_ASSIGN_OR_RETURN(const TagPool* pool, FindPoolLocked(tag, "backup store"));
@@ -658,14 +673,19 @@ absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
   {
     MutexLock lock(&mu_);
     for (auto& pool : pools_) {
-      if (pool != nullptr && pool->state() == TagState::kPaused && pool->backup()) paused.push_back(pool.get());
+      // Paused backups, and the backups an active tag retained (Note [Retained Backups]).
+      if (pool != nullptr && pool->backup() &&
+          (pool->state() == TagState::kPaused || (pool->state() == TagState::kActive && pool->has_retained()))) {
+        paused.push_back(pool.get());
+      }
     }
   }
   for (TagPool* pool : paused) {
     VMSTASH_ASSIGN_OR_RETURN(bool found, pool->WithBackup(ptr, size_bytes, &mu_, use));
     if (found) return absl::OkStatus();
   }
-  return absl::NotFoundError(absl::StrCat("no paused backup holds ", size_bytes, " bytes at ", Hex(ptr)));
+  return absl::NotFoundError(
+      absl::StrCat("no paused (or retained) backup holds ", size_bytes, " bytes at ", Hex(ptr)));
 }
 
 absl::Status CachingAllocator::ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst) {

@@ -177,12 +177,13 @@ class CachingAllocator : private TransitionHost {
   // the paused bytes and is never touched) or a discard tag.
   absl::Status Prepare(TagId tag, std::size_t bytes = 0);
   // Copies `size_bytes` at `ptr` — inside a live block of a paused `backup` tag, within
-  // its backed-up bytes — from the backup arena to host memory `dst`. InvalidArgument
-  // when the range wraps the address space; NotFound when no paused backup holds it.
+  // its backed-up bytes, or of an active one that retained them (Note [Retained Backups])
+  // — from the backup arena to host memory `dst`. InvalidArgument when the range wraps
+  // the address space; NotFound when no paused (or retained) backup holds it.
   absl::Status ReadBackup(DevicePtr ptr, std::size_t size_bytes, void* dst);
   // Where ReadBackup would read from: the host address of those backed-up bytes, valid
-  // until the tag is resumed (or its backup released); the caller keeps them paused
-  // while it reads. Same errors as ReadBackup.
+  // until the tag is resumed (a retained backup: paused again), or its backup released;
+  // the caller keeps them paused while it reads. Same errors as ReadBackup.
   absl::StatusOr<const void*> BackupAddress(DevicePtr ptr, std::size_t size_bytes);
   // Refuse to map new memory when the device's free memory would drop below `bytes`
   // (0: no margin; the allocation then fails like an OOM, after the OOM ladder).
@@ -201,6 +202,9 @@ class CachingAllocator : private TransitionHost {
   // missing; InvalidArgument for a malformed store.
   absl::Status SetBackupStore(TagId tag, const BackupStore& store);
   absl::StatusOr<BackupStore> TagBackupStore(TagId tag) const;
+  // What the tag's arena does after a resume (Note [Retained Backups] in tag_pool.h).
+  // NotFound when the tag has no pool here.
+  absl::Status SetBackupRetention(TagId tag, BackupRetention retention);
   // Callbacks for one tag, run without allocator locks (only the tag's control lock, see
   // Note [Pause/Resume Protocol]): before_pause may veto the pause by returning an error;
   // after_resume errors are returned by Resume and Switch (the tags are resumed: the

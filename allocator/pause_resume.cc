@@ -98,11 +98,19 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
   }
   const std::vector<PauseStage> stages = PlanPauseStages(layout, chunks, host_->options().pause_stage_bytes);
 
-  // Everything that can fail before the first copy: arena, stream, events.
+  // Everything that can fail before the first copy: arena, stream, events. A failure
+  // leaves nothing behind (a disk-files arena's files are removed: DropContents).
   BackupArena* const arena = pool_->EnsureArena();
-  VMSTASH_RETURN_IF_ERROR(arena->Reserve(layout.arena_bytes));
-  VMSTASH_ASSIGN_OR_RETURN(Stream stream, pool_->CopyStream());
-  VMSTASH_ASSIGN_OR_RETURN(std::vector<Event> * events, pool_->CopyEvents(stages.size()));
+  VMSTASH_RETURN_IF_ERROR(arena->ReserveLayout(layout.arena_bytes, BackupPieceBytes(layout)));
+  absl::StatusOr<Stream> made_stream = pool_->CopyStream();
+  absl::StatusOr<std::vector<Event>*> made_events =
+      made_stream.ok() ? pool_->CopyEvents(stages.size()) : absl::StatusOr<std::vector<Event>*>(made_stream.status());
+  if (!made_events.ok()) {
+    arena->DropContents();
+    return made_events.status();
+  }
+  const Stream stream = *made_stream;
+  std::vector<Event>* const events = *made_events;
 
   // All copies are queued at once, an event after each stage; while the copy engine works
   // on stage k, the chunks of the stages before it are unmapped (handles kept).
@@ -129,6 +137,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
     pool_->DrainCopyStream();
     *undo_error = pool_->RemapHeaps();
     *backed_up = 0;
+    arena->DropContents();  // a failed pause leaves nothing behind (Note [Disk Backup Files])
   }
   return status;
 }
@@ -217,7 +226,7 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
   }
   pool_->small()->CommitResume(std::move(small));
   pool_->large()->CommitResume(std::move(large));
-  if (pool_->arena() != nullptr) pool_->arena()->DropContents();
+  pool_->ArenaAfterResume();  // pages given back, unless retained (Note [Retained Backups])
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(host_->mu());
   VMSTASH_RETURN_IF_ERROR(pool_->NoteResumed(restored, ms));

@@ -137,7 +137,7 @@ absl::Status SwitchTransaction::PrepareBackups() {
   for (Out& o : out_) {
     if (!o.pool->backup() || o.layout.arena_bytes == 0) continue;
     o.pool->AssertTransitionHeld();
-    VMSTASH_RETURN_IF_ERROR(o.pool->EnsureArena()->Reserve(o.layout.arena_bytes));
+    VMSTASH_RETURN_IF_ERROR(o.pool->EnsureArena()->ReserveLayout(o.layout.arena_bytes, BackupPieceBytes(o.layout)));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();
@@ -353,7 +353,7 @@ void SwitchTransaction::Commit() {
     i.pool->small()->CommitResume(std::move(i.txn[0]));
     i.pool->large()->CommitResume(std::move(i.txn[1]));
     i.pool->AssertTransitionHeld();
-    if (i.pool->arena() != nullptr) i.pool->arena()->DropContents();
+    i.pool->ArenaAfterResume();  // pages given back, unless retained (Note [Retained Backups])
   }
   Mark(Step::kCommitted);
   // The incoming tags are still "resuming": nobody else allocates in them, frees their
@@ -371,6 +371,7 @@ void SwitchTransaction::Commit() {
     ++o.pool->stats().switches;
   }
   for (In& i : in_) {
+    i.pool->AssertTransitionHeld();
     absl::Status s = i.pool->NoteResumed(i.restored, ms);
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: switch commit: {}", s.ToString());
     host_->NoteReservedLocked(i.pool);

@@ -118,6 +118,7 @@ BackupArena* TagPool::EnsureArena() {
 }
 
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
+  retained_extents_.clear();  // the failed pause may have written over them (Note [Retained Backups])
   if (undo_error.ok()) {
     VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
     return cause;
@@ -150,10 +151,16 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
           absl::StrCat("prepare of tag '", name_, "' on device ", device_, ": the tag is ", TagStateName(state_),
                        " and its backup arena holds its bytes; prepare before pausing or after resuming"));
     }
+    if (background && !retained_extents_.empty()) return absl::OkStatus();  // Note [Retained Backups]
     if (want == 0) want = static_cast<std::size_t>(stats_.requested_bytes.current);
   }
   // Every live block rounds up to a page in the arena; leave room for that.
-  VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(want + want / 64 + kBackupAlignBytes));
+  const std::size_t need = want + want / 64 + kBackupAlignBytes;
+  if (arena_ != nullptr && need > arena_->capacity_bytes()) {
+    MutexLock lock(owner_mu);
+    retained_extents_.clear();  // the arena is replaced: what it retained is gone
+  }
+  VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(need));
   MutexLock lock(owner_mu);
   stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->capacity_bytes());
   return absl::OkStatus();
@@ -171,10 +178,61 @@ absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
   }
   if (arena_ != nullptr) VMSTASH_RETURN_IF_ERROR(arena_->Release());
   MutexLock lock(owner_mu);
+  retained_extents_.clear();
   stats_.backup_arena_bytes = 0;
   auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
   auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
   return absl::OkStatus();
+}
+
+bool TagPool::DropBackupOf(const Block* block) {
+  BackupExtents& extents = state_ == TagState::kPaused ? backup_extents_ : retained_extents_;
+  auto found = extents.find(block);
+  if (found == extents.end()) return false;
+  const bool had_bytes = !found->second.empty();
+  if (state_ == TagState::kPaused) {
+    for (const BackupExtent& e : found->second) stats_.backed_up_bytes -= static_cast<std::int64_t>(e.size_bytes);
+  }
+  extents.erase(found);
+  if (!had_bytes || HasBackedUpBytes(extents)) return false;
+  if (state_ != TagState::kPaused) retained_extents_.clear();
+  return retention_.release_with_blocks;
+}
+
+void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
+  if (!transition_mu_.TryLock()) return;  // a transition or backup request of the tag is running: it stays
+  {
+    MutexLock lock(owner_mu);
+    const bool orphaned = retention_.release_with_blocks && arena_ != nullptr &&
+                          (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_)
+                                                       : state_ == TagState::kActive && retained_extents_.empty());
+    if (!orphaned) {
+      transition_mu_.Unlock();
+      return;
+    }
+  }
+  absl::Status s = arena_->Release();
+  if (!s.ok()) {
+    VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of its freed blocks: {}", name_, s.ToString());
+  } else {
+    MutexLock lock(owner_mu);
+    stats_.backup_arena_bytes = 0;
+    auto_prepare_.requested_bytes = 0;
+    auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+  }
+  transition_mu_.Unlock();
+}
+
+void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
+  MutexLock t(&transition_mu_);
+  MutexLock lock(owner_mu);
+  retention_ = retention;
+}
+
+void TagPool::ArenaAfterResume() {
+  if (arena_ == nullptr) return;
+  if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) return;  // kept readable
+  arena_->DropContents();
 }
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
@@ -194,6 +252,7 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
   // The arena is touched only under the transition lock, which is held: no pause can be
   // using it.
   *dropped = std::move(arena_);
+  retained_extents_.clear();
   store_ = store;
   stats_.backup_arena_bytes = 0;
   auto_prepare_.requested_bytes = 0;
@@ -206,8 +265,12 @@ absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, 
   std::optional<std::size_t> offset;
   {
     MutexLock lock(owner_mu);
-    if (state_ != TagState::kPaused) return false;
-    for (const auto& [block, extents] : backup_extents_) {
+    // Paused: what the pause saved; active: what a resume retained (Note [Retained Backups]).
+    const BackupExtents* held = state_ == TagState::kPaused   ? &backup_extents_
+                                : state_ == TagState::kActive ? &retained_extents_
+                                                              : nullptr;
+    if (held == nullptr) return false;
+    for (const auto& [block, extents] : *held) {
       if (ptr < block->address || ptr + size_bytes > block->address + block->requested_bytes) continue;
       for (const BackupExtent& e : extents) {
         if (ptr >= e.address && ptr + size_bytes <= e.address + e.size_bytes) offset = e.arena_offset + (ptr - e.address);
@@ -315,6 +378,7 @@ void TagPool::AppendSnapshot(Snapshot* snap) const {
 absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
   backup_extents_ = std::move(extents);
+  retained_extents_.clear();  // the arena now holds this pause's bytes
   TagStats& s = stats_;
   s.reserved_bytes.Add(-s.reserved_bytes.current);
   s.chunks = 0;
@@ -329,9 +393,15 @@ absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, st
 
 absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
+  // Note [Retained Backups]: what ArenaAfterResume kept stays readable.
+  retained_extents_.clear();
+  if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles && HasBackedUpBytes(backup_extents_)) {
+    retained_extents_ = std::move(backup_extents_);
+  }
   backup_extents_.clear();
   NoteReserved();
   TagStats& s = stats_;
+  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;  // a disk-files arena is gone
   s.paused_bytes = 0;
   s.backed_up_bytes = 0;
   ++s.resumes;
@@ -362,6 +432,7 @@ absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_
       return fail(absl::StrCat("backed-up stat ", stats_.backed_up_bytes, " but its extents hold ", backed_up));
     }
   }
+  if (state_ == TagState::kPaused && !retained_extents_.empty()) return fail("it holds retained backup extents");
   if (state_ == TagState::kActive) {
     if (small_->paused() || large_->paused()) return fail("a heap is paused");
     if (!backup_extents_.empty()) return fail("it holds backup extents");

@@ -77,6 +77,26 @@ const char* TagStateName(TagState state);
 // True when MoveTo(to) is allowed from `from` (the table in tag_pool.cc).
 bool TagTransitionAllowed(TagState from, TagState to);
 
+// Note [Retained Backups]
+//   What happens to a `backup` tag's arena after a resume (TagPool::SetRetention; the
+//   default keeps vmstash's own choice: the arena stays prepared for the next pause, its
+//   contents dropped, nothing readable). torch_memory_saver's drop-in sets both flags as
+//   its retain_cpu_backup asks (torch_plugin/c_abi/tms_c.cc):
+//   keep_after_resume    the arena keeps what the pause saved, readable after the resume
+//                        (ReadBackup / BackupAddress, through the retained extents) until
+//                        the next pause overwrites it in place (same offsets for the same
+//                        blocks), the backup is released, a foreground Prepare or a new
+//                        store replaces the arena, or the block is freed. A background
+//                        preparation leaves an arena holding retained bytes alone. Not for
+//                        disk-files arenas, whose files are removed at every resume.
+//   release_with_blocks  when a free drops the last backed-up bytes of the arena (those of
+//                        a paused tag, or the retained ones of an active tag), the arena
+//                        is released too: a backup lives no longer than its blocks.
+struct BackupRetention {
+  bool keep_after_resume = false;
+  bool release_with_blocks = false;
+};
+
 // Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
 using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
 using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>;  // (before pause, after resume)
@@ -140,6 +160,13 @@ class TagPool {
   // While paused: where each live block's backed-up bytes are in the arena.
   BackupExtents& backup_extents() { return backup_extents_; }
   const BackupExtents& backup_extents() const { return backup_extents_; }
+  // Note [Retained Backups] (owner's mu): while active, the extents a resume kept readable.
+  bool has_retained() const { return !retained_extents_.empty(); }
+  // A free (the owner's mu held) of `block`: drops its backup bytes (paused) or its
+  // retained ones (active). True when that dropped the arena's last backed-up bytes and
+  // the retention releases the arena with its blocks: the caller then calls
+  // ReleaseOrphanedArena once it has released the owner's mu.
+  bool DropBackupOf(const Block* block);
 
   // --- Transition resources (transition lock) -----------------------------------------------
   Mutex* control_mu() const ABSL_LOCK_RETURNED(control_mu_) { return &control_mu_; }
@@ -157,6 +184,16 @@ class TagPool {
   // AutoPreparer's request, a quiet no-op unless the tag is active and still wants it.
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  // After DropBackupOf returned true: releases the arena if it still holds no backed-up
+  // bytes (a transition in progress keeps it: the lock is only tried). Errors are logged.
+  void ReleaseOrphanedArena(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  // Note [Retained Backups]: set holding the transition lock and the owner's mu, so read
+  // holding either.
+  void SetRetention(BackupRetention retention, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  const BackupRetention& retention() const { return retention_; }
+  // A resume's (or switch-in's) end, its restore copies complete: the arena gives its
+  // pages back (DropContents), unless the retention keeps its bytes readable.
+  void ArenaAfterResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A new store; the old arena goes to *dropped, for the caller to free without locks.
   absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
@@ -221,8 +258,9 @@ class TagPool {
   absl::Status NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A resume or switch-in committed: the state becomes active, the reserved bytes are the
-  // heaps' again (NoteReserved) and the extents are gone.
-  absl::Status NoteResumed(std::size_t restored, double ms);
+  // heaps' again (NoteReserved) and the extents are gone (kept as the retained extents
+  // when the retention says so: Note [Retained Backups]).
+  absl::Status NoteResumed(std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   // Invariant walker, in the style of Heap::Validate: Internal naming the first violation.
   // The state machine's (last move in the table; parts agreeing with the state), then, for
@@ -247,7 +285,9 @@ class TagPool {
   TagState previous_ = TagState::kActive;  // before the last move (Validate)
   std::string broken_reason_;
   BackupStore store_;
+  BackupRetention retention_;
   BackupExtents backup_extents_;
+  BackupExtents retained_extents_;  // Note [Retained Backups]
   TransitionHooks hooks_;
   AutoPrepare auto_prepare_;
   TagStats stats_;

@@ -59,6 +59,23 @@ BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* 
   return layout;
 }
 
+std::vector<std::size_t> BackupPieceBytes(const BackupLayout& layout) {
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;  // (arena begin, arena end)
+  for (const auto& [block, list] : layout.by_block) {
+    if (list.empty()) continue;
+    std::size_t begin = list.front().arena_offset, end = 0;
+    for (const BackupExtent& e : list) {
+      begin = std::min(begin, e.arena_offset);
+      end = std::max(end, e.arena_offset + AlignArena(e.size_bytes));
+    }
+    pieces.emplace_back(begin, end);
+  }
+  std::sort(pieces.begin(), pieces.end());
+  std::vector<std::size_t> sizes;
+  for (const auto& [begin, end] : pieces) sizes.push_back(end - begin);
+  return sizes;
+}
+
 std::size_t BackedUpArenaEnd(const BackupExtents& extents) {
   std::size_t end = 0;
   for (const auto& [block, list] : extents) {

@@ -63,6 +63,10 @@ struct BackupLayout {
 // The extents of `live` (any order): each block's requested bytes, or only their parts
 // inside `hint` when it is not null.
 BackupLayout PlanBackupLayout(std::vector<const Block*> live, const ByteRanges* hint);
+// The arena bytes of each block of `layout` that has extents, in arena order: the pieces
+// tiling [0, layout.arena_bytes), each a multiple of kBackupAlignBytes (a disk-files
+// arena makes one file per piece: backup_arena.h, Note [Disk Backup Files]).
+std::vector<std::size_t> BackupPieceBytes(const BackupLayout& layout);
 // Where the arena bytes of `extents` end (extents lie at increasing offsets from 0): what
 // a resume reads of the arena; 0 when nothing was backed up.
 std::size_t BackedUpArenaEnd(const BackupExtents& extents);

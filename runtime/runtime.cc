@@ -403,6 +403,14 @@ absl::Status Runtime::ReleaseBackup(TagId tag, int device) {
   return absl::OkStatus();
 }
 
+absl::Status Runtime::SetBackupRetention(TagId tag, BackupRetention retention) {
+  for (CachingAllocator* a : AllocatorsInUse()) {
+    absl::Status s = a->SetBackupRetention(tag, retention);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;  // NotFound: no memory of the tag there
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Runtime::EmptyCache(int device, std::optional<TagId> tag) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
   for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(tag ? a->EmptyCache(*tag) : a->EmptyCache());

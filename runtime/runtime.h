@@ -152,6 +152,10 @@ class Runtime {
   // every device in use. A device where the tag never had memory has nothing to release.
   absl::Status Prepare(TagId tag, int device, std::size_t bytes);
   absl::Status ReleaseBackup(TagId tag, int device);
+  // What `tag`'s backup arenas do after a resume (Note [Retained Backups] in
+  // allocator/tag_pool.h), on every device where the tag has memory now (set it before the
+  // pause or resume it is for).
+  absl::Status SetBackupRetention(TagId tag, BackupRetention retention);
   absl::Status EmptyCache(int device, std::optional<TagId> tag);
   // Applies to every allocator, present and future.
   void SetMemoryMargin(std::size_t bytes);
