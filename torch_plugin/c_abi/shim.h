@@ -8,6 +8,7 @@
 #define VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
 
 #include <new>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,6 +21,15 @@ namespace vmstash::c_abi {
 int Fail(const absl::Status& status);
 // The status's code, recording the error when it is not OK.
 inline int Code(const absl::Status& status) { return status.ok() ? 0 : Fail(status); }
+// This thread's last error, kept across calls that would replace it (a rollback's), and
+// put back as it was.
+struct SavedError {
+  std::string message;
+  int code = 0;
+  bool done = false;
+};
+SavedError SaveError();
+int RestoreError(const SavedError& saved);  // returns saved.code
 
 // Runs fn(process::Call&) -> int inside a Call; a refused call fails.
 template <typename Fn>

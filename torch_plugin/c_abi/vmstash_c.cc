@@ -51,6 +51,15 @@ int Fail(const absl::Status& status) {
   return last_error_code;
 }
 
+SavedError SaveError() { return SavedError{last_error, last_error_code, last_error_done}; }
+
+int RestoreError(const SavedError& saved) {
+  last_error = saved.message;
+  last_error_code = saved.code;
+  last_error_done = saved.done;
+  return saved.code;
+}
+
 namespace {
 
 static_assert(VMSTASH_TAG_SLOTS == TagRegistry::kSlots, "the C header's slot count is the registry's");

@@ -12,8 +12,12 @@
 // thread-local tag, set by the Python package's region() or vmstash_set_current_tag) is
 // not "default", or for every thread in whole-process mode (VMSTASH_PRELOAD_ALL=1, or
 // torch_memory_saver's TMS_INIT_ENABLE=1). A thread may override this either way
-// (vmstash_preload_set_routed: torch_memory_saver's interesting-region flag; its
-// disable() and slime's DeepEP buffers turn it off). In whole-process mode, allocations
+// (vmstash_preload_set_routed, = tms_set_interesting_region: torch_memory_saver's
+// interesting-region flag, kept in torch_plugin/c_abi/tms.h; its disable() and slime's
+// DeepEP buffers turn it off). A thread that set torch_memory_saver's per-thread config
+// (tms_set_current_tag, ...; vmstash_tms.h) allocates in that config's vmstash tag. The
+// library exports torch_memory_saver's tms_* entry points with the C ABI (the drop-in
+// wheel carries it under torch_memory_saver's names). In whole-process mode, allocations
 // of threads outside any region go to the process tag (VMSTASH_PRELOAD_TAG, default
 // "process"), created at the first one with policy backup when VMSTASH_PRELOAD_BACKUP=1,
 // TMS_INIT_ENABLE_CPU_BACKUP=1 or TMS_INIT_ENABLE_DISK_BACKUP=1 (where its bytes go is the
@@ -48,6 +52,7 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "torch_plugin/c_abi/tms.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 
 namespace {
@@ -143,9 +148,6 @@ const char* ProcessTagName() {
   return name;
 }
 
-// Per thread: 0 follows the tag (and whole-process mode), 1 always routed, 2 never.
-thread_local int routed_override = 0;
-
 bool InRegion() {
   const char* tag = vmstash_get_current_tag();
   return tag != nullptr && std::strcmp(tag, "default") != 0;
@@ -153,7 +155,8 @@ bool InRegion() {
 
 // The calling thread's allocations go to vmstash (ignoring the re-entrancy guard).
 bool RoutedByState() {
-  if (routed_override != 0) return routed_override == 1;
+  const int routed = vmstash::tms::RoutedOverride();  // torch_memory_saver's interesting-region flag
+  if (routed >= 0) return routed == 1;
   return RouteAll() || InRegion();
 }
 
@@ -163,7 +166,8 @@ std::atomic<bool> said_process_tag{false};
 
 // The backed-up process tag's store, from torch_memory_saver's variables, set before its
 // first allocation so that no pinned arena is prepared for a disk or pageable backup:
-// TMS_INIT_ENABLE_DISK_BACKUP=1 -> disk in TMS_DISK_BACKUP_DIR (default /tmp);
+// TMS_INIT_ENABLE_DISK_BACKUP=1 -> disk_files (torch_memory_saver's layout: a file per
+// backed-up allocation while paused) in TMS_DISK_BACKUP_DIR (default /tmp);
 // TMS_INIT_CPU_BACKUP_BACKEND=mmap -> pageable; else the VMSTASH_CONF default. A refusal
 // (a missing directory) is said on stderr; the pause then reports it.
 void ChooseProcessStore() {
@@ -171,7 +175,7 @@ void ChooseProcessStore() {
   int rc = 0;
   if (EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"})) {
     const char* dir = std::getenv("TMS_DISK_BACKUP_DIR");
-    rc = vmstash_set_backup_store(ProcessTagName(), "disk", dir != nullptr && dir[0] != '\0' ? dir : "/tmp");
+    rc = vmstash_set_backup_store(ProcessTagName(), "disk_files", dir != nullptr && dir[0] != '\0' ? dir : "/tmp");
   } else if (backend != nullptr && std::strcmp(backend, "mmap") == 0) {
     rc = vmstash_set_backup_store(ProcessTagName(), "pageable", nullptr);
   }
@@ -197,22 +201,41 @@ bool ProcessTagReady() {
   return ready;
 }
 
-// vmstash_malloc into the thread's tag, or, for a thread outside any region in
-// whole-process mode, into the process tag. The caller holds a Depth.
-void* RoutedMalloc(size_t size, int device, cudaStream_t stream) {
-  if (!RouteAll() || InRegion()) return vmstash_malloc(size, device, stream);
-  if (!ProcessTagReady()) return nullptr;
-  if (vmstash_set_current_tag(ProcessTagName()) != 0) {
-    SayOnce(said_process_tag, "cannot switch to the whole-process tag; its allocations fail");
+std::atomic<bool> said_tms_tag{false};
+
+// vmstash_malloc into `tag` for this call (the thread's current tag put back after).
+void* MallocIn(const char* tag, size_t size, int device, cudaStream_t stream) {
+  const char* previous = vmstash_get_current_tag();
+  if (vmstash_set_current_tag(tag) != 0) {
+    SayOnce(said_process_tag, "cannot switch to the tag of a routed allocation; such allocations fail");
     return nullptr;
   }
   void* p = vmstash_malloc(size, device, stream);
-  (void)vmstash_set_current_tag("default");
+  (void)vmstash_set_current_tag(previous != nullptr ? previous : "default");
   return p;
 }
 
-// At load: whole-process mode cannot see expandable segments (cuMemCreate).
-__attribute__((constructor)) void WarnAboutExpandableSegments() {
+// vmstash_malloc into the thread's tag: the vmstash tag of its torch_memory_saver config
+// when it set one (tms.h, AllocationTag), else its current tag, or, for a thread outside
+// any region in whole-process mode, the process tag. The caller holds a Depth.
+void* RoutedMalloc(size_t size, int device, cudaStream_t stream) {
+  bool error = false;
+  const char* tms_tag = vmstash::tms::AllocationTag(&error);
+  if (error) {
+    SayOnce(said_tms_tag, "the vmstash tag of a thread's torch_memory_saver config cannot be made; its allocations "
+                          "fail (vmstash_last_error says why)");
+    return nullptr;
+  }
+  const bool process = RouteAll() && (tms_tag != nullptr ? std::strcmp(tms_tag, "default") == 0 : !InRegion());
+  if (!process) return tms_tag != nullptr ? MallocIn(tms_tag, size, device, stream) : vmstash_malloc(size, device, stream);
+  if (!ProcessTagReady()) return nullptr;
+  return MallocIn(ProcessTagName(), size, device, stream);
+}
+
+// At load: torch_memory_saver's entry points learn the process tag (its tag "default" in
+// whole-process mode); whole-process mode cannot see expandable segments (cuMemCreate).
+__attribute__((constructor)) void AtLoad() {
+  if (RouteAll()) vmstash::tms::SetProcessTag(ProcessTagName());
   const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
   if (RouteAll() && conf != nullptr && std::strstr(conf, "expandable_segments:True") != nullptr) {
     std::fprintf(stderr, "vmstash preload: whole-process mode (TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL) cannot see "
@@ -257,9 +280,7 @@ extern "C" {
 // CUDA (torch_memory_saver's interesting-region flag), -1 drops the override. Returns
 // the previous override in the same terms (to restore it).
 __attribute__((visibility("default"))) int vmstash_preload_set_routed(int routed) {
-  const int previous = routed_override == 0 ? -1 : routed_override == 1 ? 1 : 0;
-  routed_override = routed < 0 ? 0 : routed != 0 ? 1 : 2;
-  return previous;
+  return vmstash::tms::SetRoutedOverride(routed);  // = vmstash_tms_set_interesting
 }
 // Whether the calling thread's allocations go to vmstash now (1) or not (0).
 __attribute__((visibility("default"))) int vmstash_preload_routed(void) { return RoutedByState() ? 1 : 0; }

@@ -16,27 +16,32 @@ def test_torch_memory_saver_compat_pure_parts(sim):
     from vmstash.compat.torch_memory_saver import TorchMemorySaver, configure_subprocess, torch_memory_saver
     assert torch_memory_saver.enabled
     tms = TorchMemorySaver()
-    # Tag naming: the first backup setting keeps the name.
+    # Tag naming (in the C library, one for every caller): the first backup setting keeps the name.
     assert tms._vmstash_tag("kv", "discard") == ("kv", "discard")
     assert tms._vmstash_tag("kv", "pinned") == ("kv:pinned", "backup")
     assert tms._vmstash_tag("kv", "discard") == ("kv", "discard")
+    assert TorchMemorySaver()._vmstash_tag("kv", "pinned") == ("kv:pinned", "backup")  # process-wide
     assert sorted(n for n, _ in tms._targets("kv")) == ["kv", "kv:pinned"]
     assert tms._targets("other") == []
+    assert vmstash.tags()["kv:pinned"] == "backup" and vmstash.backup_store("kv:pinned") == "pinned"
     # torch_memory_saver's argument checks.
     assert tms._setting(False, False, None) == "discard"
-    assert tms._setting(True, False, None) == "pinned"
+    assert tms._setting(True, False, None) == "pinned"  # this thread's backend (TMS_INIT_CPU_BACKUP_BACKEND)
     assert tms._setting(True, False, "mmap") == "mmap"
     assert tms._setting(False, True, None) == "disk"
     for bad in [(True, True, None), (True, False, "disk"), (False, False, "mmap")]:
         with pytest.raises(ValueError):
             tms._setting(*bad)
-    os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "mmap"
-    try:
+    tms.hook_mode = "torch"
+    tms._ensure_initialized()
+    # An enclosing region's backend is the default of the regions inside it (the thread's config).
+    with tms._impl._with_region_config("outer", True, "mmap"):
         assert tms._setting(True, False, None) == "mmap"
-        assert tms._setting(True, False, "pinned") == "pinned"
-        os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "tape"
+    assert tms._setting(True, False, None) == "pinned"
+    os.environ["TMS_INIT_CPU_BACKUP_BACKEND"] = "tape"
+    try:
         with pytest.raises(ValueError):
-            tms._setting(True, False, None)
+            TorchMemorySaver()._ensure_initialized()
     finally:
         del os.environ["TMS_INIT_CPU_BACKUP_BACKEND"]
     with pytest.raises(vmstash.Error) as e:
@@ -44,19 +49,20 @@ def test_torch_memory_saver_compat_pure_parts(sim):
     assert e.value.code_name == "FAILED_PRECONDITION"
     with pytest.raises(ValueError):
         tms.hook_mode = "bogus"
-    tms.hook_mode = "torch"
     assert not tms.retain_cpu_backup  # torch_memory_saver's default
     tms.retain_cpu_backup = True
-    assert tms.retain_cpu_backup
-    # Not under the preload library: hook mode torch, interesting region = in a region.
+    assert tms.retain_cpu_backup and TorchMemorySaver().retain_cpu_backup  # process-wide, in C
+    tms.retain_cpu_backup = False
+    # Not under the preload library: hook mode torch; interesting region = in a region.
     assert TorchMemorySaver().hook_mode == "torch"
-    tms._ensure_initialized()
     cdll = tms._impl._binary_wrapper.cdll
-    assert not cdll.tms_get_interesting_region()
+    assert cdll.tms_get_interesting_region() is False
     vmstash.set_current_tag("cpu_interesting")
-    assert cdll.tms_get_interesting_region()
-    cdll.tms_set_interesting_region(False)
-    assert vmstash.current_tag() == "default"
+    assert cdll.tms_get_interesting_region() is True
+    vmstash.set_current_tag("default")
+    with tms._impl._with_region_config("r", False, None):
+        assert cdll.tms_get_interesting_region() is True and cdll.tms_get_current_tag() == b"r"
+    assert cdll.tms_get_interesting_region() is False and cdll.tms_get_current_tag() == b"default"
     # Whole-process mode without the preload library is refused, not silently empty.
     os.environ["TMS_INIT_ENABLE"] = "1"
     try:
@@ -67,9 +73,9 @@ def test_torch_memory_saver_compat_pure_parts(sim):
         del os.environ["TMS_INIT_ENABLE"]
     tms.memory_margin_bytes = 0
     assert tms.memory_margin_bytes == 0
-    # pause/resume of tags this instance never saw: nothing to do.
+    # pause/resume of tags nobody declared: nothing to do.
     tms.pause("nothing")
-    tms.resume()
+    tms.resume("nothing")
     os.environ["VMSTASH_PRELOAD_LIBRARY"] = "/x/libvmstash_preload.so"
     os.environ["LD_PRELOAD"] = "libother.so"
     try:
@@ -83,7 +89,8 @@ def test_torch_memory_saver_compat_pure_parts(sim):
 
 def test_torch_memory_saver_backends_disk_and_retain(sim):
     """torch_memory_saver's per-region backends (pinned, mmap, disk) on one tag, the disk
-    directory's errors, and retain_cpu_backup both ways."""
+    directory's layout and errors, and retain_cpu_backup both ways."""
+    import ctypes
     import tempfile
     from vmstash.compat.torch_memory_saver import TorchMemorySaver
     tms = TorchMemorySaver()
@@ -96,43 +103,62 @@ def test_torch_memory_saver_backends_disk_and_retain(sim):
         for setting in ("disk", "mmap", "pinned"):
             names[setting], _ = tms._vmstash_tag("st", setting)
         assert names == {"disk": "st", "mmap": "st:mmap", "pinned": "st:pinned"}
-        assert vmstash.backup_store("st") == "disk:" + spill
+        assert vmstash.backup_store("st") == "disk_files:" + spill
         assert vmstash.backup_store("st:mmap") == "pageable"
         assert vmstash.backup_store("st:pinned") == "pinned"
         ptrs = {s: sim.malloc(name, n) for s, name in names.items()}
+        second = sim.malloc(names["disk"], n // 2)  # the disk tag's second allocation: its own file
+        sim.fill(second, n // 2, 0x3f)
         for i, p in enumerate(ptrs.values()):
             sim.fill(p, n, 0x40 + i)
 
-        def round_trip():
+        def round_trip(files_while_paused=2):
             tms.pause("st")
             assert {vmstash.tag_stats(v)["state"] for v in names.values()} == {"paused"}
+            # torch_memory_saver's disk layout: a file per backed-up allocation while paused.
+            files = sorted(os.listdir(spill))
+            assert len(files) == files_while_paused, files
+            assert all(f.startswith(f"vmstash-tms-{os.getpid()}-") for f in files), files
+            assert sum(os.path.getsize(os.path.join(spill, f)) for f in files) >= n + n // 2
             tms.resume("st")
+            assert os.listdir(spill) == []  # removed at the resume
             for i, p in enumerate(ptrs.values()):
                 assert sim.holds(p, n, 0x40 + i)
+            assert sim.holds(second, n // 2, 0x3f)
 
         round_trip()
         # retain_cpu_backup False (torch_memory_saver's default): every backup is given back.
         assert [vmstash.tag_stats(v)["backup_arena_bytes"] for v in names.values()] == [0, 0, 0]
         tms.retain_cpu_backup = True
         round_trip()
-        assert all(vmstash.tag_stats(v)["backup_arena_bytes"] > 0 for v in names.values())
+        # Retained: the host backups stay, readable after the resume (a disk backup is not kept).
+        assert [vmstash.tag_stats(v)["backup_arena_bytes"] > 0 for v in names.values()] == [False, True, True]
+        for i, setting in enumerate(names):
+            kept = ctypes.c_void_p()
+            code = _lib.lib().vmstash_backup_address(ptrs[setting], n, 0, ctypes.byref(kept))
+            if setting == "disk":
+                assert code == _lib.NOT_FOUND
+            else:
+                assert code == 0 and ctypes.string_at(kept.value, n) == bytes([0x40 + i]) * n
         tms.retain_cpu_backup = False
         round_trip()
-        assert os.listdir(spill) == []
-        # A missing directory fails the pause with a clear error; the tag stays active, intact.
+        assert [vmstash.tag_stats(v)["backup_arena_bytes"] for v in names.values()] == [0, 0, 0]
+        # A missing directory fails the pause with a clear error; every tag stays active, intact.
         os.rmdir(spill)
         with pytest.raises(vmstash.Error) as e:
             tms.pause("st")
         assert e.value.code_name == "NOT_FOUND"
         assert spill in str(e.value)
-        assert vmstash.tag_stats("st")["state"] == "active"
+        assert {vmstash.tag_stats(v)["state"] for v in names.values()} == {"active"}
         assert sim.holds(ptrs["disk"], n, 0x40)
         # A new directory is used from the next pause on.
         tms.set_disk_backup_dir(os.path.join(d, "spill2"))
+        spill = os.path.join(d, "spill2")
         round_trip()
-        assert vmstash.backup_store("st") == "disk:" + os.path.join(d, "spill2")
+        assert vmstash.backup_store("st") == "disk_files:" + spill
         for p in ptrs.values():
             sim.free(p, n)
+        sim.free(second, n // 2)
 
 
 def test_torch_memory_saver_pause_from_another_thread_while_this_one_allocates(sim):

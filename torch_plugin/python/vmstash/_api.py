@@ -210,19 +210,22 @@ def set_backup_store(tag, store, directory=None):
     "pinned" (pinned host memory; link speed; the default unless VMSTASH_CONF's backup key
     says otherwise), "pageable" (anonymous mmap, given back to the OS after each resume) or
     "disk" with `directory` (an existing directory; a file there, unlinked at creation,
-    holds the paused bytes instead of host memory). Not while the tag is paused; a different
-    store drops the tag's present backup arena."""
-    if store not in ("pinned", "pageable", "disk"):
-        raise ValueError(f"store must be 'pinned', 'pageable' or 'disk', got {store!r}")
-    if (store == "disk") != (directory is not None):
-        raise ValueError("a directory is given for store 'disk' and only for it")
+    holds the paused bytes instead of host memory), or "disk_files" with `directory`
+    (torch_memory_saver's layout: while paused, one visible file per backed-up allocation,
+    removed at the resume; backup_arena.h, Note [Disk Backup Files]). Not while the tag is
+    paused; a different store drops the tag's present backup arena."""
+    if store not in ("pinned", "pageable", "disk", "disk_files"):
+        raise ValueError(f"store must be 'pinned', 'pageable', 'disk' or 'disk_files', got {store!r}")
+    if store.startswith("disk") != (directory is not None):
+        raise ValueError("a directory is given for the disk stores and only for them")
     d = None if directory is None else _lib.encode(os.fspath(directory), "directory")
     _lib.check(_lib.lib().vmstash_set_backup_store(_lib.encode(tag), store.encode(), d),
                f"set_backup_store({tag!r}, {store!r})")
 
 
 def backup_store(tag):
-    """The store of a tag's backups: "pinned", "pageable" or "disk:<directory>"."""
+    """The store of a tag's backups: "pinned", "pageable", "disk:<directory>" or
+    "disk_files:<directory>"."""
     return _lib.string_call(_lib.lib().vmstash_backup_store, _lib.encode(tag), f"backup_store({tag!r})")
 
 

@@ -173,6 +173,19 @@ def _declare(l):
         "vmstash_last_error_done": (c_int, []),
         "vmstash_last_error_code": (c_int, []),
         "vmstash_code_name": (c_char_p, [c_int]),
+        # torch_memory_saver's layer (vmstash_tms.h): what vmstash.compat.torch_memory_saver calls.
+        "vmstash_tms_tag": (c_char_p, [c_char_p, c_char_p]),
+        "vmstash_tms_targets_json": (c_void_p, [c_char_p]),
+        "vmstash_tms_pause": (c_int, [c_char_p, ctypes.POINTER(LiveRanges), c_size_t]),
+        "vmstash_tms_push_region": (c_int, [c_char_p, c_int, c_char_p, c_int]),
+        "vmstash_tms_pop_region": (c_int, []),
+        "vmstash_tms_set_interesting": (c_int, [c_int]),
+        "tms_resume": (c_int, [c_char_p]),
+        "tms_get_interesting_region": (ctypes.c_bool, []),
+        "tms_get_cpu_backup_backend": (c_char_p, []),
+        "tms_get_retain_cpu_backup": (ctypes.c_bool, []),
+        "tms_set_retain_cpu_backup": (None, [ctypes.c_bool]),
+        "tms_set_disk_backup_dir": (None, [c_char_p]),
     }
     missing = [name for name in protos if getattr(l, name, None) is None]
     if missing:  # e.g. VMSTASH_LIBRARY naming a build older than this package

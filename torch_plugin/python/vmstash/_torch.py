@@ -247,6 +247,14 @@ def live_ranges(tag, device):
     return hint_from_segments(segments, device)
 
 
+def take_pool(tag, device):
+    """Removes the MemPool of `tag` on `device` from this module and returns it (None when
+    there is none): once its last reference goes, PyTorch gives its segments back to the
+    tag (torch_memory_saver's _impl._mem_pools.pop). The tag's next region makes a new one."""
+    with _lock:
+        return _pools.pop((tag, device), None)
+
+
 def pool_devices(tag):
     with _lock:
         return [d for (t, d) in _pools if t == tag]

@@ -15,26 +15,48 @@ TMS_INIT_ENABLE_CPU_BACKUP=1); pause()/resume() without a tag, and with tag "def
 act on it too. disable() sends the calling thread's allocations to CUDA (also in
 whole-process mode and while paused) through a throw-away PyTorch pool.
 
+The state lives in the C library, as in torch_memory_saver: its tms_* entry points
+(torch_plugin/include/vmstash/vmstash_tms.h) hold each thread's config (region() sets it,
+readable through `_impl._binary_wrapper.cdll.tms_get_*`), the tag names, the disk
+directory and retain_cpu_backup; tms_pause / tms_resume from C (ctypes.CDLL(None) in a
+preloaded process) act on the same tags as pause() / resume() here. `_impl` has what
+torch_memory_saver's own tests reach: `_binary_wrapper.cdll` (a ctypes library with the
+tms_* prototypes; other names, e.g. cudaHostGetFlags, come from the CUDA runtime loaded in
+the process), `_mem_pools` (keys (tag, enable_cpu_backup, enable_disk_backup, backend,
+device); pop() hands the region's MemPool over, so that dropping it frees its memory) and
+`_with_region_config(...)`.
+
 What differs, on purpose:
   * Errors raise vmstash.Error (out of memory: vmstash.OutOfMemoryError, also a
-    torch.OutOfMemoryError); nothing exits the process.
+    torch.OutOfMemoryError); nothing exits the process. Pausing a paused tag or resuming
+    an active one does nothing.
   * A torch_memory_saver tag maps to a vmstash tag per backup setting (discard, pinned,
     mmap, disk): the first setting seen keeps the name, the others get ":<setting>"
-    appended; pause(tag) and resume(tag) act on all of them.
+    appended; pause(tag) and resume(tag) act on all of them (Note [TMS Tags]).
   * Pause copies only PyTorch's live blocks of a region's pool.
   * cuda_graph works in torch mode too: the graph's memory goes to the tag's MemPool.
   * Backups go to vmstash backup stores (vmstash.set_backup_store): cpu_backup_backend
-    "pinned" -> "pinned", "mmap" -> "pageable" (its RSS is given back after each resume),
-    enable_disk_backup -> "disk" in the disk backup directory (TMS_DISK_BACKUP_DIR or
-    set_disk_backup_dir(), default /tmp; read when a tag pauses). The disk file is
-    unlinked at creation, so nothing is left in the directory; a missing or full directory
+    "pinned" -> "pinned", "mmap" -> "pageable", enable_disk_backup -> "disk_files" in the
+    disk backup directory (TMS_DISK_BACKUP_DIR or set_disk_backup_dir(), default /tmp;
+    read when a tag pauses). A backup is one host arena per vmstash tag and device, not
+    one buffer per allocation: get_cpu_backup's pointers lie inside it.
+  * retain_cpu_backup=True: a resume keeps the backup readable (get_cpu_backup, zero_copy
+    included, at the same address; the next pause of the tag reuses it in place); the
+    backup is given back at a resume with retain_cpu_backup False, or when the tag's last
+    backed-up block is freed (torch_memory_saver: each allocation's own), or when the tag
+    grows so that an explicit vmstash.prepare replaces its arena.
+  * Disk: while paused, one visible file per backed-up allocation (vmstash-tms-<pid>-...,
+    as torch_memory_saver's layout), removed at the resume (torch_memory_saver keeps them
+    until the allocation is freed), after a failed pause, and at exit; files of dead
+    processes are swept at the next pause into the directory. A missing or full directory
     fails the pause (vmstash.Error NOT_FOUND / OutOfMemoryError) with the tag untouched.
-    With whole-process mode the process tag follows TMS_INIT_CPU_BACKUP_BACKEND and
-    TMS_INIT_ENABLE_DISK_BACKUP. Each setting of one torch_memory_saver tag is its own
-    vmstash tag (see above: ":pinned", ":mmap", ":disk", ":discard").
+    get_cpu_backup also works for a disk backup while paused (it views the files'
+    mapping; torch_memory_saver returns None).
+  * memory_margin_bytes and hook_mode can be read (torch_memory_saver raises).
 """
 import contextlib
 import ctypes
+import json
 import os
 import threading
 import warnings
@@ -52,71 +74,146 @@ def _env_flag(name, default=False):
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-# torch_memory_saver's backup settings and the vmstash backup store of each.
-_STORES = {"pinned": "pinned", "mmap": "pageable", "disk": "disk"}
-
-
-def _default_backend():
-    """cpu_backup_backend=None: TMS_INIT_CPU_BACKUP_BACKEND, else pinned."""
-    value = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND", "").strip().lower() or "pinned"
-    if value not in ("pinned", "mmap"):
+def _check_env_backend():
+    """A bad TMS_INIT_CPU_BACKUP_BACKEND is a ValueError at the first use, not at a pause."""
+    value = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND", "").strip().lower()
+    if value not in ("", "pinned", "mmap"):
         raise ValueError(f"TMS_INIT_CPU_BACKUP_BACKEND must be 'pinned' or 'mmap', got {value!r}")
-    return value
 
 
-def _if_created(fn, name):
-    """fn(name), unless the tag was never declared (torch_memory_saver treats a tag it never
-    saw as empty). True when fn ran; its errors (a missing disk directory's NOT_FOUND
-    among them) propagate."""
-    if _api.policy_of(name) is None:
-        return False
-    fn(name)
-    return True
+def _tag_arg(tag):
+    """torch_memory_saver's rule: an empty or None tag means every tag."""
+    return _lib.encode(tag) if tag else None
 
 
-class _CdllView:
-    """What frameworks reach through torch_memory_saver._impl._binary_wrapper.cdll: the
-    calling thread's interesting-region flag (whether its CUDA allocations are managed).
-    Under the preload library it is the library's per-thread routing override; without
-    it, only the thread's region tag."""
+# --- What torch_memory_saver's tests reach under _impl --------------------------------------
 
-    def tms_get_interesting_region(self):
-        hooks = _lib.preload_hooks()
-        if hooks is not None:
-            return bool(hooks.vmstash_preload_routed())
-        return _api.current_tag() != "default"
+# torch_memory_saver's prototypes of its entry points (vmstash_tms.h).
+_B, _P, _I, _U8P = ctypes.c_bool, ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint8)
+_TMS_PROTOTYPES = {
+    "tms_set_current_tag": (None, [_P]), "tms_get_current_tag": (_P, []),
+    "tms_set_interesting_region": (None, [_B]), "tms_get_interesting_region": (_B, []),
+    "tms_set_enable_cpu_backup": (None, [_B]), "tms_get_enable_cpu_backup": (_B, []),
+    "tms_set_cpu_backup_backend": (None, [_P]), "tms_get_cpu_backup_backend": (_P, []),
+    "tms_set_enable_disk_backup": (None, [_B]), "tms_get_enable_disk_backup": (_B, []),
+    "tms_set_disk_backup_dir": (None, [_P]),
+    "tms_pause": (_I, [_P]), "tms_resume": (_I, [_P]),
+    "set_memory_margin_bytes": (None, [ctypes.c_uint64]),
+    "tms_set_retain_cpu_backup": (None, [_B]), "tms_get_retain_cpu_backup": (_B, []),
+    "tms_get_cpu_backup_pointer": (_U8P, [_U8P, ctypes.c_uint64]),
+}
 
-    def tms_set_interesting_region(self, value):
-        hooks = _lib.preload_hooks()
-        if hooks is not None:
-            hooks.vmstash_preload_set_routed(1 if value else 0)
-        elif not value:
-            _api.set_current_tag("default")
+
+def _cuda_runtime():
+    """The CUDA runtime library loaded in this process (torch's libcudart), else the global
+    scope; for names the vmstash library does not export."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return ctypes.CDLL(None)
+
+
+class _TmsCdll(ctypes.CDLL):
+    """torch_memory_saver's `cdll`: the library carrying vmstash's C ABI (the preload library
+    when the process runs under it, else libvmstash.so) as a ctypes handle of its own, its
+    tms_* functions with torch_memory_saver's prototypes. A name it does not export comes
+    from the CUDA runtime in the process (torch_memory_saver's library links it)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        for name, (restype, argtypes) in _TMS_PROTOTYPES.items():
+            fn = getattr(self, name)
+            fn.restype, fn.argtypes = restype, argtypes
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name.startswith("__") and name.endswith("__"):
+                raise
+        fn = getattr(_cuda_runtime(), name)  # AttributeError when the runtime lacks it too
+        setattr(self, name, fn)
+        return fn
 
 
 class _BinaryWrapperView:
     def __init__(self):
-        self.cdll = _CdllView()
+        self.cdll = _TmsCdll(_lib.library_path())
 
 
-class _ImplView:
-    def __init__(self):
+class _MemPools:
+    """torch_memory_saver's _impl._mem_pools over vmstash's region pools (vmstash._torch):
+    a key (tag, enable_cpu_backup, enable_disk_backup, resolved backend or "", device)
+    names the MemPool of the tag's vmstash tag on that device."""
+
+    def __init__(self, saver):
+        self._saver = saver
+
+    def _where(self, key):
+        tag, cpu, disk, backend, device = key
+        setting = self._saver._setting(bool(cpu), bool(disk), backend or None)
+        name, policy = self._saver._vmstash_tag(tag, setting)
+        return name, policy, device
+
+    def __getitem__(self, key):
+        name, policy, device = self._where(key)
+        return _torch.pool(name, policy, device)
+
+    def __contains__(self, key):
+        name, _, device = self._where(key)
+        return device in _torch.pool_devices(name)
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def pop(self, key, *default):
+        name, _, device = self._where(key)
+        found = _torch.take_pool(name, device)
+        if found is not None:
+            return found
+        if default:
+            return default[0]
+        raise KeyError(key)
+
+
+class _Impl:
+    def __init__(self, saver):
         self._binary_wrapper = _BinaryWrapperView()
+        self._mem_pools = _MemPools(saver)
+        self._hook_mode = saver.hook_mode
+        self._is_xpu = False
 
+    @contextlib.contextmanager
+    def _with_region_config(self, tag, enable_cpu_backup, cpu_backup_backend, enable_disk_backup=False):
+        """The calling thread's torch_memory_saver config for a region (C, per thread),
+        put back exactly on exit."""
+        l = _lib.lib()
+        backend = None if cpu_backup_backend is None else _lib.encode(cpu_backup_backend, "cpu_backup_backend")
+        _lib.check(l.vmstash_tms_push_region(_lib.encode(tag), int(bool(enable_cpu_backup)), backend,
+                                             int(bool(enable_disk_backup))), f"region config ({tag!r})")
+        try:
+            yield
+        finally:
+            _lib.check(l.vmstash_tms_pop_region(), f"region config ({tag!r}) exit")
+
+
+# --- The singleton's class --------------------------------------------------------------------
 
 class TorchMemorySaver:
     """The torch_memory_saver singleton's interface (see the module docstring)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._names = {}  # (tms tag, setting) -> vmstash tag; setting: discard | pinned | mmap | disk
-        self._stores = {}  # vmstash tag -> the store last set on it (disk: with its directory)
-        self._declared = set()  # vmstash tags created with their policy and store
         self._hook_mode = None  # chosen at the first use (see hook_mode)
         self._used = False
         self._margin = 0
-        self._retain = _env_flag("TMS_RETAIN_CPU_BACKUP", default=False)
-        self._disk_dir = os.environ.get("TMS_DISK_BACKUP_DIR", "/tmp")
         self._impl = None
         self._parked_pools = []  # disable()'s pools made inside regions (see disable)
 
@@ -136,8 +233,8 @@ class TorchMemorySaver:
             raise RuntimeError("torch_memory_saver on vmstash: PyTorch's expandable_segments allocates through "
                                "cuMemCreate, which the preload library cannot see; unset expandable_segments:True "
                                "in PYTORCH_CUDA_ALLOC_CONF (torch_memory_saver refuses it too)")
-        _default_backend()  # a bad TMS_INIT_CPU_BACKUP_BACKEND fails here, not at a pause
-        self._impl = _ImplView()
+        _check_env_backend()
+        self._impl = _Impl(self)
 
     # --- configuration ---------------------------------------------------------------
     @property
@@ -173,20 +270,23 @@ class TorchMemorySaver:
 
     @property
     def retain_cpu_backup(self):
-        return self._retain
+        """Process-wide, in the C library (tms_get_retain_cpu_backup; TMS_RETAIN_CPU_BACKUP)."""
+        return bool(_lib.lib().tms_get_retain_cpu_backup())
 
     @retain_cpu_backup.setter
     def retain_cpu_backup(self, value):
-        self._retain = bool(value)
+        _lib.lib().tms_set_retain_cpu_backup(bool(value))
 
     def set_disk_backup_dir(self, path):
         """Where disk backups of later pauses go (created if needed); process-wide."""
         os.makedirs(path, exist_ok=True)
-        self._disk_dir = os.fspath(path)
+        _lib.lib().tms_set_disk_backup_dir(_lib.encode(os.fspath(path), "path"))
 
     # --- tags -------------------------------------------------------------------------
     def _setting(self, enable_cpu_backup, enable_disk_backup, cpu_backup_backend):
-        """discard | pinned | mmap | disk, checked as torch_memory_saver checks them."""
+        """discard | pinned | mmap | disk, checked as torch_memory_saver checks them; with
+        no backend, the calling thread's (tms_get_cpu_backup_backend: an enclosing region's,
+        else TMS_INIT_CPU_BACKUP_BACKEND)."""
         if cpu_backup_backend not in (None, "pinned", "mmap"):
             raise ValueError(f"cpu_backup_backend must be None, 'pinned' or 'mmap', got {cpu_backup_backend!r}")
         if cpu_backup_backend is not None and not enable_cpu_backup:
@@ -196,60 +296,26 @@ class TorchMemorySaver:
         if enable_disk_backup:
             return "disk"
         if enable_cpu_backup:
-            return cpu_backup_backend or _default_backend()
+            return cpu_backup_backend or _lib.lib().tms_get_cpu_backup_backend().decode()
         return "discard"
 
     def _vmstash_tag(self, tag, setting):
-        """The vmstash tag of (tag, setting), declared with its policy and store."""
-        policy = "discard" if setting == "discard" else "backup"
-        with self._lock:
-            name = self._names.get((tag, setting))
-            if name is None:
-                taken = any(t == tag for (t, _) in self._names)
-                name = f"{tag}:{setting}" if taken else tag
-                self._names[(tag, setting)] = name
-            declared = name in self._declared
-        if not declared:  # once, not at every region entry (a failed attempt is retried)
-            _api.create_tag(name, policy)
-            if policy == "backup":
-                self._apply_store(name, setting)
-            with self._lock:
-                self._declared.add(name)
-        return name, policy
-
-    def _apply_store(self, name, setting):
-        """Sets the vmstash store of `name` for `setting` unless it is already that (disk:
-        in the present disk backup directory). Not while `name` is paused (a paused tag
-        keeps the store its bytes are in; the next pause uses the new one)."""
-        store = _STORES[setting]
-        directory = self._disk_dir if store == "disk" else None
-        if self._stores.get(name) == (store, directory):
-            return
-        _api.set_backup_store(name, store, directory)
-        self._stores[name] = (store, directory)
-
-    def _process_setting(self):
-        """The whole-process tag's setting (TMS_INIT_* variables), or None for discard."""
-        if _env_flag("TMS_INIT_ENABLE_DISK_BACKUP"):
-            return "disk"
-        if _env_flag("TMS_INIT_ENABLE_CPU_BACKUP") or _env_flag("VMSTASH_PRELOAD_BACKUP"):
-            return _default_backend()
-        return None
+        """(vmstash tag, policy) of (tag, setting), declared with its policy and store
+        (Note [TMS Tags], in the C library: one naming for C and Python callers)."""
+        name = _lib.lib().vmstash_tms_tag(_lib.encode(tag), setting.encode())
+        if name is None:
+            raise _lib.last_failure(f"torch_memory_saver tag {tag!r} ({setting})")
+        return name.decode(), "discard" if setting == "discard" else "backup"
 
     def _targets(self, tag):
-        """(vmstash tag, setting) for `tag`, or for every tag when None."""
-        with self._lock:
-            out = [(name, setting) for (t, setting), name in self._names.items() if tag is None or t == tag]
-        # Whole-process mode: what threads allocated outside regions (torch_memory_saver's
-        # implicit tag "default").
-        hooks = _lib.preload_hooks()
-        process = hooks.vmstash_preload_process_tag() if hooks is not None else None
-        if process is not None and (tag is None or tag == "default"):
-            name = process.decode()
-            policy = _api.policy_of(name)  # None until the first captured allocation
-            if policy is not None and all(n != name for n, _ in out):
-                out.append((name, (self._process_setting() or "pinned") if policy == "backup" else "discard"))
-        return out
+        """[(vmstash tag, setting)] that pause(tag) acts on (tag None: every one)."""
+        raw = _lib.lib().vmstash_tms_targets_json(_tag_arg(tag))
+        if not raw:
+            raise _lib.last_failure("torch_memory_saver targets")
+        try:
+            return [tuple(pair) for pair in json.loads(ctypes.string_at(raw).decode())]
+        finally:
+            _lib.lib().vmstash_string_free(raw)
 
     # --- regions and graphs -----------------------------------------------------------
     @contextlib.contextmanager
@@ -258,7 +324,8 @@ class TorchMemorySaver:
         self._ensure_initialized()
         name, policy = self._vmstash_tag(tag, setting)
         self._used = True
-        with _torch.region(name, policy):
+        with _torch.region(name, policy), \
+                self._impl._with_region_config(tag, enable_cpu_backup, cpu_backup_backend, enable_disk_backup):
             yield
 
     @contextlib.contextmanager
@@ -271,7 +338,8 @@ class TorchMemorySaver:
         kwargs = {"capture_error_mode": capture_error_mode}
         if stream is not None:
             kwargs["stream"] = stream
-        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, **kwargs):
+        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, **kwargs), \
+                self._impl._with_region_config(tag, enable_cpu_backup, cpu_backup_backend):
             yield
 
     @contextlib.contextmanager
@@ -286,8 +354,8 @@ class TorchMemorySaver:
         import torch
         self._ensure_initialized()
         previous = _api.current_tag()
-        hooks = _lib.preload_hooks()
-        override = hooks.vmstash_preload_set_routed(0) if hooks is not None else None
+        l = _lib.lib()
+        override = l.vmstash_tms_set_interesting(0)  # tms_get_interesting_region() is False inside
         _api.set_current_tag("default")
         pool = torch.cuda.MemPool()
         try:
@@ -295,8 +363,7 @@ class TorchMemorySaver:
                 yield
         finally:
             _api.set_current_tag(previous)
-            if hooks is not None:
-                hooks.vmstash_preload_set_routed(override)
+            l.vmstash_tms_set_interesting(override)
             with self._lock:
                 self._parked_pools.append(pool)
                 if _torch.open_regions() == 0:
@@ -305,26 +372,23 @@ class TorchMemorySaver:
 
     # --- pause / resume ----------------------------------------------------------------
     def pause(self, tag=None):
+        """Pauses every vmstash tag of `tag` (None: all), with PyTorch's live blocks of their
+        MemPools as liveness hints; on failure every tag is as it was."""
         self._ensure_initialized()
-        for name, setting in self._targets(tag):
-            if setting != "discard":
-                try:
-                    self._apply_store(name, setting)  # the disk directory may have changed
-                except Error as e:
-                    if e.code_name != "FAILED_PRECONDITION":  # already paused: the pause is a no-op
-                        raise
-            _if_created(_api.pause, name)
+        targets = [(name, name.encode()) for name, _ in self._targets(tag)]
+        live, n_live, keep = _api._live_array(targets, -1)
+        _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
+        del keep
 
     def resume(self, tag=None):
         self._ensure_initialized()
-        for name, setting in self._targets(tag):
-            if _if_created(_api.resume, name) and setting != "discard" and not self._retain:
-                _api.release_backup(name)
+        _lib.check(_lib.lib().tms_resume(_tag_arg(tag)), f"resume({tag!r})")
 
     def get_cpu_backup(self, x, zero_copy=False):
         """What the pause saved for tensor `x` (contiguous) as a CPU tensor, or None when
-        `x` is not paused with a backup. zero_copy=True views the backup itself (valid
-        until the resume; no copy), False returns a copy."""
+        `x` has no backup (not paused with one, and none retained). zero_copy=True views
+        the backup itself (valid until the resume, or, retained, until the tag's next
+        pause or release; no copy), False returns a copy."""
         import torch
         self._ensure_initialized()
         if not x.is_contiguous():
@@ -336,10 +400,9 @@ class TorchMemorySaver:
         if code == _lib.NOT_FOUND:
             return None
         _lib.check(code, "get_cpu_backup")
-        address = out.value
         if nbytes == 0:
             return torch.empty(x.shape, dtype=x.dtype, device="cpu")
-        raw = (ctypes.c_uint8 * nbytes).from_address(address)
+        raw = (ctypes.c_uint8 * nbytes).from_address(out.value)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "non-writable buffer": it is writable
             view = torch.frombuffer(raw, dtype=torch.uint8).view(x.dtype).view(x.shape)
