@@ -78,8 +78,8 @@ unsigned long long StartTime(long pid) {
   buf[n] = '\0';
   const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
   if (p == nullptr) return 0;
-  // After ")": field 3 (state) ... field 22 (starttime): skip 19 fields.
-  for (int field = 3; field < 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
+  // After ")" come " <field 3> <field 4> ...": p at the space before field 22 (starttime).
+  for (int field = 3; field <= 22 && p != nullptr; ++field) p = std::strchr(p + 1, ' ');
   return p != nullptr ? std::strtoull(p + 1, nullptr, 10) : 0;
 }
 

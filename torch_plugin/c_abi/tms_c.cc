@@ -110,7 +110,8 @@ Setting EnvBackend() {
 
 struct ThreadConfig {
   std::string tag = "default";
-  bool cpu_backup = EnvFlag({"TMS_INIT_ENABLE_CPU_BACKUP"});
+  // VMSTASH_PRELOAD_BACKUP: vmstash's name for it (ProcessSetting reads both).
+  bool cpu_backup = EnvFlag({"TMS_INIT_ENABLE_CPU_BACKUP", "VMSTASH_PRELOAD_BACKUP"});
   bool disk_backup = EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"});
   Setting backend = EnvBackend();
   bool configured = false;  // set through tms_set_* or a pushed region: routing follows it
