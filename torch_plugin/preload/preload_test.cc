@@ -196,4 +196,89 @@ TEST(PreloadTest, WholeProcessModeCapturesEveryThreadIntoABackedUpProcessTag) {
   EXPECT_EXIT(WholeProcessChild(), ::testing::ExitedWithCode(0), "");
 }
 
+// torch_memory_saver's entry points as its tests reach them in a preloaded process
+// (ctypes.CDLL(None).tms_pause, cdll.tms_get_*): whole-process mode with CPU backup, the
+// per-thread config read from TMS_INIT_*, tms_pause/tms_resume of every tag (the process
+// tag included), a free while paused, the backup pointer, retain_cpu_backup, the
+// interesting flag routing a thread's allocations, and a config set from C routing
+// allocations into that tag.
+void TmsEntryPointsChild() {
+  setenv("TMS_INIT_ENABLE", "1", 1);
+  setenv("TMS_INIT_ENABLE_CPU_BACKUP", "1", 1);
+  void* fake = dlopen(LibraryPath("libfake_cudart_for_test.so").c_str(), RTLD_NOW | RTLD_GLOBAL);
+  CHILD_CHECK(fake != nullptr);
+  void* lib = dlopen(LibraryPath().c_str(), RTLD_NOW | RTLD_LOCAL);
+  CHILD_CHECK(lib != nullptr);
+  CHILD_CHECK(Get<InitFn>(lib, "vmstash_init")("driver:sim,sim_devices:1,sim_capacity:1G,auto_prepare:0") == 0);
+  auto cuda_malloc = Get<MallocFn>(lib, "cudaMalloc");
+  auto cuda_free = Get<FreeFn>(lib, "cudaFree");
+  auto owner = Get<OwnerFn>(lib, "vmstash_owner_device");
+  auto pause = Get<int (*)(const char*, int)>(lib, "vmstash_pause");
+  auto policy = Get<const char* (*)(const char*)>(lib, "vmstash_tag_policy");
+  auto tms_pause = Get<int (*)(const char*)>(lib, "tms_pause");
+  auto tms_resume = Get<int (*)(const char*)>(lib, "tms_resume");
+  auto interesting = Get<bool (*)()>(lib, "tms_get_interesting_region");
+  auto set_interesting = Get<void (*)(bool)>(lib, "tms_set_interesting_region");
+  auto cpu_backup = Get<bool (*)()>(lib, "tms_get_enable_cpu_backup");
+  auto set_cpu_backup = Get<void (*)(bool)>(lib, "tms_set_enable_cpu_backup");
+  auto current_tag = Get<const char* (*)()>(lib, "tms_get_current_tag");
+  auto set_tag = Get<void (*)(const char*)>(lib, "tms_set_current_tag");
+  auto backend = Get<const char* (*)()>(lib, "tms_get_cpu_backup_backend");
+  auto set_retain = Get<void (*)(bool)>(lib, "tms_set_retain_cpu_backup");
+  auto pointer = Get<unsigned char* (*)(const unsigned char*, unsigned long long)>(lib, "tms_get_cpu_backup_pointer");
+  CHILD_CHECK(pointer != nullptr && set_retain != nullptr && Get<void*>(lib, "set_memory_margin_bytes") != nullptr);
+  CHILD_CHECK(interesting() && cpu_backup() && std::strcmp(current_tag(), "default") == 0);
+  CHILD_CHECK(std::strcmp(backend(), "pinned") == 0);
+
+  constexpr int kSize = 6912;  // not a multiple of any granularity
+  unsigned char* p = nullptr;
+  unsigned char* gone = nullptr;
+  CHILD_CHECK(cuda_malloc(reinterpret_cast<void**>(&p), kSize) == 0 && owner(p) == 0);
+  CHILD_CHECK(cuda_malloc(reinterpret_cast<void**>(&gone), kSize) == 0);
+  CHILD_CHECK(std::strcmp(policy("process"), "backup") == 0);
+  std::memset(p, 0xa5, kSize);
+  CHILD_CHECK(pointer(p, kSize) == nullptr);  // active: no backup
+  CHILD_CHECK(tms_pause(nullptr) == 0);
+  CHILD_CHECK(pause("process", -1) == -1);  // paused (VMSTASH_NOOP)
+  const unsigned char* saved = pointer(p + 100, 16);
+  CHILD_CHECK(saved != nullptr && saved[0] == 0xa5 && saved[15] == 0xa5);
+  CHILD_CHECK(cuda_free(gone) == 0);  // freed while paused
+  CHILD_CHECK(tms_resume(nullptr) == 0);
+  CHILD_CHECK(p[0] == 0xa5 && p[kSize - 1] == 0xa5);
+  CHILD_CHECK(pointer(p, kSize) == nullptr);  // retain_cpu_backup off: given back
+  set_retain(true);
+  CHILD_CHECK(tms_pause("default") == 0);
+  const unsigned char* kept = pointer(p, kSize);
+  CHILD_CHECK(tms_resume("default") == 0);
+  CHILD_CHECK(kept != nullptr && pointer(p, kSize) == kept && kept[kSize - 1] == 0xa5);
+  set_retain(false);
+
+  // The interesting flag off: this thread's allocations go to CUDA (none here: a failure).
+  set_interesting(false);
+  void* bypassed = nullptr;
+  CHILD_CHECK(!interesting() && cuda_malloc(&bypassed, 1 << 20) == 2);
+  set_interesting(true);
+  // A config set from C: this thread's allocations go to that tag (discard, no backup).
+  set_tag("c_kv");
+  set_cpu_backup(false);
+  void* q = nullptr;
+  CHILD_CHECK(cuda_malloc(&q, 1 << 20) == 0 && owner(q) == 0);
+  CHILD_CHECK(policy("c_kv") != nullptr && std::strcmp(policy("c_kv"), "discard") == 0);
+  CHILD_CHECK(tms_pause("c_kv") == 0 && pause("c_kv", -1) == -1 && pause("process", -1) == 0);
+  CHILD_CHECK(tms_resume(nullptr) == 0);
+  set_tag("default");
+  set_cpu_backup(true);
+  void* r = nullptr;
+  CHILD_CHECK(cuda_malloc(&r, 1 << 20) == 0);
+  CHILD_CHECK(tms_pause("c_kv") == 0 && pause("process", -1) == 0);  // r is the process tag's
+  CHILD_CHECK(tms_resume(nullptr) == 0);
+  CHILD_CHECK(cuda_free(p) == 0 && cuda_free(q) == 0 && cuda_free(r) == 0);
+  std::_Exit(0);
+}
+
+TEST(PreloadTest, TorchMemorySaverEntryPointsInWholeProcessMode) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(TmsEntryPointsChild(), ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
