@@ -190,7 +190,9 @@ int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* co
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) VMSTASH_NOEXCEPT;
 /* Sets *address to the host address where the backup of those `size` bytes lies (no
  * copy); same errors as vmstash_read_backup. Valid until the tag is resumed or its backup
- * released: the caller keeps the tag paused while it reads there. */
+ * released: the caller keeps the tag paused while it reads there. Both also serve a backup
+ * that a resume retained (allocator/tag_pool.h, Note [Retained Backups]: torch_memory_saver's
+ * retain_cpu_backup), valid until the tag's next pause or its release. */
 int vmstash_backup_address(const void* ptr, size_t size, int device, const void** address) VMSTASH_NOEXCEPT;
 /* Refuse to map new device memory when the device's free memory would fall below `bytes`
  * (0: no margin). Applies to every device, now and later. */
@@ -203,8 +205,11 @@ int vmstash_prepare(const char* tag, int device, size_t bytes) VMSTASH_NOEXCEPT;
 int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
 /* Where the declared `backup` tag's later pauses put its bytes, on every device: store
  * "pinned" (pinned host memory, link speed), "pageable" (anonymous mmap, given back after
- * each resume) or "disk" with `directory` (an existing directory: a file there holds the
- * paused bytes, not host memory; NULL otherwise). VMSTASH_NOT_FOUND for an undeclared tag
+ * each resume), "disk" with `directory` (an existing directory: a file there, unlinked at
+ * once, holds the paused bytes, not host memory; NULL otherwise) or "disk_files" with
+ * `directory` (torch_memory_saver's layout: a visible file per backed-up allocation while
+ * paused, removed at the resume; allocator/backup_arena.h, Note [Disk Backup Files]).
+ * VMSTASH_NOT_FOUND for an undeclared tag
  * or a missing directory; VMSTASH_FAILED_PRECONDITION for a discard tag or one paused on
  * some device (nothing changed). The default is VMSTASH_CONF's backup key. */
 int vmstash_set_backup_store(const char* tag, const char* store, const char* directory) VMSTASH_NOEXCEPT;
