@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Downloads pytest and its pure-Python dependencies as wheels for Python 3.12 (about 0.5 MB)
-# into third_party/wheels/ (git-ignored), for the GPU machine, which has no network and may
-# have no pytest: scripts/gpu_build_and_test.sh installs them there when python3 cannot
-# import pytest. Needs pip and the package index.
+# Downloads pytest and its pure-Python dependencies, and megatron-core 0.19.2, as wheels for
+# Python 3.12 (about 3 MB), into third_party/wheels/ (git-ignored), for the GPU machine, which
+# has no network: scripts/gpu_build_and_test.sh installs each there when python3 cannot
+# import it. Needs pip and the package index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=third_party/wheels
 mkdir -p "$dest"
 # pytest 8.3 needs exactly these on Python 3.12 (exceptiongroup and tomli only before 3.11).
 wheels=(pytest==8.3.5 pluggy==1.5.0 iniconfig==2.0.0 packaging==24.2)
+# megatron-core for the Megatron GPU tests (its dependencies, torch and numpy, are there).
+wheels+=(megatron-core==0.19.2)
 python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-  --python-version 3.12 --dest "$dest" "${wheels[@]}"
+  --python-version 3.12 --platform manylinux_2_28_x86_64 --platform any --dest "$dest" "${wheels[@]}"
 du -sh "$dest"
 ls "$dest"

@@ -4,7 +4,8 @@
 # the loader at the prefix (RUNPATH is not transitive); configures CMake with torch when
 # `import torch` works; then `vmstash_build [TARGET...]` builds (everything when none).
 # `vmstash_ensure_pytest` installs pytest (the Python tests' runner) from the wheels of
-# scripts/fetch_wheels.sh in third_party/wheels when python3 cannot import it.
+# scripts/fetch_wheels.sh in third_party/wheels when python3 cannot import it;
+# `vmstash_ensure_megatron` likewise megatron-core, for the Megatron GPU tests.
 #
 #   VMSTASH_DEBS, VMSTASH_PREFIX, VMSTASH_BUILD, VMSTASH_WHEELS override the folders.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -59,6 +60,24 @@ print(f"note: pip did not install pytest; unpacked its wheels into {dest}", file
 PY
   fi
   python3 -c "import pytest" || { echo "error: pytest still not importable by $(command -v python3)" >&2; return 1; }
+}
+
+# megatron-core for the Megatron GPU tests (gpu_megatron_compat_scenarios.py): nothing when
+# python3 imports it; else the wheel of scripts/fetch_wheels.sh from third_party/wheels,
+# without its dependencies (torch, numpy: there). Without the wheel, a note: those tests then
+# fail, saying megatron-core is missing.
+vmstash_ensure_megatron() {
+  python3 -c "import megatron.core" 2>/dev/null && return 0
+  local wheels=${VMSTASH_WHEELS:-$root/third_party/wheels}
+  if ! ls "$wheels"/megatron_core-*.whl >/dev/null 2>&1; then
+    echo "note: $(command -v python3) cannot import megatron.core and $wheels has no megatron_core wheel" \
+         "(scripts/fetch_wheels.sh): the Megatron GPU tests will fail" >&2
+    return 0
+  fi
+  echo "note: installing megatron-core for $(command -v python3) from $wheels" >&2
+  local pip=(python3 -m pip install --quiet --disable-pip-version-check --no-index --no-deps "$wheels"/megatron_core-*.whl)
+  "${pip[@]}" 2>/dev/null || "${pip[@]}" --user --break-system-packages || return 1
+  python3 -c "import megatron.core" || { echo "error: megatron.core still not importable" >&2; return 1; }
 }
 
 # The Python package from the build tree, for the scripts that run it.

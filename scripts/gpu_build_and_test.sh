@@ -2,7 +2,7 @@
 # On the GPU machine (Ubuntu 24.04, CUDA 13, CMake + ninja, no Bazel, no network): build
 # with CMake (scripts/gpu_build.sh: the .debs of scripts/fetch_debs.sh unpacked into a
 # prefix) and run the `gpu`-labelled tests (the Python ones under pytest, installed first
-# from the wheels of scripts/fetch_wheels.sh where python3 lacks it).
+# from the wheels of scripts/fetch_wheels.sh where python3 lacks it, as megatron-core).
 #
 #   scripts/gpu_build_and_test.sh [--all]
 #     --all    also run the CPU tests with ctest
@@ -17,6 +17,7 @@ for arg in "$@"; do
 done
 source "$(dirname "$0")/gpu_build.sh"
 vmstash_ensure_pytest
+vmstash_ensure_megatron
 vmstash_build
 cd "$build"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
