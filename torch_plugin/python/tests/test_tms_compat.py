@@ -223,6 +223,12 @@ def test_torch_memory_saver_dropin_wheel_installs_the_package_and_the_preload_na
             "assert os.path.exists(os.path.join(here, 'torch_memory_saver_hook_mode_preload.abi3.so'))\n"
             "torch_memory_saver._ensure_initialized()\n"
             "assert torch_memory_saver._impl._binary_wrapper.cdll.tms_get_interesting_region() is False\n"
+            "from torch_memory_saver.utils import change_env, get_binary_path_from_package, is_xpu\n"
+            "from torch_memory_saver.hooks.base import HookMode\n"
+            "stem = 'torch_memory_saver_hook_mode_preload'\n"
+            "assert str(get_binary_path_from_package(stem)) == os.path.join(here, stem + '.abi3.so')\n"
+            "with configure_subprocess():\n"
+            "    assert os.environ['LD_PRELOAD'].split(':')[0] == os.path.join(here, stem + '.abi3.so')\n"
             "print('dropin ok')\n")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([site, os.path.join(root, "torch_plugin", "python")]))
         result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)

@@ -235,13 +235,23 @@ def test_disk_files_sweep_the_stale_files_of_dead_processes(sim):
             open(os.path.join(d, f), "w").close()
         name = _disk_tag("sweep", d)
         p = sim.malloc(name, MiB)
+        sim.fill(p, MiB, 0x6e)
         cdll = _cdll()
         assert cdll.tms_pause(b"sweep") == 0
         mine = [f for f in os.listdir(d) if f.startswith(f"vmstash-tms-{os.getpid()}-")]
         assert len(mine) == 1
         assert sorted(set(os.listdir(d)) - set(mine)) == sorted(kept)
+        at = _backup_pointer(cdll, p, MiB)  # read back from the file
+        assert at and ctypes.string_at(at, MiB) == b"\x6e" * MiB
         assert cdll.tms_resume(b"sweep") == 0
         assert sorted(os.listdir(d)) == sorted(kept)
+        assert sim.holds(p, MiB, 0x6e)
+        # A phase switch lays the files out the same way.
+        vmstash.switch(pause=[name])
+        assert len([f for f in os.listdir(d) if f.startswith(f"vmstash-tms-{os.getpid()}-")]) == 1
+        vmstash.switch(resume=[name])
+        assert sorted(os.listdir(d)) == sorted(kept)
+        assert sim.holds(p, MiB, 0x6e)
         sim.free(p, MiB)
 
 
