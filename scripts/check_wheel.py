@@ -15,7 +15,7 @@ For every ELF file in a wheel:
     so the bundled abseil/fmt libraries need no RPATH of their own.
 For the vmstash wheel also: libvmstash.so carries the paged stash kernels for sm_80, sm_90
 and sm_100 plus PTX (its .nv_fatbin entries), exports the vmstash_* and vmstash_stash_*
-entry points, and the console commands are declared. Prints what it checked; exits 1
+entry points and torch_memory_saver's tms_*, and the console commands are declared. Prints what it checked; exits 1
 on the first wheel that fails, saying why.
 """
 import os
@@ -129,7 +129,8 @@ def check_vmstash(tmp, names):
     if missing:
         problems.append(f"libvmstash.so lacks paged stash kernels for {sorted(missing)}")
     symbols = readelf("--dyn-syms", "-W", lib)
-    for symbol in ("vmstash_malloc", "vmstash_set_backup_store", "vmstash_stash_create"):
+    for symbol in ("vmstash_malloc", "vmstash_set_backup_store", "vmstash_stash_create", "tms_pause",
+                   "tms_get_cpu_backup_pointer"):
         if not re.search(rf"\s{symbol}$", symbols, re.M):
             problems.append(f"libvmstash.so does not export {symbol}")
     for required in ("vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli", "vmstash/demo/__main__.py"):

@@ -1,5 +1,6 @@
 // The C ABI on the simulator: linked directly, and loaded with dlopen as PyTorch and
-// ctypes load it (only vmstash_* symbols exported, entry points usable by name).
+// ctypes load it (only vmstash_* and torch_memory_saver's tms_* symbols exported, entry
+// points usable by name).
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -173,6 +174,11 @@ TEST(CAbiSharedLibraryTest, LoadsWithDlopenAndExportsOnlyTheCAbi) {
   auto shutdown = reinterpret_cast<ShutdownFn>(dlsym(lib, "vmstash_shutdown"));
   ASSERT_TRUE(init && malloc_fn && free_fn && shutdown);
   EXPECT_EQ(dlsym(lib, "_ZN7vmstash16CachingAllocator6CreateEPNS_6DriverEiNS_16AllocatorOptionsE"), nullptr);
+  // torch_memory_saver's entry points (vmstash_tms.h), by their names.
+  for (const char* name : {"tms_pause", "tms_resume", "tms_get_cpu_backup_pointer", "tms_get_cpu_backup_backend",
+                           "tms_set_interesting_region", "tms_torch_malloc", "set_memory_margin_bytes"}) {
+    EXPECT_NE(dlsym(lib, name), nullptr) << name;
+  }
   ASSERT_EQ(init("driver:sim"), 0);
   void* p = malloc_fn(4096, 0, nullptr);
   ASSERT_NE(p, nullptr);
