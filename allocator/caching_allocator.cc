@@ -144,23 +144,7 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
     VMSTASH_ASSIGN_OR_RETURN(pool, PoolLocked(tag, Policy::kDiscard, "allocate"));
   }
   if (pool->state() != TagState::kActive) return pool->NotActiveError("resume it before allocating");
-  if (options_.bypass) {
-    DevicePtr ptr = 0;
-    absl::StatusOr<BypassAllocations::Record> made =
-        bypass_.Allocate(pool->id(), size_bytes, rounded, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return SynchronizeLocked();  // called by Allocate, under mu_
-        }, &ptr);
-    if (absl::IsResourceExhausted(made.status())) {
-      ++counters_.ooms;
-      return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, made.status()));
-    }
-    VMSTASH_RETURN_IF_ERROR(made.status());
-    pool->NoteAllocated(made->size_bytes, size_bytes);
-    pool->stats().reserved_bytes.Add(static_cast<std::int64_t>(made->size_bytes));
-    ++pool->stats().chunks;
-    ++counters_.grows;
-    return ptr;
-  }
+  if (options_.bypass) return AllocateBypassLocked(pool, size_bytes, rounded);
   if (!pending_.empty()) CompletePendingLocked(0, /*in_transition=*/-1);
   Heap* heap = rounded <= kSmallMaxBytes ? pool->small() : pool->large();
   Block* block = heap->AllocateCached(rounded, stream);
@@ -176,6 +160,25 @@ absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Str
   pool->NoteAllocated(block->size_bytes, size_bytes);
   if (options_.validate_each_op) VMSTASH_RETURN_IF_ERROR(AfterOpLocked(absl::OkStatus()));
   return block->address;
+}
+
+absl::StatusOr<DevicePtr> CachingAllocator::AllocateBypassLocked(TagPool* pool, std::size_t size_bytes,
+                                                                 std::size_t rounded) {
+  DevicePtr ptr = 0;
+  absl::StatusOr<BypassAllocations::Record> made =
+      bypass_.Allocate(pool->id(), size_bytes, rounded, [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return SynchronizeLocked();  // called by Allocate, under mu_
+      }, &ptr);
+  if (absl::IsResourceExhausted(made.status())) {
+    ++counters_.ooms;
+    return absl::ResourceExhaustedError(OomMessageLocked(pool, size_bytes, made.status()));
+  }
+  VMSTASH_RETURN_IF_ERROR(made.status());
+  pool->NoteAllocated(made->size_bytes, size_bytes);
+  pool->stats().reserved_bytes.Add(static_cast<std::int64_t>(made->size_bytes));
+  ++pool->stats().chunks;
+  ++counters_.grows;
+  return ptr;
 }
 
 absl::StatusOr<Block*> CachingAllocator::AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes,
@@ -380,6 +383,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
       if (!pool->busy()) {
         Block* block = it->second;
         live_.erase(it);
+        if (!pool->holds_backup_records()) return FreeBlockLocked(pool, block);  // the usual case
         if (pool->DropBackupOf(block)) orphaned = pool;
         freed_status = FreeBlockLocked(pool, block);
       } else {

@@ -249,6 +249,9 @@ class CachingAllocator : private TransitionHost {
   absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bypass option's allocation (BypassAllocations), out of the cached path's way.
+  absl::StatusOr<DevicePtr> AllocateBypassLocked(TagPool* pool, std::size_t size_bytes, std::size_t rounded)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees a live block already taken out of live_; its pool is not in transition.
   absl::Status FreeBlockLocked(TagPool* pool, Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Step 3 of the ladder (Note [OOM Ladder]): heap growth, unless it would cut into the

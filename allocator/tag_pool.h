@@ -162,6 +162,8 @@ class TagPool {
   const BackupExtents& backup_extents() const { return backup_extents_; }
   // Note [Retained Backups] (owner's mu): while active, the extents a resume kept readable.
   bool has_retained() const { return !retained_extents_.empty(); }
+  // Whether a free may have backup bytes to drop (DropBackupOf); false on the usual path.
+  bool holds_backup_records() const { return !backup_extents_.empty() || !retained_extents_.empty(); }
   // A free (the owner's mu held) of `block`: drops its backup bytes (paused) or its
   // retained ones (active). True when that dropped the arena's last backed-up bytes and
   // the retention releases the arena with its blocks: the caller then calls
