@@ -268,6 +268,8 @@ TEST_P(AllocatorConformanceTest, PausingABackupTagKeepsItsBytesAtTheSameAddresse
 
 // --- Switch ----------------------------------------------------------------------------
 
+// Same sizes both ways: every chunk changes hands (no create, no release, so the device's
+// used memory stays as it was), the bytes and addresses of both tags survive three switches.
 TEST_P(AllocatorConformanceTest, SwitchKeepsAddressesAndBackedUpBytesBothWays) {
   MakeAllocator(SwitchOptions(/*zero=*/true));
   TagId train = Tag("sw_train", Policy::kBackup);

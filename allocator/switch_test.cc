@@ -79,39 +79,6 @@ class SwitchTest : public testing::SimAllocatorTest {
   std::size_t min_chunk_ = 0;  // 0: the default
 };
 
-TEST_F(SwitchTest, BackupBothWaysSameSizesHandsEveryChunkOver) {
-  TagId train = Tag("sw_train", Policy::kBackup);
-  TagId roll = Tag("sw_roll", Policy::kBackup);
-  std::vector<Live> t = Fill(train, {64 * kMiB, 64 * kMiB, 32 * kMiB}, 1);
-  ASSERT_EQ(*alloc_->Pause(train), Transition::kDone);
-  std::vector<Live> r = Fill(roll, {64 * kMiB, 64 * kMiB, 32 * kMiB}, 50);
-  const std::size_t used = sim_->UsedBytes(0);
-  const std::uint64_t creates = Calls(DriverOp::kCreateChunk), releases = Calls(DriverOp::kReleaseChunk);
-
-  ASSERT_EQ(*alloc_->Switch({roll}, {train}), Transition::kDone);
-  EXPECT_EQ(State(roll), "paused");
-  EXPECT_EQ(State(train), "active");
-  EXPECT_EQ(Wrong(t), 0u);  // restored at the same addresses, into the rollout tag's chunks
-  EXPECT_EQ(Calls(DriverOp::kCreateChunk), creates) << "memory changing hands must not be created";
-  EXPECT_EQ(Calls(DriverOp::kReleaseChunk), releases) << "memory changing hands must not be released";
-  EXPECT_EQ(sim_->UsedBytes(0), used);
-  EXPECT_EQ(alloc_->Stats().handed_over_bytes, 160 * kMiB);
-
-  ASSERT_EQ(*alloc_->Switch({train}, {roll}), Transition::kDone);
-  EXPECT_EQ(Wrong(r), 0u);
-  ASSERT_EQ(*alloc_->Switch({roll}, {train}), Transition::kDone);
-  EXPECT_EQ(Wrong(t), 0u);
-  EXPECT_EQ(Calls(DriverOp::kCreateChunk), creates);
-  ASSERT_TRUE(alloc_->Validate().ok());
-  for (const TagStats& s : alloc_->Stats().tags) {
-    if (s.name == "sw_train") { EXPECT_EQ(s.switches, 3u); }
-  }
-  ASSERT_EQ(*alloc_->Resume(roll), Transition::kDone);
-  EXPECT_EQ(Wrong(r), 0u);
-  FreeAll(t);
-  FreeAll(r);
-}
-
 TEST_F(SwitchTest, IncomingNeedsMoreTheRestIsCreated) {
   TagId big = Tag("sw_big", Policy::kBackup);
   TagId small = Tag("sw_small", Policy::kBackup);
