@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <set>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -83,10 +83,8 @@ unsigned long long StartTime(long pid) {
   return p != nullptr ? std::strtoull(p + 1, nullptr, 10) : 0;
 }
 
-unsigned long long OwnStartTime() {
-  static const unsigned long long start = StartTime(static_cast<long>(getpid()));
-  return start;
-}
+// Read again at each call (once per pause): a forked child has its own pid and start time.
+unsigned long long OwnStartTime() { return StartTime(static_cast<long>(getpid())); }
 
 // "vmstash-tms-<pid>-<start>-": this process's file name prefix.
 std::string OwnFilePrefix() {
@@ -122,18 +120,23 @@ void SweepStaleFiles(const std::string& directory) {
 }
 
 // This process's visible backup files, unlinked at exit if still there (a process that
-// ends with a tag paused). Leaked on purpose: the handler may run after static destructors.
+// ends with a tag paused), each with the pid that made it: a forked child inherits the
+// list, and its exit must leave its parent's files alone. Leaked on purpose: the handler
+// may run after static destructors.
 std::mutex& FilesMu() {
   static auto* mu = new std::mutex;
   return *mu;
 }
-std::set<std::string>& LiveFiles() {
-  static auto* files = new std::set<std::string>;
+std::map<std::string, pid_t>& LiveFiles() {
+  static auto* files = new std::map<std::string, pid_t>;
   return *files;
 }
 void UnlinkLiveFilesAtExit() {
   std::lock_guard<std::mutex> lock(FilesMu());
-  for (const std::string& path : LiveFiles()) unlink(path.c_str());
+  const pid_t self = getpid();
+  for (const auto& [path, owner] : LiveFiles()) {
+    if (owner == self) unlink(path.c_str());
+  }
   LiveFiles().clear();
 }
 void NoteLiveFile(const std::string& path, bool live) {
@@ -141,7 +144,7 @@ void NoteLiveFile(const std::string& path, bool live) {
   (void)registered;
   std::lock_guard<std::mutex> lock(FilesMu());
   if (live) {
-    LiveFiles().insert(path);
+    LiveFiles()[path] = getpid();
   } else {
     LiveFiles().erase(path);
   }

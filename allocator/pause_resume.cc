@@ -100,13 +100,13 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
 
   // Everything that can fail before the first copy: arena, stream, events. A failure
   // leaves nothing behind (a disk-files arena's files are removed: DropContents).
-  BackupArena* const arena = pool_->EnsureArena();
-  VMSTASH_RETURN_IF_ERROR(arena->ReserveLayout(layout.arena_bytes, BackupPieceBytes(layout)));
-  absl::StatusOr<Stream> made_stream = pool_->CopyStream();
+  BackupArena* const arena = pool_->ArenaForPause(host_->mu());
+  absl::Status reserved = arena->ReserveLayout(layout.arena_bytes, BackupPieceBytes(layout));
+  absl::StatusOr<Stream> made_stream = reserved.ok() ? pool_->CopyStream() : absl::StatusOr<Stream>(reserved);
   absl::StatusOr<std::vector<Event>*> made_events =
       made_stream.ok() ? pool_->CopyEvents(stages.size()) : absl::StatusOr<std::vector<Event>*>(made_stream.status());
   if (!made_events.ok()) {
-    arena->DropContents();
+    pool_->ArenaAfterFailedPause();
     return made_events.status();
   }
   const Stream stream = *made_stream;
@@ -137,7 +137,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
     pool_->DrainCopyStream();
     *undo_error = pool_->RemapHeaps();
     *backed_up = 0;
-    arena->DropContents();  // a failed pause leaves nothing behind (Note [Disk Backup Files])
+    pool_->ArenaAfterFailedPause();  // a failed pause leaves nothing behind (Note [Disk Backup Files])
   }
   return status;
 }

@@ -137,7 +137,9 @@ absl::Status SwitchTransaction::PrepareBackups() {
   for (Out& o : out_) {
     if (!o.pool->backup() || o.layout.arena_bytes == 0) continue;
     o.pool->AssertTransitionHeld();
-    VMSTASH_RETURN_IF_ERROR(o.pool->EnsureArena()->ReserveLayout(o.layout.arena_bytes, BackupPieceBytes(o.layout)));
+    o.arena_used = true;
+    VMSTASH_RETURN_IF_ERROR(
+        o.pool->ArenaForPause(host_->mu())->ReserveLayout(o.layout.arena_bytes, BackupPieceBytes(o.layout)));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();
@@ -298,7 +300,8 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
   std::string broken;
   for (Out& o : out_) {
     o.pool->AssertTransitionHeld();
-    if (o.pool->backup() && o.pool->arena() != nullptr) o.pool->arena()->DropContents();
+    // An arena this switch did not touch keeps what it holds (a retained backup).
+    if (o.arena_used) o.pool->ArenaAfterFailedPause();
     {
       MutexLock lock(host_->mu());
       (void)o.pool->FailPause(cause, o.undo_error);

@@ -65,6 +65,7 @@ class SwitchTransaction {
     BackupLayout layout;
     std::size_t backed_up = 0;
     bool unmapped = false;    // its own mappings are gone (handles kept)
+    bool arena_used = false;  // PrepareBackups reserved its arena (ArenaForPause)
     absl::Status undo_error;  // a rollback step for this tag failed
   };
   struct In {

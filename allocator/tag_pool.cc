@@ -117,8 +117,28 @@ BackupArena* TagPool::EnsureArena() {
   return arena_.get();
 }
 
+BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
+  {
+    MutexLock lock(owner_mu);
+    retained_extents_.clear();  // the arena is written over from here on (Note [Retained Backups])
+  }
+  return EnsureArena();
+}
+
+void TagPool::ArenaAfterFailedPause() {
+  if (arena_ == nullptr) return;
+  if (retention_.release_with_blocks) {
+    absl::Status s = arena_->Release();  // nothing retained: the backup goes (Note [Retained Backups])
+    if (s.ok()) return;
+    VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of a failed pause: {}", name_, s.ToString());
+  }
+  arena_->DropContents();
+}
+
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
-  retained_extents_.clear();  // the failed pause may have written over them (Note [Retained Backups])
+  // The retained extents, if any, are still the arena's: ArenaForPause dropped them before
+  // the first write into it (Note [Retained Backups]).
+  stats_.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;
   if (undo_error.ok()) {
     VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
     return cause;
@@ -200,7 +220,10 @@ bool TagPool::DropBackupOf(const Block* block) {
 }
 
 void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
-  if (!transition_mu_.TryLock()) return;  // a transition or backup request of the tag is running: it stays
+  // Waits for a transition, preparation or backup read of the tag (which may still use the
+  // arena); only trying the lock would leave the arena behind for good, as no later free
+  // asks again.
+  transition_mu_.Lock();
   {
     MutexLock lock(owner_mu);
     const bool orphaned = retention_.release_with_blocks && arena_ != nullptr &&

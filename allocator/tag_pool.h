@@ -85,7 +85,9 @@ bool TagTransitionAllowed(TagState from, TagState to);
 //   keep_after_resume    the arena keeps what the pause saved, readable after the resume
 //                        (ReadBackup / BackupAddress, through the retained extents) until
 //                        the next pause overwrites it in place (same offsets for the same
-//                        blocks), the backup is released, a foreground Prepare or a new
+//                        blocks; a pause or switch failing before it reserves the arena
+//                        keeps it, one failing after has dropped it: ArenaForPause), the
+//                        backup is released, a foreground Prepare or a new
 //                        store replaces the arena, or the block is freed. A background
 //                        preparation leaves an arena holding retained bytes alone. Not for
 //                        disk-files arenas, whose files are removed at every resume.
@@ -179,6 +181,15 @@ class TagPool {
   BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return arena_.get(); }
   // The arena, made (empty, for the tag's store) on first use.
   BackupArena* EnsureArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A pause (or a switch pausing the tag) about to reserve and write the arena: what a
+  // resume retained is dropped from here on (Note [Retained Backups]), so that a pause
+  // failing before this point changes nothing and one failing after it never lets the
+  // old extents read bytes it wrote over. Takes the owner's mu for the extents.
+  BackupArena* ArenaForPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A pause (or switch) failed after ArenaForPause: the arena gives its contents back
+  // (DropContents: a disk-files arena's files removed), or, when the retention releases
+  // the backup with the blocks, is released (its bytes are of no block any more).
+  void ArenaAfterFailedPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // The backup arena's requests (CachingAllocator::Prepare, ReleaseBackup, SetBackupStore,
   // ReadBackup): each takes the transition lock, then `owner_mu` (the owner's mu: the
   // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
@@ -187,7 +198,9 @@ class TagPool {
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   // After DropBackupOf returned true: releases the arena if it still holds no backed-up
-  // bytes (a transition in progress keeps it: the lock is only tried). Errors are logged.
+  // bytes, once a transition (or a backup read) of the tag holding the transition lock is
+  // done; the caller holds no allocator lock, as Free's wait for a busy tag. Errors are
+  // logged.
   void ReleaseOrphanedArena(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   // Note [Retained Backups]: set holding the transition lock and the owner's mu, so read
   // holding either.
