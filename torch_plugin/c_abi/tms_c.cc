@@ -29,6 +29,7 @@
 #include <deque>
 #include <initializer_list>
 #include <mutex>
+#include <new>
 #include <string>
 #include <utility>
 #include <vector>
@@ -409,8 +410,12 @@ VMSTASH_TMS_EXPORT void tms_set_current_tag(const char* tag) noexcept {
     vmstash::c_abi::Fail(absl::InvalidArgumentError("tms_set_current_tag: tag must not be NULL (kept the tag)"));
     return;
   }
-  State().config.tag = tag;
-  State().config.configured = true;
+  try {
+    State().config.tag = tag;  // may allocate
+    State().config.configured = true;
+  } catch (const std::bad_alloc&) {
+    vmstash::c_abi::Fail(absl::ResourceExhaustedError("tms_set_current_tag: host out of memory (kept the tag)"));
+  }
 }
 
 VMSTASH_TMS_EXPORT const char* tms_get_current_tag(void) noexcept { return State().config.tag.c_str(); }
