@@ -49,7 +49,9 @@ absl::StatusOr<TransitionResult> PauseExecutor::Transact() {
     // not completed by the synchronize below.
     synced_before = host_->PendingSeqLocked();
   }
-  auto fail = [&](const absl::Status& status, const absl::Status& undo = absl::OkStatus()) {
+  // Called only below, under `t` (clang does not carry it into the lambda).
+  auto fail = [&](const absl::Status& status, const absl::Status& undo = absl::OkStatus())
+                  ABSL_NO_THREAD_SAFETY_ANALYSIS {
     MutexLock lock(host_->mu());
     return pool_->FailPause(status, undo);
   };

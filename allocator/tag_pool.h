@@ -137,10 +137,11 @@ class TagPool {
   // FailedPrecondition naming the tag and its state ("... is paused on device 0: resume
   // it before allocating"), or the broken reason.
   absl::Status NotActiveError(const char* before) const;
-  // A failed pause (the owner's mu held): back to active, or to broken when the rollback
+  // A failed pause (the transition lock and the owner's mu held): back to active, or to broken when the rollback
   // failed too (undo_error), with a message naming the tag and what to do. The status for
   // the caller to return.
-  absl::Status FailPause(const absl::Status& cause, const absl::Status& undo_error);
+  absl::Status FailPause(const absl::Status& cause, const absl::Status& undo_error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   // --- Heaps (Note [Heap Locking]) -------------------------------------------------------
   Heap* small() const { return small_.get(); }
