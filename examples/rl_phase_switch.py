@@ -1,7 +1,8 @@
 """The RL phase-switch demo from a source tree: the same as `python3 -m vmstash.demo` once
 the package is installed (torch_plugin/python/vmstash/demo/rl_phase_switch.py).
 
-    python3 examples/rl_phase_switch.py [--cycles 10] [--plot memory.svg] [--json out.json] [--peer MODULE]
+    python3 examples/rl_phase_switch.py [--cycles 10] [--plot memory.svg] [--json out.json]
+                                        [--peer MODULE] [--judge-peer]
 """
 import os
 import sys

@@ -1,8 +1,10 @@
 """Shared by the RL phase-switch demo (rl_phase_switch.py, vmstash) and its peer run
 (tms_peer.py, any module with torch_memory_saver's API): the same-run pinned copy
 bandwidth, the memory timeline, and the per-switch line and summary both print, so the two
-report the same figures the same way. torch is imported where it is used, so the criteria,
-the verdict, the summary and the plot are tested without it (tests/test_demo_common.py)."""
+report the same figures the same way, and judge() and final_verdict(): the one place that
+decides the criteria, for vmstash's switches and for every peer's alike. torch is imported
+where it is used, so the criteria, the verdict, the summary and the plot are tested without
+it (tests/test_demo_common.py)."""
 import json
 import math
 import statistics
@@ -94,26 +96,39 @@ def percentile(values, q):
 
 
 def speed_failures(summary, margin=SPEED_MARGIN):
-    """Directions whose median switch is over `margin` x their bound: speed clearly broken."""
-    return [f"to {label}: median switch {d['median_ms']:.1f} ms > {margin:g} x bound {d['bound_ms']:.1f} ms"
+    """Directions whose median switch is over `margin` x their bound: speed clearly broken.
+    Each names the direction, its median (and its multiple of the bound), the bound, p90, max."""
+    return [f"to {label}: median switch {d['median_ms']:.1f} ms ({d['median_ms'] / d['bound_ms']:.2f}x) > "
+            f"{margin:g} x bound {d['bound_ms']:.1f} ms (p90 {d['p90_ms']:.1f} ms, max {d['max_ms']:.1f} ms, "
+            f"{d['switches']} switches)"
             for label, d in summary["directions"].items() if d["median_ms"] > margin * d["bound_ms"]]
 
 
-def summarize(name, switches, used, used_note=""):
-    """Per direction: median, p90 and max switch time against the bound, the outliers by
-    number (over OUTLIER x their own bound), bytes moved and the share released; `used`
-    maps a phase to GPU bytes in use during it. Returns (lines, dict)."""
-    lines, out = [], {"name": name, "used": used, "directions": {}}
+def directions(switches):
+    """Per direction (a switch's label): its switches, median, p90 and max time and the median
+    bound (ms), the outliers by number (over OUTLIER x their own bound), bytes moved and the
+    least share released."""
+    out = {}
     for label in sorted({r["label"] for r in switches}):
         rs = [r for r in switches if r["label"] == label]
         total = [r["time"] for r in rs]
         outliers = [(i + 1, 1e3 * r["time"]) for i, r in enumerate(rs) if r["time"] > OUTLIER * r["bound"]]
-        d = {"switches": len(rs), "median_ms": 1e3 * statistics.median(total), "p90_ms": 1e3 * percentile(total, 0.9),
-             "max_ms": 1e3 * max(total), "bound_ms": 1e3 * statistics.median(r["bound"] for r in rs),
-             "outliers": outliers, "min_freed_share": min(r["freed"] / max(r["reserved"], 1) for r in rs),
-             "reserved_gib": rs[0]["reserved"] / GiB, "backed_gib": rs[0]["backed"] / GiB,
-             "restored_gib": rs[0]["restored"] / GiB}
-        out["directions"][label] = d
+        out[label] = {"switches": len(rs), "median_ms": 1e3 * statistics.median(total),
+                      "p90_ms": 1e3 * percentile(total, 0.9), "max_ms": 1e3 * max(total),
+                      "bound_ms": 1e3 * statistics.median(r["bound"] for r in rs), "outliers": outliers,
+                      "min_freed_share": min(r["freed"] / max(r["reserved"], 1) for r in rs),
+                      "reserved_gib": rs[0]["reserved"] / GiB, "backed_gib": rs[0]["backed"] / GiB,
+                      "restored_gib": rs[0]["restored"] / GiB}
+    return out
+
+
+def summarize(name, switches, used, used_note=""):
+    """Per direction (directions()): median, p90 and max switch time against the bound, the
+    outliers, bytes moved and the share released; `used` maps a phase to GPU bytes in use
+    during it. Returns (lines, dict)."""
+    lines, out = [], {"name": name, "used": used, "directions": directions(switches)}
+    for label, d in out["directions"].items():
+        outliers = d["outliers"]
         named = ", ".join(f"#{i} {ms:.1f} ms" for i, ms in outliers) or "none"
         lines.append(f"  to {label:9s} {d['switches']:3d} switches: median {d['median_ms']:.1f} ms "
                      f"({d['median_ms'] / d['bound_ms']:.2f}x bound), p90 {d['p90_ms']:.1f} ms, max "
@@ -123,6 +138,107 @@ def summarize(name, switches, used, used_note=""):
     lines.append(f"  GPU memory in use{' ' + used_note if used_note else ''}: " +
                  ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in used.items()))
     return lines, out
+
+
+# --- The verdict: one set of criteria for vmstash and for every peer ------------------------
+# What the vmstash run's data checks cover, and what a peer run's do (it has no compute).
+VMSTASH_CHECKS = "replays, backup bytes across every switch, addresses, memory released"
+PEER_CHECKS = "backup bytes across every switch, memory released"
+
+
+def judge(name, switches, data_failures=(), errors=(), checks=VMSTASH_CHECKS):
+    """The demo's criteria, the same for vmstash's switches and for a peer's: a run misses
+    them on an error (it did not run, or recorded no switch), on wrong data (`data_failures`:
+    what its own checks found), on memory (a switch that released less than 95% of the
+    paused tags' reserved bytes: memory_failures) or on speed (a direction whose median
+    switch is over SPEED_MARGIN x its bound: speed_failures; the bound is switch_record's).
+    A switch over OUTLIER x its bound is named (`outliers`), never failed on. Returns the
+    verdict: a dict with `passed` and every reason in `failures`, each prefixed with `name`."""
+    errors = list(errors) or ([] if switches else ["no switch recorded"])
+    per_direction = directions(switches)
+    v = {"name": name, "checks": checks, "errors": errors, "data": list(data_failures),
+         "memory": [m for r in switches for m in memory_failures(r)],
+         "speed": speed_failures({"directions": per_direction}),
+         "outliers": {label: d["outliers"] for label, d in per_direction.items() if d["outliers"]}}
+    v["failures"] = [f"{name}: {m}" for m in v["errors"] + v["data"] + v["memory"] + v["speed"]]
+    v["passed"] = not v["failures"]
+    return v
+
+
+def served_by_vmstash(module_name, module=None):
+    """Whether a peer module is vmstash's own code path: a vmstash module by name (e.g.
+    vmstash.compat.torch_memory_saver), or a module whose torch_memory_saver object is
+    vmstash's (the drop-in wheel installs one under the name torch_memory_saver)."""
+    if module_name == "vmstash" or module_name.startswith("vmstash."):
+        return True
+    if module is None:
+        return False
+    if getattr(module, "served_by", None) == "vmstash":
+        return True
+    return type(getattr(module, "torch_memory_saver", None)).__module__.split(".")[0] == "vmstash"
+
+
+def peer_verdict(peer, judge_foreign=False):
+    """A peer run's verdict: judge() on its switch log and data failures (the tms_peer JSON),
+    or its error. `judged`: whether it decides the run's verdict: always for vmstash's own
+    code path (peer["vmstash"], served_by_vmstash), for another module only with
+    `judge_foreign` (--judge-peer). A child that exits other than 0 (within the criteria)
+    or 1 (outside them) after writing its figures is an error."""
+    name, errors = peer["name"], []
+    if peer.get("error"):
+        errors.append(peer["error"])
+    v = judge(f"peer {name}", peer.get("switch_log", []), peer.get("failures", []), errors, PEER_CHECKS)
+    rc = peer.get("exit_code")
+    if rc is not None and rc != (0 if v["passed"] else 1):
+        v["errors"].append(f"the child exited with {rc}")
+        v["failures"].append(f"peer {name}: the child exited with {rc}")
+        v["passed"] = False
+    own = peer.get("vmstash", served_by_vmstash(name))
+    v.update(module=name, vmstash=own, judged=own or judge_foreign,
+             role="vmstash's own code path, judged" if own else
+             ("another module, judged (--judge-peer)" if judge_foreign else
+              "another module: a comparison, not judged; --judge-peer judges it"))
+    return v
+
+
+def _reasons(items, most=3):
+    return "; ".join(items[:most]) + (f"; +{len(items) - most} more" if len(items) > most else "")
+
+
+def verdict_line(v):
+    """One run's verdict (vmstash's or a peer's): met or missed, its data and speed checks,
+    the outliers named."""
+    who = v["name"] + (f" ({v['role']})" if "role" in v else "")
+    if v["errors"]:
+        return f"verdict {who}: MISSED the criteria: {_reasons(v['errors'])}"
+    bad = v["data"] + v["memory"]
+    line = (f"verdict {who}: {'meets the criteria' if v['passed'] else 'MISSED the criteria'}: data ({v['checks']}: "
+            f"{len(bad)} failures{': ' + _reasons(bad) if bad else ''}); speed (every direction's median within "
+            f"{SPEED_MARGIN:g}x its bound: {'yes' if not v['speed'] else 'no: ' + _reasons(v['speed'])})")
+    named = sum(len(o) for o in v["outliers"].values())
+    if named:
+        line += f"; {named} switches over {OUTLIER:g}x their bound (named, not failed on)"
+    return line
+
+
+def final_verdict(own, peers):
+    """The run's verdict from vmstash's (judge()) and the peers' (peer_verdict()): it fails
+    when vmstash misses the criteria or a judged peer does; a peer that is not judged is
+    reported only. Returns (lines to print, exit code, the verdict for --json). The last line
+    starts with PASSED or FAILED; FAILED names who missed what (direction, figures, bound)."""
+    lines = [verdict_line(v) for v in [own] + peers]
+    failures = own["failures"] + [f for p in peers if p["judged"] for f in p["failures"]]
+    unjudged = [p["module"] for p in peers if not p["judged"] and not p["passed"]]
+    out = {"passed": not failures, "exit_code": 1 if failures else 0, "failures": failures,
+           "not_judged_missed": unjudged}
+    if len(failures) > 1:
+        lines.append(f"failures ({len(failures)}):\n  " + "\n  ".join(failures[:20]))
+    if failures:
+        lines.append(f"FAILED: {_reasons(failures)}")
+    else:
+        lines.append("PASSED" + (f" ({', '.join(unjudged)}: missed the criteria, a comparison, not judged)"
+                                  if unjudged else ""))
+    return lines, out["exit_code"], out
 
 
 def write_json(path, data):
