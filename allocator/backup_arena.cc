@@ -211,14 +211,14 @@ BackupArena::~BackupArena() {
 
 absl::Status BackupArena::Reserve(std::size_t size_bytes) {
   if (store_.kind == BackupStore::Kind::kDiskFiles) return absl::OkStatus();  // see ReserveLayout
+  dropped_ = false;  // a pause writes it again
   if (size_bytes <= capacity_bytes_) return absl::OkStatus();
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
   VMSTASH_RETURN_IF_ERROR(Release());
   switch (store_.kind) {
-    case BackupStore::Kind::kPinned: {
-      VMSTASH_ASSIGN_OR_RETURN(pinned_, PinnedHostBuffer::Allocate(driver_, device_, want));
+    case BackupStore::Kind::kPinned:
+      VMSTASH_RETURN_IF_ERROR(pinned_.Reserve(want));
       break;
-    }
     case BackupStore::Kind::kPageable: {
       void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       if (p == MAP_FAILED) {
@@ -239,8 +239,43 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
 }
 
 absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
-  if (store_.kind != BackupStore::Kind::kDiskFiles) return Reserve(size_bytes);
+  if (store_.kind != BackupStore::Kind::kDiskFiles) {
+    VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
+    return store_.kind == BackupStore::Kind::kPinned ? pinned_.Warm(size_bytes) : absl::OkStatus();
+  }
   return ReserveFiles(size_bytes, piece_bytes);
+}
+
+absl::Status BackupArena::Pin(std::size_t end) {
+  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(pinned_.Warm(end));
+  return pinned_.Pin(0, end);
+}
+
+std::size_t BackupArena::PinnedPrefixBytes() const {
+  return store_.kind == BackupStore::Kind::kPinned ? pinned_.pinned_prefix_bytes() : capacity_bytes_;
+}
+
+absl::Status BackupArena::CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream) {
+  if (store_.kind == BackupStore::Kind::kPinned) return pinned_.CopyIn(offset, src, size_bytes, stream);
+  if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
+    return absl::InternalError(absl::StrCat("backup arena: a copy into bytes ", offset, "+", size_bytes,
+                                            " outside its ", capacity_bytes_, " bytes"));
+  }
+  return driver_->CopyToHostAsync(device_, data() + offset, src, size_bytes, stream);
+}
+
+absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream) {
+  if (store_.kind == BackupStore::Kind::kPinned) return pinned_.CopyOut(dst, offset, size_bytes, stream);
+  if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
+    return absl::InternalError(absl::StrCat("backup arena: a copy out of bytes ", offset, "+", size_bytes,
+                                            " outside its ", capacity_bytes_, " bytes"));
+  }
+  return driver_->CopyToDeviceAsync(device_, dst, data() + offset, size_bytes, stream);
+}
+
+absl::Status BackupArena::UnpinAfterReads() {
+  return store_.kind == BackupStore::Kind::kPinned ? pinned_.Unpin() : absl::OkStatus();
 }
 
 absl::Status BackupArena::ReserveDisk(std::size_t want) {
@@ -280,7 +315,7 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
 absl::Status BackupArena::Release() {
   if (store_.kind == BackupStore::Kind::kDiskFiles) return ReleaseFiles();
   if (store_.kind == BackupStore::Kind::kPinned) {
-    if (pinned_.valid()) VMSTASH_RETURN_IF_ERROR(pinned_.Release());
+    VMSTASH_RETURN_IF_ERROR(pinned_.Release());
   } else if (mapped_ != nullptr) {
     if (munmap(mapped_, capacity_bytes_) != 0) {
       return absl::InternalError(absl::StrCat("backup arena: munmap failed: ", Errno(errno)));
@@ -396,9 +431,16 @@ void BackupArena::DropPages() {
   }
 }
 
-void BackupArena::DropContents() {
+void BackupArena::DropContents(bool give_back) {
+  if (store_.kind == BackupStore::Kind::kPinned) {
+    if (!give_back) return;
+    absl::Status s = pinned_.HandBack(/*lazily=*/true);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: giving a backup arena's host memory back: {}", s.ToString());
+    return;
+  }
   if (store_.kind != BackupStore::Kind::kDiskFiles) {
     DropPages();
+    dropped_ = true;
     return;
   }
   absl::Status s = ReleaseFiles();  // Note [Disk Backup Files]: removed once not needed

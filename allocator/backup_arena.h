@@ -2,11 +2,19 @@
 // (docs/architecture.md §2, §5). Each tag chooses its BackupStore; AllocatorOptions::backup
 // gives the default.
 //
-// Pinned (default): page-locked once through the driver and reused across pause/resume
-// cycles, so copies run at link speed; pinning costs ~0.4 s/GiB, which is why Prepare()
-// exists: pin ahead of the first pause. Pageable: an anonymous mmap for users short of
+// Pinned (default): PinnedPieces (vmm/pinned_pieces.h, Note [Pinned Pieces]): host memory
+// registered with the driver piece by piece, so copies run at link speed. Pin() pins the
+// whole arena ahead of a pause (Prepare, the background preparation); a pause into an
+// arena not yet pinned warms it (many threads) and pins each piece just before its copies,
+// pipelined with them. After a resume the memory stays pinned for the next pause, or, when
+// the owner asks (DropContents(give_back=true): torch_memory_saver's default mode), is
+// unpinned behind the resume's copies (UnpinAfterReads) and handed back to the OS lazily,
+// to be pinned again by the next pause. Pageable: an anonymous mmap for users short of
 // host RAM; copies are slower, and after a resume its pages are given back to the OS
 // (MADV_DONTNEED) so the RSS drops.
+//
+// Copies between the device and an arena go through CopyIn / CopyOut, which pin what the
+// copy needs and split it at the pieces' bounds (a copy may not span two registrations).
 //
 // Note [Disk Backup]
 //   Disk: a file in BackupStore::directory, created with mkstemp and unlinked at once (no
@@ -85,7 +93,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "vmm/driver.h"
-#include "vmm/pinned_host_buffer.h"
+#include "vmm/pinned_pieces.h"
 
 namespace vmstash {
 
@@ -113,21 +121,36 @@ absl::Status CheckBackupStore(const BackupStore& store);
 class BackupArena {
  public:
   BackupArena(Driver* driver, int device, BackupStore store)
-      : driver_(driver), device_(device), store_(std::move(store)) {}
+      : driver_(driver), device_(device), store_(std::move(store)), pinned_(driver, device) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
 
-  // Capacity >= size_bytes (rounded up to 2 MiB). ResourceExhausted when the host (or the
-  // disk) refuses; NotFound for a disk store whose directory is missing. A no-op for
-  // kDiskFiles (its files are made per pause, by ReserveLayout).
+  // Capacity >= size_bytes (rounded up to 2 MiB; a pinned arena's new memory is not
+  // pinned yet: Pin). ResourceExhausted when the host (or the disk) refuses; NotFound for
+  // a disk store whose directory is missing. A no-op for kDiskFiles (its files are made
+  // per pause, by ReserveLayout).
   absl::Status Reserve(std::size_t size_bytes);
   // A pause's reservation: `piece_bytes` (BackupPieceBytes of its layout, page multiples
   // adding up to size_bytes) are the backed-up bytes of each block in arena order. For
   // kDiskFiles, one file per piece (Note [Disk Backup Files]), replacing any files the
-  // arena had; for the other stores Reserve(size_bytes).
+  // arena had; for the other stores Reserve(size_bytes), and a pinned arena warms those
+  // bytes with many threads (the pause's CopyIn pins them).
   absl::Status ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
   absl::Status Release();
+  // Pins [0, end) of a pinned arena now (a no-op for the other stores): what Prepare does
+  // ahead of a pause. A background preparation pins in steps (PinnedPrefixBytes tells how
+  // far it got), so that a pause waits for one step at most.
+  absl::Status Pin(std::size_t end);
+  std::size_t PinnedPrefixBytes() const;
+  // Queue a copy from device `src` into [offset, offset + size_bytes) of the arena /
+  // from there to device `dst` on `stream` (Note [Pinned Pieces]: pinned pieces, split
+  // at their bounds; one driver copy for the other stores).
+  absl::Status CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream);
+  absl::Status CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream);
+  // A resume whose arena gives its memory back: unpins each piece once the CopyOut
+  // copies reading it completed (the contents stay until DropContents). No-op otherwise.
+  absl::Status UnpinAfterReads();
   // After the pause's copies completed: a disk arena is written back and its pages
   // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
   absl::Status Seal();
@@ -140,13 +163,22 @@ class BackupArena {
   absl::Status Load(std::size_t offset, std::size_t size_bytes);
   // After a resume (and after a failed pause): pageable and disk arenas give their pages
   // back to the OS (a pageable arena's contents are lost; a disk arena's stay in the
-  // file); a disk-files arena is released, its files removed. No-op when pinned.
-  void DropContents();
+  // file); a disk-files arena is released, its files removed. A pinned arena keeps its
+  // memory pinned, or with `give_back` unpins it and hands it back lazily (Note [Pinned
+  // Pieces]; contents lost). Errors are logged.
+  void DropContents(bool give_back = false);
   // The files of a kDiskFiles arena (their paths), for tests and messages.
   std::vector<std::string> FilePaths() const;
 
-  char* data() const { return static_cast<char*>(store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : mapped_); }
+  char* data() const { return store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : static_cast<char*>(mapped_); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
+  // What the arena holds (its statistic): the capacity, less what a pinned arena gave
+  // back or has not faulted in yet (Note [Pinned Pieces]); 0 for a pageable arena whose
+  // pages went back after a resume.
+  std::size_t held_bytes() const {
+    if (store_.kind == BackupStore::Kind::kPinned) return pinned_.resident_bytes();
+    return store_.kind == BackupStore::Kind::kPageable && dropped_ ? 0 : capacity_bytes_;
+  }
   const BackupStore& store() const { return store_; }
 
  private:
@@ -175,12 +207,13 @@ class BackupArena {
   Driver* const driver_;
   const int device_;
   const BackupStore store_;
-  PinnedHostBuffer pinned_;
+  PinnedPieces pinned_;
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
   std::string path_;        // disk store: the (unlinked) file's name, for messages
   std::vector<File> files_;  // disk-files store, in arena order
   std::size_t capacity_bytes_ = 0;
+  bool dropped_ = false;  // pageable: DropContents gave the pages back since the last Reserve
 };
 
 }  // namespace vmstash

@@ -220,9 +220,9 @@ class BackupStoreTest : public testing::SimAllocatorTest {
 TEST_F(BackupStoreTest, DiskBackupHoldsThePausedBytesInAnUnlinkedFile) {
   ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
   EXPECT_EQ(Tag(weights_).backup_store, "disk:" + dir_);
-  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostRegister);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins) << "no pinned host memory for a disk store";
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), pins) << "no pinned host memory for a disk store";
   EXPECT_EQ(OpenBackupFiles(dir_), 1);
   EXPECT_EQ(EntriesIn(dir_), 0) << "the file is unlinked at creation: nothing is left behind";
   // The paused bytes are readable (the file, through the mapping).
@@ -245,9 +245,9 @@ TEST_F(BackupStoreTest, EveryStoreRoundTripsAndSwitchingDropsTheArena) {
   EXPECT_GT(Tag(weights_).backup_arena_bytes, 0);
   ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{BackupStore::Kind::kPageable, ""}).ok());
   EXPECT_EQ(Tag(weights_).backup_arena_bytes, 0) << "the pinned arena is given back";
-  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostRegister);
   RoundTrip();
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), pins);
   ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
   RoundTrip();
   ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok()) << "the same store again: no-op";

@@ -119,7 +119,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
   absl::Status status;
   for (std::size_t k = 0; k < stages.size() && status.ok(); ++k) {
     for (const CopyStep& c : stages[k].copies) {
-      status = driver->CopyToHostAsync(device, arena->data() + c.arena_offset, c.device, c.size_bytes, stream);
+      status = arena->CopyIn(c.arena_offset, c.device, c.size_bytes, stream);  // pins as it goes
       if (!status.ok()) break;
     }
     if (status.ok()) status = driver->RecordEvent(device, (*events)[k], stream);
@@ -165,8 +165,6 @@ absl::Status ResumeExecutor::MapBack(Heap* heap, Heap::ResumeTxn* txn, bool rest
   VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
   const std::vector<Block*> live = heap->LiveBlocks();
   RestorePlanner planner(std::vector<const Block*>(live.begin(), live.end()), covers, &pool_->backup_extents());
-  Driver* const driver = host_->driver();
-  const int device = host_->device();
   BackupArena* const arena = pool_->arena();
   const Stream stream = pool_->copy_stream();
   return heap->PrepareResume(
@@ -175,8 +173,7 @@ absl::Status ResumeExecutor::MapBack(Heap* heap, Heap::ResumeTxn* txn, bool rest
         if (!restore) return absl::OkStatus();
         VMSTASH_ASSIGN_OR_RETURN(std::vector<CopyStep> copies, planner.CopiesInto(va, size));
         for (const CopyStep& c : copies) {
-          VMSTASH_RETURN_IF_ERROR(
-              driver->CopyToDeviceAsync(device, c.device, arena->data() + c.arena_offset, c.size_bytes, stream));
+          VMSTASH_RETURN_IF_ERROR(arena->CopyOut(c.device, c.arena_offset, c.size_bytes, stream));
           *restored += c.size_bytes;
         }
         return absl::OkStatus();
@@ -217,6 +214,8 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     const std::size_t first_piece = restore ? host_->options().resume_first_piece_bytes : 0;
     made = MapBack(pool_->large(), large.get(), restore, first_piece, &restored);
   }
+  // An arena that gives its memory back unpins it behind the copies (Note [Pinned Pieces]).
+  if (made.ok() && restore) made = pool_->ArenaUnpinAfterReads();
   if (made.ok() && restore) made = host_->driver()->SynchronizeStream(host_->device(), pool_->copy_stream());
   if (!made.ok()) {
     // Wait for the copies queued into pieces already mapped, then the transactions'

@@ -79,7 +79,8 @@ void Finish(Fixture& f) {
 }
 
 TEST(PauseResumeFaultTest, EveryCallOfPauseAndResumeFailsCleanly) {
-  const DriverOp ops[] = {DriverOp::kSynchronizeDevice, DriverOp::kHostAlloc,     DriverOp::kCreateStream,
+  const DriverOp ops[] = {DriverOp::kSynchronizeDevice, DriverOp::kHostRegister,  DriverOp::kHostUnregister,
+                          DriverOp::kCreateStream,
                           DriverOp::kCopyToHost,        DriverOp::kSynchronizeStream, DriverOp::kUnmap,
                           DriverOp::kReleaseChunk,      DriverOp::kCreateChunk,   DriverOp::kMap,
                           DriverOp::kSetAccess,         DriverOp::kCopyToDevice,  DriverOp::kCreateEvent,

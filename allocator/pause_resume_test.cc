@@ -7,6 +7,7 @@
 #include "allocator/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "vmm/pinned_pieces.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {
@@ -183,7 +184,10 @@ TEST_F(PauseResumeTest, BackgroundThreadPreparesTheArenaAsTheTagGrows) {
   for (int i = 0; i < 10; ++i) burst.push_back(Alloc(30 * kMiB, weights_));
   ASSERT_GE(Stats(weights_).chunks, 10);
   alloc_->WaitForBackgroundPrepare();
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), 1u);
+  // Pinned once, piece by piece (Note [Pinned Pieces]).
+  const std::int64_t arena = Stats(weights_).backup_arena_bytes;
+  const std::int64_t piece = static_cast<std::int64_t>(PinnedPieces::kPieceBytes);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), static_cast<std::uint64_t>((arena + piece - 1) / piece));
   for (DevicePtr p : burst) ASSERT_TRUE(alloc_->Free(p).ok());
   DevicePtr a = Alloc(100 * kMiB, weights_);
   FillPattern(a, 100 * kMiB, 3);
@@ -201,9 +205,9 @@ TEST_F(PauseResumeTest, BackgroundThreadPreparesTheArenaAsTheTagGrows) {
   EXPECT_GE(grown.backup_arena_bytes, grown.reserved_bytes.current);
   EXPECT_GT(Stats(weights_).backup_arena_bytes, first);
   // The pause pins nothing: the arena was ready.
-  const std::uint64_t host_allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  const std::uint64_t host_pins = sim_->Counters().Calls(DriverOp::kHostRegister);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), host_allocs);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), host_pins);
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
   EXPECT_TRUE(HasPattern(a, 100 * kMiB, 3));
   EXPECT_TRUE(HasPattern(b, 300 * kMiB, 4));
@@ -284,12 +288,12 @@ TEST_F(PauseResumeTest, StoppedBackgroundWorkPreparesNothing) {
   DevicePtr p = Alloc(100 * kMiB, weights_);
   alloc_->WaitForBackgroundPrepare();
   EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0);
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), 0u);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), 0u);
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
-// torch_memory_saver's default (retain_cpu_backup False) releases the backup after each
-// resume: the background preparer must not pin it again at once, only when the tag grows.
+// A backup released after each resume (ReleaseBackup): the background preparer must not pin
+// it again at once, only when the tag grows.
 TEST_F(PauseResumeTest, AReleasedBackupIsNotPreparedAgainUntilTheTagGrows) {
   AllocatorOptions options;
   options.auto_prepare_settle_ms = 0;
@@ -298,12 +302,15 @@ TEST_F(PauseResumeTest, AReleasedBackupIsNotPreparedAgainUntilTheTagGrows) {
   alloc_->WaitForBackgroundPrepare();
   EXPECT_GT(Stats(weights_).backup_arena_bytes, 0);
   for (int cycle = 0; cycle < 3; ++cycle) {
-    const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostRegister);
     ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
+    const std::uint64_t paused_pins = sim_->Counters().Calls(DriverOp::kHostRegister) - pins;
     ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
     alloc_->WaitForBackgroundPrepare();  // a request made by the resume would run now
-    // Cycle 0 pauses into the prepared arena; later ones pin once, in the pause itself.
-    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc) - pins, cycle == 0 ? 0u : 1u) << "cycle " << cycle;
+    // Cycle 0 pauses into the prepared arena; later ones pin what they need, in the pause
+    // itself; the resume's background request pins nothing.
+    EXPECT_EQ(paused_pins, cycle == 0 ? 0u : 2u) << "cycle " << cycle;  // 100 MiB: two pieces
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister) - pins, paused_pins) << "cycle " << cycle;
     ASSERT_TRUE(alloc_->ReleaseBackup(weights_).ok());
     alloc_->WaitForBackgroundPrepare();
     EXPECT_EQ(Stats(weights_).backup_arena_bytes, 0) << "cycle " << cycle;
@@ -418,12 +425,12 @@ TEST_F(PauseResumeTest, PrepareMakesTheFirstPausePinNothing) {
   DevicePtr p = Alloc(300 * kMiB, weights_);
   ASSERT_TRUE(alloc_->Prepare(weights_).ok());
   EXPECT_GE(Stats(weights_).backup_arena_bytes, static_cast<std::int64_t>(300 * kMiB));
-  std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostRegister);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);  // later cycles reuse the arena too
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), pins);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), pins);
   EXPECT_EQ(alloc_->Prepare(kv_).code(), absl::StatusCode::kFailedPrecondition);  // discard: no arena
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
@@ -435,7 +442,7 @@ TEST_F(PauseResumeTest, PageableBackupRoundTrips) {
   DevicePtr p = Alloc(50 * kMiB, weights_);
   FillPattern(p, 50 * kMiB, 11);
   ASSERT_EQ(*alloc_->Pause(weights_), Transition::kDone);
-  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), 0u);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), 0u);
   ASSERT_EQ(*alloc_->Resume(weights_), Transition::kDone);
   EXPECT_TRUE(HasPattern(p, 50 * kMiB, 11));
   ASSERT_TRUE(alloc_->Free(p).ok());

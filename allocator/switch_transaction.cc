@@ -164,8 +164,7 @@ absl::Status SwitchTransaction::QueueBackups() {
     const SwitchCopy& c = copies_[k];
     Out& o = out_[donors_[c.chunk].out];
     o.pool->AssertTransitionHeld();
-    VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, o.pool->arena()->data() + c.step.arena_offset,
-                                                     c.step.device, c.step.size_bytes, d2h_));
+    VMSTASH_RETURN_IF_ERROR(o.pool->arena()->CopyIn(c.step.arena_offset, c.step.device, c.step.size_bytes, d2h_));
     o.backed_up += c.step.size_bytes;
     if (k + 1 == copies_.size() || copies_[k + 1].group != c.group) {
       VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, (*events_)[c.group], d2h_));
@@ -245,9 +244,7 @@ absl::Status SwitchTransaction::QueueRestores() {
     In& i = in_[q.in];
     i.pool->AssertTransitionHeld();
     if (q.donor != kNoDonor) written_[q.donor] = true;  // before the call: conservative
-    VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, q.step.device,
-                                                       i.pool->arena()->data() + q.step.arena_offset,
-                                                       q.step.size_bytes, h2d_));
+    VMSTASH_RETURN_IF_ERROR(i.pool->arena()->CopyOut(q.step.device, q.step.arena_offset, q.step.size_bytes, h2d_));
     i.restored += q.step.size_bytes;
   }
   return absl::OkStatus();
@@ -284,8 +281,7 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
       o.undo_error = o.pool->arena()->Load(0, o.layout.arena_bytes);
       if (!o.undo_error.ok()) continue;
     }
-    absl::Status s = driver_->CopyToDeviceAsync(device_, c.step.device, o.pool->arena()->data() + c.step.arena_offset,
-                                                c.step.size_bytes, h2d_);
+    absl::Status s = o.pool->arena()->CopyOut(c.step.device, c.step.arena_offset, c.step.size_bytes, h2d_);
     if (!s.ok()) o.undo_error = s;
     restoring = true;
   }

@@ -132,13 +132,13 @@ void TagPool::ArenaAfterFailedPause() {
     if (s.ok()) return;
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of a failed pause: {}", name_, s.ToString());
   }
-  arena_->DropContents();
+  arena_->DropContents(retention_.give_back);
 }
 
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
   // The retained extents, if any, are still the arena's: ArenaForPause dropped them before
   // the first write into it (Note [Retained Backups]).
-  stats_.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;
+  stats_.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;
   if (undo_error.ok()) {
     VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
     return cause;
@@ -154,9 +154,46 @@ absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& u
 }
 
 absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_mu) {
-  // The state is checked under the transition lock, and the arena is touched only while
-  // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
+  std::size_t pin_to = 0;
+  const BackupArena* arena = nullptr;
+  {
+    // The state is checked under the transition lock, and the arena is touched only while
+    // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
+    MutexLock t(&transition_mu_);
+    VMSTASH_RETURN_IF_ERROR(ReserveForPrepare(bytes, background, owner_mu, &pin_to));
+    if (pin_to == 0) return absl::OkStatus();
+    if (!background) {  // the caller waits for all of it
+      absl::Status pinned = arena_->Pin(pin_to);
+      MutexLock lock(owner_mu);
+      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+      return pinned;
+    }
+    arena = arena_.get();
+  }
+  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(arena, pin_to, owner_mu, &done));
+  return absl::OkStatus();
+}
+
+absl::Status TagPool::PinStep(const BackupArena* arena, std::size_t pin_to, Mutex* owner_mu, bool* done) {
   MutexLock t(&transition_mu_);
+  *done = true;
+  {
+    MutexLock lock(owner_mu);
+    // Paused meanwhile (its pause pinned what it needed), released, or replaced.
+    if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0 || arena_.get() != arena) {
+      return absl::OkStatus();
+    }
+  }
+  const std::size_t from = arena_->PinnedPrefixBytes();
+  if (from >= pin_to) return absl::OkStatus();
+  absl::Status pinned = arena_->Pin(std::min(pin_to, from + kPrepareStepBytes));
+  *done = !pinned.ok() || arena_->PinnedPrefixBytes() >= pin_to;
+  MutexLock lock(owner_mu);
+  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+  return pinned;
+}
+
+absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to) {
   std::size_t want = bytes;
   {
     MutexLock lock(owner_mu);
@@ -176,13 +213,17 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
   }
   // Every live block rounds up to a page in the arena; leave room for that.
   const std::size_t need = want + want / 64 + kBackupAlignBytes;
-  if (arena_ != nullptr && need > arena_->capacity_bytes()) {
+  const bool grows = arena_ == nullptr || need > arena_->capacity_bytes();
+  if (arena_ != nullptr && grows) {
     MutexLock lock(owner_mu);
     retained_extents_.clear();  // the arena is replaced: what it retained is gone
   }
   VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(need));
+  // Note [Retained Backups], give_back: a background preparation does not pin again what a
+  // resume gave back.
+  if (!background || grows || !retention_.give_back) *pin_to = arena_->capacity_bytes();
   MutexLock lock(owner_mu);
-  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->capacity_bytes());
+  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
   return absl::OkStatus();
 }
 
@@ -255,7 +296,12 @@ void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
 void TagPool::ArenaAfterResume() {
   if (arena_ == nullptr) return;
   if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) return;  // kept readable
-  arena_->DropContents();
+  arena_->DropContents(retention_.give_back);
+}
+
+absl::Status TagPool::ArenaUnpinAfterReads() {
+  if (arena_ == nullptr || !retention_.give_back || retention_.keep_after_resume) return absl::OkStatus();
+  return arena_->UnpinAfterReads();
 }
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
@@ -407,7 +453,7 @@ absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, st
   s.chunks = 0;
   s.paused_bytes = static_cast<std::int64_t>(released);
   s.backed_up_bytes = static_cast<std::int64_t>(backed_up);
-  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;
+  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;
   ++s.pauses;
   s.last_pause_ms = ms;
   s.last_pause_gib_per_s = ms > 0 ? backed_up / (ms / 1000.0) / (1 << 30) : 0;
@@ -424,7 +470,7 @@ absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
   backup_extents_.clear();
   NoteReserved();
   TagStats& s = stats_;
-  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->capacity_bytes()) : 0;  // a disk-files arena is gone
+  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;  // a disk-files arena is gone
   s.paused_bytes = 0;
   s.backed_up_bytes = 0;
   ++s.resumes;

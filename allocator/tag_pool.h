@@ -94,9 +94,16 @@ bool TagTransitionAllowed(TagState from, TagState to);
 //   release_with_blocks  when a free drops the last backed-up bytes of the arena (those of
 //                        a paused tag, or the retained ones of an active tag), the arena
 //                        is released too: a backup lives no longer than its blocks.
+//   give_back            without keep_after_resume: a pinned arena's host memory goes
+//                        back to the OS after each resume (unpinned behind the resume's
+//                        copies, handed back lazily: Note [Pinned Pieces]) and after a
+//                        failed pause, and is pinned again by the next pause; its address
+//                        range stays. A background preparation pins only an arena it makes
+//                        or grows. torch_memory_saver's default mode (retain_cpu_backup off).
 struct BackupRetention {
   bool keep_after_resume = false;
   bool release_with_blocks = false;
+  bool give_back = false;
 };
 
 // Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
@@ -196,8 +203,21 @@ class TagPool {
   // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
   // Prepare: reserves `bytes` (0: the requested bytes) of arena; `background`: the
   // AutoPreparer's request, a quiet no-op unless the tag is active and still wants it.
+  // A background preparation pins in steps of kPrepareStepBytes, taking the transition
+  // lock for each, so that a pause arriving meanwhile waits for one step at most and pins
+  // the rest itself, pipelined with its copies (Note [Pinned Pieces]).
+  static constexpr std::size_t kPrepareStepBytes = std::size_t{512} << 20;
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+ private:
+  // Prepare's first step: sizes the arena; *pin_to: how far it is to be pinned (0: no pinning).
+  absl::Status ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A background preparation's later steps: pins up to kPrepareStepBytes more of
+  // [0, pin_to) of `arena` unless the tag stopped wanting it; *done when nothing is left.
+  absl::Status PinStep(const BackupArena* arena, std::size_t pin_to, Mutex* owner_mu, bool* done)
+      ABSL_LOCKS_EXCLUDED(transition_mu_);
+ public:
   // After DropBackupOf returned true: releases the arena if it still holds no backed-up
   // bytes, once a transition (or a backup read) of the tag holding the transition lock is
   // done; the caller holds no allocator lock, as Free's wait for a busy tag. Errors are
@@ -210,6 +230,10 @@ class TagPool {
   // A resume's (or switch-in's) end, its restore copies complete: the arena gives its
   // pages back (DropContents), unless the retention keeps its bytes readable.
   void ArenaAfterResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A resume's restore copies all queued: an arena that gives its memory back unpins it
+  // behind them (BackupArena::UnpinAfterReads); no-op otherwise. On an error the tag
+  // stays paused with its backup intact (unpinned pieces keep their bytes).
+  absl::Status ArenaUnpinAfterReads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A new store; the old arena goes to *dropped, for the caller to free without locks.
   absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
       ABSL_LOCKS_EXCLUDED(transition_mu_);

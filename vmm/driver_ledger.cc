@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/bytes.h"
+#include "base/status_macros.h"
 
 namespace vmstash {
 absl::Status CheckGranularSize(const char* what, std::size_t size_bytes, std::size_t granularity) {
@@ -239,6 +240,22 @@ absl::Status DriverLedger::AddHostRegistration(void* ptr, std::size_t size_bytes
     return absl::FailedPreconditionError(absl::StrCat(
         "HostRegister: ", Hex(reinterpret_cast<std::uintptr_t>(ptr)), " is already registered"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status DriverLedger::CheckHostCopy(const void* ptr, std::size_t size_bytes) const {
+  MutexLock lock(&mu_);
+  const auto begin = reinterpret_cast<std::uintptr_t>(ptr), end = begin + size_bytes;
+  auto check = [&](void* p, std::size_t n) -> absl::Status {
+    const auto b = reinterpret_cast<std::uintptr_t>(p), e = b + n;
+    const bool overlaps = begin < e && b < end, inside = b <= begin && end <= e;
+    if (!overlaps || inside) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("copy of host bytes [", Hex(begin), ", ", Hex(end),
+                                                   ") crosses the bound of the page-locked range [", Hex(b), ", ",
+                                                   Hex(e), "): a copy must lie inside one registration"));
+  };
+  for (const auto& [p, n] : host_registrations_) VMSTASH_RETURN_IF_ERROR(check(p, n));
+  for (const auto& [p, n] : host_allocs_) VMSTASH_RETURN_IF_ERROR(check(p, n));
   return absl::OkStatus();
 }
 

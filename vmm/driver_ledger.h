@@ -100,6 +100,9 @@ class DriverLedger {
   absl::StatusOr<std::size_t> TakeHostAlloc(void* ptr);
   absl::Status AddHostRegistration(void* ptr, std::size_t size_bytes);
   absl::StatusOr<std::size_t> TakeHostRegistration(void* ptr);
+  // A copy's host range: InvalidArgument when it overlaps a registration (or a HostAlloc)
+  // without lying inside it, as the CUDA driver refuses a copy across two registrations.
+  absl::Status CheckHostCopy(const void* ptr, std::size_t size_bytes) const;
   void AddStream(Stream stream, int device);
   absl::Status TakeStream(Stream stream, int device);
   absl::Status CheckStream(Stream stream, int device) const;  // nullptr (default) always OK

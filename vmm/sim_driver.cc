@@ -496,6 +496,7 @@ absl::Status SimDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, st
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
   if (dst == nullptr && size_bytes != 0) return absl::InvalidArgumentError("CopyToHostAsync: null destination");
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckHostCopy(dst, size_bytes));
   absl::Status ok = ledger_.CheckAccessible(src, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToHostAsync: source ", ok.message()));
   std::memcpy(dst, AsHostPtr(src), size_bytes);
@@ -510,6 +511,7 @@ absl::Status SimDriver::CopyToDeviceAsync(int device, DevicePtr dst, const void*
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
   if (src == nullptr && size_bytes != 0) return absl::InvalidArgumentError("CopyToDeviceAsync: null source");
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckHostCopy(src, size_bytes));
   absl::Status ok = ledger_.CheckAccessible(dst, size_bytes, device);
   if (!ok.ok()) return absl::InvalidArgumentError(absl::StrCat("CopyToDeviceAsync: destination ", ok.message()));
   std::memcpy(AsHostPtr(dst), src, size_bytes);

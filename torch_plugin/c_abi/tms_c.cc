@@ -15,7 +15,8 @@
 //                (vmstash_pause_live_devices, vmstash_resume), setting each backup tag's
 //                retention first (allocator/tag_pool.h, Note [Retained Backups]): its
 //                backup goes with its freed blocks, and a resume keeps it readable while
-//                retain_cpu_backup is on, else gives it back. A failed pause resumes the
+//                retain_cpu_backup is on, else hands its host memory back to the OS
+//                (give_back; the next pause pins it again). A failed pause resumes the
 //                tags it paused (nothing changes); a resume stops at the first failure.
 //
 // Errors: the exported calls never exit; those returning a code or NULL record the message
@@ -269,7 +270,8 @@ int SetRetention(const std::string& name, bool keep_after_resume) {
   return c_abi::WithRuntime([&](Runtime& rt) {
     absl::StatusOr<TagId> id = FindTag(name);
     if (!id.ok()) return c_abi::Fail(id.status());
-    return c_abi::Code(rt.SetBackupRetention(*id, BackupRetention{keep_after_resume, true}));
+    // retain_cpu_backup off: the pinned memory goes back to the OS after each resume.
+    return c_abi::Code(rt.SetBackupRetention(*id, BackupRetention{keep_after_resume, true, !keep_after_resume}));
   });
 }
 
@@ -333,9 +335,6 @@ int Resume(const char* tms_tag) {
     const int rc = vmstash_resume(t.name.c_str(), -1);
     if (rc == VMSTASH_NOOP) continue;
     if (rc != 0) return rc;
-    if (backup && !keep) {
-      if (const int released = vmstash_release_backup(t.name.c_str(), -1); released != 0) return released;
-    }
   }
   return 0;
 }

@@ -42,7 +42,8 @@ What differs, on purpose:
     one buffer per allocation: get_cpu_backup's pointers lie inside it.
   * retain_cpu_backup=True: a resume keeps the backup readable (get_cpu_backup, zero_copy
     included, at the same address; the next pause of the tag reuses it in place); the
-    backup is given back at a resume with retain_cpu_backup False, or when the tag's last
+    backup is given back at a resume with retain_cpu_backup False (its host memory
+    handed back to the OS, the address range kept for the next pause), or when the tag's last
     backed-up block is freed (torch_memory_saver: each allocation's own), or when the tag
     grows so that an explicit vmstash.prepare replaces its arena.
   * Disk: while paused, one visible file per backed-up allocation (vmstash-tms-<pid>-...,

@@ -1,0 +1,140 @@
+// The give_back retention (Note [Retained Backups] in allocator/tag_pool.h; Note [Pinned
+// Pieces] in vmm/pinned_pieces.h) on the simulator: torch_memory_saver's default mode. Each
+// resume gives the pinned arena's host memory back (nothing pinned, nothing held), the
+// next pause pins it again, and the bytes survive every cycle; every driver call of a
+// pause and a resume can fail without losing a byte or leaving a page pinned, and a retry
+// succeeds.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/tag_pool.h"
+#include "allocator/testing.h"
+#include "base/byte_pattern.h"
+#include "gtest/gtest.h"
+#include "vmm/pinned_pieces.h"
+#include "vmm/sim_driver.h"
+
+namespace vmstash {
+namespace {
+
+using ::vmstash::testing::TagStatsOf;
+
+class GiveBackTest : public testing::SimAllocatorTest {
+ protected:
+  void Make() {
+    AllocatorOptions options = testing::TestOptions();
+    options.auto_prepare = false;
+    MakeAllocator(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}}, options);
+    tag_ = *InternTag("give_back");
+    ASSERT_TRUE(alloc_->CreateTag(tag_, Policy::kBackup).ok());
+    ASSERT_TRUE(alloc_->SetBackupRetention(tag_, BackupRetention{false, true, true}).ok());
+    // 3 MiB, then 70 MiB across a piece bound, then 5 MiB: three pieces of arena.
+    for (std::size_t n : {3 * kMiB, 70 * kMiB, 5 * kMiB}) {
+      DevicePtr p = *alloc_->Allocate(n, nullptr, tag_);
+      FillPattern(p, n, static_cast<std::uint8_t>(blocks_.size() + 1));
+      blocks_.emplace_back(p, n);
+    }
+  }
+  bool Intact() const {
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      if (WrongBytes(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(i + 1)) != 0) return false;
+    }
+    return true;
+  }
+  std::string State() const { return TagStatsOf(*alloc_, tag_).state; }
+  std::int64_t Held() const { return TagStatsOf(*alloc_, tag_).backup_arena_bytes; }
+  void FreeAllAndCheckNoLeaks() {
+    for (auto [p, n] : blocks_) ASSERT_TRUE(alloc_->Free(p).ok());
+    blocks_.clear();
+    alloc_.reset();
+    absl::Status leaks = sim_->CheckNoLeaks();  // a host registration left is a leak
+    EXPECT_TRUE(leaks.ok()) << leaks;
+  }
+
+  TagId tag_ = 0;
+  std::vector<std::pair<DevicePtr, std::size_t>> blocks_;
+};
+
+TEST_F(GiveBackTest, EachResumeGivesTheMemoryBackAndTheBytesSurvive) {
+  Make();
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    const std::uint64_t pins = sim_->Counters().Calls(DriverOp::kHostRegister);
+    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister) - pins, 2u) << "78 MiB: pieces 0 and 1";
+    EXPECT_GT(Held(), 0);
+    std::vector<std::uint8_t> buf(blocks_[1].second);
+    ASSERT_TRUE(alloc_->ReadBackup(blocks_[1].first, buf.size(), buf.data()).ok());
+    EXPECT_EQ(WrongBytes(buf.data(), buf.size(), 2), 0u);
+    const std::uint64_t unpins = sim_->Counters().Calls(DriverOp::kHostUnregister);
+    ASSERT_TRUE(alloc_->Resume(tag_).ok());
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostUnregister) - unpins, 2u);
+    EXPECT_TRUE(Intact()) << "cycle " << cycle;
+    EXPECT_EQ(Held(), 0) << "cycle " << cycle;
+    // Nothing of the backup is readable after the resume (nothing retained).
+    EXPECT_FALSE(alloc_->ReadBackup(blocks_[0].first, 4096, buf.data()).ok());
+  }
+  // A switch through the same arena, out and back.
+  ASSERT_TRUE(alloc_->Switch({tag_}, {}).ok());
+  ASSERT_TRUE(alloc_->Switch({}, {tag_}).ok());
+  EXPECT_TRUE(Intact());
+  EXPECT_EQ(Held(), 0);
+  EXPECT_TRUE(alloc_->Validate().ok());
+  FreeAllAndCheckNoLeaks();
+}
+
+// Every call of a pause and of a resume fails once, in turn: a failed pause leaves the tag
+// active and holds nothing; a failed resume leaves it paused with its backup, and the retry
+// restores every byte; nothing stays pinned.
+TEST_F(GiveBackTest, EveryDriverCallOfAPauseAndAResumeFailsCleanly) {
+  const DriverOp ops[] = {DriverOp::kHostRegister, DriverOp::kHostUnregister, DriverOp::kCopyToHost,
+                          DriverOp::kCopyToDevice, DriverOp::kCreateEvent,    DriverOp::kRecordEvent,
+                          DriverOp::kSynchronizeEvent, DriverOp::kSynchronizeStream, DriverOp::kUnmap,
+                          DriverOp::kCreateChunk,  DriverOp::kMap};
+  DriverCounters clean;
+  {
+    Make();
+    const DriverCounters before = sim_->Counters();
+    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+    ASSERT_TRUE(alloc_->Resume(tag_).ok());
+    clean = sim_->Counters();
+    for (int i = 0; i < kNumDriverOps; ++i) clean.calls[i] -= before.calls[i];
+    FreeAllAndCheckNoLeaks();
+  }
+  ASSERT_EQ(clean.Calls(DriverOp::kHostUnregister), 2u);
+  int cases = 0, failed = 0;
+  for (DriverOp op : ops) {
+    for (std::uint64_t nth = 1; nth <= clean.Calls(op); ++nth) {
+      SCOPED_TRACE(std::string(DriverOpName(op)) + "@" + std::to_string(nth));
+      Make();
+      ++cases;
+      sim_->InjectFault(FaultRule{op, static_cast<int>(nth), 1, absl::StatusCode::kInternal});
+      if (!alloc_->Pause(tag_).ok()) {
+        ++failed;
+        EXPECT_EQ(State(), "active");
+        EXPECT_TRUE(Intact());
+        EXPECT_EQ(Held(), 0) << "a failed pause gives the memory back";
+        sim_->ClearFaults();
+        ASSERT_TRUE(alloc_->Pause(tag_).ok());
+      }
+      if (!alloc_->Resume(tag_).ok()) {
+        ++failed;
+        EXPECT_EQ(State(), "paused");
+        sim_->ClearFaults();
+        ASSERT_TRUE(alloc_->Resume(tag_).ok());
+      }
+      sim_->ClearFaults();
+      EXPECT_EQ(State(), "active");
+      EXPECT_TRUE(Intact());
+      EXPECT_EQ(Held(), 0);
+      EXPECT_TRUE(alloc_->Validate().ok());
+      FreeAllAndCheckNoLeaks();
+    }
+  }
+  EXPECT_GT(cases, 20);
+  EXPECT_GT(failed, cases / 2);
+}
+
+}  // namespace
+}  // namespace vmstash

@@ -1,0 +1,314 @@
+// host_ceiling_bench: what the host side allows a backup that gives its memory back
+// (issue 33, item 1), measured in one run beside the pinned link it feeds.
+//
+//   link          pinned D2H / H2D of 2 GiB (cudaHostAlloc'd memory): the ceiling of any path
+//   host_alloc    cudaHostAlloc + cudaFreeHost of SIZE: what a backup pinned anew each pause pays
+//   fault         first touch of fresh anonymous memory (MADV_POPULATE_WRITE), 1 and N threads,
+//                 4 KiB pages and transparent huge pages (MADV_HUGEPAGE)
+//   memcpy        N threads copying into fresh memory (faults included) and into touched memory
+//   register      cudaHostRegister of touched memory: one call, 64 MiB pieces on 1 thread and
+//                 on N threads; cudaHostUnregister of it
+//   pipeline      D2H of SIZE into touched memory registered piece by piece while the copies
+//                 of the pieces before run (what a pause into returned memory can do)
+//   span          a D2H copy spanning two adjacent registrations: correct, and its rate
+//   lazy          after unregister + MADV_FREE: MemAvailable and RSS (memory handed back),
+//                 then the next register of the same range (pages reused, not faulted)
+//
+// Usage: host_ceiling_bench [SIZE_GIB=8] [THREADS=hardware threads] [SECTIONS=all, e.g. link,lazy]. Prints one line per
+// figure, GB = 1e9 bytes.
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double GBps(std::size_t bytes, double s) { return s > 0 ? bytes / s / 1e9 : 0; }
+
+#define CHECK_CUDA(call)                                                                          \
+  do {                                                                                            \
+    cudaError_t e_ = (call);                                                                      \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+constexpr std::size_t kPiece = std::size_t{64} << 20;
+
+// "Key: N kB" of /proc/meminfo (or /proc/self/status), in bytes.
+std::size_t KiBField(const char* file, const char* key) {
+  std::ifstream in(file);
+  std::string line;
+  const std::size_t n = std::strlen(key);
+  while (std::getline(in, line)) {
+    if (line.compare(0, n, key) == 0) return std::strtoull(line.c_str() + n + 1, nullptr, 10) << 10;
+  }
+  return 0;
+}
+double GiB(std::size_t b) { return b / double(std::size_t{1} << 30); }
+
+char* MapFresh(std::size_t size, bool huge) {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) std::perror("mmap"), std::exit(1);
+  madvise(p, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  return static_cast<char*>(p);
+}
+
+// Runs fn(begin, end) over [0, size) cut into `threads` page-aligned parts.
+void Parallel(std::size_t size, int threads, const std::function<void(std::size_t, std::size_t)>& fn) {
+  const std::size_t part = (size / threads + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    const std::size_t b = std::min(size, t * part), e = std::min(size, b + part);
+    if (b < e) pool.emplace_back(fn, b, e);
+  }
+  for (std::thread& t : pool) t.join();
+}
+
+void Fault(char* p, std::size_t size, int threads) {
+  Parallel(size, threads, [&](std::size_t b, std::size_t e) {
+    if (madvise(p + b, e - b, MADV_POPULATE_WRITE) != 0) {
+      for (std::size_t i = b; i < e; i += 4096) p[i] = 0;  // kernels before 5.14
+    }
+  });
+}
+
+void Line(const char* what, const char* how, std::size_t bytes, double s) {
+  std::printf("%-10s %-44s %7.3f s  %6.1f GB/s\n", what, how, s, GBps(bytes, s));
+  std::fflush(stdout);
+}
+
+void RegisterPieces(char* p, std::size_t size, int threads) {
+  std::atomic<std::size_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (std::size_t off; (off = next.fetch_add(kPiece)) < size;) {
+        CHECK_CUDA(cudaHostRegister(p + off, std::min(kPiece, size - off), cudaHostRegisterPortable));
+      }
+    });
+  }
+  for (std::thread& t : pool) t.join();
+}
+void UnregisterPieces(char* p, std::size_t size) {
+  for (std::size_t off = 0; off < size; off += kPiece) CHECK_CUDA(cudaHostUnregister(p + off));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::size_t size = (argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 8) << 30;
+  const int threads = argc > 2 ? std::atoi(argv[2]) : static_cast<int>(std::thread::hardware_concurrency());
+  const std::string only = argc > 3 ? argv[3] : "";  // a comma-separated list of sections
+  auto on = [&](const char* section) { return only.empty() || ("," + only + ",").find(std::string(",") + section + ",") != std::string::npos; };
+  CHECK_CUDA(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  std::string thp;
+  std::getline(std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled"), thp);
+  std::printf("host_ceiling_bench: %s, %.0f GiB, %d threads, THP [%s]\n", prop.name, GiB(size), threads, thp.c_str());
+  void* dev = nullptr;
+  CHECK_CUDA(cudaMalloc(&dev, size));
+  CHECK_CUDA(cudaMemset(dev, 0x5a, size));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaDeviceSynchronize());
+
+  // link
+  if (on("link")) {
+    const std::size_t n = std::min<std::size_t>(size, std::size_t{2} << 30);
+    void* h = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&h, n, cudaHostAllocPortable));
+    for (int dir = 0; dir < 2; ++dir) {
+      double best = 1e9;
+      for (int r = 0; r < 3; ++r) {
+        auto t = Clock::now();
+        CHECK_CUDA(dir == 0 ? cudaMemcpyAsync(h, dev, n, cudaMemcpyDeviceToHost, stream)
+                            : cudaMemcpyAsync(dev, h, n, cudaMemcpyHostToDevice, stream));
+        CHECK_CUDA(cudaStreamSynchronize(stream));
+        best = std::min(best, Since(t));
+      }
+      Line("link", dir == 0 ? "pinned D2H (best of 3)" : "pinned H2D (best of 3)", n, best);
+    }
+    CHECK_CUDA(cudaFreeHost(h));
+  }
+  // host_alloc
+  if (on("host_alloc")) {
+    void* h = nullptr;
+    auto t = Clock::now();
+    CHECK_CUDA(cudaHostAlloc(&h, size, cudaHostAllocPortable));
+    Line("host_alloc", "cudaHostAlloc", size, Since(t));
+    t = Clock::now();
+    CHECK_CUDA(cudaFreeHost(h));
+    Line("host_alloc", "cudaFreeHost", size, Since(t));
+  }
+  // fault
+  for (bool huge : {false, true}) {
+    if (!on("fault")) break;
+    for (int n : {1, threads}) {
+      char* p = MapFresh(size, huge);
+      auto t = Clock::now();
+      Fault(p, size, n);
+      char how[64];
+      std::snprintf(how, sizeof(how), "first touch, %s, %d thread%s", huge ? "THP" : "4 KiB", n, n > 1 ? "s" : "");
+      Line("fault", how, size, Since(t));
+      munmap(p, size);
+    }
+  }
+  // memcpy: a touched source of SIZE
+  char* src = on("memcpy") ? MapFresh(size, true) : nullptr;
+  if (src != nullptr) Fault(src, size, threads);
+  for (bool huge : {false, true}) {
+    if (src == nullptr) break;
+    char* p = MapFresh(size, huge);
+    auto t = Clock::now();
+    Parallel(size, threads, [&](std::size_t b, std::size_t e) { std::memcpy(p + b, src + b, e - b); });
+    Line("memcpy", huge ? "into fresh memory, THP, N threads" : "into fresh memory, 4 KiB, N threads", size, Since(t));
+    t = Clock::now();
+    Parallel(size, threads, [&](std::size_t b, std::size_t e) { std::memcpy(p + b, src + b, e - b); });
+    Line("memcpy", huge ? "into touched memory, THP, N threads" : "into touched memory, 4 KiB, N threads", size,
+         Since(t));
+    munmap(p, size);
+  }
+  if (src != nullptr) munmap(src, size);
+
+  // register
+  for (bool huge : {false, true}) {
+    if (!on("register")) break;
+    char* p = MapFresh(size, huge);
+    Fault(p, size, threads);
+    const char* kind = huge ? "THP" : "4 KiB";
+    char how[80];
+    auto t = Clock::now();
+    CHECK_CUDA(cudaHostRegister(p, size, cudaHostRegisterPortable));
+    std::snprintf(how, sizeof(how), "cudaHostRegister, touched, %s, one call", kind);
+    Line("register", how, size, Since(t));
+    t = Clock::now();
+    CHECK_CUDA(cudaHostUnregister(p));
+    std::snprintf(how, sizeof(how), "cudaHostUnregister, %s, one call", kind);
+    Line("register", how, size, Since(t));
+    for (int n : {1, threads}) {
+      t = Clock::now();
+      RegisterPieces(p, size, n);
+      std::snprintf(how, sizeof(how), "register 64 MiB pieces, %s, %d thread%s", kind, n, n > 1 ? "s" : "");
+      Line("register", how, size, Since(t));
+      t = Clock::now();
+      UnregisterPieces(p, size);
+      std::snprintf(how, sizeof(how), "unregister 64 MiB pieces, %s", kind);
+      Line("register", how, size, Since(t));
+    }
+    munmap(p, size);
+  }
+
+  // pipeline: register piece k (this thread) while the copies of pieces < k run
+  for (bool huge : {false, true}) {
+    if (!on("pipeline")) break;
+    char* p = MapFresh(size, huge);
+    Fault(p, size, threads);
+    for (int round = 0; round < 2; ++round) {
+      auto t = Clock::now();
+      for (std::size_t off = 0; off < size; off += kPiece) {
+        const std::size_t n = std::min(kPiece, size - off);
+        CHECK_CUDA(cudaHostRegister(p + off, n, cudaHostRegisterPortable));
+        CHECK_CUDA(cudaMemcpyAsync(p + off, static_cast<char*>(dev) + off, n, cudaMemcpyDeviceToHost, stream));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double s = Since(t);
+      Line("pipeline", huge ? "register 64 MiB + D2H, touched, THP" : "register 64 MiB + D2H, touched, 4 KiB", size, s);
+      t = Clock::now();
+      for (std::size_t off = 0; off < size; off += kPiece) {
+        CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dev) + off, p + off, std::min(kPiece, size - off),
+                                   cudaMemcpyHostToDevice, stream));
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      Line("pipeline", "H2D of the registered pieces", size, Since(t));
+      UnregisterPieces(p, size);
+    }
+    munmap(p, size);
+  }
+
+  // span: one copy across two registrations
+  if (on("span")) {
+    const std::size_t half = std::size_t{512} << 20;
+    char* p = MapFresh(2 * half, true);
+    Fault(p, 2 * half, threads);
+    std::memset(p, 0, 2 * half);
+    CHECK_CUDA(cudaHostRegister(p, half, cudaHostRegisterPortable));
+    CHECK_CUDA(cudaHostRegister(p + half, half, cudaHostRegisterPortable));
+    double best = 1e9;
+    for (int r = 0; r < 3; ++r) {
+      auto t = Clock::now();
+      cudaError_t e = cudaMemcpyAsync(p, dev, 2 * half, cudaMemcpyDeviceToHost, stream);
+      if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+      if (e != cudaSuccess) {
+        std::printf("span       D2H across two registrations failed: %s\n", cudaGetErrorString(e));
+        cudaGetLastError();
+        best = 0;
+        break;
+      }
+      best = std::min(best, Since(t));
+    }
+    if (best > 0) {
+      bool same = true;
+      for (std::size_t i = 0; i < 2 * half; i += 4096) same = same && p[i] == 0x5a && p[i + 4095] == 0x5a;
+      std::printf("span       D2H across two registrations: %s\n", same ? "bytes correct" : "BYTES WRONG");
+      Line("span", "D2H 1 GiB across two registrations (best of 3)", 2 * half, best);
+    }
+    CHECK_CUDA(cudaHostUnregister(p));
+    CHECK_CUDA(cudaHostUnregister(p + half));
+    munmap(p, 2 * half);
+  }
+
+  // lazy: hand back with MADV_FREE, then reuse
+  if (on("lazy")) {
+    char* p = MapFresh(size, true);
+    const std::size_t avail0 = KiBField("/proc/meminfo", "MemAvailable:");
+    Fault(p, size, threads);
+    CHECK_CUDA(cudaHostRegister(p, size, cudaHostRegisterPortable));
+    const std::size_t avail1 = KiBField("/proc/meminfo", "MemAvailable:");
+    auto t = Clock::now();
+    CHECK_CUDA(cudaHostUnregister(p));
+    const double unreg = Since(t);
+    t = Clock::now();
+    madvise(p, size, MADV_FREE);
+    const double freed = Since(t);
+    const std::size_t avail2 = KiBField("/proc/meminfo", "MemAvailable:");
+    const std::size_t rss = KiBField("/proc/self/status", "VmRSS:");
+    std::printf("lazy       MemAvailable GiB: before %.2f, registered %.2f, after unregister+MADV_FREE %.2f; "
+                "RSS %.2f GiB; unregister %.3f s, MADV_FREE %.3f s\n",
+                GiB(avail0), GiB(avail1), GiB(avail2), GiB(rss), unreg, freed);
+    t = Clock::now();
+    Parallel(size, threads, [&](std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; i += 4096) p[i] = 1;  // keeps the page: it is dirty again
+    });
+    Line("lazy", "write one byte per page, N threads (reuse)", size, Since(t));
+    t = Clock::now();
+    CHECK_CUDA(cudaHostRegister(p, size, cudaHostRegisterPortable));
+    Line("lazy", "cudaHostRegister of the reused range", size, Since(t));
+    CHECK_CUDA(cudaHostUnregister(p));
+    t = Clock::now();
+    madvise(p, size, MADV_DONTNEED);
+    Line("lazy", "MADV_DONTNEED (handed back at once)", size, Since(t));
+    munmap(p, size);
+  }
+  CHECK_CUDA(cudaFree(dev));
+  return 0;
+}

@@ -1,0 +1,210 @@
+"""Backups through torch_memory_saver's API, side by side in one run (issue 33's workload).
+
+    python3 bench/tms_backup_bench.py [--cycles 5] [--settle 3] [--json out.json]
+                                      [--peers native,dropin,dropin_retain,tms]
+
+Each peer runs in its own process with the same tags:
+  weights  8 GiB backed up, in 512 tensors
+  kv       16 GiB discarded
+  opt      4 GiB backed up, of which half is freed before the first pause (2 GiB live)
+then, `--settle` seconds after the tags stop growing (what a framework does between loading
+and its first pause), `--cycles` times: pause every tag, resume every tag. The backed-up
+tensors are checked bit for bit after every resume.
+
+  native         vmstash's own API (vmstash.region / pause / resume), pinned store
+  dropin         vmstash.compat.torch_memory_saver, torch_memory_saver's default mode
+                 (retain_cpu_backup off: host memory handed back after every resume)
+  dropin_retain  the same with retain_cpu_backup on (the backup stays pinned)
+  tms            torch_memory_saver itself (its wheel importable as torch_memory_saver),
+                 default mode
+The TMS-API peers use torch_memory_saver's torch hook mode (its pluggable allocator, in
+process).
+
+Per cycle: pause and resume wall time (the device synchronized), host memory available
+(MemAvailable) and the process's RSS before the pause, after it, and after the resume. The
+pinned link of the same run (a 2 GiB pinned copy each way) bounds every pause and resume:
+bytes backed up / link rate. Prints a table and the ratios; --json writes everything.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+GiB = 1 << 30
+MiB = 1 << 20
+PEERS = ("native", "dropin", "dropin_retain", "tms")
+
+
+def meminfo(key):
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def rss():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def pinned_link(torch, dev, nbytes=2 * GiB):
+    """Best of 3 pinned copies each way, bytes/s."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    rates = []
+    for copy in (lambda: host.copy_(d, non_blocking=True), lambda: d.copy_(host, non_blocking=True)):
+        best = 1e9
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            copy()
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        rates.append(nbytes / best)
+    del host, d
+    return rates
+
+
+def child(args):
+    import torch
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    peer = args.child
+    if peer == "native":
+        import vmstash
+        region = lambda tag, backup: vmstash.region(tag, policy="backup" if backup else "discard")  # noqa: E731
+        tags = ["weights", "kv", "opt"]
+        pause = lambda: [vmstash.pause(t) for t in tags]  # noqa: E731
+        resume = lambda: [vmstash.resume(t) for t in tags]  # noqa: E731
+    else:
+        import importlib
+        module = importlib.import_module("torch_memory_saver" if peer == "tms" else "vmstash.compat.torch_memory_saver")
+        tms = module.torch_memory_saver
+        tms.hook_mode = "torch"  # in process: no LD_PRELOAD needed
+        tms.retain_cpu_backup = peer == "dropin_retain"
+        region = lambda tag, backup: tms.region(tag=tag, enable_cpu_backup=backup)  # noqa: E731
+        pause = lambda: tms.pause()  # noqa: E731
+        resume = lambda: tms.resume()  # noqa: E731
+
+    def pattern(n, seed):
+        return torch.arange(n, dtype=torch.int64, device=dev).mul_(2654435761).add_(seed)
+
+    weights, opt = [], []
+    n_w = int(args.weights_gib * GiB) // args.tensors // 8
+    with region("weights", True):
+        for i in range(args.tensors):
+            weights.append(pattern(n_w, i))
+    with region("kv", False):
+        kv = [torch.empty(int(args.discard_gib * GiB) // 4 // 8, dtype=torch.int64, device=dev) for _ in range(4)]
+    n_o = int(args.opt_gib * GiB) // 64 // 8
+    with region("opt", True):
+        for i in range(64):
+            opt.append(pattern(n_o, 10_000 + i))
+    del opt[1::2]  # half of it freed: 2 GiB live
+    torch.cuda.synchronize()
+    live = [(t, i) for i, t in enumerate(weights)] + [(t, 10_000 + 2 * i) for i, t in enumerate(opt)]
+    backed_up = sum(t.numel() * 8 for t, _ in live)
+    time.sleep(args.settle)
+    rows = []
+    for cycle in range(args.cycles):
+        a0, r0 = meminfo("MemAvailable"), rss()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        pause()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        a1, r1 = meminfo("MemAvailable"), rss()
+        t2 = time.perf_counter()
+        resume()
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        a2, r2 = meminfo("MemAvailable"), rss()
+        bad = sum(0 if torch.equal(t, pattern(t.numel(), seed)) else 1 for t, seed in live)
+        rows.append(dict(cycle=cycle + 1, pause_ms=(t1 - t0) * 1e3, resume_ms=(t3 - t2) * 1e3,
+                         avail_before=a0, avail_paused=a1, avail_resumed=a2, rss_before=r0, rss_paused=r1,
+                         rss_resumed=r2, mismatches=bad))
+        print(json.dumps(dict(peer=peer, **rows[-1])), file=sys.stderr, flush=True)
+    del kv
+    print(json.dumps(dict(peer=peer, backed_up=backed_up, rows=rows)))
+
+
+def run_peer(peer, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--cycles", str(args.cycles),
+           "--settle", str(args.settle), "--tensors", str(args.tensors), "--weights-gib", str(args.weights_gib),
+           "--discard-gib", str(args.discard_gib), "--opt-gib", str(args.opt_gib)]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        return dict(peer=peer, error=(p.stderr or p.stdout)[-2000:], seconds=time.perf_counter() - t)
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["seconds"] = time.perf_counter() - t
+    return out
+
+
+def table(results, d2h, h2d):
+    lines = [f"pinned link (same run): D2H {d2h / 1e9:.1f} GB/s, H2D {h2d / 1e9:.1f} GB/s",
+             "peer           cycle  pause ms (x bound)  resume ms (x bound)  avail GiB: paused/resumed vs before  "
+             "RSS GiB: paused/resumed  bad"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"{r['peer']:<14} failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}")
+            continue
+        bp, br = r["backed_up"] / d2h * 1e3, r["backed_up"] / h2d * 1e3
+        for row in r["rows"]:
+            lines.append(
+                f"{r['peer']:<14} {row['cycle']:>5}  {row['pause_ms']:8.1f} ({row['pause_ms'] / bp:5.2f}x)  "
+                f"{row['resume_ms']:8.1f} ({row['resume_ms'] / br:5.2f}x)  "
+                f"{(row['avail_paused'] - row['avail_before']) / GiB:+7.2f} / {(row['avail_resumed'] - row['avail_before']) / GiB:+6.2f}"
+                f"                      {row['rss_paused'] / GiB:6.2f} / {row['rss_resumed'] / GiB:6.2f}  "
+                f"{row['mismatches']}")
+    lines.append(f"bound: the backed-up bytes at the link's rate ({results[0].get('backed_up', 0) / GiB:.2f} GiB)")
+    by = {r["peer"]: r for r in results if "error" not in r}
+    if "tms" in by:
+        for peer in ("native", "dropin", "dropin_retain"):
+            if peer not in by:
+                continue
+            for what in ("pause_ms", "resume_ms"):
+                ratios = [t[what] / m[what] for t, m in zip(by["tms"]["rows"], by[peer]["rows"])]
+                lines.append(f"{peer:<14} {what[:-3]:<6} torch_memory_saver / {peer} per cycle: "
+                             + " ".join(f"{x:.1f}x" for x in ratios))
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--cycles", type=int, default=5)
+    ap.add_argument("--settle", type=float, default=3.0)
+    ap.add_argument("--tensors", type=int, default=512)
+    ap.add_argument("--weights-gib", type=float, default=8)
+    ap.add_argument("--discard-gib", type=float, default=16)
+    ap.add_argument("--opt-gib", type=float, default=4)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.child:
+        return child(args)
+    import torch
+    dev = torch.device("cuda", 0)
+    d2h, h2d = pinned_link(torch, dev)
+    results = []
+    for peer in args.peers.split(","):
+        if peer not in PEERS:
+            raise SystemExit(f"--peers: {peer!r} is not one of {', '.join(PEERS)}")
+        print(f"running {peer} ...", flush=True)
+        results.append(run_peer(peer, args))
+    print("\n".join(table(results, d2h, h2d)))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(gpu=torch.cuda.get_device_name(0), d2h=d2h, h2d=h2d, results=results), f, indent=1)
+    return 1 if any("error" in r or any(row["mismatches"] for row in r["rows"]) for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+#include "vmm/pinned_pieces.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "base/status_macros.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+
+namespace vmstash {
+namespace {
+
+constexpr std::size_t kUnit = std::size_t{2} << 20;
+
+// Faults [p, p + n) in writable. On kernels without MADV_POPULATE_WRITE (EINVAL), writes
+// one byte per page instead (the contents of a cold piece are undefined anyway).
+absl::Status FaultIn(char* p, std::size_t n) {
+  if (madvise(p, n, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
+  const int err = errno;
+  if (err == EINVAL) {
+    const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    for (std::size_t i = 0; i < n; i += page) reinterpret_cast<volatile char*>(p)[i] = 0;
+    return absl::OkStatus();
+  }
+  std::string what = absl::StrCat("backup memory: faulting in ", n, " bytes of host memory failed: ", std::strerror(err));
+  if (err == ENOMEM || err == EFAULT || err == EHWPOISON) return absl::ResourceExhaustedError(what);
+  return absl::InternalError(what);
+}
+
+}  // namespace
+
+int PinnedPieces::DefaultThreads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(n, 1u, 16u));
+}
+
+PinnedPieces::~PinnedPieces() {
+  absl::Status s = Release();
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: releasing backup memory: {}", s.ToString());
+}
+
+std::size_t PinnedPieces::PieceSize(std::size_t k) const {
+  return std::min(kPieceBytes, capacity_bytes_ - PieceBegin(k));
+}
+
+absl::Status PinnedPieces::Reserve(std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Release());
+  if (size_bytes == 0) return absl::OkStatus();
+  const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
+  void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("backup memory: mmap of ", want, " bytes of host memory failed: ", std::strerror(errno)));
+  }
+  (void)madvise(p, want, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
+  data_ = static_cast<char*>(p);
+  capacity_bytes_ = want;
+  pieces_.assign((want + kPieceBytes - 1) / kPieceBytes, Piece{});
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::Release() {
+  if (data_ == nullptr) return absl::OkStatus();
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state == State::kPinned) VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
+  }
+  for (Piece& piece : pieces_) {
+    if (piece.read_event == nullptr) continue;
+    absl::Status s = driver_->DestroyEvent(device_, piece.read_event);
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: backup memory: destroying an event: {}", s.ToString());
+    piece.read_event = nullptr;
+  }
+  if (munmap(data_, capacity_bytes_) != 0) {
+    return absl::InternalError(absl::StrCat("backup memory: munmap failed: ", std::strerror(errno)));
+  }
+  data_ = nullptr;
+  capacity_bytes_ = 0;
+  pieces_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::CheckRange(std::size_t offset, std::size_t size_bytes, const char* what) const {
+  if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
+    return absl::InvalidArgumentError(absl::StrCat("backup memory: ", what, " of bytes ", offset, "+", size_bytes,
+                                                   " outside its ", capacity_bytes_, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
+  std::vector<std::size_t> cold;
+  for (std::size_t k = first; k <= last && k < pieces_.size(); ++k) {
+    if (pieces_[k].state == State::kCold) cold.push_back(k);
+  }
+  if (cold.empty()) return absl::OkStatus();
+  std::atomic<std::size_t> next{0};
+  std::mutex mu;
+  absl::Status first_error;
+  std::vector<char> done(cold.size(), 0);
+  auto work = [&] {
+    for (std::size_t i; (i = next.fetch_add(1)) < cold.size();) {
+      const std::size_t k = cold[i];
+      absl::Status s = FaultIn(data_ + PieceBegin(k), PieceSize(k));
+      std::lock_guard<std::mutex> lock(mu);
+      if (s.ok()) {
+        done[i] = 1;
+      } else if (first_error.ok()) {
+        first_error = s;
+      }
+    }
+  };
+  const std::size_t helpers = std::min<std::size_t>(static_cast<std::size_t>(threads_), cold.size()) - 1;
+  std::vector<std::thread> pool;
+  pool.reserve(helpers);
+  for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (std::size_t i = 0; i < cold.size(); ++i) {
+    if (done[i] != 0) pieces_[cold[i]].state = State::kWarm;  // what was faulted in stays warm
+  }
+  return first_error;
+}
+
+absl::Status PinnedPieces::Warm(std::size_t end) {
+  VMSTASH_RETURN_IF_ERROR(CheckRange(0, end, "warming"));
+  if (end == 0) return absl::OkStatus();
+  return WarmPieces(0, (end - 1) / kPieceBytes);
+}
+
+absl::Status PinnedPieces::PinPiece(std::size_t k) {
+  Piece& piece = pieces_[k];
+  if (piece.state == State::kPinned) return absl::OkStatus();
+  if (piece.state == State::kCold) VMSTASH_RETURN_IF_ERROR(FaultIn(data_ + PieceBegin(k), PieceSize(k)));
+  piece.state = State::kWarm;
+  VMSTASH_RETURN_IF_ERROR(driver_->HostRegister(device_, data_ + PieceBegin(k), PieceSize(k)));
+  piece.state = State::kPinned;
+  piece.read_seq = 0;
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::UnpinPiece(std::size_t k) {
+  VMSTASH_RETURN_IF_ERROR(driver_->HostUnregister(device_, data_ + PieceBegin(k)));
+  pieces_[k].state = State::kWarm;
+  pieces_[k].read_seq = 0;
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::Pin(std::size_t offset, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(CheckRange(offset, size_bytes, "pinning"));
+  if (size_bytes == 0) return absl::OkStatus();
+  const std::size_t first = offset / kPieceBytes, last = (offset + size_bytes - 1) / kPieceBytes;
+  VMSTASH_RETURN_IF_ERROR(WarmPieces(first, last));
+  for (std::size_t k = first; k <= last; ++k) VMSTASH_RETURN_IF_ERROR(PinPiece(k));
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(CheckRange(offset, size_bytes, "a copy in"));
+  for (std::size_t done = 0; done < size_bytes;) {
+    const std::size_t at = offset + done, k = at / kPieceBytes;
+    const std::size_t n = std::min(size_bytes - done, PieceBegin(k) + PieceSize(k) - at);
+    VMSTASH_RETURN_IF_ERROR(PinPiece(k));
+    VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, data_ + at, src + done, n, stream));
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream) {
+  VMSTASH_RETURN_IF_ERROR(CheckRange(offset, size_bytes, "a copy out"));
+  if (size_bytes == 0) return absl::OkStatus();
+  const std::size_t first = offset / kPieceBytes, last = (offset + size_bytes - 1) / kPieceBytes;
+  for (std::size_t k = first; k <= last; ++k) {
+    if (pieces_[k].state == State::kCold) {
+      return absl::InternalError(absl::StrCat("backup memory: a copy out of bytes ", offset, "+", size_bytes,
+                                              " reads memory that was handed back (piece ", k, ")"));
+    }
+  }
+  ++reads_;
+  for (std::size_t done = 0; done < size_bytes;) {
+    const std::size_t at = offset + done, k = at / kPieceBytes;
+    const std::size_t n = std::min(size_bytes - done, PieceBegin(k) + PieceSize(k) - at);
+    VMSTASH_RETURN_IF_ERROR(PinPiece(k));  // warm: its bytes are kept, only registered again
+    VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, dst + done, data_ + at, n, stream));
+    Piece& piece = pieces_[k];
+    if (piece.read_event == nullptr) {
+      VMSTASH_ASSIGN_OR_RETURN(piece.read_event, driver_->CreateEvent(device_, false));
+    }
+    VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, piece.read_event, stream));
+    piece.read_seq = reads_;
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::Unpin() {
+  std::vector<std::size_t> order;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state == State::kPinned) order.push_back(k);
+  }
+  // Pieces nobody read first, then in the order their last reads were queued.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return pieces_[a].read_seq < pieces_[b].read_seq; });
+  for (std::size_t k : order) {
+    if (pieces_[k].read_seq != 0) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeEvent(device_, pieces_[k].read_event));
+    VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PinnedPieces::HandBack(bool lazily) {
+  VMSTASH_RETURN_IF_ERROR(Unpin());
+  if (data_ == nullptr) return absl::OkStatus();
+  if (madvise(data_, capacity_bytes_, lazily ? MADV_FREE : MADV_DONTNEED) != 0) {
+    // MADV_FREE needs Linux 4.5: fall back to giving the pages back at once.
+    if (!lazily || madvise(data_, capacity_bytes_, MADV_DONTNEED) != 0) {
+      return absl::InternalError(absl::StrCat("backup memory: giving ", capacity_bytes_,
+                                              " bytes back to the OS failed: ", std::strerror(errno)));
+    }
+  }
+  for (Piece& piece : pieces_) piece.state = State::kCold;
+  return absl::OkStatus();
+}
+
+std::size_t PinnedPieces::pinned_bytes() const {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state == State::kPinned) n += PieceSize(k);
+  }
+  return n;
+}
+
+std::size_t PinnedPieces::resident_bytes() const {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state != State::kCold) n += PieceSize(k);
+  }
+  return n;
+}
+
+std::size_t PinnedPieces::pinned_prefix_bytes() const {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < pieces_.size() && pieces_[k].state == State::kPinned; ++k) n += PieceSize(k);
+  return n;
+}
+
+}  // namespace vmstash

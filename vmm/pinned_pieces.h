@@ -1,0 +1,118 @@
+// PinnedPieces: host memory for backups, page-locked piece by piece as copies need it,
+// and handed back to the OS between uses (docs/architecture.md §4; the host-side
+// ceilings it is built on: bench/host_ceiling_bench.cc).
+//
+// Note [Pinned Pieces]
+//   Why: a backup that is pinned anew at every pause (cuMemHostAlloc) runs at ~2.5 GB/s
+//   and gives the memory back only with a slow free; registering memory that is already
+//   resident runs at ~50 GB/s on huge pages, and a copy into a registered piece can run
+//   while the next piece is registered. So the memory is one anonymous private mapping
+//   (MAP_NORESERVE, advised for transparent huge pages), cut into pieces of kPieceBytes
+//   (the last one shorter), each registered (Driver::HostRegister) on its own.
+//
+//   Each piece is cold (never touched, or handed back: its contents are undefined),
+//   warm (resident, written since it was last handed back, not pinned) or pinned:
+//     Warm(end)        cold pieces of [0, end) are faulted in writable by `threads`
+//                      threads (MADV_POPULATE_WRITE: an error, not a signal, when the
+//                      host is out of memory); contents are kept. A faulted page is dirty,
+//                      so after MADV_FREE the kernel may no longer discard it silently.
+//     Pin(off, n)      the pieces holding [off, off+n) are warmed (if cold) and registered.
+//     CopyIn/CopyOut   queue copies between a device range and [off, off+n), pinning
+//                      what they need first and split at piece bounds: the CUDA driver
+//                      refuses a copy across two registrations (invalid argument).
+//                      CopyOut records an event per piece it read, after its copy.
+//     Unpin()          each pinned piece is unregistered once the copies CopyOut queued
+//                      reading it have completed (its event), in the order they were
+//                      queued, so unpinning trails the copies instead of following them;
+//                      contents are kept (warm).
+//     HandBack(lazy)   every piece is unpinned (as Unpin) and its pages given back:
+//                      lazily (MADV_FREE: counted as available at once, reclaimed when
+//                      the OS needs memory, found again without faults when it did not)
+//                      or at once (MADV_DONTNEED). Contents are lost (cold).
+//   A pause into handed-back memory thus costs: Warm (page-table walk when the OS did not
+//   take the pages, faults when it did) + registering pipelined with the copies; its
+//   resume runs at link speed with the unregistering behind the copies.
+//
+//   A failed call changes nothing it has not said: Pin/CopyIn leave the pieces pinned so
+//   far pinned (a later call or Unpin/Release handles them); Unpin stops at the first
+//   failure (a failed event wait leaves that piece and the later ones pinned: their copies
+//   may still run). Release() unregisters every pinned piece and unmaps.
+//
+// Thread-safety: none; the owner serializes calls (a tag's transition lock). The threads
+// Warm starts are joined before it returns.
+#ifndef VMSTASH_VMM_PINNED_PIECES_H_
+#define VMSTASH_VMM_PINNED_PIECES_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "vmm/driver.h"
+
+namespace vmstash {
+
+class PinnedPieces {
+ public:
+  static constexpr std::size_t kPieceBytes = std::size_t{64} << 20;
+  // The default number of threads that fault memory in: the hardware's, at most 16.
+  static int DefaultThreads();
+
+  PinnedPieces(Driver* driver, int device, int threads = DefaultThreads())
+      : driver_(driver), device_(device), threads_(threads < 1 ? 1 : threads) {}
+  ~PinnedPieces();  // Release(); errors logged
+  PinnedPieces(const PinnedPieces&) = delete;
+  PinnedPieces& operator=(const PinnedPieces&) = delete;
+
+  // A new mapping of at least size_bytes (rounded up to 2 MiB), every piece cold; the old
+  // one is released first (its contents are not kept). ResourceExhausted when mmap fails.
+  absl::Status Reserve(std::size_t size_bytes);
+  // Unregisters every pinned piece (waiting for nothing: the caller has drained the copies
+  // that use them) and unmaps. On an unregister failure the memory stays (an error).
+  absl::Status Release();
+
+  absl::Status Warm(std::size_t end);
+  absl::Status Pin(std::size_t offset, std::size_t size_bytes);
+  absl::Status CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream);
+  absl::Status CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream);
+  absl::Status Unpin();
+  absl::Status HandBack(bool lazily);
+
+  char* data() const { return data_; }
+  std::size_t capacity_bytes() const { return capacity_bytes_; }
+  std::size_t pinned_bytes() const;
+  // Bytes of the pieces that are not cold (host memory held, pinned or not).
+  std::size_t resident_bytes() const;
+  // Whole pieces that are pinned from the start: [0, pinned_prefix_bytes()).
+  std::size_t pinned_prefix_bytes() const;
+  std::size_t piece_count() const { return pieces_.size(); }
+
+ private:
+  enum class State : std::uint8_t { kCold, kWarm, kPinned };
+  struct Piece {
+    State state = State::kCold;
+    Event read_event = nullptr;  // recorded after the last CopyOut that read it
+    std::uint64_t read_seq = 0;  // when that was (0: not read since it was pinned)
+  };
+
+  std::size_t PieceBegin(std::size_t k) const { return k * kPieceBytes; }
+  std::size_t PieceSize(std::size_t k) const;
+  // Checks [offset, offset + size) lies in the mapping.
+  absl::Status CheckRange(std::size_t offset, std::size_t size_bytes, const char* what) const;
+  // Faults in pieces [first, last] that are cold, with up to threads_ threads.
+  absl::Status WarmPieces(std::size_t first, std::size_t last);
+  absl::Status PinPiece(std::size_t k);
+  absl::Status UnpinPiece(std::size_t k);
+
+  Driver* const driver_;
+  const int device_;
+  const int threads_;
+  char* data_ = nullptr;
+  std::size_t capacity_bytes_ = 0;
+  std::vector<Piece> pieces_;
+  std::uint64_t reads_ = 0;  // CopyOut calls so far (read_seq's clock)
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_VMM_PINNED_PIECES_H_
