@@ -39,6 +39,18 @@ void AutoPreparer::Request(TagId tag, std::size_t bytes) {
   cv_.notify_all();
 }
 
+void AutoPreparer::RequestGiveBack(TagId tag) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    Pending& p = queue_[tag];
+    p.give_back = true;
+    p.due = std::chrono::steady_clock::now();
+    if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+  }
+  cv_.notify_all();
+}
+
 void AutoPreparer::WaitIdle() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
@@ -60,13 +72,14 @@ void AutoPreparer::Loop() {
     }
     const TagId tag = next->first;
     const std::size_t bytes = next->second.bytes;
+    const bool give_back = next->second.give_back;
     queue_.erase(next);
     busy_ = true;
     lock.unlock();
-    absl::Status s = prepare_(tag, bytes);
+    absl::Status s = prepare_(tag, bytes, give_back);
     if (!s.ok()) {
-      VMSTASH_LOG(kWarning, "vmstash: preparing the backup arena of tag '{}' ({} bytes) in the background: {}",
-                  TagName(tag), bytes, s.ToString());
+      VMSTASH_LOG(kWarning, "vmstash: {} the backup arena of tag '{}' in the background: {}",
+                  give_back ? "giving back the memory of" : "preparing", TagName(tag), s.ToString());
     }
     lock.lock();
     busy_ = false;

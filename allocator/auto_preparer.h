@@ -1,5 +1,8 @@
 // AutoPreparer: one background thread that sizes backup arenas ahead of the first pause
-// (docs/architecture.md §5: "pinned ahead of time ... or in a background thread").
+// (docs/architecture.md §5: "pinned ahead of time ... or in a background thread"), and
+// hands the memory of resumed arenas back to the OS when their retention says so (the
+// CUDA driver's unregistering waits for all queued work, so a resume cannot do it behind
+// its own copies: Note [Pinned Pieces]).
 //
 // Pinning host memory costs ~0.4 s/GiB. A tag that pays it inside Pause() pauses at a
 // few GiB/s instead of link speed, so the allocator asks this thread to Prepare a
@@ -36,7 +39,9 @@ namespace vmstash {
 
 class AutoPreparer {
  public:
-  using PrepareFn = std::function<absl::Status(TagId tag, std::size_t bytes)>;
+  // `bytes` > 0: prepare that much arena; `give_back`: hand a resumed arena's memory back
+  // first (Note [Retained Backups], give_back).
+  using PrepareFn = std::function<absl::Status(TagId tag, std::size_t bytes, bool give_back)>;
   AutoPreparer(PrepareFn prepare, std::chrono::milliseconds settle)
       : prepare_(std::move(prepare)), settle_(settle) {}
   ~AutoPreparer();
@@ -45,6 +50,9 @@ class AutoPreparer {
 
   // Queues Prepare(tag, bytes), due `settle` from now.
   void Request(TagId tag, std::size_t bytes);
+  // Queues the hand-back of `tag`'s resumed arena, due now (a request for the tag already
+  // queued keeps its bytes and runs now too).
+  void RequestGiveBack(TagId tag);
   // Drops queued preparations and refuses new ones, without waiting for one in progress
   // (for process exit: the CUDA driver may be shutting down after it).
   void Stop();
@@ -56,6 +64,7 @@ class AutoPreparer {
 
   struct Pending {
     std::size_t bytes = 0;
+    bool give_back = false;
     std::chrono::steady_clock::time_point due;
   };
   const PrepareFn prepare_;

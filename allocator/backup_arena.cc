@@ -274,8 +274,10 @@ absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t
   return driver_->CopyToDeviceAsync(device_, dst, data() + offset, size_bytes, stream);
 }
 
-absl::Status BackupArena::UnpinAfterReads() {
-  return store_.kind == BackupStore::Kind::kPinned ? pinned_.Unpin() : absl::OkStatus();
+absl::Status BackupArena::GiveBackSome(std::size_t max_pinned_bytes, bool* more) {
+  *more = false;
+  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  return pinned_.HandBackSome(max_pinned_bytes, /*lazily=*/true, more);
 }
 
 absl::Status BackupArena::ReserveDisk(std::size_t want) {

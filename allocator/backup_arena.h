@@ -7,9 +7,9 @@
 // whole arena ahead of a pause (Prepare, the background preparation); a pause into an
 // arena not yet pinned warms it (many threads) and pins each piece just before its copies,
 // pipelined with them. After a resume the memory stays pinned for the next pause, or, when
-// the owner asks (DropContents(give_back=true): torch_memory_saver's default mode), is
-// unpinned behind the resume's copies (UnpinAfterReads) and handed back to the OS lazily,
-// to be pinned again by the next pause. Pageable: an anonymous mmap for users short of
+// the owner asks (DropContents(give_back=true) or GiveBackSome in steps:
+// torch_memory_saver's default mode), is unpinned and handed back to the OS lazily, to be
+// pinned again by the next pause. Pageable: an anonymous mmap for users short of
 // host RAM; copies are slower, and after a resume its pages are given back to the OS
 // (MADV_DONTNEED) so the RSS drops.
 //
@@ -148,9 +148,11 @@ class BackupArena {
   // at their bounds; one driver copy for the other stores).
   absl::Status CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream);
   absl::Status CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream);
-  // A resume whose arena gives its memory back: unpins each piece once the CopyOut
-  // copies reading it completed (the contents stay until DropContents). No-op otherwise.
-  absl::Status UnpinAfterReads();
+  // A pinned arena's memory given back as DropContents(give_back=true) does, at most
+  // `max_pinned_bytes` of pinned memory at a time (each unregistering waits for the
+  // device's queued work: Note [Pinned Pieces]); *more: some is left. *more = false and
+  // no-op for the other stores.
+  absl::Status GiveBackSome(std::size_t max_pinned_bytes, bool* more);
   // After the pause's copies completed: a disk arena is written back and its pages
   // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
   absl::Status Seal();

@@ -42,7 +42,14 @@ CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions 
   counters_.bypass = options.bypass;
   if (options.auto_prepare) {
     preparer_ = std::make_unique<AutoPreparer>(
-        [this](TagId tag, std::size_t bytes) { return PrepareTag(tag, bytes, /*background=*/true); },
+        [this](TagId tag, std::size_t bytes, bool give_back) {
+          absl::Status s = give_back ? GiveBackTag(tag) : absl::OkStatus();
+          if (bytes > 0) {
+            absl::Status prepared = PrepareTag(tag, bytes, /*background=*/true);
+            if (s.ok()) s = prepared;
+          }
+          return s;
+        },
         std::chrono::milliseconds(std::max(options.auto_prepare_settle_ms, 0)));
   }
 }
@@ -345,6 +352,7 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
     pool->auto_prepare().requested_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
     preparer_->Request(pool->id(), pool->auto_prepare().requested_bytes);
   }
+  if (preparer_ != nullptr && pool->give_back_pending()) preparer_->RequestGiveBack(pool->id());
 }
 
 void CachingAllocator::StopBackgroundWork() {
@@ -621,6 +629,15 @@ absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, 
 }
 
 absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) { return PrepareTag(tag, bytes, false); }
+
+absl::Status CachingAllocator::GiveBackTag(TagId tag) {
+  TagPool* pool;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "give back"));
+  }
+  return pool->GiveBack(&mu_);
+}
 
 absl::Status CachingAllocator::PrepareTag(TagId tag, std::size_t bytes, bool background) {
   TagPool* pool;

@@ -273,6 +273,8 @@ class CachingAllocator : private TransitionHost {
   absl::StatusOr<TagPool*> TransitionPool(TagId tag, const char* what);
   // Prepare (or the background preparer's request, `background`) of the tag's pool.
   absl::Status PrepareTag(TagId tag, std::size_t bytes, bool background);
+  // The background thread's hand-back of a resumed arena (TagPool::GiveBack).
+  absl::Status GiveBackTag(TagId tag);
   // Finds the backed-up bytes [ptr, ptr + size_bytes) of a paused tag and calls `use`
   // with their host address, holding that tag's transition lock (no resume meanwhile).
   absl::Status WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use);
@@ -285,6 +287,7 @@ class CachingAllocator : private TransitionHost {
   // (TransitionHost.) The pool's reserved bytes, and a background preparation when a
   // `backup` tag outgrew its arena.
   void NoteReservedLocked(TagPool* pool) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool GivesBackInBackground() const override { return preparer_ != nullptr; }
   void NoteSwitchLocked(std::size_t handed_bytes) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     counters_.switches += 1;
     counters_.handed_over_bytes += handed_bytes;

@@ -214,8 +214,6 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     const std::size_t first_piece = restore ? host_->options().resume_first_piece_bytes : 0;
     made = MapBack(pool_->large(), large.get(), restore, first_piece, &restored);
   }
-  // An arena that gives its memory back unpins it behind the copies (Note [Pinned Pieces]).
-  if (made.ok() && restore) made = pool_->ArenaUnpinAfterReads();
   if (made.ok() && restore) made = host_->driver()->SynchronizeStream(host_->device(), pool_->copy_stream());
   if (!made.ok()) {
     // Wait for the copies queued into pieces already mapped, then the transactions'
@@ -227,7 +225,8 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
   }
   pool_->small()->CommitResume(std::move(small));
   pool_->large()->CommitResume(std::move(large));
-  pool_->ArenaAfterResume();  // pages given back, unless retained (Note [Retained Backups])
+  // Pages given back, unless retained (Note [Retained Backups]).
+  pool_->ArenaAfterResume(host_->GivesBackInBackground(), host_->mu());
   const double ms = Ms(Clock::now() - start);
   MutexLock lock(host_->mu());
   VMSTASH_RETURN_IF_ERROR(pool_->NoteResumed(restored, ms));

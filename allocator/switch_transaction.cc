@@ -352,7 +352,8 @@ void SwitchTransaction::Commit() {
     i.pool->small()->CommitResume(std::move(i.txn[0]));
     i.pool->large()->CommitResume(std::move(i.txn[1]));
     i.pool->AssertTransitionHeld();
-    i.pool->ArenaAfterResume();  // pages given back, unless retained (Note [Retained Backups])
+    // Pages given back, unless retained (Note [Retained Backups]).
+    i.pool->ArenaAfterResume(host_->GivesBackInBackground(), host_->mu());
   }
   Mark(Step::kCommitted);
   // The incoming tags are still "resuming": nobody else allocates in them, frees their

@@ -121,6 +121,7 @@ BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
   {
     MutexLock lock(owner_mu);
     retained_extents_.clear();  // the arena is written over from here on (Note [Retained Backups])
+    give_back_pending_ = false;  // what is still pinned is used as it is
   }
   return EnsureArena();
 }
@@ -293,15 +294,35 @@ void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
   retention_ = retention;
 }
 
-void TagPool::ArenaAfterResume() {
+void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) {
   if (arena_ == nullptr) return;
   if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) return;  // kept readable
+  if (later && retention_.give_back && store_.kind == BackupStore::Kind::kPinned) {
+    MutexLock lock(owner_mu);
+    give_back_pending_ = true;  // NoteReservedLocked asks the background thread
+    return;
+  }
   arena_->DropContents(retention_.give_back);
 }
 
-absl::Status TagPool::ArenaUnpinAfterReads() {
-  if (arena_ == nullptr || !retention_.give_back || retention_.keep_after_resume) return absl::OkStatus();
-  return arena_->UnpinAfterReads();
+absl::Status TagPool::GiveBack(Mutex* owner_mu) {
+  for (;;) {
+    MutexLock t(&transition_mu_);
+    {
+      MutexLock lock(owner_mu);
+      if (!give_back_pending_) return absl::OkStatus();
+      if (state_ != TagState::kActive || arena_ == nullptr) {
+        give_back_pending_ = false;
+        return absl::OkStatus();
+      }
+    }
+    bool more = false;
+    absl::Status s = arena_->GiveBackSome(kPrepareStepBytes, &more);
+    MutexLock lock(owner_mu);
+    if (!s.ok() || !more) give_back_pending_ = false;
+    stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+    if (!s.ok() || !more) return s;
+  }
 }
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {

@@ -228,12 +228,17 @@ class TagPool {
   void SetRetention(BackupRetention retention, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   const BackupRetention& retention() const { return retention_; }
   // A resume's (or switch-in's) end, its restore copies complete: the arena gives its
-  // pages back (DropContents), unless the retention keeps its bytes readable.
-  void ArenaAfterResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  // A resume's restore copies all queued: an arena that gives its memory back unpins it
-  // behind them (BackupArena::UnpinAfterReads); no-op otherwise. On an error the tag
-  // stays paused with its backup intact (unpinned pieces keep their bytes).
-  absl::Status ArenaUnpinAfterReads() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // pages back (DropContents), unless the retention keeps its bytes readable. A pinned
+  // arena whose retention gives its memory back does it now, or, with `later`, leaves it
+  // to GiveBack on a background thread (give_back_pending; takes `owner_mu` to mark it), so
+  // that the resume returns when the device has its bytes.
+  void ArenaAfterResume(bool later, Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // Owner's mu: a resumed arena's memory is still to be given back.
+  bool give_back_pending() const { return give_back_pending_; }
+  // The background hand-back: steps of kPrepareStepBytes, each under the transition lock,
+  // while the tag is active and the hand-back still pending (a pause cancels it and keeps
+  // what is still pinned). Errors end it (logged by the caller), the rest stays pinned.
+  absl::Status GiveBack(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   // A new store; the old arena goes to *dropped, for the caller to free without locks.
   absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
@@ -326,6 +331,7 @@ class TagPool {
   std::string broken_reason_;
   BackupStore store_;
   BackupRetention retention_;
+  bool give_back_pending_ = false;  // written holding the transition lock and the owner's mu
   BackupExtents backup_extents_;
   BackupExtents retained_extents_;  // Note [Retained Backups]
   TransitionHooks hooks_;

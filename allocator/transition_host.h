@@ -51,9 +51,13 @@ class TransitionHost {
   // completed), including those of `in_transition`, a busy pool of the caller's.
   virtual void CompletePendingLocked(std::uint64_t synced_before, TagId in_transition)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
-  // A pool's reserved bytes changed (it came back active): its stats, and a background
-  // preparation when a `backup` tag outgrew its arena.
+  // A pool's reserved bytes changed (it came back active): its stats, a background
+  // preparation when a `backup` tag outgrew its arena, and the background hand-back of a
+  // resumed arena whose retention gives its memory back.
   virtual void NoteReservedLocked(TagPool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Whether a background thread hands resumed arenas' memory back (TagPool::ArenaAfterResume
+  // leaves it to NoteReservedLocked's request) or the resume does it itself.
+  virtual bool GivesBackInBackground() const = 0;
   // A switch committed, handing `handed_bytes` of chunks over.
   virtual void NoteSwitchLocked(std::size_t handed_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 

@@ -11,6 +11,7 @@
 //   pipeline      D2H of SIZE into touched memory registered piece by piece while the copies
 //                 of the pieces before run (what a pause into returned memory can do)
 //   span          a D2H copy spanning two adjacent registrations: correct, and its rate
+//   overlap       whether (un)registering waits for copies already queued
 //   lazy          after unregister + MADV_FREE: MemAvailable and RSS (memory handed back),
 //                 then the next register of the same range (pages reused, not faulted)
 //
@@ -275,6 +276,33 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaHostUnregister(p));
     CHECK_CUDA(cudaHostUnregister(p + half));
     munmap(p, 2 * half);
+  }
+
+  // overlap: does (un)registering wait for copies queued on another buffer? A 4 GiB pinned
+  // D2H (~75 ms) is queued, then a separate 64 MiB piece is unregistered / registered.
+  if (on("overlap")) {
+    const std::size_t n = std::min<std::size_t>(size, std::size_t{4} << 30);
+    void* h = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&h, n, cudaHostAllocPortable));
+    char* piece = MapFresh(kPiece, true);
+    Fault(piece, kPiece, 1);
+    for (int what = 0; what < 2; ++what) {
+      if (what == 0) CHECK_CUDA(cudaHostRegister(piece, kPiece, cudaHostRegisterPortable));
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      auto t = Clock::now();
+      CHECK_CUDA(cudaMemcpyAsync(h, dev, n, cudaMemcpyDeviceToHost, stream));
+      const double queued = Since(t);
+      t = Clock::now();
+      CHECK_CUDA(what == 0 ? cudaHostUnregister(piece) : cudaHostRegister(piece, kPiece, cudaHostRegisterPortable));
+      const double call = Since(t);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double total = Since(t) + queued;
+      std::printf("overlap    %s of 64 MiB while a %.0f GiB D2H runs: %.1f ms (the copy: %.1f ms)\n",
+                  what == 0 ? "cudaHostUnregister" : "cudaHostRegister", GiB(n), call * 1e3, total * 1e3);
+    }
+    CHECK_CUDA(cudaHostUnregister(piece));
+    munmap(piece, kPiece);
+    CHECK_CUDA(cudaFreeHost(h));
   }
 
   // lazy: hand back with MADV_FREE, then reuse

@@ -73,15 +73,7 @@ absl::Status PinnedPieces::Reserve(std::size_t size_bytes) {
 
 absl::Status PinnedPieces::Release() {
   if (data_ == nullptr) return absl::OkStatus();
-  for (std::size_t k = 0; k < pieces_.size(); ++k) {
-    if (pieces_[k].state == State::kPinned) VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
-  }
-  for (Piece& piece : pieces_) {
-    if (piece.read_event == nullptr) continue;
-    absl::Status s = driver_->DestroyEvent(device_, piece.read_event);
-    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: backup memory: destroying an event: {}", s.ToString());
-    piece.read_event = nullptr;
-  }
+  VMSTASH_RETURN_IF_ERROR(Unpin());
   if (munmap(data_, capacity_bytes_) != 0) {
     return absl::InternalError(absl::StrCat("backup memory: munmap failed: ", std::strerror(errno)));
   }
@@ -146,14 +138,12 @@ absl::Status PinnedPieces::PinPiece(std::size_t k) {
   piece.state = State::kWarm;
   VMSTASH_RETURN_IF_ERROR(driver_->HostRegister(device_, data_ + PieceBegin(k), PieceSize(k)));
   piece.state = State::kPinned;
-  piece.read_seq = 0;
   return absl::OkStatus();
 }
 
 absl::Status PinnedPieces::UnpinPiece(std::size_t k) {
   VMSTASH_RETURN_IF_ERROR(driver_->HostUnregister(device_, data_ + PieceBegin(k)));
   pieces_[k].state = State::kWarm;
-  pieces_[k].read_seq = 0;
   return absl::OkStatus();
 }
 
@@ -188,49 +178,50 @@ absl::Status PinnedPieces::CopyOut(DevicePtr dst, std::size_t offset, std::size_
                                               " reads memory that was handed back (piece ", k, ")"));
     }
   }
-  ++reads_;
   for (std::size_t done = 0; done < size_bytes;) {
     const std::size_t at = offset + done, k = at / kPieceBytes;
     const std::size_t n = std::min(size_bytes - done, PieceBegin(k) + PieceSize(k) - at);
     VMSTASH_RETURN_IF_ERROR(PinPiece(k));  // warm: its bytes are kept, only registered again
     VMSTASH_RETURN_IF_ERROR(driver_->CopyToDeviceAsync(device_, dst + done, data_ + at, n, stream));
-    Piece& piece = pieces_[k];
-    if (piece.read_event == nullptr) {
-      VMSTASH_ASSIGN_OR_RETURN(piece.read_event, driver_->CreateEvent(device_, false));
-    }
-    VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, piece.read_event, stream));
-    piece.read_seq = reads_;
     done += n;
   }
   return absl::OkStatus();
 }
 
 absl::Status PinnedPieces::Unpin() {
-  std::vector<std::size_t> order;
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
-    if (pieces_[k].state == State::kPinned) order.push_back(k);
-  }
-  // Pieces nobody read first, then in the order their last reads were queued.
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::size_t a, std::size_t b) { return pieces_[a].read_seq < pieces_[b].read_seq; });
-  for (std::size_t k : order) {
-    if (pieces_[k].read_seq != 0) VMSTASH_RETURN_IF_ERROR(driver_->SynchronizeEvent(device_, pieces_[k].read_event));
-    VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
+    if (pieces_[k].state == State::kPinned) VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
   }
   return absl::OkStatus();
 }
 
 absl::Status PinnedPieces::HandBack(bool lazily) {
-  VMSTASH_RETURN_IF_ERROR(Unpin());
-  if (data_ == nullptr) return absl::OkStatus();
-  if (madvise(data_, capacity_bytes_, lazily ? MADV_FREE : MADV_DONTNEED) != 0) {
-    // MADV_FREE needs Linux 4.5: fall back to giving the pages back at once.
-    if (!lazily || madvise(data_, capacity_bytes_, MADV_DONTNEED) != 0) {
-      return absl::InternalError(absl::StrCat("backup memory: giving ", capacity_bytes_,
+  bool more = false;
+  return HandBackSome(capacity_bytes_, lazily, &more);
+}
+
+absl::Status PinnedPieces::HandBackSome(std::size_t max_pinned_bytes, bool lazily, bool* more) {
+  *more = false;
+  std::size_t unpinned = 0;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state == State::kCold) continue;
+    if (pieces_[k].state == State::kPinned) {
+      if (unpinned >= max_pinned_bytes) {
+        *more = true;
+        return absl::OkStatus();
+      }
+      VMSTASH_RETURN_IF_ERROR(UnpinPiece(k));
+      unpinned += PieceSize(k);
+    }
+    char* const at = data_ + PieceBegin(k);
+    // MADV_FREE needs Linux 4.5: without it, give the pages back at once.
+    if (madvise(at, PieceSize(k), lazily ? MADV_FREE : MADV_DONTNEED) != 0 &&
+        (!lazily || madvise(at, PieceSize(k), MADV_DONTNEED) != 0)) {
+      return absl::InternalError(absl::StrCat("backup memory: giving ", PieceSize(k),
                                               " bytes back to the OS failed: ", std::strerror(errno)));
     }
+    pieces_[k].state = State::kCold;
   }
-  for (Piece& piece : pieces_) piece.state = State::kCold;
   return absl::OkStatus();
 }
 

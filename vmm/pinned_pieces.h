@@ -20,23 +20,25 @@
 //     CopyIn/CopyOut   queue copies between a device range and [off, off+n), pinning
 //                      what they need first and split at piece bounds: the CUDA driver
 //                      refuses a copy across two registrations (invalid argument).
-//                      CopyOut records an event per piece it read, after its copy.
-//     Unpin()          each pinned piece is unregistered once the copies CopyOut queued
-//                      reading it have completed (its event), in the order they were
-//                      queued, so unpinning trails the copies instead of following them;
-//                      contents are kept (warm).
-//     HandBack(lazy)   every piece is unpinned (as Unpin) and its pages given back:
+//                      Registering does not wait for queued copies, so a pause pins piece
+//                      k+1 while the copy engine fills piece k.
+//     Unpin()          every pinned piece is unregistered; contents are kept (warm).
+//     HandBack(lazy)   pinned pieces are unpinned and every piece's pages given back:
 //                      lazily (MADV_FREE: counted as available at once, reclaimed when
 //                      the OS needs memory, found again without faults when it did not)
-//                      or at once (MADV_DONTNEED). Contents are lost (cold).
-//   A pause into handed-back memory thus costs: Warm (page-table walk when the OS did not
-//   take the pages, faults when it did) + registering pipelined with the copies; its
-//   resume runs at link speed with the unregistering behind the copies.
+//                      or at once (MADV_DONTNEED). Contents are lost (cold). HandBackSome
+//                      does it for a bounded number of pinned bytes at a time.
+//   Unregistering waits for all work queued on the device (the CUDA driver synchronizes
+//   the context: bench/host_ceiling_bench.cc, "overlap"), so it cannot run behind a
+//   resume's copies; an owner that wants the resume to return at link speed hands the
+//   memory back afterwards, in steps (allocator/tag_pool.h, TagPool::GiveBack).
+//   A pause into handed-back memory thus costs: Warm (a page-table walk when the OS did
+//   not take the pages, faults where it did) + registering pipelined with the copies.
 //
 //   A failed call changes nothing it has not said: Pin/CopyIn leave the pieces pinned so
-//   far pinned (a later call or Unpin/Release handles them); Unpin stops at the first
-//   failure (a failed event wait leaves that piece and the later ones pinned: their copies
-//   may still run). Release() unregisters every pinned piece and unmaps.
+//   far pinned (a later call, Unpin or Release handles them); Unpin and HandBackSome stop
+//   at the first failure, the pieces not yet unpinned still pinned. Release() unregisters
+//   every pinned piece and unmaps.
 //
 // Thread-safety: none; the owner serializes calls (a tag's transition lock). The threads
 // Warm starts are joined before it returns.
@@ -77,6 +79,9 @@ class PinnedPieces {
   absl::Status CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream);
   absl::Status Unpin();
   absl::Status HandBack(bool lazily);
+  // HandBack for at most `max_pinned_bytes` of pinned pieces (and every unpinned warm one
+  // met on the way), from the start; *more: pieces are left that are not cold.
+  absl::Status HandBackSome(std::size_t max_pinned_bytes, bool lazily, bool* more);
 
   char* data() const { return data_; }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
@@ -91,8 +96,6 @@ class PinnedPieces {
   enum class State : std::uint8_t { kCold, kWarm, kPinned };
   struct Piece {
     State state = State::kCold;
-    Event read_event = nullptr;  // recorded after the last CopyOut that read it
-    std::uint64_t read_seq = 0;  // when that was (0: not read since it was pinned)
   };
 
   std::size_t PieceBegin(std::size_t k) const { return k * kPieceBytes; }
@@ -110,7 +113,6 @@ class PinnedPieces {
   char* data_ = nullptr;
   std::size_t capacity_bytes_ = 0;
   std::vector<Piece> pieces_;
-  std::uint64_t reads_ = 0;  // CopyOut calls so far (read_seq's clock)
 };
 
 }  // namespace vmstash

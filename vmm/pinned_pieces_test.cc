@@ -89,6 +89,7 @@ TEST_F(PinnedPiecesTest, UnpinKeepsTheBytesAndHandBackLosesThem) {
   ZeroDevice();
   ASSERT_TRUE(p.CopyOut(va_, 0, kPiece + kMiB, stream_).ok());  // reads pieces 0 and 1
   ASSERT_TRUE(p.Unpin().ok());
+  EXPECT_EQ(p.resident_bytes(), p.capacity_bytes());
   EXPECT_EQ(p.pinned_bytes(), 0u);
   EXPECT_EQ(Registered(), 0u);
   // A retry of the reads (a resume that failed after unpinning): pinned again, same bytes.
@@ -136,16 +137,30 @@ TEST_F(PinnedPiecesTest, FailedRegistrationKeepsWhatWasPinnedAndReleaseCleansUp)
   ASSERT_TRUE(p.Release().ok());
 }
 
-TEST_F(PinnedPiecesTest, UnpinStopsAtAFailedWaitAndLeavesTheRestPinned) {
+TEST_F(PinnedPiecesTest, HandBackSomeGoesInStepsAndStopsAtAFailure) {
   PinnedPieces p(&sim_, 0);
   ASSERT_TRUE(p.Reserve(size_).ok());
   ASSERT_TRUE(p.CopyIn(0, va_, size_, stream_).ok());
-  ASSERT_TRUE(p.CopyOut(va_, 0, size_, stream_).ok());
-  sim_.InjectFault(FaultRule{DriverOp::kSynchronizeEvent, 2, 1, absl::StatusCode::kInternal});
-  EXPECT_EQ(p.Unpin().code(), absl::StatusCode::kInternal);
-  EXPECT_EQ(p.pinned_bytes(), p.capacity_bytes() - kPiece);  // the first read piece only
-  EXPECT_EQ(p.HandBack(/*lazily=*/true).code(), absl::StatusCode::kOk);
-  EXPECT_EQ(p.pinned_bytes(), 0u);
+  bool more = false;
+  ASSERT_TRUE(p.HandBackSome(kPiece, /*lazily=*/true, &more).ok());
+  EXPECT_TRUE(more);
+  EXPECT_EQ(p.pinned_bytes(), p.capacity_bytes() - kPiece);
+  EXPECT_EQ(p.resident_bytes(), p.capacity_bytes() - kPiece);
+  // The second piece's unregistering fails: it and the third stay pinned, with their bytes.
+  sim_.InjectFault(FaultRule{DriverOp::kHostUnregister, 1, 1, absl::StatusCode::kInternal});
+  EXPECT_EQ(p.HandBackSome(kPiece, /*lazily=*/true, &more).code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(p.pinned_bytes(), p.capacity_bytes() - kPiece);
+  ZeroDevice();
+  ASSERT_TRUE(p.CopyOut(va_ + kPiece, kPiece, size_ - kPiece, stream_).ok());
+  EXPECT_EQ(std::memcmp(Device(kPiece, size_ - kPiece).data(), pattern_.data() + kPiece, size_ - kPiece), 0);
+  ASSERT_TRUE(p.HandBackSome(p.capacity_bytes(), /*lazily=*/true, &more).ok());
+  EXPECT_FALSE(more);
+  EXPECT_EQ(p.resident_bytes(), 0u);
+  // Warm pieces are handed back too (no pinned budget needed).
+  ASSERT_TRUE(p.Warm(kPiece).ok());
+  EXPECT_EQ(p.resident_bytes(), kPiece);
+  ASSERT_TRUE(p.HandBackSome(0, /*lazily=*/false, &more).ok());
+  EXPECT_EQ(p.resident_bytes(), 0u);
 }
 
 TEST_F(PinnedPiecesTest, ReleaseFailureKeepsTheMemoryAndTheDestructorLogs) {
