@@ -169,6 +169,8 @@ class BackupArena {
   // memory pinned, or with `give_back` unpins it and hands it back lazily (Note [Pinned
   // Pieces]; contents lost). Errors are logged.
   void DropContents(bool give_back = false);
+  // A pinned arena's warming and registering time since the last call (zeros otherwise).
+  PinnedPieces::Timing TakePinTiming() { return pinned_.TakeTiming(); }
   // The files of a kDiskFiles arena (their paths), for tests and messages.
   std::vector<std::string> FilePaths() const;
 

@@ -80,6 +80,11 @@ absl::StatusOr<TransitionResult> PauseExecutor::Transact() {
                 pool_->name(), release_error.ToString());
   }
   const double ms = Ms(Clock::now() - start);
+  if (pool_->arena() != nullptr && LogEnabled(LogLevel::kDebug)) {
+    const PinnedPieces::Timing t = pool_->arena()->TakePinTiming();
+    VMSTASH_LOG(kDebug, "vmstash: pause of tag '{}': {:.1f} ms, {} bytes backed up; warming {:.1f} ms, {} pieces registered in {:.1f} ms",
+                pool_->name(), ms, backed_up, t.warm_ms, t.registered, t.register_ms);
+  }
   MutexLock lock(host_->mu());
   VMSTASH_RETURN_IF_ERROR(pool_->NotePaused(std::move(layout.by_block), released, backed_up, ms));
   return TransitionResult::kDone;
@@ -103,6 +108,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
   // Everything that can fail before the first copy: arena, stream, events. A failure
   // leaves nothing behind (a disk-files arena's files are removed: DropContents).
   BackupArena* const arena = pool_->ArenaForPause(host_->mu());
+  (void)arena->TakePinTiming();  // from here: this pause's (the log line of Transact)
   absl::Status reserved = arena->ReserveLayout(layout.arena_bytes, BackupPieceBytes(layout));
   absl::StatusOr<Stream> made_stream = reserved.ok() ? pool_->CopyStream() : absl::StatusOr<Stream>(reserved);
   absl::StatusOr<std::vector<Event>*> made_events =

@@ -41,6 +41,20 @@ def benchmarks(build, torch_ok):
          [py, "examples/rl_phase_switch.py", "--cycles", "10", "--plot", "bench/" + PLOT, "--json",
           demo_json] + peers, {},
          (r"^Summary", r"^(PASSED|FAILED)"), True),
+        ("host_ceiling_bench", "What the host side allows a backup that gives its memory back "
+         "(bench/host_ceiling_bench.cc): the pinned link, cudaHostAlloc/cudaFreeHost, first touch of fresh "
+         "memory (1 and 16 threads, 4 KiB and huge pages), memcpy into fresh and touched memory, "
+         "cudaHostRegister/Unregister (one call, 64 MiB pieces), registering pipelined with the copies, "
+         "whether (un)registering waits for queued copies, and memory handed back with MADV_FREE.",
+         [os.path.join(build, "bench/host_ceiling_bench"), "8", "16"], {}, [r"."], False),
+        ("tms_backup_bench", "Backups through torch_memory_saver's API (bench/tms_backup_bench.py): 8 GiB "
+         "backed up in 512 tensors, 16 GiB discarded, 4 GiB of which 2 GiB live backed up; 5 cycles of pause "
+         "and resume, the first 3 s after the tags stopped growing; vmstash's own API, the drop-in "
+         "(retain_cpu_backup off and on) and torch_memory_saver itself where importable, each in its own "
+         "process, against the same run's pinned link, with host memory after pause, resume and hand-back.",
+         [py, "bench/tms_backup_bench.py", "--json", "bench/results/tms_backup.json"]
+         + ([] if _importable("torch_memory_saver") else ["--peers", "native,dropin,dropin_retain"]), {},
+         [r"."], True),
         ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
          "chunk size, release cost, create after release, pinned copy bandwidth.",
          [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+chunk\s", r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),

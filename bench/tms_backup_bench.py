@@ -20,8 +20,13 @@ tensors are checked bit for bit after every resume.
 The TMS-API peers use torch_memory_saver's torch hook mode (its pluggable allocator, in
 process).
 
-Per cycle: pause and resume wall time (the device synchronized), host memory available
-(MemAvailable) and the process's RSS before the pause, after it, and after the resume. The
+Per cycle: pause and resume wall time (the device synchronized); host memory available
+(MemAvailable, relative to the process's start), the host bytes vmstash's arenas hold and
+the process's RSS after the pause, after the resume and, for the drop-in, once its
+background thread has given the memory back (and how long after the resume that was).
+MemAvailable counts memory handed back lazily (MADV_FREE) as available, and keeps counting
+it when it is reused until the kernel next scans it; RSS counts it until the kernel takes
+it. --gap seconds pass between cycles (a training step). The
 pinned link of the same run (a 2 GiB pinned copy each way) bounds every pause and resume:
 bytes backed up / link rate. Prints a table and the ratios; --json writes everything.
 """
@@ -92,9 +97,17 @@ def child(args):
         pause = lambda: tms.pause()  # noqa: E731
         resume = lambda: tms.resume()  # noqa: E731
 
+    def held():
+        """Host bytes vmstash's backup arenas hold (None for torch_memory_saver itself)."""
+        if peer == "tms":
+            return None
+        import vmstash
+        return sum(vmstash.tag_stats(t).get("backup_arena_bytes", 0) for t in vmstash.tags())
+
     def pattern(n, seed):
         return torch.arange(n, dtype=torch.int64, device=dev).mul_(2654435761).add_(seed)
 
+    baseline = meminfo("MemAvailable")
     weights, opt = [], []
     n_w = int(args.weights_gib * GiB) // args.tensors // 8
     with region("weights", True):
@@ -106,38 +119,47 @@ def child(args):
     with region("opt", True):
         for i in range(64):
             opt.append(pattern(n_o, 10_000 + i))
-    del opt[1::2]  # half of it freed: 2 GiB live
+        del opt[1::2]  # half of it freed: 2 GiB live
     torch.cuda.synchronize()
     live = [(t, i) for i, t in enumerate(weights)] + [(t, 10_000 + 2 * i) for i, t in enumerate(opt)]
     backed_up = sum(t.numel() * 8 for t, _ in live)
     time.sleep(args.settle)
     rows = []
     for cycle in range(args.cycles):
-        a0, r0 = meminfo("MemAvailable"), rss()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         pause()
         torch.cuda.synchronize()
         t1 = time.perf_counter()
-        a1, r1 = meminfo("MemAvailable"), rss()
+        a1, r1, h1 = meminfo("MemAvailable"), rss(), held()
         t2 = time.perf_counter()
         resume()
         torch.cuda.synchronize()
         t3 = time.perf_counter()
-        a2, r2 = meminfo("MemAvailable"), rss()
+        a2, r2, h2 = meminfo("MemAvailable"), rss(), held()
+        # The drop-in gives the memory back on a background thread: wait for it (5 s at most).
+        given = None
+        if peer == "dropin":
+            while held() > 0 and time.perf_counter() - t3 < 5:
+                time.sleep(0.005)
+            given = (time.perf_counter() - t3) * 1e3 if held() == 0 else None
+        a3, r3, h3 = meminfo("MemAvailable"), rss(), held()
         bad = sum(0 if torch.equal(t, pattern(t.numel(), seed)) else 1 for t, seed in live)
-        rows.append(dict(cycle=cycle + 1, pause_ms=(t1 - t0) * 1e3, resume_ms=(t3 - t2) * 1e3,
-                         avail_before=a0, avail_paused=a1, avail_resumed=a2, rss_before=r0, rss_paused=r1,
-                         rss_resumed=r2, mismatches=bad))
+        rows.append(dict(cycle=cycle + 1, pause_ms=(t1 - t0) * 1e3, resume_ms=(t3 - t2) * 1e3, given_back_ms=given,
+                         avail_paused=a1 - baseline, avail_resumed=a2 - baseline, avail_after=a3 - baseline,
+                         rss_paused=r1, rss_resumed=r2, rss_after=r3, held_paused=h1, held_resumed=h2, held_after=h3,
+                         mismatches=bad))
         print(json.dumps(dict(peer=peer, **rows[-1])), file=sys.stderr, flush=True)
-    del kv
-    print(json.dumps(dict(peer=peer, backed_up=backed_up, rows=rows)))
+        if args.gap > 0:
+            time.sleep(args.gap)
+    print(json.dumps(dict(peer=peer, backed_up=backed_up, rows=rows)), flush=True)
+    os._exit(0)  # no teardown: torch_memory_saver's torch mode refuses frees outside a region
 
 
 def run_peer(peer, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--cycles", str(args.cycles),
            "--settle", str(args.settle), "--tensors", str(args.tensors), "--weights-gib", str(args.weights_gib),
-           "--discard-gib", str(args.discard_gib), "--opt-gib", str(args.opt_gib)]
+           "--discard-gib", str(args.discard_gib), "--opt-gib", str(args.opt_gib), "--gap", str(args.gap)]
     t = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
@@ -147,31 +169,42 @@ def run_peer(peer, args):
     return out
 
 
+def gib(x):
+    return "-" if x is None else f"{x / GiB:.2f}"
+
+
 def table(results, d2h, h2d):
     lines = [f"pinned link (same run): D2H {d2h / 1e9:.1f} GB/s, H2D {h2d / 1e9:.1f} GB/s",
-             "peer           cycle  pause ms (x bound)  resume ms (x bound)  avail GiB: paused/resumed vs before  "
-             "RSS GiB: paused/resumed  bad"]
+             "MemAvailable and held (vmstash's arenas) in GiB, MemAvailable relative to the process's start;",
+             "'after': once the drop-in's background thread gave the memory back (-: not waited for)",
+             f"{'peer':<14} {'cycle':>5} {'pause ms (x bound)':>19} {'resume ms (x bound)':>20} {'given back ms':>13} "
+             f"{'avail paused/resumed/after':>27} {'held paused/resumed/after':>26} {'RSS after':>9} bad"]
     for r in results:
         if "error" in r:
-            lines.append(f"{r['peer']:<14} failed: {r['error'].strip().splitlines()[-1] if r['error'].strip() else '?'}")
+            tail = r["error"].strip().splitlines()
+            lines.append(f"{r['peer']:<14} failed: {tail[-1] if tail else '?'}")
             continue
         bp, br = r["backed_up"] / d2h * 1e3, r["backed_up"] / h2d * 1e3
         for row in r["rows"]:
+            given = "-" if row["given_back_ms"] is None else f"{row['given_back_ms']:.0f}"
             lines.append(
-                f"{r['peer']:<14} {row['cycle']:>5}  {row['pause_ms']:8.1f} ({row['pause_ms'] / bp:5.2f}x)  "
-                f"{row['resume_ms']:8.1f} ({row['resume_ms'] / br:5.2f}x)  "
-                f"{(row['avail_paused'] - row['avail_before']) / GiB:+7.2f} / {(row['avail_resumed'] - row['avail_before']) / GiB:+6.2f}"
-                f"                      {row['rss_paused'] / GiB:6.2f} / {row['rss_resumed'] / GiB:6.2f}  "
-                f"{row['mismatches']}")
-    lines.append(f"bound: the backed-up bytes at the link's rate ({results[0].get('backed_up', 0) / GiB:.2f} GiB)")
-    by = {r["peer"]: r for r in results if "error" not in r}
+                f"{r['peer']:<14} {row['cycle']:>5} {row['pause_ms']:9.1f} ({row['pause_ms'] / bp:5.2f}x) "
+                f"{row['resume_ms']:10.1f} ({row['resume_ms'] / br:5.2f}x) {given:>13} "
+                f"{gib(row['avail_paused']):>8} / {gib(row['avail_resumed'])} / {gib(row['avail_after']):<6} "
+                f"{gib(row['held_paused']):>7} / {gib(row['held_resumed'])} / {gib(row['held_after']):<6} "
+                f"{gib(row['rss_after']):>9} {row['mismatches']}")
+    ok = [r for r in results if "error" not in r]
+    if ok:
+        lines.append(f"bound: the backed-up bytes ({ok[0]['backed_up'] / GiB:.2f} GiB) at the link's rate: "
+                     f"{ok[0]['backed_up'] / d2h * 1e3:.1f} ms out, {ok[0]['backed_up'] / h2d * 1e3:.1f} ms in")
+    by = {r["peer"]: r for r in ok}
     if "tms" in by:
         for peer in ("native", "dropin", "dropin_retain"):
             if peer not in by:
                 continue
             for what in ("pause_ms", "resume_ms"):
                 ratios = [t[what] / m[what] for t, m in zip(by["tms"]["rows"], by[peer]["rows"])]
-                lines.append(f"{peer:<14} {what[:-3]:<6} torch_memory_saver / {peer} per cycle: "
+                lines.append(f"torch_memory_saver / {peer:<13} {what[:-3]:<6} per cycle: "
                              + " ".join(f"{x:.1f}x" for x in ratios))
     return lines
 
@@ -186,6 +219,7 @@ def main():
     ap.add_argument("--weights-gib", type=float, default=8)
     ap.add_argument("--discard-gib", type=float, default=16)
     ap.add_argument("--opt-gib", type=float, default=4)
+    ap.add_argument("--gap", type=float, default=0.5, help="seconds between cycles")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.child:

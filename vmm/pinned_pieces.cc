@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -97,6 +98,7 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
     if (pieces_[k].state == State::kCold) cold.push_back(k);
   }
   if (cold.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::mutex mu;
   absl::Status first_error;
@@ -122,6 +124,7 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   for (std::size_t i = 0; i < cold.size(); ++i) {
     if (done[i] != 0) pieces_[cold[i]].state = State::kWarm;  // what was faulted in stays warm
   }
+  timing_.warm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return first_error;
 }
 
@@ -136,7 +139,10 @@ absl::Status PinnedPieces::PinPiece(std::size_t k) {
   if (piece.state == State::kPinned) return absl::OkStatus();
   if (piece.state == State::kCold) VMSTASH_RETURN_IF_ERROR(FaultIn(data_ + PieceBegin(k), PieceSize(k)));
   piece.state = State::kWarm;
+  const auto start = std::chrono::steady_clock::now();
   VMSTASH_RETURN_IF_ERROR(driver_->HostRegister(device_, data_ + PieceBegin(k), PieceSize(k)));
+  timing_.register_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++timing_.registered;
   piece.state = State::kPinned;
   return absl::OkStatus();
 }

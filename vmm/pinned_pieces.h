@@ -47,6 +47,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -91,6 +92,12 @@ class PinnedPieces {
   // Whole pieces that are pinned from the start: [0, pinned_prefix_bytes()).
   std::size_t pinned_prefix_bytes() const;
   std::size_t piece_count() const { return pieces_.size(); }
+  // Time spent warming and registering since the last call (for a transition's log line).
+  struct Timing {
+    double warm_ms = 0, register_ms = 0;
+    std::size_t registered = 0;  // pieces
+  };
+  Timing TakeTiming() { return std::exchange(timing_, Timing{}); }
 
  private:
   enum class State : std::uint8_t { kCold, kWarm, kPinned };
@@ -113,6 +120,7 @@ class PinnedPieces {
   char* data_ = nullptr;
   std::size_t capacity_bytes_ = 0;
   std::vector<Piece> pieces_;
+  Timing timing_;
 };
 
 }  // namespace vmstash
