@@ -45,7 +45,7 @@ void AutoPreparer::RequestGiveBack(TagId tag) {
     if (stop_) return;
     Pending& p = queue_[tag];
     p.give_back = true;
-    p.due = std::chrono::steady_clock::now();
+    p.due = std::chrono::steady_clock::now() + kGiveBackDelay;
     if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
   }
   cv_.notify_all();

@@ -50,8 +50,11 @@ class AutoPreparer {
 
   // Queues Prepare(tag, bytes), due `settle` from now.
   void Request(TagId tag, std::size_t bytes);
-  // Queues the hand-back of `tag`'s resumed arena, due now (a request for the tag already
-  // queued keeps its bytes and runs now too).
+  // Queues the hand-back of `tag`'s resumed arena, due kGiveBackDelay from now (a request
+  // for the tag already queued keeps its bytes and runs then too). The delay lets a burst of
+  // resumes (torch_memory_saver resumes its tags one after another) finish first: the
+  // driver's unregistering waits for all queued work, the resumes' copies included.
+  static constexpr std::chrono::milliseconds kGiveBackDelay{50};
   void RequestGiveBack(TagId tag);
   // Drops queued preparations and refuses new ones, without waiting for one in progress
   // (for process exit: the CUDA driver may be shutting down after it).

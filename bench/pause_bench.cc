@@ -8,6 +8,8 @@
 //             pipelining off (one stage, one chunk per cover) to show what it buys
 //   discard   pause+resume of SIZE in 1024 blocks
 //   half-free a tag of SIZE with every other block freed: pause time follows live bytes
+//   prepare   an arena of SIZE made ready: cuMemHostAlloc, and pinned pieces faulted in by
+//             1 and by N threads (Note [Pinned Pieces]); handed back, pinned again
 //
 // Usage: pause_bench [SIZE_GIB=16]. Driver from VMSTASH_CONF/VMSTASH_DRIVER.
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include "vmm/driver_factory.h"
 #include "runtime/runtime_options.h"
 #include "vmm/pinned_host_buffer.h"
+#include "vmm/pinned_pieces.h"
 
 namespace vmstash {
 namespace {
@@ -95,6 +98,38 @@ int Run(int argc, char** argv) {
   }
   std::printf("limit: pinned D2H %.1f GB/s, H2D %.1f GB/s (best of 3, GB = 1e9 B); H2D into freshly created "
               "memory %.1f GB/s\n", d2h, h2d, h2d_fresh);
+  // Preparing an arena ahead of the first pause (Note [Pinned Pieces]): faulted in by 1 and by
+  // N threads and registered piece by piece, against one cuMemHostAlloc of the same size.
+  {
+    auto t0 = Clock::now();
+    absl::StatusOr<PinnedHostBuffer> host = PinnedHostBuffer::Allocate(&driver, 0, size);
+    const double alloc_s = Seconds(t0, Clock::now());
+    BENCH_CHECK(host.status());
+    t0 = Clock::now();
+    BENCH_CHECK(host->Release());
+    const double free_s = Seconds(t0, Clock::now());
+    std::printf("prepare: cuMemHostAlloc %.2f s (%.1f GB/s), cuMemFreeHost %.2f s\n", alloc_s, GBps(size, alloc_s),
+                free_s);
+    for (int threads : {1, PinnedPieces::DefaultThreads()}) {
+      PinnedPieces pieces(&driver, 0, threads);
+      t0 = Clock::now();
+      BENCH_CHECK(pieces.Reserve(size));
+      BENCH_CHECK(pieces.Warm(size));
+      const double warm_s = Seconds(t0, Clock::now());
+      BENCH_CHECK(pieces.Pin(0, size));
+      const double pin_s = Seconds(t0, Clock::now());
+      t0 = Clock::now();
+      BENCH_CHECK(pieces.HandBack(/*lazily=*/true));
+      const double back_s = Seconds(t0, Clock::now());
+      t0 = Clock::now();
+      BENCH_CHECK(pieces.Pin(0, size));
+      const double again_s = Seconds(t0, Clock::now());
+      std::printf("prepare: pinned pieces, %2d thread%s: %.2f s (%.1f GB/s; faulting in %.2f s); handed back in "
+                  "%.2f s; pinned again %.2f s (%.1f GB/s)\n",
+                  threads, threads > 1 ? "s" : " ", pin_s, GBps(size, pin_s), warm_s, back_s, again_s,
+                  GBps(size, again_s));
+    }
+  }
   std::printf("%-44s %10s %9s %7s %10s %9s %7s\n", "case", "pause ms", "GB/s", "%limit", "resume ms", "GB/s",
               "%limit");
   auto report = [&](const char* name, const Cycle& c, std::size_t bytes) {

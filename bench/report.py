@@ -65,7 +65,7 @@ def benchmarks(build, torch_ok):
         ("pause_bench", "Pause/resume of a 16 GiB tag against the same run's pinned copies "
          "(bench/pause_bench.cc).",
          [os.path.join(build, "bench/pause_bench"), "16"], {"VMSTASH_DRIVER": "cuda"},
-         [r"^limit", r"^case", r"%$", r"after the pause", r"^discard", r"^background"], False),
+         [r"^limit", r"^prepare", r"^case", r"%$", r"after the pause", r"^discard", r"^background"], False),
         ("switch_bench", "A phase switch (one transaction: D2H and H2D at once, physical memory handed "
          "from the outgoing to the incoming tags) against the same tags paused and resumed one after the "
          "other and against the same run's concurrent pinned copies; 8 GiB each way, then 16 GiB discard "
