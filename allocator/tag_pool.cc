@@ -123,12 +123,14 @@ BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
     retained_extents_.clear();  // the arena is written over from here on (Note [Retained Backups])
     give_back_pending_ = false;  // what is still pinned is used as it is
   }
+  ++arena_epoch_;
   return EnsureArena();
 }
 
 void TagPool::ArenaAfterFailedPause() {
   if (arena_ == nullptr) return;
   if (retention_.release_with_blocks) {
+    ++arena_epoch_;
     absl::Status s = arena_->Release();  // nothing retained: the backup goes (Note [Retained Backups])
     if (s.ok()) return;
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of a failed pause: {}", name_, s.ToString());
@@ -156,7 +158,7 @@ absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& u
 
 absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_mu) {
   std::size_t pin_to = 0;
-  const BackupArena* arena = nullptr;
+  std::uint64_t epoch = 0;
   {
     // The state is checked under the transition lock, and the arena is touched only while
     // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
@@ -169,21 +171,21 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
       stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
       return pinned;
     }
-    arena = arena_.get();
+    epoch = arena_epoch_;
   }
-  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(arena, pin_to, owner_mu, &done));
+  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, owner_mu, &done));
   return absl::OkStatus();
 }
 
-absl::Status TagPool::PinStep(const BackupArena* arena, std::size_t pin_to, Mutex* owner_mu, bool* done) {
+absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* done) {
   MutexLock t(&transition_mu_);
   *done = true;
+  // Paused meanwhile (its pause pinned what it needed; a resume may have given it back),
+  // released, or replaced.
+  if (arena_ == nullptr || arena_epoch_ != epoch) return absl::OkStatus();
   {
     MutexLock lock(owner_mu);
-    // Paused meanwhile (its pause pinned what it needed), released, or replaced.
-    if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0 || arena_.get() != arena) {
-      return absl::OkStatus();
-    }
+    if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0) return absl::OkStatus();
   }
   const std::size_t from = arena_->PinnedPrefixBytes();
   if (from >= pin_to) return absl::OkStatus();
@@ -219,6 +221,7 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
     MutexLock lock(owner_mu);
     retained_extents_.clear();  // the arena is replaced: what it retained is gone
   }
+  if (grows) ++arena_epoch_;
   VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(need));
   // Note [Retained Backups], give_back: a background preparation does not pin again what a
   // resume gave back.
@@ -238,6 +241,7 @@ absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
                                                         "its bytes; resume it first"));
     }
   }
+  ++arena_epoch_;
   if (arena_ != nullptr) VMSTASH_RETURN_IF_ERROR(arena_->Release());
   MutexLock lock(owner_mu);
   retained_extents_.clear();
@@ -276,6 +280,7 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
       return;
     }
   }
+  ++arena_epoch_;
   absl::Status s = arena_->Release();
   if (!s.ok()) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of its freed blocks: {}", name_, s.ToString());
@@ -342,6 +347,7 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
   // The arena is touched only under the transition lock, which is held: no pause can be
   // using it.
   *dropped = std::move(arena_);
+  ++arena_epoch_;
   retained_extents_.clear();
   store_ = store;
   stats_.backup_arena_bytes = 0;

@@ -214,8 +214,9 @@ class TagPool {
   absl::Status ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A background preparation's later steps: pins up to kPrepareStepBytes more of
-  // [0, pin_to) of `arena` unless the tag stopped wanting it; *done when nothing is left.
-  absl::Status PinStep(const BackupArena* arena, std::size_t pin_to, Mutex* owner_mu, bool* done)
+  // [0, pin_to) unless the tag stopped wanting it or the arena changed since step one (a
+  // pause, a new store, a release: arena_epoch_ moved); *done when nothing is left.
+  absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* done)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
  public:
   // After DropBackupOf returned true: releases the arena if it still holds no backed-up
@@ -341,6 +342,8 @@ class TagPool {
   mutable Mutex control_mu_;
   mutable Mutex transition_mu_;
   std::unique_ptr<BackupArena> arena_ ABSL_GUARDED_BY(transition_mu_);
+  // Moves whenever the arena is written by a pause, replaced or released (PinStep).
+  std::uint64_t arena_epoch_ ABSL_GUARDED_BY(transition_mu_) = 0;
   Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;
   std::vector<Event> copy_events_ ABSL_GUARDED_BY(transition_mu_);
 };

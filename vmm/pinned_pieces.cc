@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
+#include <system_error>
 #include <chrono>
 #include <cerrno>
 #include <cstring>
@@ -57,6 +59,9 @@ std::size_t PinnedPieces::PieceSize(std::size_t k) const {
 }
 
 absl::Status PinnedPieces::Reserve(std::size_t size_bytes) {
+  if (size_bytes > std::numeric_limits<std::size_t>::max() - kUnit) {
+    return absl::InvalidArgumentError(absl::StrCat("backup memory: ", size_bytes, " bytes is not a size"));
+  }
   VMSTASH_RETURN_IF_ERROR(Release());
   if (size_bytes == 0) return absl::OkStatus();
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
@@ -66,6 +71,10 @@ absl::Status PinnedPieces::Reserve(std::size_t size_bytes) {
         absl::StrCat("backup memory: mmap of ", want, " bytes of host memory failed: ", std::strerror(errno)));
   }
   (void)madvise(p, want, MADV_HUGEPAGE);  // advice only: without THP the pages are 4 KiB
+  // Registered memory must not be shared copy-on-write with a forked child (a write by
+  // this process would move its page away from the device's mapping); the child has no
+  // use for it.
+  (void)madvise(p, want, MADV_DONTFORK);
   data_ = static_cast<char*>(p);
   capacity_bytes_ = want;
   pieces_.assign((want + kPieceBytes - 1) / kPieceBytes, Piece{});
@@ -118,7 +127,13 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   const std::size_t helpers = std::min<std::size_t>(static_cast<std::size_t>(threads_), cold.size()) - 1;
   std::vector<std::thread> pool;
   pool.reserve(helpers);
-  for (std::size_t t = 0; t < helpers; ++t) pool.emplace_back(work);
+  for (std::size_t t = 0; t < helpers; ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // no more threads: the ones started and this one do the rest
+    }
+  }
   work();
   for (std::thread& t : pool) t.join();
   for (std::size_t i = 0; i < cold.size(); ++i) {

@@ -28,6 +28,12 @@
 //                      the OS needs memory, found again without faults when it did not)
 //                      or at once (MADV_DONTNEED). Contents are lost (cold). HandBackSome
 //                      does it for a bounded number of pinned bytes at a time.
+//   Accounting of lazily given-back memory (Linux): MemAvailable counts it as available
+//   at once; the process's RSS counts it until the kernel takes it. When a later pause pins
+//   it again, MemAvailable keeps counting it as available until the kernel's reclaim next
+//   scans it (which then finds it in use and leaves it): MemAvailable over-reports by up to
+//   the backup's size while such a tag is paused. The owner's statistic (resident_bytes)
+//   is exact. The mapping is MADV_DONTFORK: a forked child does not share registered pages.
 //   Unregistering waits for all work queued on the device (the CUDA driver synchronizes
 //   the context: bench/host_ceiling_bench.cc, "overlap"), so it cannot run behind a
 //   resume's copies; an owner that wants the resume to return at link speed hands the
