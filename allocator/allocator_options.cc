@@ -22,11 +22,20 @@ absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value
     } else {
       return BadConfValue(key, value, "expected pinned, pageable or disk:<directory>");
     }
-  } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va") {
+  } else if (key == "spill_dir") {
+    if (value.empty()) return BadConfValue(key, value, "expected an existing directory");
+    // The same check as a disk backup store's directory, named for this key.
+    absl::Status exists = CheckBackupStore(BackupStore{BackupStore::Kind::kDisk, std::string(value)});
+    if (!exists.ok()) {
+      return absl::Status(exists.code(), absl::StrCat("VMSTASH_CONF: bad value '", value, "' for key '", key,
+                                                      "': ", exists.message()));
+    }
+    options.spill_dir = std::string(value);
+  } else if (key == "min_chunk" || key == "max_chunk" || key == "heap_va" || key == "host_max") {
     absl::StatusOr<std::uint64_t> size = ParseSize(value);
     if (!size.ok()) return BadConfValue(key, value, size.status().message());
-    if (key == "heap_va") {
-      options.heap_va_bytes = *size;
+    if (key == "heap_va" || key == "host_max") {
+      (key == "heap_va" ? options.heap_va_bytes : options.host_max_bytes) = *size;
     } else if (*size == 0) {
       return BadConfValue(key, value, "must be > 0");
     } else {
@@ -43,7 +52,9 @@ void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
                   ",min_chunk:", SizeToString(options.min_chunk_bytes),
                   ",max_chunk:", SizeToString(options.max_chunk_bytes), ",heap_va:", SizeToString(options.heap_va_bytes),
                   ",backup:", DescribeBackupStore(options.backup_store),
-                  ",auto_prepare:", options.auto_prepare ? 1 : 0, ",switch_zero:", options.switch_zero ? 1 : 0);
+                  ",auto_prepare:", options.auto_prepare ? 1 : 0, ",switch_zero:", options.switch_zero ? 1 : 0,
+                  ",host_max:", SizeToString(options.host_max_bytes));
+  if (!options.spill_dir.empty()) absl::StrAppend(out, ",spill_dir:", options.spill_dir);
 }
 
 }  // namespace vmstash

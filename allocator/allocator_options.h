@@ -19,6 +19,14 @@
 //                 restore copies (discard tags), as freshly created memory reads (default
 //                 1; 0: their contents are another tag's old bytes, which the discard
 //                 policy allows; saves a device memset; Note [Switch Protocol])
+//   host_max      cap on the host memory the process's backup arenas hold, pinned or
+//                 pageable pages (a size, e.g. 64G; default 0 = no cap; across every
+//                 device and tag: allocator/host_budget.h). A backup that does not fit
+//                 goes to the disk store in spill_dir, or without one the pause fails
+//                 with ResourceExhausted naming host_max, every tag left as it was
+//   spill_dir     <dir>   an existing directory (NotFound when the conf is read
+//                 otherwise): backups that do not fit under host_max go to a disk store
+//                 there (Note [Disk Backup]); absent = no spill
 //
 // The other fields are set by programs and tests, not by VMSTASH_CONF.
 #ifndef VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_
@@ -61,15 +69,21 @@ struct AllocatorOptions {
   // for the reads of the bytes it overwrites; and the zeroing of switch_zero.
   std::size_t switch_group_bytes = std::size_t{64} << 20;
   bool switch_zero = true;
+  // Host memory (host_budget.h): the cap on backup arenas' host pages in this process
+  // (0: none), and where backups beyond it go ("": nowhere, the pause fails).
+  std::size_t host_max_bytes = 0;
+  std::string spill_dir;
 };
 
-inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass", "min_chunk",    "max_chunk",  "heap_va",
-                                                           "backup", "auto_prepare", "switch_zero"};
+inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",      "min_chunk", "max_chunk",
+                                                           "heap_va",     "backup",    "auto_prepare",
+                                                           "switch_zero", "host_max",  "spill_dir"};
 
 // Sets `key` (one of kAllocatorConfKeys) from `value`; InvalidArgument naming both on a
-// bad value.
+// bad value, NotFound naming both for a spill_dir that is missing or not a directory.
 absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options);
-// Appends the canonical "key:value" items of the VMSTASH_CONF keys (comma-separated).
+// Appends the canonical "key:value" items of the VMSTASH_CONF keys (comma-separated;
+// spill_dir only when set).
 void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out);
 
 }  // namespace vmstash

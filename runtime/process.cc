@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/host_budget.h"
 #include "base/log.h"
 #include "base/mutex.h"
 #include "base/status_macros.h"
@@ -114,6 +115,9 @@ absl::Status InitLocked(State& s, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRE
   SetLogLevel(options.vmm.log_level);
   VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<Driver> driver, CreateDriver(options.vmm));
   VMSTASH_ASSIGN_OR_RETURN(s.runtime, Runtime::Create(std::move(driver), options.allocator));
+  // The host-memory cap is the process's (allocator/host_budget.h): each initialization
+  // sets it from its conf (absent host_max: no cap).
+  HostBudget::Process().SetLimit(options.allocator.host_max_bytes);
   static const bool registered = std::atexit(StopBackgroundWorkAtExit) == 0;
   (void)registered;
   s.options = std::move(options);

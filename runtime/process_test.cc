@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/host_budget.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -32,6 +33,15 @@ TEST(ProcessTest, InitIsIdempotentForTheSameOptionsOnly) {
   ASSERT_TRUE(Shutdown().ok());
   EXPECT_FALSE(Initialized());
   EXPECT_TRUE(Shutdown().ok()) << "a second shutdown is a no-op";
+}
+
+TEST(ProcessTest, InitSetsTheProcessHostMemoryCapFromHostMax) {
+  ASSERT_TRUE(Init("driver:sim,control:0,host_max:512M").ok());
+  EXPECT_EQ(HostBudget::Process().limit(), std::size_t{512} << 20);
+  ASSERT_TRUE(Shutdown().ok());
+  ASSERT_TRUE(Init("driver:sim,control:0").ok());
+  EXPECT_EQ(HostBudget::Process().limit(), 0u) << "a conf without host_max has no cap";
+  ASSERT_TRUE(Shutdown().ok());
 }
 
 TEST(ProcessTest, ShutdownWaitsForCallsInFlightAndRefusesLaterOnes) {

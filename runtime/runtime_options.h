@@ -1,6 +1,7 @@
 // RuntimeOptions: the one VMSTASH_CONF table, composed from the keys each layer owns:
 // vmm's (driver, log_level, sim_*: vmm/vmm_options.h), the allocator's (bypass,
-// min_chunk, max_chunk, heap_va, backup, auto_prepare: allocator/allocator_options.h) and
+// min_chunk, max_chunk, heap_va, backup, auto_prepare, switch_zero, host_max, spill_dir:
+// allocator/allocator_options.h) and
 // the control endpoint's (control: control/control_options.h). The syntax is base/conf.h.
 // An unknown key is the same InvalidArgument whichever layer's key was meant, naming the
 // key and listing every known one.

@@ -19,7 +19,8 @@ TEST(RuntimeOptionsTest, EmptyGivesEveryLayersDefaults) {
 TEST(RuntimeOptionsTest, EachLayersKeysReachThatLayer) {
   absl::StatusOr<RuntimeOptions> options = ParseRuntimeOptions(
       " driver:sim, log_level:debug,sim_devices:3,sim_capacity:1536M,sim_granularity:64K,"
-      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,control:0,");
+      "sim_fail:map@2=internal,bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,control:0,"
+      "host_max:512M,spill_dir:/tmp");
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_EQ(options->vmm.driver, DriverKind::kSim);
   EXPECT_EQ(options->vmm.sim_devices, 3);
@@ -28,6 +29,8 @@ TEST(RuntimeOptionsTest, EachLayersKeysReachThatLayer) {
   EXPECT_EQ(options->allocator.max_chunk_bytes, std::size_t{1} << 30);
   EXPECT_EQ(options->allocator.backup_store.kind, BackupStore::Kind::kPageable);
   EXPECT_FALSE(options->allocator.auto_prepare);
+  EXPECT_EQ(options->allocator.host_max_bytes, std::size_t{512} << 20);
+  EXPECT_EQ(options->allocator.spill_dir, "/tmp");
   EXPECT_FALSE(options->control.serve);
   // The canonical string parses back to the same options.
   absl::StatusOr<RuntimeOptions> again = ParseRuntimeOptions(RuntimeOptionsToString(*options));
@@ -40,16 +43,17 @@ TEST(RuntimeOptionsTest, UnknownKeyIsOneErrorListingEveryLayersKeys) {
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(options.status().message());
   EXPECT_NE(message.find("unknown key 'expandable_segments'"), std::string::npos) << message;
-  for (const char* key : {"driver", "sim_fail", "min_chunk", "auto_prepare", "control"}) {
+  for (const char* key : {"driver", "sim_fail", "min_chunk", "auto_prepare", "host_max", "spill_dir", "control"}) {
     EXPECT_NE(message.find(key), std::string::npos) << key << " missing from: " << message;
   }
 }
 
 TEST(RuntimeOptionsTest, BadValuesAndDuplicatesAreErrors) {
   for (const char* bad : {"driver:gpu", "sim_devices:0", "driver", "driver:sim,driver:cuda", "bypass:yes",
-                          "min_chunk:0", "backup:disk", "control:2"}) {
+                          "min_chunk:0", "backup:disk", "control:2", "host_max:lots", "spill_dir:"}) {
     EXPECT_EQ(ParseRuntimeOptions(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
+  EXPECT_EQ(ParseRuntimeOptions("spill_dir:/nonexistent/vmstash-spill").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(RuntimeOptionsTest, EnvironmentIsReadOnce) {

@@ -1,0 +1,106 @@
+// HostBudget: the process's account of the host memory its backup arenas hold, and the
+// cap on it (VMSTASH_CONF `host_max`, issue 33).
+//
+// What is counted: host pages a backup arena holds for paused `backup` bytes, pinned
+// (allocated or registered) or pageable pages that are populated (a pageable arena, or a
+// disk arena's mapping while its bytes are read in). Not reserved VA that nothing
+// populates, not a disk file's blocks, not the allocator's bookkeeping. The arena charges
+// before it pins or populates and refunds once it has given the pages back, so `held`
+// is an upper bound of what the arenas hold at any instant, never an undercount.
+//
+// Scope: one account per process (Process()), across every device and tag: the cap says
+// how much host memory vmstash may take in this process, whoever's backup it is. Tests
+// construct their own instances.
+//
+// At the cap: Charge is all-or-nothing. It either adds all the bytes or none, and a
+// refusal is ResourceExhausted naming the cap as the user wrote it (host_max:<size>), the
+// bytes asked, the bytes held and what asked. What happens then is the caller's decision:
+// put the backup in the disk store (`spill_dir`) or fail the pause, leaving every tag as
+// it was. HostBudget never spills, waits, or evicts anything itself.
+//
+// Limit changes: SetLimit may go below `held`. Existing charges stay (nothing is taken
+// back); later charges fail until refunds bring held + asked within the limit. A Charge
+// racing a SetLimit is checked against either the old or the new limit. 0 = no cap.
+//
+// Refunds: never below zero. Refunding more than is held is a caller bug: it is logged at
+// error level and clamped to zero, never a crash.
+//
+// Thread-safety: every method of HostBudget may be called from any thread at once. The
+// account is two atomics updated by compare-and-swap (a charge never lets `held` pass
+// the limit it checked), not a lock: nothing can be left locked in a forked child, and a
+// charge costs one CAS. HostCharge is not thread-safe; its owner serializes its calls.
+//
+// Ownership: Process() is leaked (never destroyed), so arenas destroyed at exit may still
+// refund. A HostCharge refunds what it holds when destroyed; its budget must outlive it.
+#ifndef VMSTASH_ALLOCATOR_HOST_BUDGET_H_
+#define VMSTASH_ALLOCATOR_HOST_BUDGET_H_
+
+#include <atomic>
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace vmstash {
+
+class HostBudget {
+ public:
+  // No cap.
+  HostBudget() = default;
+  HostBudget(const HostBudget&) = delete;
+  HostBudget& operator=(const HostBudget&) = delete;
+
+  // The process's account (set from VMSTASH_CONF's host_max at vmstash's initialization).
+  static HostBudget& Process();
+
+  // The cap in bytes; 0: no cap. See "Limit changes" above.
+  void SetLimit(std::size_t bytes);
+  std::size_t limit() const { return limit_bytes_.load(std::memory_order_acquire); }
+  // Bytes charged and not refunded.
+  std::size_t held() const { return held_bytes_.load(std::memory_order_acquire); }
+
+  // Adds `bytes` to held, or nothing. ResourceExhausted when held + bytes would pass the
+  // limit (or overflow), naming host_max, `bytes`, held and `what` (e.g. "the backup of
+  // tag 'kv' on device 0"), and saying what to do: raise host_max, or set spill_dir.
+  // Charging 0 bytes is OK and changes nothing.
+  absl::Status Charge(std::size_t bytes, absl::string_view what);
+  // Subtracts `bytes` from held; see "Refunds" above.
+  void Refund(std::size_t bytes);
+
+ private:
+  std::atomic<std::size_t> limit_bytes_{0};
+  std::atomic<std::size_t> held_bytes_{0};
+};
+
+// The bytes one owner (e.g. one backup arena) has charged to a budget, refunded when the
+// owner resizes, resets or is destroyed. Movable, not copyable.
+//
+//   HostCharge charge_;  // a member of the arena, on HostBudget::Process()
+//   VMSTASH_RETURN_IF_ERROR(charge_.Resize(size_bytes, "the backup of tag 'kv' on device 0"));
+//   ... pin or populate size_bytes ...
+//   ... give the pages back ... ; charge_.Reset();
+class HostCharge {
+ public:
+  explicit HostCharge(HostBudget* budget = &HostBudget::Process()) : budget_(budget) {}
+  ~HostCharge() { Reset(); }
+  HostCharge(HostCharge&& other) noexcept;
+  HostCharge& operator=(HostCharge&& other) noexcept;
+  HostCharge(const HostCharge&) = delete;
+  HostCharge& operator=(const HostCharge&) = delete;
+
+  // Makes this owner's charge exactly `bytes`: charges the increase (all-or-nothing, the
+  // budget's ResourceExhausted on refusal, the charge unchanged) or refunds the decrease.
+  absl::Status Resize(std::size_t bytes, absl::string_view what);
+  // Refunds everything this owner holds.
+  void Reset();
+  std::size_t bytes() const { return bytes_; }
+  HostBudget* budget() const { return budget_; }
+
+ private:
+  HostBudget* budget_;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_ALLOCATOR_HOST_BUDGET_H_
