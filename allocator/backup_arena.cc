@@ -239,17 +239,37 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
 }
 
 absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
-  if (store_.kind != BackupStore::Kind::kDiskFiles) {
-    VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
-    return store_.kind == BackupStore::Kind::kPinned ? pinned_.Warm(size_bytes) : absl::OkStatus();
+  if (store_.kind == BackupStore::Kind::kDiskFiles) return ReserveFiles(size_bytes, piece_bytes);
+  // Reserve maps address space only (a replaced arena's pages and charge go back first);
+  // the pages are charged before the pause touches them (Note [Host Budget]).
+  VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
+  if (store_.kind == BackupStore::Kind::kPageable) {
+    return charge_.Resize(std::max(charge_.bytes(), size_bytes), owner_);
   }
-  return ReserveFiles(size_bytes, piece_bytes);
+  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(ChargePinned(size_bytes));
+  absl::Status warmed = pinned_.Warm(size_bytes);
+  if (!warmed.ok()) RefundPinned();
+  return warmed;
+}
+
+// Note [Host Budget]: the whole pieces holding [0, end) plus what is resident already,
+// charged before anything is touched.
+absl::Status BackupArena::ChargePinned(std::size_t end) {
+  return charge_.Resize(pinned_.resident_bytes_with(std::min(end, capacity_bytes_)), owner_);
+}
+
+void BackupArena::RefundPinned() {
+  (void)charge_.Resize(pinned_.resident_bytes(), owner_);  // a decrease: never refused
 }
 
 absl::Status BackupArena::Pin(std::size_t end) {
   if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
-  VMSTASH_RETURN_IF_ERROR(pinned_.Warm(end));
-  return pinned_.Pin(0, end);
+  VMSTASH_RETURN_IF_ERROR(ChargePinned(end));
+  absl::Status s = pinned_.Warm(end);
+  if (s.ok()) s = pinned_.Pin(0, end);
+  if (!s.ok()) RefundPinned();
+  return s;
 }
 
 std::size_t BackupArena::PinnedPrefixBytes() const {
@@ -277,7 +297,9 @@ absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t
 absl::Status BackupArena::GiveBackSome(std::size_t max_pinned_bytes, bool* more) {
   *more = false;
   if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
-  return pinned_.HandBackSome(max_pinned_bytes, /*lazily=*/true, more);
+  absl::Status s = pinned_.HandBackSome(max_pinned_bytes, /*lazily=*/true, more);
+  RefundPinned();
+  return s;
 }
 
 absl::Status BackupArena::ReserveDisk(std::size_t want) {
@@ -330,6 +352,7 @@ absl::Status BackupArena::Release() {
     path_.clear();
   }
   capacity_bytes_ = 0;
+  charge_.Reset();  // Note [Host Budget]
   return absl::OkStatus();
 }
 
@@ -437,12 +460,14 @@ void BackupArena::DropContents(bool give_back) {
   if (store_.kind == BackupStore::Kind::kPinned) {
     if (!give_back) return;
     absl::Status s = pinned_.HandBack(/*lazily=*/true);
+    RefundPinned();
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: giving a backup arena's host memory back: {}", s.ToString());
     return;
   }
   if (store_.kind != BackupStore::Kind::kDiskFiles) {
     DropPages();
     dropped_ = true;
+    if (store_.kind == BackupStore::Kind::kPageable) charge_.Reset();  // Note [Host Budget]
     return;
   }
   absl::Status s = ReleaseFiles();  // Note [Disk Backup Files]: removed once not needed

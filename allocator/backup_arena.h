@@ -77,6 +77,16 @@
 //   Prepare() does nothing for this store (the files are per pause); costs one open file
 //   descriptor per file while paused.
 //
+// Note [Host Budget]
+//   The host pages an arena holds are charged to the process's HostBudget (allocator/
+//   host_budget.h; VMSTASH_CONF host_max) before they are pinned or written: a pinned arena
+//   charges the bytes a pause (ReserveLayout) or a preparation (Pin) is about to make
+//   resident, and refunds what it gives back (DropContents, GiveBackSome) or releases; a
+//   pageable arena charges what a pause is about to write and refunds it when its pages go
+//   back after the resume. Disk stores charge nothing. A refusal is the budget's
+//   ResourceExhausted, before any page is touched: the pause fails changing nothing, or
+//   its tag moves to the disk store in spill_dir (TagPool::ReserveBackup).
+//
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back.
 //
@@ -93,6 +103,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "vmm/driver.h"
+#include "allocator/host_budget.h"
 #include "vmm/pinned_pieces.h"
 
 namespace vmstash {
@@ -120,8 +131,16 @@ absl::Status CheckBackupStore(const BackupStore& store);
 
 class BackupArena {
  public:
-  BackupArena(Driver* driver, int device, BackupStore store)
-      : driver_(driver), device_(device), store_(std::move(store)), pinned_(driver, device) {}
+  // `owner` names the arena in a refusal of the host budget ("the backup of tag 'kv' on
+  // device 0"); `budget`: the account its host pages are charged to (Note [Host Budget]).
+  BackupArena(Driver* driver, int device, BackupStore store, std::string owner = "a backup arena",
+              HostBudget* budget = &HostBudget::Process())
+      : driver_(driver),
+        device_(device),
+        store_(std::move(store)),
+        owner_(std::move(owner)),
+        pinned_(driver, device),
+        charge_(budget) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
@@ -187,6 +206,10 @@ class BackupArena {
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
+  // Note [Host Budget] for the pinned store: charge what holding [0, end) needs / refund
+  // down to what is resident.
+  absl::Status ChargePinned(std::size_t end);
+  void RefundPinned();
   absl::Status ReserveFiles(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
   // One more file of `size_bytes` at arena `offset`, named `prefix` + XXXXXX, mapped there.
   absl::Status AddFile(const std::string& prefix, std::size_t offset, std::size_t size_bytes);
@@ -211,7 +234,9 @@ class BackupArena {
   Driver* const driver_;
   const int device_;
   const BackupStore store_;
+  const std::string owner_;
   PinnedPieces pinned_;
+  HostCharge charge_;  // Note [Host Budget]
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
   std::string path_;        // disk store: the (unlinked) file's name, for messages

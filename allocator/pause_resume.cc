@@ -107,9 +107,10 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
 
   // Everything that can fail before the first copy: arena, stream, events. A failure
   // leaves nothing behind (a disk-files arena's files are removed: DropContents).
-  BackupArena* const arena = pool_->ArenaForPause(host_->mu());
-  (void)arena->TakePinTiming();  // from here: this pause's (the log line of Transact)
-  absl::Status reserved = arena->ReserveLayout(layout.arena_bytes, BackupPieceBytes(layout));
+  if (pool_->arena() != nullptr) (void)pool_->arena()->TakePinTiming();  // from here: this pause's (its log line)
+  absl::Status reserved = pool_->ReserveBackup(layout.arena_bytes, BackupPieceBytes(layout),
+                                               host_->options().spill_dir, host_->mu());
+  BackupArena* const arena = pool_->arena();
   absl::StatusOr<Stream> made_stream = reserved.ok() ? pool_->CopyStream() : absl::StatusOr<Stream>(reserved);
   absl::StatusOr<std::vector<Event>*> made_events =
       made_stream.ok() ? pool_->CopyEvents(stages.size()) : absl::StatusOr<std::vector<Event>*>(made_stream.status());

@@ -138,8 +138,8 @@ absl::Status SwitchTransaction::PrepareBackups() {
     if (!o.pool->backup() || o.layout.arena_bytes == 0) continue;
     o.pool->AssertTransitionHeld();
     o.arena_used = true;
-    VMSTASH_RETURN_IF_ERROR(
-        o.pool->ArenaForPause(host_->mu())->ReserveLayout(o.layout.arena_bytes, BackupPieceBytes(o.layout)));
+    VMSTASH_RETURN_IF_ERROR(o.pool->ReserveBackup(o.layout.arena_bytes, BackupPieceBytes(o.layout),
+                                                  host_->options().spill_dir, host_->mu()));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();

@@ -113,8 +113,39 @@ absl::Status TagPool::UnmapHeaps(absl::Status* undo_error) {
 }
 
 BackupArena* TagPool::EnsureArena() {
-  if (arena_ == nullptr) arena_ = std::make_unique<BackupArena>(driver_, device_, store_);
+  if (arena_ == nullptr) {
+    arena_ = std::make_unique<BackupArena>(driver_, device_, store_,
+                                           absl::StrCat("the backup of tag '", name_, "' on device ", device_));
+  }
   return arena_.get();
+}
+
+absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces,
+                                    const std::string& spill_dir, Mutex* owner_mu) {
+  absl::Status s = ArenaForPause(owner_mu)->ReserveLayout(bytes, pieces);
+  if (s.ok() || !absl::IsResourceExhausted(s) || spill_dir.empty() || store_.on_disk()) return s;
+  const BackupStore host = store_;
+  if (absl::Status released = arena_->Release(); !released.ok()) {
+    VMSTASH_LOG(kError, "vmstash: tag '{}': releasing its host backup before spilling to disk: {}", name_,
+                released.ToString());
+    return s;
+  }
+  auto move_to = [&](const BackupStore& store) {
+    MutexLock lock(owner_mu);
+    store_ = store;
+    arena_.reset();
+    ++arena_epoch_;
+    stats_.backup_arena_bytes = 0;
+  };
+  move_to(BackupStore{BackupStore::Kind::kDisk, spill_dir});
+  absl::Status on_disk = EnsureArena()->ReserveLayout(bytes, pieces);
+  if (!on_disk.ok()) {
+    move_to(host);  // a failed pause changes nothing
+    return on_disk;
+  }
+  VMSTASH_LOG(kWarning, "vmstash: tag '{}' on device {}: {}; its backups go to disk:{} from now on (spill_dir)", name_,
+              device_, s.message(), spill_dir);
+  return absl::OkStatus();
 }
 
 BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {

@@ -194,6 +194,14 @@ class TagPool {
   // failing before this point changes nothing and one failing after it never lets the
   // old extents read bytes it wrote over. Takes the owner's mu for the extents.
   BackupArena* ArenaForPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A pause's (or switch's) backup reservation: ArenaForPause, then ReserveLayout of
+  // `bytes` in `pieces` (BackupPieceBytes). When the host refuses a host store (the host
+  // budget, Note [Host Budget] in backup_arena.h, or the host itself: ResourceExhausted) and
+  // `spill_dir` is set, the tag moves to the disk store there, logged, for this pause and
+  // the later ones; if the disk refuses too, the store stays as it was and the disk's
+  // error is returned.
+  absl::Status ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces, const std::string& spill_dir,
+                             Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A pause (or switch) failed after ArenaForPause: the arena gives its contents back
   // (DropContents: a disk-files arena's files removed), or, when the retention releases
   // the backup with the blocks, is released (its bytes are of no block any more).

@@ -262,6 +262,14 @@ std::size_t PinnedPieces::resident_bytes() const {
   return n;
 }
 
+std::size_t PinnedPieces::resident_bytes_with(std::size_t end) const {
+  std::size_t n = 0;
+  for (std::size_t k = 0; k < pieces_.size(); ++k) {
+    if (pieces_[k].state != State::kCold || PieceBegin(k) < end) n += PieceSize(k);
+  }
+  return n;
+}
+
 std::size_t PinnedPieces::pinned_prefix_bytes() const {
   std::size_t n = 0;
   for (std::size_t k = 0; k < pieces_.size() && pieces_[k].state == State::kPinned; ++k) n += PieceSize(k);

@@ -95,6 +95,8 @@ class PinnedPieces {
   std::size_t pinned_bytes() const;
   // Bytes of the pieces that are not cold (host memory held, pinned or not).
   std::size_t resident_bytes() const;
+  // What resident_bytes() becomes once [0, end) is warm (end <= capacity_bytes()).
+  std::size_t resident_bytes_with(std::size_t end) const;
   // Whole pieces that are pinned from the start: [0, pinned_prefix_bytes()).
   std::size_t pinned_prefix_bytes() const;
   std::size_t piece_count() const { return pieces_.size(); }
