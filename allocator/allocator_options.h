@@ -21,12 +21,14 @@
 //                 policy allows; saves a device memset; Note [Switch Protocol])
 //   host_max      cap on the host memory the process's backup arenas hold, pinned or
 //                 pageable pages (a size, e.g. 64G; default 0 = no cap; across every
-//                 device and tag: allocator/host_budget.h). A backup that does not fit
-//                 goes to the disk store in spill_dir, or without one the pause fails
-//                 with ResourceExhausted naming host_max, every tag left as it was
+//                 device and tag: allocator/host_budget.h). A pause whose backup does
+//                 not fit moves its tag to the disk store in spill_dir, or without one
+//                 fails with ResourceExhausted naming host_max, every tag left as it was
+//                 (Note [Host Budget] in backup_arena.h)
 //   spill_dir     <dir>   an existing directory (NotFound when the conf is read
-//                 otherwise): backups that do not fit under host_max go to a disk store
-//                 there (Note [Disk Backup]); absent = no spill
+//                 otherwise): a tag whose backup does not fit under host_max moves to a
+//                 disk store there, for that pause and the later ones (TagPool::
+//                 ReserveBackup); absent = no spill
 //
 // The other fields are set by programs and tests, not by VMSTASH_CONF.
 #ifndef VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_

@@ -61,6 +61,11 @@ class AutoPreparer {
   void Stop();
   // Blocks until nothing is queued or in progress (for tests and benchmarks).
   void WaitIdle();
+  // After Stop(): requests are dropped.
+  bool stopped() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stop_;
+  }
 
  private:
   void Loop();

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <map>
 #include <string>
@@ -213,6 +214,9 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
   if (store_.kind == BackupStore::Kind::kDiskFiles) return absl::OkStatus();  // see ReserveLayout
   dropped_ = false;  // a pause writes it again
   if (size_bytes <= capacity_bytes_) return absl::OkStatus();
+  if (size_bytes > std::numeric_limits<std::size_t>::max() - kUnit) {
+    return absl::InvalidArgumentError(absl::StrCat("backup arena: ", size_bytes, " bytes is not a size"));
+  }
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
   VMSTASH_RETURN_IF_ERROR(Release());
   switch (store_.kind) {

@@ -84,8 +84,11 @@
 //   resident, and refunds what it gives back (DropContents, GiveBackSome) or releases; a
 //   pageable arena charges what a pause is about to write and refunds it when its pages go
 //   back after the resume. Disk stores charge nothing. A refusal is the budget's
-//   ResourceExhausted, before any page is touched: the pause fails changing nothing, or
-//   its tag moves to the disk store in spill_dir (TagPool::ReserveBackup).
+//   ResourceExhausted, before the pause touches a page or the device: the pause fails with
+//   the tag as it was (an arena too small for it may have been replaced, unpinned), or its
+//   tag moves to the disk store in spill_dir (TagPool::ReserveBackup). Arenas kept pinned
+//   between cycles (vmstash's default retention) and prepared ahead of a pause are charged
+//   as long as they hold their memory.
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back.

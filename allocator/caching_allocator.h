@@ -287,7 +287,7 @@ class CachingAllocator : private TransitionHost {
   // (TransitionHost.) The pool's reserved bytes, and a background preparation when a
   // `backup` tag outgrew its arena.
   void NoteReservedLocked(TagPool* pool) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool GivesBackInBackground() const override { return preparer_ != nullptr; }
+  bool GivesBackInBackground() const override { return preparer_ != nullptr && !preparer_->stopped(); }
   void NoteSwitchLocked(std::size_t handed_bytes) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     counters_.switches += 1;
     counters_.handed_over_bytes += handed_bytes;

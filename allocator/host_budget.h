@@ -1,10 +1,11 @@
 // HostBudget: the process's account of the host memory its backup arenas hold, and the
 // cap on it (VMSTASH_CONF `host_max`, issue 33).
 //
-// What is counted: host pages a backup arena holds for paused `backup` bytes, pinned
-// (allocated or registered) or pageable pages that are populated (a pageable arena, or a
-// disk arena's mapping while its bytes are read in). Not reserved VA that nothing
-// populates, not a disk file's blocks, not the allocator's bookkeeping. The arena charges
+// What is counted: host pages a backup arena holds for `backup` bytes, pinned (allocated
+// or registered, prepared ahead of a pause included) or pageable pages that are populated
+// (allocator/backup_arena.h, Note [Host Budget]). Not reserved VA that nothing populates,
+// not a disk store (its file's blocks, nor the page cache its mapping goes through while
+// a pause writes or a resume reads), not the allocator's bookkeeping. The arena charges
 // before it pins or populates and refunds once it has given the pages back, so `held`
 // is an upper bound of what the arenas hold at any instant, never an undercount.
 //

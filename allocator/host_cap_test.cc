@@ -107,6 +107,24 @@ TEST_F(HostCapTest, OverTheCapWithASpillDirTheTagMovesToDisk) {
   ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok());
 }
 
+TEST_F(HostCapTest, APauseFailingAfterItsSpillMovesTheTagBack) {
+  Make(MakeDir());
+  const std::size_t base = HostBudget::Process().held();
+  HostBudget::Process().SetLimit(base + 40 * kMiB);
+  sim_->InjectFault(FaultRule{DriverOp::kCopyToHost, 1, 1, absl::StatusCode::kInternal});
+  EXPECT_FALSE(alloc_->Pause(tag_).ok());
+  sim_->ClearFaults();
+  EXPECT_EQ(TagStatsOf(*alloc_, tag_).state, "active");
+  EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_store, "pinned") << "a failed pause changes nothing";
+  EXPECT_TRUE(Intact());
+  ASSERT_TRUE(alloc_->Pause(tag_).ok());  // spilled again, for good this time
+  EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_store, "disk:" + dir_);
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());
+  EXPECT_TRUE(Intact());
+  FreeAll();
+  ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok());
+}
+
 TEST_F(HostCapTest, ASpillDirThatIsGoneLeavesTheStoreAsItWas) {
   const std::string dir = MakeDir();
   Make(dir);
@@ -116,6 +134,8 @@ TEST_F(HostCapTest, ASpillDirThatIsGoneLeavesTheStoreAsItWas) {
   absl::StatusOr<CachingAllocator::Transition> r = alloc_->Pause(tag_);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
+  EXPECT_NE(r.status().message().find("host_max"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("failed too"), std::string::npos) << r.status();
   EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_store, "pinned");
   EXPECT_EQ(TagStatsOf(*alloc_, tag_).state, "active");
   EXPECT_EQ(HostBudget::Process().held(), base);

@@ -115,7 +115,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
   absl::StatusOr<std::vector<Event>*> made_events =
       made_stream.ok() ? pool_->CopyEvents(stages.size()) : absl::StatusOr<std::vector<Event>*>(made_stream.status());
   if (!made_events.ok()) {
-    pool_->ArenaAfterFailedPause();
+    pool_->ArenaAfterFailedPause(host_->mu());
     return made_events.status();
   }
   const Stream stream = *made_stream;
@@ -146,7 +146,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
     pool_->DrainCopyStream();
     *undo_error = pool_->RemapHeaps();
     *backed_up = 0;
-    pool_->ArenaAfterFailedPause();  // a failed pause leaves nothing behind (Note [Disk Backup Files])
+    pool_->ArenaAfterFailedPause(host_->mu());  // a failed pause leaves nothing behind (Note [Disk Backup Files])
   }
   return status;
 }

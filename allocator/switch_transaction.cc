@@ -297,7 +297,7 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
   for (Out& o : out_) {
     o.pool->AssertTransitionHeld();
     // An arena this switch did not touch keeps what it holds (a retained backup).
-    if (o.arena_used) o.pool->ArenaAfterFailedPause();
+    if (o.arena_used) o.pool->ArenaAfterFailedPause(host_->mu());
     {
       MutexLock lock(host_->mu());
       (void)o.pool->FailPause(cause, o.undo_error);

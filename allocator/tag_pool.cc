@@ -1,6 +1,7 @@
 // TagPool: see tag_pool.h.
 #include "allocator/tag_pool.h"
 
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -124,28 +125,32 @@ absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::si
                                     const std::string& spill_dir, Mutex* owner_mu) {
   absl::Status s = ArenaForPause(owner_mu)->ReserveLayout(bytes, pieces);
   if (s.ok() || !absl::IsResourceExhausted(s) || spill_dir.empty() || store_.on_disk()) return s;
-  const BackupStore host = store_;
   if (absl::Status released = arena_->Release(); !released.ok()) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing its host backup before spilling to disk: {}", name_,
                 released.ToString());
     return s;
   }
-  auto move_to = [&](const BackupStore& store) {
-    MutexLock lock(owner_mu);
-    store_ = store;
-    arena_.reset();
-    ++arena_epoch_;
-    stats_.backup_arena_bytes = 0;
-  };
-  move_to(BackupStore{BackupStore::Kind::kDisk, spill_dir});
+  const BackupStore host = store_;
+  std::unique_ptr<BackupArena> dropped;
+  MoveStore(BackupStore{BackupStore::Kind::kDisk, spill_dir}, owner_mu, &dropped);
   absl::Status on_disk = EnsureArena()->ReserveLayout(bytes, pieces);
   if (!on_disk.ok()) {
-    move_to(host);  // a failed pause changes nothing
-    return on_disk;
+    MoveStore(host, owner_mu, &dropped);  // a failed pause changes nothing
+    return absl::Status(on_disk.code(), absl::StrCat(s.message(), "; spilling to spill_dir '", spill_dir,
+                                                     "' failed too: ", on_disk.message()));
   }
-  VMSTASH_LOG(kWarning, "vmstash: tag '{}' on device {}: {}; its backups go to disk:{} from now on (spill_dir)", name_,
-              device_, s.message(), spill_dir);
+  spilled_from_ = host;
   return absl::OkStatus();
+}
+
+void TagPool::MoveStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
+  *dropped = std::move(arena_);
+  ++arena_epoch_;
+  MutexLock lock(owner_mu);
+  store_ = store;
+  stats_.backup_arena_bytes = 0;
+  auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
+  give_back_pending_ = false;
 }
 
 BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
@@ -158,7 +163,13 @@ BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
   return EnsureArena();
 }
 
-void TagPool::ArenaAfterFailedPause() {
+void TagPool::ArenaAfterFailedPause(Mutex* owner_mu) {
+  if (spilled_from_.has_value()) {  // the spill of this pause is undone (ReserveBackup)
+    std::unique_ptr<BackupArena> disk;
+    MoveStore(*spilled_from_, owner_mu, &disk);
+    spilled_from_.reset();
+    return;  // the disk arena (its file) goes with `disk`
+  }
   if (arena_ == nullptr) return;
   if (retention_.release_with_blocks) {
     ++arena_epoch_;
@@ -243,7 +254,11 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
                        " and its backup arena holds its bytes; prepare before pausing or after resuming"));
     }
     if (background && !retained_extents_.empty()) return absl::OkStatus();  // Note [Retained Backups]
+    if (!background) give_back_pending_ = false;  // the caller wants it pinned
     if (want == 0) want = static_cast<std::size_t>(stats_.requested_bytes.current);
+  }
+  if (want > std::numeric_limits<std::size_t>::max() / 2) {
+    return absl::InvalidArgumentError(absl::StrCat("prepare of tag '", name_, "': ", want, " bytes is not a size"));
   }
   // Every live block rounds up to a page in the arena; leave room for that.
   const std::size_t need = want + want / 64 + kBackupAlignBytes;
@@ -275,6 +290,7 @@ absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
   ++arena_epoch_;
   if (arena_ != nullptr) VMSTASH_RETURN_IF_ERROR(arena_->Release());
   MutexLock lock(owner_mu);
+  give_back_pending_ = false;
   retained_extents_.clear();
   stats_.backup_arena_bytes = 0;
   auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
@@ -379,6 +395,7 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
   // using it.
   *dropped = std::move(arena_);
   ++arena_epoch_;
+  give_back_pending_ = false;
   retained_extents_.clear();
   store_ = store;
   stats_.backup_arena_bytes = 0;
@@ -504,6 +521,12 @@ void TagPool::AppendSnapshot(Snapshot* snap) const {
 
 absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
+  if (spilled_from_.has_value()) {
+    VMSTASH_LOG(kWarning, "vmstash: tag '{}' on device {}: its backup did not fit under host_max (or the host refused "
+                "it): it now goes to {} (spill_dir), for this pause and the later ones", name_, device_,
+                DescribeBackupStore(store_));
+    spilled_from_.reset();
+  }
   backup_extents_ = std::move(extents);
   retained_extents_.clear();  // the arena now holds this pause's bytes
   TagStats& s = stats_;

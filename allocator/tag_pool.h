@@ -54,6 +54,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,11 +96,14 @@ bool TagTransitionAllowed(TagState from, TagState to);
 //                        a paused tag, or the retained ones of an active tag), the arena
 //                        is released too: a backup lives no longer than its blocks.
 //   give_back            without keep_after_resume: a pinned arena's host memory goes
-//                        back to the OS after each resume (unpinned behind the resume's
-//                        copies, handed back lazily: Note [Pinned Pieces]) and after a
-//                        failed pause, and is pinned again by the next pause; its address
-//                        range stays. A background preparation pins only an arena it makes
-//                        or grows. torch_memory_saver's default mode (retain_cpu_backup off).
+//                        back to the OS after each resume (on the background thread, in
+//                        steps, from 50 ms after the resume: GiveBack; by the resume itself
+//                        without that thread; handed back lazily: Note [Pinned Pieces]) and
+//                        after a failed pause, and is pinned again by the next pause; its
+//                        address range stays. A background preparation pins only an arena
+//                        it makes or grows; a foreground one, a new store or a release
+//                        cancels a pending hand-back. torch_memory_saver's default mode
+//                        (retain_cpu_backup off).
 struct BackupRetention {
   bool keep_after_resume = false;
   bool release_with_blocks = false;
@@ -198,14 +202,16 @@ class TagPool {
   // `bytes` in `pieces` (BackupPieceBytes). When the host refuses a host store (the host
   // budget, Note [Host Budget] in backup_arena.h, or the host itself: ResourceExhausted) and
   // `spill_dir` is set, the tag moves to the disk store there, logged, for this pause and
-  // the later ones; if the disk refuses too, the store stays as it was and the disk's
-  // error is returned.
+  // the later ones (the move is undone if the pause fails later: ArenaAfterFailedPause;
+  // logged when it commits: NotePaused); if the disk refuses too, the store stays as it
+  // was and both errors are returned.
   absl::Status ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces, const std::string& spill_dir,
                              Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A pause (or switch) failed after ArenaForPause: the arena gives its contents back
   // (DropContents: a disk-files arena's files removed), or, when the retention releases
   // the backup with the blocks, is released (its bytes are of no block any more).
-  void ArenaAfterFailedPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A pause that had moved the tag to spill_dir (ReserveBackup) moves it back first.
+  void ArenaAfterFailedPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // The backup arena's requests (CachingAllocator::Prepare, ReleaseBackup, SetBackupStore,
   // ReadBackup): each takes the transition lock, then `owner_mu` (the owner's mu: the
   // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
@@ -218,6 +224,10 @@ class TagPool {
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
  private:
+  // The store becomes `store` (the owner's mu taken); the arena goes to *dropped, for the
+  // caller to free without the owner's mu; queued background preparations find nothing.
+  void MoveStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // Prepare's first step: sizes the arena; *pin_to: how far it is to be pinned (0: no pinning).
   absl::Status ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
@@ -352,6 +362,8 @@ class TagPool {
   std::unique_ptr<BackupArena> arena_ ABSL_GUARDED_BY(transition_mu_);
   // Moves whenever the arena is written by a pause, replaced or released (PinStep).
   std::uint64_t arena_epoch_ ABSL_GUARDED_BY(transition_mu_) = 0;
+  // The host store a pause in progress moved the tag from (ReserveBackup's spill).
+  std::optional<BackupStore> spilled_from_ ABSL_GUARDED_BY(transition_mu_);
   Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;
   std::vector<Event> copy_events_ ABSL_GUARDED_BY(transition_mu_);
 };
