@@ -218,7 +218,7 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("backup arena: ", size_bytes, " bytes is not a size"));
   }
   const std::size_t want = (size_bytes + kUnit - 1) / kUnit * kUnit;
-  VMSTASH_RETURN_IF_ERROR(Release());
+  VMSTASH_RETURN_IF_ERROR(ReleaseStore());  // the staging ring stays
   switch (store_.kind) {
     case BackupStore::Kind::kPinned:
       VMSTASH_RETURN_IF_ERROR(pinned_.Reserve(want));
@@ -247,6 +247,7 @@ absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vecto
   // Reserve maps address space only (a replaced arena's pages and charge go back first);
   // the pages are charged before the pause touches them (Note [Host Budget]).
   VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
+  if (store_.kind != BackupStore::Kind::kPinned) TryRing();  // Note [Host Budget]: charged now, or no ring
   if (store_.kind == BackupStore::Kind::kPageable) {
     return charge_.Resize(std::max(charge_.bytes(), size_bytes), owner_);
   }
@@ -286,7 +287,23 @@ absl::Status BackupArena::CopyIn(std::size_t offset, DevicePtr src, std::size_t 
     return absl::InternalError(absl::StrCat("backup arena: a copy into bytes ", offset, "+", size_bytes,
                                             " outside its ", capacity_bytes_, " bytes"));
   }
+  if (ring_ != nullptr) return ring_->ToHost(data() + offset, src, size_bytes, stream);
   return driver_->CopyToHostAsync(device_, data() + offset, src, size_bytes, stream);
+}
+
+void BackupArena::TryRing() {
+  if (ring_ != nullptr) return;
+  absl::Status s = ring_charge_.Resize(StagingRing::kSlotBytes * StagingRing::kSlots,
+                                       absl::StrCat(owner_, " (its staging ring)"));
+  if (s.ok()) {
+    ring_ = std::make_unique<StagingRing>(driver_, device_);
+    s = ring_->Ready();
+  }
+  if (!s.ok()) {
+    ring_.reset();
+    ring_charge_.Reset();
+    VMSTASH_LOG(kInfo, "vmstash: {}: no staging ring, copies go through the driver directly: {}", owner_, s.ToString());
+  }
 }
 
 absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream) {
@@ -295,6 +312,8 @@ absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t
     return absl::InternalError(absl::StrCat("backup arena: a copy out of bytes ", offset, "+", size_bytes,
                                             " outside its ", capacity_bytes_, " bytes"));
   }
+  TryRing();  // the arena may have been made before its store had a ring
+  if (ring_ != nullptr) return ring_->ToDevice(dst, data() + offset, size_bytes, stream);
   return driver_->CopyToDeviceAsync(device_, dst, data() + offset, size_bytes, stream);
 }
 
@@ -341,6 +360,12 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
 }
 
 absl::Status BackupArena::Release() {
+  ring_.reset();  // nothing is queued on it any more (the owner waited for its copies)
+  ring_charge_.Reset();
+  return ReleaseStore();
+}
+
+absl::Status BackupArena::ReleaseStore() {
   if (store_.kind == BackupStore::Kind::kDiskFiles) return ReleaseFiles();
   if (store_.kind == BackupStore::Kind::kPinned) {
     VMSTASH_RETURN_IF_ERROR(pinned_.Release());
@@ -361,6 +386,7 @@ absl::Status BackupArena::Release() {
 }
 
 absl::Status BackupArena::Seal() {
+  if (ring_ != nullptr) VMSTASH_RETURN_IF_ERROR(ring_->Finish());  // Note [Staging Ring]
   if (!store_.on_disk() || mapped_ == nullptr) return absl::OkStatus();
   if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
     const int err = errno;
@@ -461,6 +487,7 @@ void BackupArena::DropPages() {
 }
 
 void BackupArena::DropContents(bool give_back) {
+  if (ring_ != nullptr) ring_->Abandon();  // a failed pause's bytes still in the ring
   if (store_.kind == BackupStore::Kind::kPinned) {
     if (!give_back) return;
     absl::Status s = pinned_.HandBack(/*lazily=*/true);

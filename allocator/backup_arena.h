@@ -10,11 +10,17 @@
 // the owner asks (DropContents(give_back=true) or GiveBackSome in steps:
 // torch_memory_saver's default mode), is unpinned and handed back to the OS lazily, to be
 // pinned again by the next pause. Pageable: an anonymous mmap for users short of
-// host RAM; copies are slower, and after a resume its pages are given back to the OS
-// (MADV_DONTNEED) so the RSS drops.
+// host RAM; after a resume its pages are given back to the OS (MADV_DONTNEED) so the
+// RSS drops, and the next pause faults them in again.
 //
-// Copies between the device and an arena go through CopyIn / CopyOut, which pin what the
-// copy needs and split it at the pieces' bounds (a copy may not span two registrations).
+// Copies between the device and an arena go through CopyIn / CopyOut. A pinned arena pins
+// what the copy needs and splits it at the pieces' bounds (a copy may not span two
+// registrations). The pageable and disk stores copy through the arena's staging ring
+// (vmm/staging_ring.h, Note [Staging Ring]: a few pinned slots, host threads moving the
+// bytes while the link fills the next slots), made by the first pause (ReserveLayout) and
+// kept until the arena is released; a pause's bytes reach the arena at Seal(). Where the
+// host budget or the host refuses the ring's pinned memory, they copy through the driver
+// directly (its own staging: slower, never a failed pause).
 //
 // Note [Disk Backup]
 //   Disk: a file in BackupStore::directory, created with mkstemp and unlinked at once (no
@@ -88,16 +94,21 @@
 //   the tag as it was (an arena too small for it may have been replaced, unpinned), or its
 //   tag moves to the disk store in spill_dir (TagPool::ReserveBackup). Arenas kept pinned
 //   between cycles (vmstash's default retention) and prepared ahead of a pause are charged
-//   as long as they hold their memory.
+//   as long as they hold their memory. The staging ring of a pageable or disk arena (its
+//   pinned slots, StagingRing::kSlots x kSlotBytes) is charged when the ring is made
+//   (ReserveLayout) and refunded when the arena is released; a refusal only means no ring
+//   (the copies go through the driver directly), never a failed pause.
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
-// contents are not kept: callers reserve before copying). Release() gives it back.
+// contents are not kept: callers reserve before copying). Release() gives it back, and
+// the staging ring with it.
 //
 // Thread-safety: none; the owning tag's transition lock guards it.
 #ifndef VMSTASH_ALLOCATOR_BACKUP_ARENA_H_
 #define VMSTASH_ALLOCATOR_BACKUP_ARENA_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +119,7 @@
 #include "vmm/driver.h"
 #include "allocator/host_budget.h"
 #include "vmm/pinned_pieces.h"
+#include "vmm/staging_ring.h"
 
 namespace vmstash {
 
@@ -143,7 +155,8 @@ class BackupArena {
         store_(std::move(store)),
         owner_(std::move(owner)),
         pinned_(driver, device),
-        charge_(budget) {}
+        charge_(budget),
+        ring_charge_(budget) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
@@ -175,8 +188,10 @@ class BackupArena {
   // device's queued work: Note [Pinned Pieces]); *more: some is left. *more = false and
   // no-op for the other stores.
   absl::Status GiveBackSome(std::size_t max_pinned_bytes, bool* more);
-  // After the pause's copies completed: a disk arena is written back and its pages
-  // dropped (Note [Disk Backup]); an error leaves the bytes in the mapping. No-op otherwise.
+  // After the pause's copies completed: the bytes still in a pageable or disk arena's
+  // staging ring are moved into it (Note [Staging Ring]), then a disk arena is written
+  // back and its pages dropped (Note [Disk Backup]); an error leaves the bytes in the
+  // mapping. No-op for a pinned arena.
   absl::Status Seal();
   // Before reading bytes [offset, offset + size_bytes) out of data() (a resume's copies, a
   // backup read): a disk arena reads those pages of its file in, so that a read error is
@@ -185,9 +200,10 @@ class BackupArena {
   // range is read (a prepared arena may be far larger than what a pause used).
   // InvalidArgument for a range outside the arena. No-op for the host stores.
   absl::Status Load(std::size_t offset, std::size_t size_bytes);
-  // After a resume (and after a failed pause): pageable and disk arenas give their pages
-  // back to the OS (a pageable arena's contents are lost; a disk arena's stay in the
-  // file); a disk-files arena is released, its files removed. A pinned arena keeps its
+  // After a resume (and after a failed pause, once its copies were waited for): pageable
+  // and disk arenas forget what their staging ring still held and give their pages back to
+  // the OS (a pageable arena's contents are lost; a disk arena's stay in the file); a
+  // disk-files arena is released, its files removed. A pinned arena keeps its
   // memory pinned, or with `give_back` unpins it and hands it back lazily (Note [Pinned
   // Pieces]; contents lost). Errors are logged.
   void DropContents(bool give_back = false);
@@ -201,14 +217,23 @@ class BackupArena {
   // What the arena holds (its statistic): the capacity, less what a pinned arena gave
   // back or has not faulted in yet (Note [Pinned Pieces]); 0 for a pageable arena whose
   // pages went back after a resume.
+  // Not counted: a pageable or disk arena's staging ring (staging_bytes()).
   std::size_t held_bytes() const {
     if (store_.kind == BackupStore::Kind::kPinned) return pinned_.resident_bytes();
     return store_.kind == BackupStore::Kind::kPageable && dropped_ ? 0 : capacity_bytes_;
   }
+  // The pinned bytes of the arena's staging ring (0: none, e.g. refused by the budget).
+  std::size_t staging_bytes() const { return ring_ == nullptr ? 0 : ring_->held_bytes(); }
   const BackupStore& store() const { return store_; }
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
+  // Release() but for the staging ring (Reserve replacing the memory keeps the ring).
+  absl::Status ReleaseStore();
+  // Makes and charges the staging ring of a pageable or disk arena if it has none (Note
+  // [Host Budget]); when the budget or the host refuses, the arena copies through the
+  // driver directly (slower), and the next pause tries again. Logged.
+  void TryRing();
   // Note [Host Budget] for the pinned store: charge what holding [0, end) needs / refund
   // down to what is resident.
   absl::Status ChargePinned(std::size_t end);
@@ -240,6 +265,8 @@ class BackupArena {
   const std::string owner_;
   PinnedPieces pinned_;
   HostCharge charge_;  // Note [Host Budget]
+  std::unique_ptr<StagingRing> ring_;  // pageable and disk stores (Note [Staging Ring])
+  HostCharge ring_charge_;             // what ring_ may pin
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
   std::string path_;        // disk store: the (unlinked) file's name, for messages

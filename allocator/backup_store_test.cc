@@ -24,6 +24,7 @@
 
 #include "allocator/backup_arena.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/host_budget.h"
 #include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -468,8 +469,13 @@ TEST_F(BackupStoreTest, RemovingTheDirectoryWhilePausedLosesNothing) {
 // Driver faults at every call of a disk pause and resume roll back as with host memory:
 // a failed pause leaves the tag active and intact, a failed resume leaves it paused with
 // its file; a retry succeeds.
+// Every driver call of a disk or pageable transition, the staging ring's (Note [Staging
+// Ring]) included, fails once in turn: the pause or the resume fails with the tag as it
+// was, and a later resume brings every byte back.
 TEST_F(BackupStoreTest, DriverFaultsDuringADiskTransitionRollBack) {
-  ASSERT_TRUE(alloc_->SetBackupStore(weights_, Disk()).ok());
+  for (const BackupStore& store : {Disk(), BackupStore{BackupStore::Kind::kPageable, ""}}) {
+  SCOPED_TRACE(DescribeBackupStore(store));
+  ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());
   const DriverCounters before = sim_->Counters();
   RoundTrip();
   DriverCounters clean = sim_->Counters();
@@ -477,7 +483,7 @@ TEST_F(BackupStoreTest, DriverFaultsDuringADiskTransitionRollBack) {
   int pause_failures = 0, resume_failures = 0;
   for (DriverOp op : {DriverOp::kSynchronizeDevice, DriverOp::kCopyToHost, DriverOp::kSynchronizeEvent,
                       DriverOp::kUnmap, DriverOp::kReleaseChunk, DriverOp::kSynchronizeStream, DriverOp::kCreateChunk,
-                      DriverOp::kMap, DriverOp::kSetAccess, DriverOp::kCopyToDevice}) {
+                      DriverOp::kMap, DriverOp::kSetAccess, DriverOp::kCopyToDevice, DriverOp::kRecordEvent}) {
     for (std::uint64_t nth = 1; nth <= clean.Calls(op); ++nth) {
       SCOPED_TRACE(std::string(DriverOpName(op)) + "@" + std::to_string(nth));
       sim_->InjectFault(FaultRule{op, static_cast<int>(nth), 1, absl::StatusCode::kInternal});
@@ -499,6 +505,37 @@ TEST_F(BackupStoreTest, DriverFaultsDuringADiskTransitionRollBack) {
   }
   EXPECT_GT(pause_failures, 0);
   EXPECT_GT(resume_failures, 0);
+  }
+}
+
+// The pageable and disk stores copy through a staging ring made by the first pause and
+// kept (one pinned allocation for every cycle); a ring the host refuses (its pinned
+// memory, or the host budget) means copies through the driver directly, not a failed pause.
+TEST_F(BackupStoreTest, PageableAndDiskStoresStageTheirCopiesAndDoWithoutARing) {
+  for (const BackupStore& store : {Disk(), BackupStore{BackupStore::Kind::kPageable, ""}}) {
+    SCOPED_TRACE(DescribeBackupStore(store));
+    ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());
+    const std::uint64_t allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    for (int cycle = 0; cycle < 3; ++cycle) RoundTrip();
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), allocs + 1) << "one ring for every cycle";
+    // The ring is refused: a new store (a new arena) whose ring allocation fails.
+    ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{}).ok());
+    ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());
+    sim_->InjectFault(FaultRule{DriverOp::kHostAlloc, 1, 100, absl::StatusCode::kResourceExhausted});
+    RoundTrip();
+    RoundTrip();
+    sim_->ClearFaults();
+    // The host budget refuses it: same.
+    HostBudget::Process().SetLimit(1);
+    ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{}).ok());
+    ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());
+    const std::uint64_t before_cap = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    if (store.on_disk()) RoundTrip();  // a disk store charges nothing else
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), before_cap);
+    HostBudget::Process().SetLimit(0);
+    RoundTrip();
+    ASSERT_TRUE(alloc_->Validate().ok());
+  }
 }
 
 }  // namespace

@@ -14,6 +14,9 @@
 //   overlap       whether (un)registering waits for copies already queued
 //   lazy          after unregister + MADV_FREE: MemAvailable and RSS (memory handed back),
 //                 then the next register of the same range (pages reused, not faulted)
+//   staged        D2H / H2D of SIZE through a ring of pinned slots, N threads copying each slot
+//                 to / from touched pageable memory while the link fills the next slots
+//                 (memory that never needs registering), for a few slot sizes and counts
 //
 // Usage: host_ceiling_bench [SIZE_GIB=8] [THREADS=hardware threads] [SECTIONS=all, e.g. link,lazy]. Prints one line per
 // figure, GB = 1e9 bytes.
@@ -23,12 +26,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <cstdint>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +117,102 @@ void RegisterPieces(char* p, std::size_t size, int threads) {
 }
 void UnregisterPieces(char* p, std::size_t size) {
   for (std::size_t off = 0; off < size; off += kPiece) CHECK_CUDA(cudaHostUnregister(p + off));
+}
+
+// A fixed set of threads that run fn(begin, end) over parts of a range together.
+class Pool {
+ public:
+  explicit Pool(int threads) {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this, t] { Work(t); });
+    n_ = threads;
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+      ++generation_;
+    }
+    cv_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  void Run(std::size_t size, const std::function<void(std::size_t, std::size_t)>& fn) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      fn_ = &fn;
+      size_ = size;
+      pending_ = n_ - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    Part(0);
+    std::unique_lock<std::mutex> l(mu_);
+    done_.wait(l, [&] { return pending_ == 0; });
+  }
+
+ private:
+  void Part(int t) {
+    const std::size_t part = (size_ / n_ + 4095) / 4096 * 4096;
+    const std::size_t b = std::min(size_, t * part), e = std::min(size_, b + part);
+    if (b < e) (*fn_)(b, e);
+  }
+  void Work(int t) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        cv_.wait(l, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+      }
+      Part(t);
+      std::lock_guard<std::mutex> l(mu_);
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  const std::function<void(std::size_t, std::size_t)>* fn_ = nullptr;
+  std::size_t size_ = 0;
+  int n_ = 1, pending_ = 0;
+  std::uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
+// D2H (to_host) or H2D of `size` bytes between dev and the pageable `host` through `slots`
+// pinned slots of `slot` bytes; the pool copies slot <-> host while the link fills / drains
+// the other slots. Returns seconds.
+double Staged(bool to_host, char* dev, char* host, std::size_t size, char* ring, std::size_t slot, int slots,
+              std::vector<cudaEvent_t>& ev, Pool& pool, cudaStream_t stream) {
+  const std::size_t chunks = (size + slot - 1) / slot;
+  auto bytes = [&](std::size_t i) { return std::min(slot, size - i * slot); };
+  auto t = Clock::now();
+  if (to_host) {
+    for (std::size_t i = 0; i < chunks && i < std::size_t(slots); ++i) {
+      CHECK_CUDA(cudaMemcpyAsync(ring + (i % slots) * slot, dev + i * slot, bytes(i), cudaMemcpyDeviceToHost, stream));
+      CHECK_CUDA(cudaEventRecord(ev[i % slots], stream));
+    }
+    for (std::size_t i = 0; i < chunks; ++i) {
+      char* s = ring + (i % slots) * slot;
+      CHECK_CUDA(cudaEventSynchronize(ev[i % slots]));
+      pool.Run(bytes(i), [&](std::size_t b, std::size_t e) { std::memcpy(host + i * slot + b, s + b, e - b); });
+      const std::size_t j = i + slots;
+      if (j < chunks) {
+        CHECK_CUDA(cudaMemcpyAsync(s, dev + j * slot, bytes(j), cudaMemcpyDeviceToHost, stream));
+        CHECK_CUDA(cudaEventRecord(ev[i % slots], stream));
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < chunks; ++i) {
+      char* s = ring + (i % slots) * slot;
+      if (i >= std::size_t(slots)) CHECK_CUDA(cudaEventSynchronize(ev[i % slots]));
+      pool.Run(bytes(i), [&](std::size_t b, std::size_t e) { std::memcpy(s + b, host + i * slot + b, e - b); });
+      CHECK_CUDA(cudaMemcpyAsync(dev + i * slot, s, bytes(i), cudaMemcpyHostToDevice, stream));
+      CHECK_CUDA(cudaEventRecord(ev[i % slots], stream));
+    }
+    CHECK_CUDA(cudaStreamSynchronize(stream));
+  }
+  return Since(t);
 }
 
 }  // namespace
@@ -335,6 +437,46 @@ int main(int argc, char** argv) {
     t = Clock::now();
     madvise(p, size, MADV_DONTNEED);
     Line("lazy", "MADV_DONTNEED (handed back at once)", size, Since(t));
+    munmap(p, size);
+  }
+  // staged: through a pinned ring into touched pageable (THP) memory
+  if (on("staged")) {
+    char* p = MapFresh(size, true);
+    Fault(p, size, threads);
+    const std::size_t max_ring = std::size_t{512} << 20;
+    void* ring = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&ring, max_ring, cudaHostAllocPortable));
+    std::vector<cudaEvent_t> ev(32);
+    for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    struct Shape { std::size_t slot_mib; int slots; int threads; };
+    const int half = std::max(1, threads / 2);
+    for (Shape sh : {Shape{16, 8, threads}, Shape{32, 8, threads}, Shape{64, 4, threads}, Shape{64, 8, threads},
+                     Shape{32, 8, half}}) {
+      Pool pool(sh.threads);
+      const std::size_t slot = sh.slot_mib << 20;
+      for (int dir = 0; dir < 2; ++dir) {
+        double best = 1e9;
+        for (int r = 0; r < 2; ++r) {
+          best = std::min(best, Staged(dir == 0, static_cast<char*>(dev), p, size, static_cast<char*>(ring), slot,
+                                       sh.slots, ev, pool, stream));
+        }
+        char how[80];
+        std::snprintf(how, sizeof(how), "%s, %d x %zu MiB slots, %d threads", dir == 0 ? "D2H" : "H2D", sh.slots,
+                      sh.slot_mib, sh.threads);
+        Line("staged", how, size, best);
+      }
+    }
+    // the bytes came back: D2H then H2D into a second device buffer, compared
+    bool same = true;
+    {
+      Pool pool(threads);
+      CHECK_CUDA(cudaMemset(dev, 0x3c, size / 2));
+      Staged(true, static_cast<char*>(dev), p, size, static_cast<char*>(ring), 32 << 20, 8, ev, pool, stream);
+      for (std::size_t i = 0; i < size; i += 4096) same = same && p[i] == (i < size / 2 ? 0x3c : 0x5a);
+    }
+    std::printf("staged     D2H bytes %s\n", same ? "correct" : "WRONG");
+    for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventDestroy(e));
+    CHECK_CUDA(cudaFreeHost(ring));
     munmap(p, size);
   }
   CHECK_CUDA(cudaFree(dev));

@@ -1,7 +1,7 @@
 """Backups through torch_memory_saver's API, side by side in one run (issue 33's workload).
 
     python3 bench/tms_backup_bench.py [--cycles 5] [--settle 3] [--json out.json]
-                                      [--peers native,dropin,dropin_retain,tms]
+                                      [--peers native,dropin,dropin_retain,tms,dropin_mmap,tms_mmap]
 
 Each peer runs in its own process with the same tags:
   weights  8 GiB backed up, in 512 tensors
@@ -17,6 +17,9 @@ tensors are checked bit for bit after every resume.
   dropin_retain  the same with retain_cpu_backup on (the backup stays pinned)
   tms            torch_memory_saver itself (its wheel importable as torch_memory_saver),
                  default mode
+  dropin_mmap    the drop-in with cpu_backup_backend="mmap" (vmstash's pageable store: copies
+                 through its staging ring, pages given back after the resume)
+  tms_mmap       torch_memory_saver itself with cpu_backup_backend="mmap"
 The TMS-API peers use torch_memory_saver's torch hook mode (its pluggable allocator, in
 process).
 
@@ -39,7 +42,7 @@ import time
 
 GiB = 1 << 30
 MiB = 1 << 20
-PEERS = ("native", "dropin", "dropin_retain", "tms")
+PEERS = ("native", "dropin", "dropin_retain", "tms", "dropin_mmap", "tms_mmap")
 
 
 def meminfo(key):
@@ -89,17 +92,23 @@ def child(args):
         resume = lambda: [vmstash.resume(t) for t in tags]  # noqa: E731
     else:
         import importlib
-        module = importlib.import_module("torch_memory_saver" if peer == "tms" else "vmstash.compat.torch_memory_saver")
+        real = peer.startswith("tms")
+        module = importlib.import_module("torch_memory_saver" if real else "vmstash.compat.torch_memory_saver")
         tms = module.torch_memory_saver
         tms.hook_mode = "torch"  # in process: no LD_PRELOAD needed
         tms.retain_cpu_backup = peer == "dropin_retain"
-        region = lambda tag, backup: tms.region(tag=tag, enable_cpu_backup=backup)  # noqa: E731
+        backend = "mmap" if peer.endswith("_mmap") else None
+
+        def region(tag, backup):
+            if backup and backend:
+                return tms.region(tag=tag, enable_cpu_backup=True, cpu_backup_backend=backend)
+            return tms.region(tag=tag, enable_cpu_backup=backup)
         pause = lambda: tms.pause()  # noqa: E731
         resume = lambda: tms.resume()  # noqa: E731
 
     def held():
         """Host bytes vmstash's backup arenas hold (None for torch_memory_saver itself)."""
-        if peer == "tms":
+        if peer.startswith("tms"):
             return None
         import vmstash
         return sum(vmstash.tag_stats(t).get("backup_arena_bytes", 0) for t in vmstash.tags())
@@ -139,7 +148,7 @@ def child(args):
         a2, r2, h2 = meminfo("MemAvailable"), rss(), held()
         # The drop-in gives the memory back on a background thread: wait for it (5 s at most).
         given = None
-        if peer == "dropin":
+        if peer in ("dropin", "dropin_mmap"):
             while held() > 0 and time.perf_counter() - t3 < 5:
                 time.sleep(0.005)
             given = (time.perf_counter() - t3) * 1e3 if held() == 0 else None
@@ -198,13 +207,13 @@ def table(results, d2h, h2d):
         lines.append(f"bound: the backed-up bytes ({ok[0]['backed_up'] / GiB:.2f} GiB) at the link's rate: "
                      f"{ok[0]['backed_up'] / d2h * 1e3:.1f} ms out, {ok[0]['backed_up'] / h2d * 1e3:.1f} ms in")
     by = {r["peer"]: r for r in ok}
-    if "tms" in by:
-        for peer in ("native", "dropin", "dropin_retain"):
-            if peer not in by:
+    for ref, peers in (("tms", ("native", "dropin", "dropin_retain")), ("tms_mmap", ("dropin_mmap",))):
+        for peer in peers:
+            if ref not in by or peer not in by:
                 continue
             for what in ("pause_ms", "resume_ms"):
-                ratios = [t[what] / m[what] for t, m in zip(by["tms"]["rows"], by[peer]["rows"])]
-                lines.append(f"torch_memory_saver / {peer:<13} {what[:-3]:<6} per cycle: "
+                ratios = [t[what] / m[what] for t, m in zip(by[ref]["rows"], by[peer]["rows"])]
+                lines.append(f"{'torch_memory_saver' + ref[3:]:<23} / {peer:<13} {what[:-3]:<6} per cycle: "
                              + " ".join(f"{x:.1f}x" for x in ratios))
     return lines
 
