@@ -229,6 +229,9 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
         return absl::ResourceExhaustedError(
             absl::StrCat("backup arena: mmap of ", want, " bytes failed: ", Errno(errno)));
       }
+      // Huge pages: a pause faults the pages in again after each resume gave them back,
+      // and 2 MiB pages fault in (and go back) far faster than 4 KiB ones.
+      madvise(p, want, MADV_HUGEPAGE);
       mapped_ = p;
       break;
     }

@@ -466,6 +466,19 @@ int main(int argc, char** argv) {
         Line("staged", how, size, best);
       }
     }
+    // into fresh memory (what a pageable store that gave its pages back pays): 4 KiB / THP
+    for (bool huge : {false, true}) {
+      Pool pool(threads);
+      char* fresh = MapFresh(size, huge);
+      const double s = Staged(true, static_cast<char*>(dev), fresh, size, static_cast<char*>(ring), 16 << 20, 8, ev,
+                              pool, stream);
+      Line("staged", huge ? "D2H into fresh memory, THP, 8 x 16 MiB" : "D2H into fresh memory, 4 KiB, 8 x 16 MiB",
+           size, s);
+      auto t = Clock::now();
+      madvise(fresh, size, MADV_DONTNEED);
+      Line("staged", huge ? "MADV_DONTNEED of it, THP" : "MADV_DONTNEED of it, 4 KiB", size, Since(t));
+      munmap(fresh, size);
+    }
     // the bytes came back: D2H then H2D into a second device buffer, compared
     bool same = true;
     {
