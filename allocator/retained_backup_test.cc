@@ -2,15 +2,18 @@
 // (allocator/backup_arena.h) on the simulator: a failed pause or switch changes nothing a
 // retained backup holds (it stays readable with its bytes, or is dropped once the arena
 // was written over, never read back changed); a backup released with its blocks is
-// released even when a reader held the tag's transition lock at the last free; a forked
+// released even when a reader held the tag's transition lock at the last free, and stays
+// released (Note [Retired Ranges]: no later arena is pinned at its addresses); a forked
 // child that exits leaves its parent's disk backup files in place.
 #include <dirent.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -211,6 +214,90 @@ TEST_F(RetainedBackupTest, TheLastFreeReleasesTheBackupEvenWhileAReaderHoldsTheT
     ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok());
   }
   EXPECT_EQ(leaked, 0) << "rounds whose backup outlived its last block";
+  EXPECT_TRUE(alloc_->Validate().ok());
+}
+
+// Whether anything is mapped at the page holding `p` (another mapping could not take it).
+bool PageMapped(const void* p) {
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  void* at = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(p) / page * page);
+  void* got = mmap(at, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (got == MAP_FAILED) return errno == EEXIST;
+  munmap(got, page);
+  return got != at;  // a kernel without MAP_FIXED_NOREPLACE places it elsewhere when taken
+}
+
+// torch_memory_saver's retain_cpu_backup: a backup read in place (BackupAddress, its
+// get_cpu_backup(zero_copy=True)), then the tag's last block freed. The backup is released
+// and stays released: its host address is not page-locked afterwards, also when another
+// tag's pinned arena is made right after (here a foreground preparation; in the drop-in,
+// a background preparation of another tag that came due then) — that arena must not take
+// the released address range. The tag's own next arena does not either.
+TEST_F(RetainedBackupTest, AReleasedBackupsAddressStaysUnpinnedWhenAnotherArenaIsMadeAfterIt) {
+  Make();
+  const DevicePtr q = *alloc_->Allocate(2 * kMiB, nullptr, other_);
+  for (bool paused : {true, false}) {
+    SCOPED_TRACE(paused ? "freed while paused" : "freed after the resume");
+    const DevicePtr p = *alloc_->Allocate(4 * kKiB, nullptr, tag_);
+    Fill(p, 4 * kKiB, 7);
+    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+    const void* backup = *alloc_->BackupAddress(p, 4 * kKiB);
+    if (!paused) {
+      ASSERT_TRUE(alloc_->Resume(tag_).ok());
+      ASSERT_EQ(*alloc_->BackupAddress(p, 4 * kKiB), backup) << "retained in place";
+    }
+    ASSERT_TRUE(sim_->HostPageLocked(backup));
+    ASSERT_TRUE(alloc_->Free(p).ok());
+    EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_arena_bytes, 0);
+    EXPECT_FALSE(sim_->HostPageLocked(backup)) << "released";
+    EXPECT_TRUE(PageMapped(backup)) << "the released range was left for any mapping to take";
+    ASSERT_TRUE(alloc_->Prepare(other_, 4 * kKiB).ok());  // a new pinned arena of the same size
+    EXPECT_FALSE(sim_->HostPageLocked(backup)) << "another tag's arena took the released range";
+    if (paused) {
+      ASSERT_TRUE(alloc_->Resume(tag_).ok());
+    }
+    // The tag's own next backup goes elsewhere too.
+    const DevicePtr again = *alloc_->Allocate(4 * kKiB, nullptr, tag_);
+    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+    EXPECT_FALSE(sim_->HostPageLocked(backup)) << "the tag's next arena took the released range";
+    ASSERT_TRUE(alloc_->Resume(tag_).ok());
+    ASSERT_TRUE(alloc_->Free(again).ok());
+    ASSERT_TRUE(alloc_->ReleaseBackup(other_).ok());
+  }
+  ASSERT_TRUE(alloc_->Free(q).ok());
+  EXPECT_TRUE(alloc_->Validate().ok());
+}
+
+// The drop-in's sequence with its background preparation: another tag's block was
+// allocated before the backup was read in place, so that tag's preparation (queued then,
+// waiting for the tag to settle) comes due only after the backup's last block was freed.
+// Its arena, of the released arena's size, must not be mapped and pinned at the released
+// addresses. (A first preparation of the same size beforehand leaves the thread that warms
+// two pieces with a stack already mapped, so nothing is mapped between the two arenas:
+// without Note [Retired Ranges] the second lands where the first was.)
+TEST_F(RetainedBackupTest, AReleasedBackupsAddressStaysUnpinnedWhenABackgroundPreparationComesDue) {
+  AllocatorOptions options = testing::TestOptions();
+  options.auto_prepare_settle_ms = 500;
+  MakeAllocator(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}}, options);
+  tag_ = *InternTag("retained_a");
+  other_ = *InternTag("retained_b");
+  ASSERT_TRUE(alloc_->CreateTag(tag_, Policy::kBackup).ok());
+  ASSERT_TRUE(alloc_->CreateTag(other_, Policy::kBackup).ok());
+  ASSERT_TRUE(alloc_->SetBackupRetention(tag_, BackupRetention{true, true}).ok());
+  const DevicePtr p = *alloc_->Allocate(4 * kKiB, nullptr, tag_);
+  ASSERT_TRUE(alloc_->Prepare(tag_, 64 * kMiB).ok());  // what the background request asks for
+  ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok());
+  ASSERT_TRUE(alloc_->Prepare(tag_, 64 * kMiB).ok());
+  const DevicePtr q = *alloc_->Allocate(2 * kMiB, nullptr, other_);  // its preparation is queued
+  ASSERT_TRUE(alloc_->Pause(tag_).ok());
+  const void* backup = *alloc_->BackupAddress(p, 4 * kKiB);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+  EXPECT_FALSE(sim_->HostPageLocked(backup)) << "released";
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_GT(TagStatsOf(*alloc_, other_).backup_arena_bytes, 0) << "the other tag was prepared";
+  EXPECT_FALSE(sim_->HostPageLocked(backup)) << "the other tag's prepared arena took the released range";
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());
+  ASSERT_TRUE(alloc_->Free(q).ok());
   EXPECT_TRUE(alloc_->Validate().ok());
 }
 

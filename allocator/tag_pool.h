@@ -94,7 +94,11 @@ bool TagTransitionAllowed(TagState from, TagState to);
 //                        disk-files arenas, whose files are removed at every resume.
 //   release_with_blocks  when a free drops the last backed-up bytes of the arena (those of
 //                        a paused tag, or the retained ones of an active tag), the arena
-//                        is released too: a backup lives no longer than its blocks.
+//                        is released too: a backup lives no longer than its blocks. It
+//                        stays released: no arena made later (another tag's background
+//                        preparation due a moment after, the tag's next pause) takes its
+//                        host addresses, so a pointer a reader kept into it is not
+//                        page-locked again (vmm/retired_ranges.h, Note [Retired Ranges]).
 //   give_back            without keep_after_resume: a pinned arena's host memory goes
 //                        back to the OS after each resume (on the background thread, in
 //                        steps, from 50 ms after the resume: GiveBack; by the resume itself

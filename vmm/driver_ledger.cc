@@ -259,6 +259,22 @@ absl::Status DriverLedger::CheckHostCopy(const void* ptr, std::size_t size_bytes
   return absl::OkStatus();
 }
 
+bool DriverLedger::HostPageLocked(const void* ptr) const {
+  MutexLock lock(&mu_);
+  const auto at = reinterpret_cast<std::uintptr_t>(ptr);
+  auto inside = [at](void* p, std::size_t n) {
+    const auto b = reinterpret_cast<std::uintptr_t>(p);
+    return b <= at && at < b + n;
+  };
+  for (const auto& [p, n] : host_registrations_) {
+    if (inside(p, n)) return true;
+  }
+  for (const auto& [p, n] : host_allocs_) {
+    if (inside(p, n)) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<std::size_t> DriverLedger::TakeHostRegistration(void* ptr) {
   MutexLock lock(&mu_);
   auto it = host_registrations_.find(ptr);

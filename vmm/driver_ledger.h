@@ -103,6 +103,8 @@ class DriverLedger {
   // A copy's host range: InvalidArgument when it overlaps a registration (or a HostAlloc)
   // without lying inside it, as the CUDA driver refuses a copy across two registrations.
   absl::Status CheckHostCopy(const void* ptr, std::size_t size_bytes) const;
+  // Whether `ptr` lies in a registration or a HostAlloc: where cudaHostGetFlags succeeds.
+  bool HostPageLocked(const void* ptr) const;
   void AddStream(Stream stream, int device);
   absl::Status TakeStream(Stream stream, int device);
   absl::Status CheckStream(Stream stream, int device) const;  // nullptr (default) always OK

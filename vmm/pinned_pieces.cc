@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "vmm/retired_ranges.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
@@ -84,9 +85,8 @@ absl::Status PinnedPieces::Reserve(std::size_t size_bytes) {
 absl::Status PinnedPieces::Release() {
   if (data_ == nullptr) return absl::OkStatus();
   VMSTASH_RETURN_IF_ERROR(Unpin());
-  if (munmap(data_, capacity_bytes_) != 0) {
-    return absl::InternalError(absl::StrCat("backup memory: munmap failed: ", std::strerror(errno)));
-  }
+  // The pages go back; the addresses stay unused by later mappings (Note [Retired Ranges]).
+  VMSTASH_RETURN_IF_ERROR(RetiredRanges::Process().Retire(data_, capacity_bytes_));
   data_ = nullptr;
   capacity_bytes_ = 0;
   pieces_.clear();

@@ -44,7 +44,8 @@
 //   A failed call changes nothing it has not said: Pin/CopyIn leave the pieces pinned so
 //   far pinned (a later call, Unpin or Release handles them); Unpin and HandBackSome stop
 //   at the first failure, the pieces not yet unpinned still pinned. Release() unregisters
-//   every pinned piece and unmaps.
+//   every pinned piece and gives the pages back, keeping the address range from later
+//   mappings for a while (vmm/retired_ranges.h, Note [Retired Ranges]).
 //
 // Thread-safety: none; the owner serializes calls (a tag's transition lock). The threads
 // Warm starts are joined before it returns.
@@ -77,7 +78,8 @@ class PinnedPieces {
   // one is released first (its contents are not kept). ResourceExhausted when mmap fails.
   absl::Status Reserve(std::size_t size_bytes);
   // Unregisters every pinned piece (waiting for nothing: the caller has drained the copies
-  // that use them) and unmaps. On an unregister failure the memory stays (an error).
+  // that use them) and retires the mapping (Note [Retired Ranges]). On an unregister
+  // failure the memory stays (an error).
   absl::Status Release();
 
   absl::Status Warm(std::size_t end);

@@ -65,6 +65,9 @@ class SimDriver final : public Driver {
   void ClearFaults();
   // Bytes of device memory in use on `device` (chunks not yet freed).
   std::size_t UsedBytes(int device) const;
+  // Whether host address `ptr` is page-locked (registered or HostAlloc'ed), as
+  // cudaHostGetFlags(ptr) succeeding tells on a GPU.
+  bool HostPageLocked(const void* ptr) const { return ledger_.HostPageLocked(ptr); }
   const SimDriverOptions& options() const { return options_; }
   // See "held stream" above. `stream` may be nullptr (the default stream).
   void HoldStream(int device, Stream stream);
