@@ -17,6 +17,11 @@
 //   staged        D2H / H2D of SIZE through a ring of pinned slots, N threads copying each slot
 //                 to / from touched pageable memory while the link fills the next slots
 //                 (memory that never needs registering), for a few slot sizes and counts
+//   hybrid        D2H of SIZE into touched memory given back (MADV_FREE) after the last
+//                 use: 64 MiB pieces registered by R threads running ahead of the copies,
+//                 and every S-th piece staged through the ring on a second stream instead
+//                 of registered (what a pause into returned memory could do beyond
+//                 `pipeline`); then H2D of it the same way
 //
 // Usage: host_ceiling_bench [SIZE_GIB=8] [THREADS=hardware threads] [SECTIONS=all, e.g. link,lazy]. Prints one line per
 // figure, GB = 1e9 bytes.
@@ -205,7 +210,7 @@ double Staged(bool to_host, char* dev, char* host, std::size_t size, char* ring,
   } else {
     for (std::size_t i = 0; i < chunks; ++i) {
       char* s = ring + (i % slots) * slot;
-      if (i >= std::size_t(slots)) CHECK_CUDA(cudaEventSynchronize(ev[i % slots]));
+      CHECK_CUDA(cudaEventSynchronize(ev[i % slots]));  // the slot's last copy (a call before included)
       pool.Run(bytes(i), [&](std::size_t b, std::size_t e) { std::memcpy(s + b, host + i * slot + b, e - b); });
       CHECK_CUDA(cudaMemcpyAsync(dev + i * slot, s, bytes(i), cudaMemcpyHostToDevice, stream));
       CHECK_CUDA(cudaEventRecord(ev[i % slots], stream));
@@ -437,6 +442,79 @@ int main(int argc, char** argv) {
     t = Clock::now();
     madvise(p, size, MADV_DONTNEED);
     Line("lazy", "MADV_DONTNEED (handed back at once)", size, Since(t));
+    munmap(p, size);
+  }
+  // hybrid: registering ahead on R threads, every S-th piece staged instead
+  if (on("hybrid")) {
+    char* p = MapFresh(size, true);
+    Fault(p, size, threads);
+    void* ring = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&ring, std::size_t{128} << 20, cudaHostAllocPortable));
+    std::vector<cudaEvent_t> ev(8);
+    for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaStream_t staged_stream;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&staged_stream, cudaStreamNonBlocking));
+    Pool pool(threads);
+    const std::size_t pieces = (size + kPiece - 1) / kPiece;
+    auto piece_bytes = [&](std::size_t k) { return std::min(kPiece, size - k * kPiece); };
+    struct Shape { int reg_threads; int every; };  // every: 0 = nothing staged
+    for (Shape sh : {Shape{1, 0}, Shape{2, 0}, Shape{4, 0}, Shape{1, 4}, Shape{2, 4}, Shape{1, 3}, Shape{2, 8}}) {
+      auto staged = [&](std::size_t k) { return sh.every > 0 && k % sh.every == std::size_t(sh.every - 1); };
+      // the memory as a pause finds it after a hand-back: unregistered, MADV_FREE'd, rewarmed
+      madvise(p, size, MADV_FREE);
+      Fault(p, size, threads);
+      std::vector<std::atomic<int>> ready(pieces);
+      for (auto& r : ready) r.store(0);
+      std::atomic<std::size_t> next{0};
+      auto t = Clock::now();
+      std::vector<std::thread> regs;
+      for (int r = 0; r < sh.reg_threads; ++r) {
+        regs.emplace_back([&] {
+          for (std::size_t k; (k = next.fetch_add(1)) < pieces;) {
+            if (staged(k)) continue;
+            CHECK_CUDA(cudaHostRegister(p + k * kPiece, piece_bytes(k), cudaHostRegisterPortable));
+            ready[k].store(1, std::memory_order_release);
+          }
+        });
+      }
+      for (std::size_t k = 0; k < pieces; ++k) {
+        if (staged(k)) {
+          Staged(true, static_cast<char*>(dev) + k * kPiece, p + k * kPiece, piece_bytes(k), static_cast<char*>(ring),
+                 16 << 20, 8, ev, pool, staged_stream);
+          continue;
+        }
+        while (ready[k].load(std::memory_order_acquire) == 0) std::this_thread::yield();
+        CHECK_CUDA(cudaMemcpyAsync(p + k * kPiece, static_cast<char*>(dev) + k * kPiece, piece_bytes(k),
+                                   cudaMemcpyDeviceToHost, stream));
+      }
+      for (std::thread& r : regs) r.join();
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaStreamSynchronize(staged_stream));
+      char how[80];
+      std::snprintf(how, sizeof(how), "D2H, %d register thread%s, %s", sh.reg_threads, sh.reg_threads > 1 ? "s" : "",
+                    sh.every ? ("1 piece in " + std::to_string(sh.every) + " staged").c_str() : "none staged");
+      Line("hybrid", how, size, Since(t));
+      t = Clock::now();
+      for (std::size_t k = 0; k < pieces; ++k) {
+        if (staged(k)) {
+          Staged(false, static_cast<char*>(dev) + k * kPiece, p + k * kPiece, piece_bytes(k), static_cast<char*>(ring),
+                 16 << 20, 8, ev, pool, staged_stream);
+        } else {
+          CHECK_CUDA(cudaMemcpyAsync(static_cast<char*>(dev) + k * kPiece, p + k * kPiece, piece_bytes(k),
+                                     cudaMemcpyHostToDevice, stream));
+        }
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_CUDA(cudaStreamSynchronize(staged_stream));
+      std::snprintf(how, sizeof(how), "H2D of the same");
+      Line("hybrid", how, size, Since(t));
+      for (std::size_t k = 0; k < pieces; ++k) {
+        if (!staged(k)) CHECK_CUDA(cudaHostUnregister(p + k * kPiece));
+      }
+    }
+    for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventDestroy(e));
+    CHECK_CUDA(cudaStreamDestroy(staged_stream));
+    CHECK_CUDA(cudaFreeHost(ring));
     munmap(p, size);
   }
   // staged: through a pinned ring into touched pageable (THP) memory
