@@ -22,9 +22,11 @@
 //   host_max      cap on the host memory the process's backup arenas hold, pinned or
 //                 pageable pages (a size, e.g. 64G; default 0 = no cap; across every
 //                 device and tag: allocator/host_budget.h). A pause whose backup does
-//                 not fit moves its tag to the disk store in spill_dir, or without one
-//                 fails with ResourceExhausted naming host_max, every tag left as it was
-//                 (Note [Host Budget] in backup_arena.h)
+//                 not fit first takes back the arenas other active tags of its device
+//                 hold prepared; if it still does not fit, it moves its tag to the disk
+//                 store in spill_dir, or without one fails with ResourceExhausted naming
+//                 host_max, every tag left as it was (Note [Host Budget] in
+//                 backup_arena.h)
 //   spill_dir     <dir>   an existing directory (NotFound when the conf is read
 //                 otherwise): a tag whose backup does not fit under host_max moves to a
 //                 disk store there, for that pause and the later ones (TagPool::

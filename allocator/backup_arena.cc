@@ -207,7 +207,36 @@ absl::Status CheckBackupStore(const BackupStore& store) {
 
 BackupArena::~BackupArena() {
   absl::Status s = Release();
-  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: releasing a backup arena: {}", s.ToString());
+  if (s.ok()) return;
+  // What was not given back stays held with nobody tracking it: so does its charge (Note
+  // [Host Budget]), rather than the account undercounting.
+  VMSTASH_LOG(kError, "vmstash: releasing {}: {}; its {} bytes stay charged to the host account", owner_,
+              s.ToString(), charge_.bytes() + ring_charge_.bytes());
+  charge_.Abandon();
+  ring_charge_.Abandon();
+}
+
+BackupArena::Holding BackupArena::holding() const {
+  return Holding{capacity_bytes_, held_bytes(), PinnedPrefixBytes(), ring_ != nullptr};
+}
+
+void BackupArena::AfterFailedPause(const Holding& before, bool give_back) {
+  DropContents(give_back);
+  if (ring_ != nullptr && !before.ring) {  // made by this pause
+    absl::Status s = ReleaseRing();
+    if (!s.ok()) VMSTASH_LOG(kError, "vmstash: {}: after a failed pause: {}", owner_, s.ToString());
+  }
+  if (store_.kind != BackupStore::Kind::kPinned || give_back || pinned_.resident_bytes() <= before.resident_bytes) {
+    return;
+  }
+  // The pause warmed (and pinned) more than the arena held: all of it goes back, then what
+  // was pinned ahead of the pause is pinned again (not when the pause replaced the arena).
+  absl::Status s = pinned_.HandBack(/*lazily=*/true);
+  RefundPinned();
+  if (s.ok() && capacity_bytes_ == before.capacity_bytes && before.pinned_prefix_bytes > 0) {
+    s = Pin(before.pinned_prefix_bytes);
+  }
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: {}: giving back what a failed pause pinned: {}", owner_, s.ToString());
 }
 
 absl::Status BackupArena::Reserve(std::size_t size_bytes) {
@@ -363,9 +392,17 @@ absl::Status BackupArena::ReserveDisk(std::size_t want) {
 }
 
 absl::Status BackupArena::Release() {
-  ring_.reset();  // nothing is queued on it any more (the owner waited for its copies)
+  absl::Status ring = ReleaseRing();  // nothing is queued on it any more (the owner waited for its copies)
+  absl::Status store = ReleaseStore();
+  return ring.ok() ? store : ring;
+}
+
+absl::Status BackupArena::ReleaseRing() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(ring_->Free());  // refused: still held, still charged (Note [Host Budget])
+  ring_.reset();
   ring_charge_.Reset();
-  return ReleaseStore();
+  return absl::OkStatus();
 }
 
 absl::Status BackupArena::ReleaseStore() {
@@ -475,18 +512,16 @@ absl::Status BackupArena::ReadFileThrough(std::size_t begin, std::size_t end) {
   return absl::OkStatus();
 }
 
-void BackupArena::DropPages() {
-  if (mapped_ == nullptr) return;
-  if (store_.kind == BackupStore::Kind::kPageable) {
-    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
-  } else if (store_.kind == BackupStore::Kind::kDisk) {
-    // Clean shared pages: dropping them loses nothing (the file has the bytes).
-    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
+bool BackupArena::DropPages() {
+  if (mapped_ == nullptr || store_.kind == BackupStore::Kind::kPinned) return true;
+  // Disk stores: clean shared pages, dropping them loses nothing (the files have the bytes).
+  const bool dropped = madvise(mapped_, capacity_bytes_, MADV_DONTNEED) == 0;
+  if (store_.kind == BackupStore::Kind::kDisk) {
     posix_fadvise(fd_, 0, static_cast<off_t>(capacity_bytes_), POSIX_FADV_DONTNEED);
   } else if (store_.kind == BackupStore::Kind::kDiskFiles) {
-    madvise(mapped_, capacity_bytes_, MADV_DONTNEED);
     for (const File& f : files_) posix_fadvise(f.fd, 0, static_cast<off_t>(f.size_bytes), POSIX_FADV_DONTNEED);
   }
+  return dropped;
 }
 
 void BackupArena::DropContents(bool give_back) {
@@ -499,7 +534,10 @@ void BackupArena::DropContents(bool give_back) {
     return;
   }
   if (store_.kind != BackupStore::Kind::kDiskFiles) {
-    DropPages();
+    if (!DropPages()) {  // the pages stay, and their charge (Note [Host Budget])
+      VMSTASH_LOG(kError, "vmstash: {}: giving its pages back failed: {}", owner_, Errno(errno));
+      return;
+    }
     dropped_ = true;
     if (store_.kind == BackupStore::Kind::kPageable) charge_.Reset();  // Note [Host Budget]
     return;

@@ -98,6 +98,25 @@
 //   pinned slots, StagingRing::kSlots x kSlotBytes) is charged when the ring is made
 //   (ReserveLayout) and refunded when the arena is released; a refusal only means no ring
 //   (the copies go through the driver directly), never a failed pause.
+//   Refunds follow what really went back: a release or hand-back the driver or the kernel
+//   refuses (an unregistering, the ring's free, an munmap or madvise) keeps the charge of
+//   what it left held, and an arena destroyed after a failed release leaves its charge in
+//   the account for good (HostCharge::Abandon: the memory is still held, nobody tracks it).
+//   A pause that fails gives back what it charged (AfterFailedPause: TagPool::
+//   ArenaAfterFailedPause, for each tag of a failed switch whose arena it reserved), so a
+//   failed transition leaves the account as it found it, less what it had to replace.
+//   Over the cap, before refusing or spilling, a pause takes back the arenas that other
+//   active tags of its device hold prepared and unused (TagPool::ReserveBackup, through
+//   TransitionHost::ReclaimPreparedArenas), then charges once more. The rule: only active
+//   tags outside the transition, never a paused tag's arena (its backup) nor one holding
+//   bytes a resume retained for reading (Note [Retained Backups]); each tag's transition
+//   lock is only tried, holding the device's mu (which keeps the pool alive), never
+//   waited for — the pausing thread holds its own tags' transition locks, and another
+//   tag's holder may be waiting for one of those (a switch takes them in tag order) —
+//   so a tag busy preparing, reading or in its own transition is skipped. Taken back
+//   means released as ReleaseBackup does (the tag is not prepared again in the
+//   background until it grows); it stays so if the pause fails after all. Tags of other
+//   devices are not taken back (each device's allocator reclaims among its own tags).
 //
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back, and
@@ -207,6 +226,22 @@ class BackupArena {
   // memory pinned, or with `give_back` unpins it and hands it back lazily (Note [Pinned
   // Pieces]; contents lost). Errors are logged.
   void DropContents(bool give_back = false);
+  // What the arena holds, as a pause found it (TagPool::ArenaForPause), so that a failed
+  // pause gives back what it added (AfterFailedPause).
+  struct Holding {
+    std::size_t capacity_bytes = 0;
+    std::size_t resident_bytes = 0;       // held_bytes()
+    std::size_t pinned_prefix_bytes = 0;  // PinnedPrefixBytes()
+    bool ring = false;                    // a staging ring
+  };
+  Holding holding() const;
+  // After a failed pause (its copies waited for): DropContents(give_back), then what the
+  // pause added to what the arena held `before` goes back, refunded (Note [Host Budget]):
+  // a staging ring it made is freed; a pinned arena it warmed beyond what it held gives
+  // all its memory back, and the pinned prefix it had is pinned again (not when the pause
+  // replaced the arena: that one held nothing of it). Errors are logged (what could not
+  // be given back stays charged).
+  void AfterFailedPause(const Holding& before, bool give_back);
   // A pinned arena's warming and registering time since the last call (zeros otherwise).
   PinnedPieces::Timing TakePinTiming() { return pinned_.TakeTiming(); }
   // The files of a kDiskFiles arena (their paths), for tests and messages.
@@ -224,12 +259,16 @@ class BackupArena {
   }
   // The pinned bytes of the arena's staging ring (0: none, e.g. refused by the budget).
   std::size_t staging_bytes() const { return ring_ == nullptr ? 0 : ring_->held_bytes(); }
+  // What the arena and its ring hold charged to the host budget (Note [Host Budget]).
+  std::size_t charged_bytes() const { return charge_.bytes() + ring_charge_.bytes(); }
   const BackupStore& store() const { return store_; }
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
   // Release() but for the staging ring (Reserve replacing the memory keeps the ring).
   absl::Status ReleaseStore();
+  // Frees the staging ring and refunds it; when the driver refuses, the ring stays, charged.
+  absl::Status ReleaseRing();
   // Makes and charges the staging ring of a pageable or disk arena if it has none (Note
   // [Host Budget]); when the budget or the host refuses, the arena copies through the
   // driver directly (slower), and the next pause tries again. Logged.
@@ -248,8 +287,9 @@ class BackupArena {
   absl::Status ReadFileThrough(std::size_t begin, std::size_t end);
   // Load()'s check that the file(s) holding [begin, end) still have their size.
   absl::Status CheckFileSizes(std::size_t begin, std::size_t end) const;
-  // Gives the mapped pages back (pageable: the contents too; disk: they stay in the file).
-  void DropPages();
+  // Gives the mapped pages back (pageable: the contents too; disk: they stay in the file);
+  // false (errno set) when the kernel did not take them.
+  bool DropPages();
 
   // One file of a kDiskFiles arena: its bytes are [offset, offset + size_bytes) of the arena.
   struct File {

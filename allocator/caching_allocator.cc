@@ -621,6 +621,27 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
   return SwitchExecutor(this, std::move(out), std::move(in), live).Run(changed);
 }
 
+std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagPool*>& transition,
+                                                   std::size_t wanted) {
+  std::size_t reclaimed = 0;
+  for (std::size_t t = 0; reclaimed < wanted; ++t) {
+    TagPool* pool = nullptr;
+    {
+      MutexLock lock(&mu_);
+      if (t >= pools_.size()) break;
+      pool = pools_[t].get();
+      if (pool == nullptr || !pool->backup() ||
+          std::find(transition.begin(), transition.end(), pool) != transition.end()) {
+        continue;
+      }
+      // Tried, never waited for (Note [Host Budget]); once held, the pool stays (Empty).
+      if (!pool->transition_mu()->TryLock()) continue;
+    }
+    reclaimed += pool->ReclaimPrepared(&mu_);  // releases the transition lock
+  }
+  return reclaimed;
+}
+
 absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {
   MutexLock lock(&mu_);
   VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, Policy::kDiscard, "add_hooks"));

@@ -292,6 +292,9 @@ class CachingAllocator : private TransitionHost {
     counters_.switches += 1;
     counters_.handed_over_bytes += handed_bytes;
   }
+  // (TransitionHost.) Note [Host Budget]: other active tags' prepared arenas, taken back.
+  std::size_t ReclaimPreparedArenas(const std::vector<const TagPool*>& transition, std::size_t wanted) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -7,7 +7,9 @@
 // not a disk store (its file's blocks, nor the page cache its mapping goes through while
 // a pause writes or a resume reads), not the allocator's bookkeeping. The arena charges
 // before it pins or populates and refunds once it has given the pages back, so `held`
-// is an upper bound of what the arenas hold at any instant, never an undercount.
+// is an upper bound of what the arenas hold at any instant, never an undercount: what a
+// failed release or hand-back leaves held stays charged (HostCharge::Abandon for memory no
+// owner tracks any more).
 //
 // Scope: one account per process (Process()), across every device and tag: the cap says
 // how much host memory vmstash may take in this process, whoever's backup it is. Tests
@@ -94,6 +96,11 @@ class HostCharge {
   absl::Status Resize(std::size_t bytes, absl::string_view what);
   // Refunds everything this owner holds.
   void Reset();
+  // Forgets the charge without refunding it: the bytes stay held in the budget for good.
+  // For host memory its owner could not give back (a registration the driver refused to
+  // undo) and stops tracking, e.g. an arena destroyed after a failed release: the account
+  // keeps counting what is still held rather than undercount it.
+  void Abandon() { bytes_ = 0; }
   std::size_t bytes() const { return bytes_; }
   HostBudget* budget() const { return budget_; }
 

@@ -108,8 +108,12 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
   // Everything that can fail before the first copy: arena, stream, events. A failure
   // leaves nothing behind (a disk-files arena's files are removed: DropContents).
   if (pool_->arena() != nullptr) (void)pool_->arena()->TakePinTiming();  // from here: this pause's (its log line)
+  // Over the cap, other active tags' prepared arenas go first (Note [Host Budget]).
+  const TagPool::Reclaim reclaim = [this](std::size_t wanted) {
+    return host_->ReclaimPreparedArenas({pool_}, wanted);
+  };
   absl::Status reserved = pool_->ReserveBackup(layout.arena_bytes, BackupPieceBytes(layout),
-                                               host_->options().spill_dir, host_->mu());
+                                               host_->options().spill_dir, host_->mu(), reclaim);
   BackupArena* const arena = pool_->arena();
   absl::StatusOr<Stream> made_stream = reserved.ok() ? pool_->CopyStream() : absl::StatusOr<Stream>(reserved);
   absl::StatusOr<std::vector<Event>*> made_events =

@@ -54,10 +54,11 @@
 //   released and reused by another tag.
 //   A failure in (2)-(4) waits for both streams, unmaps and releases what R's pieces
 //   made, re-maps P's chunks, restores from the new backup the live bytes of every P
-//   donor that restore copies may have written, and runs P's after-resume hooks; P stays
-//   active with its bytes, R paused with its backup. If that rollback itself fails, the
-//   P tag concerned is broken (as after a failed pause). R's after-resume hooks run after
-//   the commit, without locks.
+//   donor that restore copies may have written, gives back what the switch added to P's
+//   backup arenas (Note [Host Budget] in backup_arena.h: the host account as it was), and
+//   runs P's after-resume hooks; P stays active with its bytes, R paused with its
+//   backup. If that rollback itself fails, the P tag concerned is broken (as after a
+//   failed pause). R's after-resume hooks run after the commit, without locks.
 //   A hook run by a switch may not pause, resume or switch any tag of that switch. A hook
 //   may transition other tags, but never waits for their control locks (ControlLocks, hooks.h): a
 //   tag in another transition is refused at once, since that transition may wait for the

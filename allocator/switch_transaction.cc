@@ -133,13 +133,19 @@ absl::Status SwitchTransaction::Plan() {
 }
 
 absl::Status SwitchTransaction::PrepareBackups() {
+  // Over the cap, the prepared arenas of active tags outside the switch go first (Note
+  // [Host Budget]); this switch's own tags are left alone (their locks are held here).
+  std::vector<const TagPool*> mine;
+  for (const Out& o : out_) mine.push_back(o.pool);
+  for (const In& i : in_) mine.push_back(i.pool);
+  const TagPool::Reclaim reclaim = [&](std::size_t wanted) { return host_->ReclaimPreparedArenas(mine, wanted); };
   TagPool* d2h_pool = nullptr;
   for (Out& o : out_) {
     if (!o.pool->backup() || o.layout.arena_bytes == 0) continue;
     o.pool->AssertTransitionHeld();
-    o.arena_used = true;
+    o.arena_used = true;  // from here a failure gives back what the reservation added
     VMSTASH_RETURN_IF_ERROR(o.pool->ReserveBackup(o.layout.arena_bytes, BackupPieceBytes(o.layout),
-                                                  host_->options().spill_dir, host_->mu()));
+                                                  host_->options().spill_dir, host_->mu(), reclaim));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();

@@ -1,6 +1,7 @@
 // TagPool: see tag_pool.h.
 #include "allocator/tag_pool.h"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -122,9 +123,15 @@ BackupArena* TagPool::EnsureArena() {
 }
 
 absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces,
-                                    const std::string& spill_dir, Mutex* owner_mu) {
+                                    const std::string& spill_dir, Mutex* owner_mu, const Reclaim& reclaim) {
   absl::Status s = ArenaForPause(owner_mu)->ReserveLayout(bytes, pieces);
-  if (s.ok() || !absl::IsResourceExhausted(s) || spill_dir.empty() || store_.on_disk()) return s;
+  if (!absl::IsResourceExhausted(s) || store_.on_disk()) return s;
+  // Note [Host Budget]: other active tags' prepared arenas go first, then one more try.
+  if (reclaim && reclaim(bytes) > 0) {
+    s = arena_->ReserveLayout(bytes, pieces);
+    if (!absl::IsResourceExhausted(s)) return s;
+  }
+  if (spill_dir.empty()) return s;
   if (absl::Status released = arena_->Release(); !released.ok()) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing its host backup before spilling to disk: {}", name_,
                 released.ToString());
@@ -160,6 +167,7 @@ BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
     give_back_pending_ = false;  // what is still pinned is used as it is
   }
   ++arena_epoch_;
+  pause_found_ = arena_ != nullptr ? arena_->holding() : BackupArena::Holding{};
   return EnsureArena();
 }
 
@@ -177,7 +185,8 @@ void TagPool::ArenaAfterFailedPause(Mutex* owner_mu) {
     if (s.ok()) return;
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of a failed pause: {}", name_, s.ToString());
   }
-  arena_->DropContents(retention_.give_back);
+  // What the pause added goes back: the tag holds what it held before (Note [Host Budget]).
+  arena_->AfterFailedPause(pause_found_, retention_.give_back);
 }
 
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
@@ -340,6 +349,40 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
   transition_mu_.Unlock();
 }
 
+std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
+  {
+    MutexLock lock(owner_mu);
+    // Never a paused tag's arena (its backup), nor bytes a resume kept readable.
+    if (state_ != TagState::kActive || !retained_extents_.empty() || arena_ == nullptr) {
+      transition_mu_.Unlock();
+      return 0;
+    }
+  }
+  const std::size_t charged = arena_->charged_bytes();
+  if (charged == 0) {
+    transition_mu_.Unlock();
+    return 0;
+  }
+  ++arena_epoch_;  // a background preparation's next step finds the arena moved
+  absl::Status s = arena_->Release();
+  const std::size_t given = charged - std::min(charged, arena_->charged_bytes());
+  if (s.ok()) {
+    VMSTASH_LOG(kInfo, "vmstash: tag '{}' on device {}: its prepared backup arena ({} bytes) was given back for "
+                "another tag's pause over host_max", name_, device_, given);
+  } else {
+    VMSTASH_LOG(kError, "vmstash: tag '{}': giving back its prepared backup arena: {}", name_, s.ToString());
+  }
+  {
+    MutexLock lock(owner_mu);
+    stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+    if (s.ok()) give_back_pending_ = false;
+    auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
+    auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+  }
+  transition_mu_.Unlock();
+  return given;
+}
+
 void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
   MutexLock t(&transition_mu_);
   MutexLock lock(owner_mu);
@@ -379,22 +422,36 @@ absl::Status TagPool::GiveBack(Mutex* owner_mu) {
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
   MutexLock t(&transition_mu_);
-  MutexLock lock(owner_mu);
-  if (policy_ != Policy::kBackup) {
-    return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' has policy discard: its pauses "
-                                                      "keep no bytes, so it has no backup store"));
-  }
-  if (store_ == store) return absl::OkStatus();
-  if (state_ != TagState::kActive) {
-    return absl::FailedPreconditionError(absl::StrCat("backup store of tag '", name_, "' on device ", device_,
-                                                      ": the tag is ", TagStateName(state_), " and its ",
-                                                      DescribeBackupStore(store_), " backup holds its bytes; change "
-                                                      "the store while the tag is active"));
+  {
+    MutexLock lock(owner_mu);
+    if (policy_ != Policy::kBackup) {
+      return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' has policy discard: its pauses "
+                                                        "keep no bytes, so it has no backup store"));
+    }
+    if (store_ == store) return absl::OkStatus();
+    if (state_ != TagState::kActive) {
+      return absl::FailedPreconditionError(absl::StrCat("backup store of tag '", name_, "' on device ", device_,
+                                                        ": the tag is ", TagStateName(state_), " and its ",
+                                                        DescribeBackupStore(store_), " backup holds its bytes; change "
+                                                        "the store while the tag is active"));
+    }
   }
   // The arena is touched only under the transition lock, which is held: no pause can be
-  // using it.
+  // using it or start (the tag stays active). Released here, without the owner's mu, so
+  // that a release the driver refuses changes nothing but what went back (the rest stays
+  // charged: Note [Host Budget]) rather than fail unseen in a destructor.
+  if (arena_ != nullptr) {
+    if (absl::Status released = arena_->Release(); !released.ok()) {
+      MutexLock lock(owner_mu);
+      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+      return absl::Status(released.code(), absl::StrCat("backup store of tag '", name_, "' on device ", device_,
+                                                        " unchanged: releasing its ", DescribeBackupStore(store_),
+                                                        " arena failed: ", released.message()));
+    }
+  }
   *dropped = std::move(arena_);
   ++arena_epoch_;
+  MutexLock lock(owner_mu);
   give_back_pending_ = false;
   retained_extents_.clear();
   store_ = store;

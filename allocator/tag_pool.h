@@ -202,20 +202,35 @@ class TagPool {
   // failing before this point changes nothing and one failing after it never lets the
   // old extents read bytes it wrote over. Takes the owner's mu for the extents.
   BackupArena* ArenaForPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // Takes back other tags' prepared arenas for a pause over the cap: called with the
+  // bytes wanted, returns the bytes refunded (TransitionHost::ReclaimPreparedArenas).
+  using Reclaim = std::function<std::size_t(std::size_t wanted)>;
   // A pause's (or switch's) backup reservation: ArenaForPause, then ReserveLayout of
   // `bytes` in `pieces` (BackupPieceBytes). When the host refuses a host store (the host
-  // budget, Note [Host Budget] in backup_arena.h, or the host itself: ResourceExhausted) and
+  // budget, Note [Host Budget] in backup_arena.h, or the host itself: ResourceExhausted),
+  // `reclaim` (if set) takes back what other active tags hold prepared and, if it gave
+  // something back, the reservation is tried once more; if it is still refused and
   // `spill_dir` is set, the tag moves to the disk store there, logged, for this pause and
   // the later ones (the move is undone if the pause fails later: ArenaAfterFailedPause;
   // logged when it commits: NotePaused); if the disk refuses too, the store stays as it
   // was and both errors are returned.
   absl::Status ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces, const std::string& spill_dir,
-                             Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+                             Mutex* owner_mu, const Reclaim& reclaim = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A pause (or switch) failed after ArenaForPause: the arena gives its contents back
-  // (DropContents: a disk-files arena's files removed), or, when the retention releases
-  // the backup with the blocks, is released (its bytes are of no block any more).
+  // (DropContents: a disk-files arena's files removed) and what the pause added to what it
+  // held when ArenaForPause found it (BackupArena::AfterFailedPause: the tag holds, and is
+  // charged, what it did before), or, when the retention releases the backup with the
+  // blocks, is released (its bytes are of no block any more).
   // A pause that had moved the tag to spill_dir (ReserveBackup) moves it back first.
   void ArenaAfterFailedPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // Note [Host Budget] (backup_arena.h): another tag's pause over the cap takes back this
+  // tag's arena if the tag is active and the arena is held only in readiness (no bytes
+  // retained for reading): released as ReleaseBackup does, not prepared again in the
+  // background until the tag grows. The caller took the transition lock with TryLock,
+  // holding the owner's mu (so that the pool stays alive), and released the owner's mu;
+  // the transition lock is released here. The bytes refunded.
+  std::size_t ReclaimPrepared(Mutex* owner_mu) ABSL_UNLOCK_FUNCTION(transition_mu_);
   // The backup arena's requests (CachingAllocator::Prepare, ReleaseBackup, SetBackupStore,
   // ReadBackup): each takes the transition lock, then `owner_mu` (the owner's mu: the
   // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
@@ -262,7 +277,8 @@ class TagPool {
   // while the tag is active and the hand-back still pending (a pause cancels it and keeps
   // what is still pinned). Errors end it (logged by the caller), the rest stays pinned.
   absl::Status GiveBack(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  // A new store; the old arena goes to *dropped, for the caller to free without locks.
+  // A new store; the old arena is released first (a release the driver refuses is the
+  // error, the store and the arena unchanged) and goes to *dropped.
   absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
   // When this paused pool backed up [ptr, ptr + size_bytes): calls `use` with their host
@@ -366,6 +382,8 @@ class TagPool {
   std::unique_ptr<BackupArena> arena_ ABSL_GUARDED_BY(transition_mu_);
   // Moves whenever the arena is written by a pause, replaced or released (PinStep).
   std::uint64_t arena_epoch_ ABSL_GUARDED_BY(transition_mu_) = 0;
+  // What the arena held when the pause in progress found it (ArenaForPause).
+  BackupArena::Holding pause_found_ ABSL_GUARDED_BY(transition_mu_);
   // The host store a pause in progress moved the tag from (ReserveBackup's spill).
   std::optional<BackupStore> spilled_from_ ABSL_GUARDED_BY(transition_mu_);
   Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;

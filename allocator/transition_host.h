@@ -5,7 +5,8 @@
 // every pool's state and stats (Note [Allocator Locking] in caching_allocator.h); and
 // three services of the directory: the pending frees a synchronization completes (Note
 // [Pending Frees and Synchronization]), the reserved-bytes accounting of a pool that comes
-// back (which may start a background preparation), and the switch counters.
+// back (which may start a background preparation), the switch counters, and the arenas
+// other tags hold prepared, taken back for a pause over the host cap.
 //
 // Layering: the CachingAllocator derives from this class (privately) and hands `this` to
 // the executors it runs; the executors see this interface and the TagPools, never the
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "allocator/allocator_options.h"
@@ -60,6 +62,13 @@ class TransitionHost {
   virtual bool GivesBackInBackground() const = 0;
   // A switch committed, handing `handed_bytes` of chunks over.
   virtual void NoteSwitchLocked(std::size_t handed_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
+  // Note [Host Budget] (backup_arena.h): a pause over host_max takes back the arenas this
+  // device's other active tags hold prepared (TagPool::ReclaimPrepared), tag by tag until
+  // `wanted` bytes were refunded, leaving out the pools of `transition` (whose transition
+  // locks the caller holds). Each tag's transition lock is tried, never waited for: a tag
+  // busy elsewhere is skipped. The caller holds no mu. The bytes refunded.
+  virtual std::size_t ReclaimPreparedArenas(const std::vector<const TagPool*>& transition, std::size_t wanted)
+      ABSL_LOCKS_EXCLUDED(mu_) = 0;
 
  protected:
   TransitionHost(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes)

@@ -10,16 +10,35 @@
 namespace vmstash {
 
 StagingRing::~StagingRing() {
+  absl::Status s = Free();
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash: {}", s.ToString());
+}
+
+absl::Status StagingRing::Free() {
+  if (base_ == nullptr) return absl::OkStatus();
+  // Nothing may still use the slots: the open slot gets its event now (its copies queued
+  // without one), or, when that cannot be recorded, its stream is waited for.
   for (Slot& s : slots_) {
-    if (s.recorded) (void)driver_->SynchronizeEvent(device_, s.event);  // nothing may still use the slots
-    s.out.clear();
+    if (s.use != Use::kNone && !s.recorded) s.recorded = driver_->RecordEvent(device_, s.event, s.stream).ok();
+    if (s.recorded) {
+      (void)driver_->SynchronizeEvent(device_, s.event);
+    } else if (s.use != Use::kNone) {
+      (void)driver_->SynchronizeStream(device_, s.stream);
+    }
+  }
+  Abandon();
+  // The memory first: when the driver does not free it, the ring stays whole (and usable).
+  if (absl::Status f = driver_->HostFree(device_, base_); !f.ok()) {
+    return absl::Status(f.code(), absl::StrCat("staging ring: freeing its pinned slots: ", f.message()));
+  }
+  base_ = nullptr;
+  for (Slot& s : slots_) {
     absl::Status d = driver_->DestroyEvent(device_, s.event);
     if (!d.ok()) VMSTASH_LOG(kError, "vmstash: staging ring: destroying an event: {}", d.ToString());
   }
-  if (base_ != nullptr) {
-    absl::Status f = driver_->HostFree(device_, base_);
-    if (!f.ok()) VMSTASH_LOG(kError, "vmstash: staging ring: freeing its pinned slots: {}", f.ToString());
-  }
+  slots_.clear();
+  current_ = 0;
+  return absl::OkStatus();
 }
 
 absl::Status StagingRing::Ready() {

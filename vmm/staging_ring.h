@@ -31,7 +31,9 @@
 //   failure path; the caller has waited for its stream, so every slot is free again).
 //   Making the ring is the first use's ResourceExhausted when the host
 //   refuses the pinned memory; nothing is queued then. After a failed Finish() (an event
-//   that cannot be waited for) the slots it could not move are forgotten.
+//   that cannot be waited for) the slots it could not move are forgotten. A Free() the
+//   driver refuses keeps the pinned memory (and says so), so an owner that charged it to
+//   a budget refunds only what went back.
 //
 // Thread-safety: none; the owner serializes calls (a tag's transition lock). Memory
 // passed to ToHost must stay mapped until Finish() or Abandon().
@@ -55,7 +57,7 @@ class StagingRing {
   StagingRing(Driver* driver, int device, HostCopyPool* pool = &HostCopyPool::Shared(),
               std::size_t slot_bytes = kSlotBytes, int slots = kSlots)
       : driver_(driver), device_(device), pool_(pool), slot_bytes_(slot_bytes), slot_count_(slots < 2 ? 2 : slots) {}
-  ~StagingRing();  // forgets queued ToHost bytes; frees the slots (errors logged)
+  ~StagingRing();  // Free(); errors logged
   StagingRing(const StagingRing&) = delete;
   StagingRing& operator=(const StagingRing&) = delete;
 
@@ -66,6 +68,11 @@ class StagingRing {
   absl::Status Finish();
   absl::Status ToDevice(DevicePtr dst, const void* src, std::size_t size_bytes, Stream stream);
   void Abandon();
+  // Gives the slots back now: waits for the device to be done with them, forgets queued
+  // ToHost bytes, frees the pinned memory and the events (Ready makes them again). When
+  // the driver does not free the memory, its error, the ring as it was (held_bytes()
+  // unchanged, the slots empty), for a later Free or the destructor.
+  absl::Status Free();
   // Pinned host bytes the ring holds (0 before its first copy).
   std::size_t held_bytes() const { return base_ == nullptr ? 0 : slot_bytes_ * slot_count_; }
   // Destinations whose bytes are still in a slot.
