@@ -275,15 +275,25 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
 }
 
 absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
-  if (store_.kind == BackupStore::Kind::kDiskFiles) return ReserveFiles(size_bytes, piece_bytes);
-  // Reserve maps address space only (a replaced arena's pages and charge go back first);
-  // the pages are charged before the pause touches them (Note [Host Budget]).
-  VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
-  if (store_.kind != BackupStore::Kind::kPinned) TryRing();  // Note [Host Budget]: charged now, or no ring
-  if (store_.kind == BackupStore::Kind::kPageable) {
-    return charge_.Resize(std::max(charge_.bytes(), size_bytes), owner_);
+  if (store_.kind == BackupStore::Kind::kDiskFiles) {
+    VMSTASH_RETURN_IF_ERROR(ReserveFiles(size_bytes, piece_bytes));
+  } else {
+    // Reserve maps address space only (a replaced arena's pages and charge go back first);
+    // the pages are charged before the pause touches them (Note [Host Budget]). Huge
+    // pages: touching the last byte may fault in up to 2 MiB past it (within capacity).
+    VMSTASH_RETURN_IF_ERROR(Reserve(size_bytes));
+    if (store_.kind == BackupStore::Kind::kPageable) {
+      const std::size_t pages = std::min(capacity_bytes_, size_bytes + kUnit);
+      VMSTASH_RETURN_IF_ERROR(charge_.Resize(std::max(charge_.bytes(), pages), owner_));
+    }
   }
-  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  if (store_.kind != BackupStore::Kind::kPinned) {
+    // The ring after the arena's own charge: only room left over goes to it (a refused
+    // ring never fails or spills a pause). Tried once per pause.
+    ring_refused_ = false;
+    TryRing();
+    return absl::OkStatus();
+  }
   VMSTASH_RETURN_IF_ERROR(ChargePinned(size_bytes));
   absl::Status warmed = pinned_.Warm(size_bytes);
   if (!warmed.ok()) RefundPinned();
@@ -324,7 +334,7 @@ absl::Status BackupArena::CopyIn(std::size_t offset, DevicePtr src, std::size_t 
 }
 
 void BackupArena::TryRing() {
-  if (ring_ != nullptr) return;
+  if (ring_ != nullptr || ring_refused_) return;
   absl::Status s = ring_charge_.Resize(StagingRing::kSlotBytes * StagingRing::kSlots,
                                        absl::StrCat(owner_, " (its staging ring)"));
   if (s.ok()) {
@@ -334,6 +344,7 @@ void BackupArena::TryRing() {
   if (!s.ok()) {
     ring_.reset();
     ring_charge_.Reset();
+    ring_refused_ = true;  // until the next pause
     VMSTASH_LOG(kInfo, "vmstash: {}: no staging ring, copies go through the driver directly: {}", owner_, s.ToString());
   }
 }

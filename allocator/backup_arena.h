@@ -271,7 +271,7 @@ class BackupArena {
   absl::Status ReleaseRing();
   // Makes and charges the staging ring of a pageable or disk arena if it has none (Note
   // [Host Budget]); when the budget or the host refuses, the arena copies through the
-  // driver directly (slower), and the next pause tries again. Logged.
+  // driver directly (slower), and only the next pause (ReserveLayout) tries again. Logged.
   void TryRing();
   // Note [Host Budget] for the pinned store: charge what holding [0, end) needs / refund
   // down to what is resident.
@@ -306,6 +306,7 @@ class BackupArena {
   PinnedPieces pinned_;
   HostCharge charge_;  // Note [Host Budget]
   std::unique_ptr<StagingRing> ring_;  // pageable and disk stores (Note [Staging Ring])
+  bool ring_refused_ = false;          // TryRing failed since the last ReserveLayout
   HostCharge ring_charge_;             // what ring_ may pin
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store

@@ -282,8 +282,13 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
     Out& o = out_[k];
     if (!o.undo_error.ok()) continue;
     o.pool->AssertTransitionHeld();
-    if (!loaded[k]) {  // a sealed disk backup is read in first (Note [Disk Backup])
+    if (!loaded[k]) {
+      // The bytes still in a staging ring reach the arena first (Note [Staging Ring]: a
+      // switch failing before its Seal), then a sealed disk backup is read in (Note [Disk
+      // Backup]). Sealing twice is harmless; a failure leaves the tag broken, not wrong.
       loaded[k] = true;
+      o.undo_error = o.pool->arena()->Seal();
+      if (!o.undo_error.ok()) continue;
       o.undo_error = o.pool->arena()->Load(0, o.layout.arena_bytes);
       if (!o.undo_error.ok()) continue;
     }

@@ -75,8 +75,10 @@ absl::Status StagingRing::Drain(int k) {
     status = s.recorded ? driver_->SynchronizeEvent(device_, s.event)
                         : absl::InternalError("staging ring: a slot in use has no event to wait for");
   }
-  if (status.ok() && !s.out.empty()) pool_->Copy(s.out);
-  // On an error the slot's bytes cannot be trusted: forgotten (Note [Staging Ring]).
+  // On an error the slot keeps its bytes and destinations: a later Finish() waits again
+  // (a switch's rollback needs them), Abandon() forgets them (Note [Staging Ring]).
+  if (!status.ok()) return status;
+  if (!s.out.empty()) pool_->Copy(s.out);
   s.out.clear();
   s.use = Use::kNone;
   s.recorded = false;

@@ -29,11 +29,12 @@
 //   before it still queued; the caller waits for its stream and either calls Finish() (the
 //   queued bytes arrive) or Abandon() (queued ToHost bytes are forgotten: the caller's
 //   failure path; the caller has waited for its stream, so every slot is free again).
-//   Making the ring is the first use's ResourceExhausted when the host
-//   refuses the pinned memory; nothing is queued then. After a failed Finish() (an event
-//   that cannot be waited for) the slots it could not move are forgotten. A Free() the
-//   driver refuses keeps the pinned memory (and says so), so an owner that charged it to
-//   a budget refunds only what went back.
+//   Making the ring is the first use's ResourceExhausted when the host refuses the pinned
+//   memory; nothing is queued then. A slot whose event cannot be waited for (in Finish(),
+//   or when the ring comes round to it) keeps its bytes and their destinations: a later
+//   Finish() waits again (a switch's rollback reads the arena after one), Abandon()
+//   forgets them. A Free() the driver refuses keeps the pinned memory (and says so), so
+//   an owner that charged it to a budget refunds only what went back.
 //
 // Thread-safety: none; the owner serializes calls (a tag's transition lock). Memory
 // passed to ToHost must stay mapped until Finish() or Abandon().
