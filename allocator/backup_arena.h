@@ -74,9 +74,9 @@
 //   loses nothing). The files are removed when the tag resumes (DropContents), when the
 //   pause fails (the pause executors call TagPool::ArenaAfterFailedPause on their failure
 //   path, which drops or releases the arena: a failed pause leaves nothing behind), when
-//   the arena is released, and — for a process that ends with a tag paused — at exit (an
-//   atexit handler unlinks the files this process made; a forked child's exit leaves its
-//   parent's alone).
+//   the arena is released, and — for a process that ends normally with a tag paused — as
+//   it ends (a handler registered with std::atexit unlinks the files this process made; a
+//   forked child ending leaves its parent's alone).
 //   A process that dies without running it leaves its files; each ReserveLayout() first
 //   sweeps the directory: a file of this pattern whose pid is not alive, or alive with
 //   another start time, is removed. Files of live processes (this one's included) stay.
