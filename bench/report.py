@@ -55,6 +55,12 @@ def benchmarks(build, torch_ok):
          [py, "bench/tms_backup_bench.py", "--json", "bench/results/tms_backup.json"]
          + ([] if _importable("torch_memory_saver") else ["--peers", "native,dropin,dropin_retain"]), {},
          [r"."], True),
+        ("vllm_sleep_bench", "vLLM's sleep mode (bench/vllm_sleep_bench.py): vmstash's sleep-mode backend "
+         "and vLLM 0.33's CuMemAllocator (its own files), each in its own process; 8 GiB of weights in 512 "
+         "tensors kept, a 16 GiB KV cache dropped, 4 GiB of runtime state of which 2 GiB live kept; the first "
+         "sleep 3 s after the tags stopped growing, 5 cycles of sleep(1) and a whole wake, then 3 with "
+         "selective wakes (weights, then the KV cache), against the same run's pinned link.",
+         [py, "bench/vllm_sleep_bench.py", "--json", "bench/results/vllm_sleep.json"], {}, [r"."], True),
         ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
          "chunk size, release cost, create after release, pinned copy bandwidth.",
          [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+chunk\s", r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),

@@ -18,7 +18,9 @@ from wheel_writer import ROOT, is_elf, platform_tag, run_cli, vmstash_version, w
 
 PACKAGE = os.path.join(ROOT, "torch_plugin", "python", "vmstash")
 REQUIRED = ("vmstash/lib/libvmstash.so", "vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli")
-ENTRY_POINTS = "[console_scripts]\nvmstash = vmstash._cli:main\nvmstash-demo = vmstash.demo.rl_phase_switch:main\n"
+# As pyproject.toml declares them (console commands; the vLLM plugin, vmstash/compat/vllm/plugin.py).
+ENTRY_POINTS = ("[console_scripts]\nvmstash = vmstash._cli:main\nvmstash-demo = vmstash.demo.rl_phase_switch:main\n\n"
+                "[vllm.general_plugins]\nvmstash = vmstash.compat.vllm.plugin:register\n")
 
 
 def python_files():

@@ -140,6 +140,8 @@ def check_vmstash(tmp, names):
     text = open(os.path.join(tmp, points[0])).read() if points else ""
     if "vmstash = vmstash._cli:main" not in text:
         problems.append("the console command `vmstash` is not declared")
+    if "vmstash = vmstash.compat.vllm.plugin:register" not in text or "vmstash/compat/vllm/plugin.py" not in names:
+        problems.append("the vLLM plugin (vllm.general_plugins: vmstash) is not declared or not shipped")
     return problems
 
 

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Runs vLLM 0.33's own allocator tests, unmodified (tests/basic_correctness/memory/cumem/
+# test_cumem.py of its source archive; scripts/fetch_vllm.py puts it in third_party/vllm),
+# on the GPU machine, against vmstash's vLLM allocator (the plugin registered and selected,
+# as a model with sleep_mode_backend="vmstash" has it) or, with --baseline, against vLLM's
+# own CuMemAllocator (its wheel's cumem_allocator.abi3.so), side by side.
+#
+#   scripts/run_vllm_suite.sh [--baseline] [--min-passed N] [-- PYTEST_ARG...]
+#
+# vLLM's engine does not run under the GPU machine's PyTorch: the tests that start it (LLM,
+# AsyncLLMEngine) are deselected, and so are those that read what only CuMemAllocator has
+# (NOT_VMSTASH below, with the reason). The vmstash package comes from PYTHONPATH and the
+# library from VMSTASH_LIBRARY (as the CTest environment sets them), or from an installed
+# wheel. Exit status: pytest's; 1 also when fewer than N passed; 77 (a CTest skip) when the
+# vLLM files or a CUDA device are missing, unless VMSTASH_TEST_REQUIRE_GPU=1.
+set -euo pipefail
+root=$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)
+baseline=0
+min_passed=0
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --baseline) baseline=1; shift ;;
+    --min-passed) min_passed=${2:?--min-passed needs a number}; shift 2 ;;
+    --) shift; pytest_args=("$@"); break ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) echo "run_vllm_suite: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+unable() {
+  echo "run_vllm_suite: $1" >&2
+  [ "${VMSTASH_TEST_REQUIRE_GPU:-}" = 1 ] && { echo "run_vllm_suite: failing (VMSTASH_TEST_REQUIRE_GPU=1)" >&2; exit 1; }
+  exit 77
+}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+python3 "$root/torch_plugin/python/tests/vllm_standins/assemble.py" "$work" >/dev/null || unable "no vLLM files"
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null || unable "no CUDA device"
+
+# Engine tests (they start vLLM's LLM or AsyncLLMEngine).
+ENGINE="test_release_kv_cache_memory_preserves_generation or test_sleep_with_only_weights_asleep"
+# Tests of what only CuMemAllocator has, not of the protocol:
+#  test_level2_discards_ordinary_tensor_with_weights_tag replaces cumem.create_and_map (the
+#    function CuMemAllocator maps memory with) to poison the memory it maps;
+#  test_workspace_scratch_discarded_on_sleep imports vllm.v1.worker.workspace (the engine's
+#    worker package) and counts CuMemAllocator's pools per tag (allocator_and_pools).
+NOT_VMSTASH="test_level2_discards_ordinary_tensor_with_weights_tag or test_workspace_scratch_discarded_on_sleep"
+if [ $baseline = 1 ]; then
+  what="vLLM's CuMemAllocator"
+  deselect="not ($ENGINE or test_workspace_scratch_discarded_on_sleep)"
+  printf '' > "$work/conftest.py"
+else
+  what="vmstash's vLLM allocator"
+  deselect="not ($ENGINE or $NOT_VMSTASH)"
+  cat > "$work/conftest.py" <<'EOF'
+# vmstash's plugin, loaded and chosen as vLLM loads and chooses it for a model with
+# sleep_mode_backend="vmstash": get_mem_allocator_instance() answers VmstashMemAllocator.
+import vmstash.compat.vllm as vm
+
+vm.register()
+vm.select(True)
+EOF
+fi
+cd "$work"
+set +e
+python3 -m pytest -p no:cacheprovider -v -rA -k "$deselect" tests/basic_correctness/memory/cumem/test_cumem.py \
+  "${pytest_args[@]}" 2>&1 | tee "$work/log"
+rc=${PIPESTATUS[0]}
+set -e
+passed=$(grep -Eo '[0-9]+ passed' "$work/log" | tail -1 | grep -Eo '[0-9]+' || echo 0)
+echo "vllm_suite ($what): $passed passed"
+if [ "$passed" -lt "$min_passed" ]; then
+  echo "run_vllm_suite: $passed passed, at least $min_passed expected" >&2
+  exit 1
+fi
+exit $rc

@@ -1,0 +1,329 @@
+"""vmstash.compat.vllm without a GPU: the decisions of every call (plan.py), the plugin's
+registration and routing, and the backend's state machine over an allocator that can be
+told to fail. vLLM itself is not importable here: the vLLM modules the plugin touches are
+replaced by small fakes with vLLM 0.33's names (the GPU tests, gpu_vllm_backend.py and
+scripts/run_vllm_suite.sh, use vLLM's own files)."""
+import abc
+import sys
+import types
+
+import pytest
+
+from vmstash.compat.vllm import plan as P
+from vmstash.compat.vllm.plan import Exchange, TagState
+
+
+def B(**kw):
+    return TagState("backup", **kw)
+
+
+def D(**kw):
+    return TagState("discard", **kw)
+
+
+# -- plan --------------------------------------------------------------------------------------
+
+def test_sleep_keeps_offloaded_and_drops_the_rest():
+    s = P.plan_sleep({"weights": B(), "kv_cache": D(), "runtime": B(), "default": B()}, ("weights", "runtime"))
+    assert s.keep == ("weights", "runtime") and s.drop == ("kv_cache", "default")
+    assert not s.exchange_in and not s.conflicts and not s.empty()
+
+
+def test_sleep_leaves_asleep_tags_and_reports_a_changed_policy():
+    states = {"weights": B(asleep=True, kept=False), "runtime": B(asleep=True, kept=True), "kv_cache": D()}
+    s = P.plan_sleep(states, ("weights", "runtime"))
+    assert s.keep == () and s.drop == ("kv_cache",) and s.conflicts == ("weights",)
+
+
+def test_sleep_refuses_to_keep_a_discard_tag_before_anything():
+    with pytest.raises(ValueError, match="kv_cache"):
+        P.plan_sleep({"kv_cache": D(), "weights": B()}, ("kv_cache",))
+    # asleep or empty discard tags are no obstacle
+    assert P.plan_sleep({"kv_cache": D(asleep=True), "weights": B()}, ("kv_cache",)).drop == ("weights",)
+    assert P.plan_sleep({"kv_cache": D(has_memory=False)}, ("kv_cache",)).empty()
+
+
+def test_sleep_names_unknown_tags_and_skips_tags_without_memory():
+    s = P.plan_sleep({"weights": B(has_memory=False), "runtime": B()}, ("weights", "cudagraph"))
+    assert s.keep == () and s.drop == ("runtime",) and s.unknown == ("cudagraph",)
+
+
+def test_discard_drops_awake_tags_only():
+    states = {"kv_cache": D(), "weights": B(asleep=True, kept=True), "runtime": B()}
+    s = P.plan_discard(states, ("kv_cache", "weights", "nope"))
+    assert s.drop == ("kv_cache",) and s.conflicts == ("weights",) and s.unknown == ("nope",)
+
+
+def test_wake_defers_only_weights_and_kv_cache():
+    states = {t: B(asleep=True, kept=True) for t in ("weights", "kv_cache", "runtime", "cudagraph", "workspace")}
+    assert P.plan_wake(states, ("weights",)).wake == ("weights", "runtime", "cudagraph", "workspace")
+    assert P.plan_wake(states, ("kv_cache",)).wake == ("kv_cache", "runtime", "cudagraph", "workspace")
+    assert P.plan_wake(states, None).wake == tuple(states)
+    assert P.plan_wake(states, ()).wake == ("runtime", "cudagraph", "workspace")
+    assert P.plan_wake({"weights": B()}, None).empty()
+
+
+def test_exchange_goes_out_with_a_trigger_and_back_with_the_next_sleep():
+    states = {"weights": B(asleep=True, kept=True), "kv_cache": D(asleep=True)}
+    ex = Exchange(("train",), ("kv_cache",))
+    assert not P.plan_wake(states, ("weights",), ex).exchange_out
+    step = P.plan_wake(states, ("kv_cache",), ex)
+    assert step.exchange_out and step.wake == ("kv_cache",)
+    assert P.plan_wake(states, None, Exchange(("train",), None)).exchange_out
+    assert not P.plan_wake(states, None, Exchange(("train",), None, out=True)).exchange_out
+    awake = {"weights": B(), "kv_cache": D()}
+    assert P.plan_sleep(awake, ("weights",), Exchange(("train",), ("kv_cache",), out=True)).exchange_in
+    assert not P.plan_sleep(awake, ("weights",), ex).exchange_in
+    assert not P.plan_wake({"weights": B()}, None, Exchange(("train",), None)).exchange_out  # nothing comes in
+
+
+def test_state_after_and_normalize():
+    states = {"weights": B(), "kv_cache": D(), "runtime": B(asleep=True, kept=True)}
+    step = P.Step(keep=("weights",), drop=("kv_cache",), wake=("runtime",))
+    after = P.state_after(states, step)
+    assert after["weights"] == B(asleep=True, kept=True) and after["kv_cache"] == D(asleep=True)
+    assert after["runtime"] == B()
+    assert P.normalize_tags(None, "x", ("default",)) == ("default",)
+    assert P.normalize_tags("weights", "x") == ("weights",)
+    assert P.normalize_tags(["a", "b"], "x") == ("a", "b")
+    for bad in (3, [""], ["a", None]):
+        with pytest.raises(ValueError):
+            P.normalize_tags(bad, "x")
+
+
+# -- plugin and backend over fake vLLM modules ----------------------------------------------------
+
+class FakeAllocator:
+    """What the backend needs of VmstashMemAllocator, with failures on demand."""
+
+    def __init__(self):
+        self.asleep, self.calls, self.fail = set(), [], None
+        self.made = {"weights": "vllm.weights"}
+
+    def _maybe_fail(self, what):
+        if self.fail == what:
+            raise RuntimeError(f"injected {what} failure")
+
+    def sleep(self, offload_tags=None):
+        self.calls.append(("sleep", offload_tags))
+        self._maybe_fail("sleep")
+        self.asleep |= {"weights", "kv_cache", "runtime"}
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tags))
+        self._maybe_fail("wake_up")
+        self.asleep -= set(self.asleep if tags is None else [t for t in self.asleep
+                                                              if t in tags or t not in P.DEFERRABLE_TAGS])
+
+    def discard(self, tags):
+        self.calls.append(("discard", tags))
+        self.asleep |= set(tags)
+
+    def asleep_tags(self):
+        return sorted(self.asleep)
+
+    def tag_names(self):
+        return dict(self.made)
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """vllm, vllm.device_allocator(.sleep_mode_backend), vllm.config and the worker base as
+    small fakes in sys.modules; vmstash's plugin modules fresh for each test."""
+    mods = {}
+
+    def module(name, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        mods[name] = m
+        return m
+
+    class SleepModeBackend(abc.ABC):
+        def __init__(self):
+            self._state = "RUNNING"
+
+        def state(self):
+            return self._state
+
+    class Factory:
+        _registry = {}
+
+        @classmethod
+        def register_backend(cls, name, module_path, class_name):
+            if name in cls._registry:
+                raise ValueError(f"Sleep-mode backend '{name}' is already registered.")
+            cls._registry[name] = (module_path, class_name)
+
+    class Theirs:
+        pass
+
+    theirs = Theirs()
+    current = {"config": None}
+
+    class VllmConfig:
+        def __init__(self, backend="cumem", offload_graphs=False, mode="FULL"):
+            self.model_config = types.SimpleNamespace(sleep_mode_backend=backend, enable_sleep_mode=True,
+                                                      sleep_mode_offload_cudagraph=offload_graphs)
+            self.compilation_config = types.SimpleNamespace(cudagraph_mode=types.SimpleNamespace(name=mode))
+
+        @property
+        def use_cumem_cudagraph_pool(self):
+            m = self.model_config
+            return m.sleep_mode_offload_cudagraph and m.sleep_mode_backend == "cumem"
+
+    class WorkerBase:
+        def __init__(self, vllm_config, local_rank=0):
+            self.vllm_config = vllm_config
+
+    module("vllm")
+    da = module("vllm.device_allocator", get_mem_allocator_instance=lambda: theirs, DEFERRABLE_TAGS=P.DEFERRABLE_TAGS)
+    module("vllm.device_allocator.sleep_mode_backend", SleepModeBackend=SleepModeBackend,
+           SleepModeBackendFactory=Factory)
+    module("vllm.config", VllmConfig=VllmConfig, get_current_vllm_config_or_none=lambda: current["config"])
+    module("vllm.platforms", current_platform=types.SimpleNamespace(is_cuda_alike=lambda: True))
+    module("vllm.v1")
+    module("vllm.v1.worker")
+    module("vllm.v1.worker.worker_base", WorkerBase=WorkerBase)
+    gpu_worker = module("vllm.v1.worker.gpu_worker", get_mem_allocator_instance=da.get_mem_allocator_instance)
+    for name, m in mods.items():
+        monkeypatch.setitem(sys.modules, name, m)
+    for name in ("vmstash.compat.vllm.plugin", "vmstash.compat.vllm.backend"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import importlib
+    plugin = importlib.import_module("vmstash.compat.vllm.plugin")
+    return types.SimpleNamespace(plugin=plugin, da=da, gpu_worker=gpu_worker, theirs=theirs, current=current,
+                                 Factory=Factory, VllmConfig=VllmConfig, WorkerBase=WorkerBase)
+
+
+def test_register_is_idempotent_and_registers_the_backend(fake_vllm):
+    f = fake_vllm
+    f.plugin.register()
+    f.plugin.register()
+    assert f.Factory._registry["vmstash"] == ("vmstash.compat.vllm.backend", "VmstashSleepBackend")
+    assert f.da.get_mem_allocator_instance is f.gpu_worker.get_mem_allocator_instance  # rebound
+    assert f.da.get_mem_allocator_instance() is f.theirs  # nothing selected
+
+
+def test_routing_follows_the_config_then_the_workers_then_select(fake_vllm):
+    from vmstash.compat.vllm.allocator import VmstashMemAllocator
+    f = fake_vllm
+    f.plugin.register()
+    ours = VmstashMemAllocator.get_instance()
+    f.current["config"] = f.VllmConfig("vmstash")
+    assert f.da.get_mem_allocator_instance() is ours
+    f.current["config"] = f.VllmConfig("cumem")
+    assert f.da.get_mem_allocator_instance() is f.theirs
+    f.current["config"] = None
+    f.WorkerBase(vllm_config=f.VllmConfig("vmstash"))  # the worker made, then load_model outside the config
+    assert f.gpu_worker.get_mem_allocator_instance() is ours
+    f.WorkerBase(f.VllmConfig("cumem"))
+    assert f.gpu_worker.get_mem_allocator_instance() is f.theirs
+    f.plugin.select(True)
+    assert f.da.get_mem_allocator_instance() is ours
+    f.plugin.select(None)
+    assert f.da.get_mem_allocator_instance() is f.theirs
+    with pytest.raises(TypeError):
+        f.plugin.select("yes")
+
+
+def test_graph_pool_router_holds_for_vmstash_under_vllms_conditions(fake_vllm):
+    f = fake_vllm
+    f.plugin.register()
+    assert f.VllmConfig("vmstash", offload_graphs=True).use_cumem_cudagraph_pool
+    assert not f.VllmConfig("vmstash", offload_graphs=False).use_cumem_cudagraph_pool
+    assert not f.VllmConfig("vmstash", offload_graphs=True, mode="NONE").use_cumem_cudagraph_pool
+    assert f.VllmConfig("cumem", offload_graphs=True).use_cumem_cudagraph_pool
+    assert not f.VllmConfig("other", offload_graphs=True).use_cumem_cudagraph_pool
+    f.plugin.register()  # not wrapped twice
+    assert f.VllmConfig("vmstash", offload_graphs=True).use_cumem_cudagraph_pool
+
+
+@pytest.fixture
+def backend(fake_vllm, monkeypatch):
+    from vmstash.compat.vllm import allocator as A
+    fake = FakeAllocator()
+    monkeypatch.setattr(A.VmstashMemAllocator, "get_instance", staticmethod(lambda: fake))
+    from vmstash.compat.vllm.backend import VmstashSleepBackend
+    b = VmstashSleepBackend()
+    return b, fake
+
+
+def test_backend_levels_and_states(backend):
+    b, fake = backend
+    assert b.state() == "RUNNING"
+    b.suspend(level=1)
+    assert fake.calls[-1] == ("sleep", ("weights", "runtime", "cudagraph")) and b.state() == "SUSPENDED"
+    b.resume(tags=["weights"])
+    assert b.state() == "RESUMING" and fake.asleep_tags() == ["kv_cache"]
+    b.resume(tags=["kv_cache"])
+    assert b.state() == "RUNNING"
+    b.suspend(level=2)
+    assert fake.calls[-1] == ("sleep", ("runtime", "cudagraph"))
+    b.resume()
+    assert b.state() == "RUNNING"
+    b.discard(("kv_cache",))
+    assert b.state() == "SUSPENDED"
+
+
+def test_backend_failures_leave_the_state(backend):
+    b, fake = backend
+    for level in (0, 3, True, "1", None):
+        with pytest.raises(ValueError, match="level must be 1 or 2"):
+            b.suspend(level=level)
+    assert b.state() == "RUNNING" and not fake.calls
+    fake.fail = "sleep"
+    with pytest.raises(RuntimeError, match="injected"):
+        b.suspend(level=1)
+    assert b.state() == "RUNNING"
+    fake.fail = None
+    b.suspend(level=1)
+    fake.fail = "wake_up"
+    with pytest.raises(RuntimeError, match="injected"):
+        b.resume()
+    assert b.state() == "SUSPENDED"
+    fake.fail = None
+    b.resume(tags=["weights"])
+    fake.fail = "wake_up"
+    with pytest.raises(RuntimeError):
+        b.resume(tags=["kv_cache"])
+    assert b.state() == "RESUMING"
+    fake.fail = None
+    b.resume()
+    assert b.state() == "RUNNING"
+
+
+def test_backend_capabilities(backend):
+    b, _ = backend
+    cls = type(b)
+    assert cls.preserves_communicators() and cls.preserves_compiled_artifacts()
+    assert not cls.preserves_graphs_with_communicators() and not cls.supports_durable_storage()
+
+
+def test_backend_refuses_a_suspend_that_would_free_nothing(backend, monkeypatch):
+    b, fake = backend
+    fake.made = {}
+    cumem = types.ModuleType("vllm.device_allocator.cumem")
+    cumem.CuMemAllocator = types.SimpleNamespace(instance=types.SimpleNamespace(get_current_usage=lambda: 1 << 30))
+    monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", cumem)
+    with pytest.raises(RuntimeError, match="through CuMemAllocator"):
+        b.suspend(level=1)
+    assert b.state() == "RUNNING" and not fake.calls
+
+
+def test_allocator_validates_before_touching_anything(sim):
+    import vmstash
+    from vmstash.compat.vllm.allocator import VmstashMemAllocator
+    a = VmstashMemAllocator(discard_tags=("kv_cache",))
+    with pytest.raises(ValueError):
+        with a.use_memory_pool(""):
+            pass
+    with pytest.raises(ValueError):
+        a.discard(5)
+    with pytest.raises(ValueError, match="own tags"):
+        a.exchange_with(["vllm.weights"])
+    with pytest.raises(vmstash.Error, match="not vmstash tags"):
+        a.exchange_with(["never_declared_here"])
+    vmstash.create_tag("vllm_test_trainer", "backup")
+    a.exchange_with(["vllm_test_trainer"], when_waking=None)
+    a.exchange_with(())
+    assert a.asleep_tags() == [] and a.tag_names() == {}

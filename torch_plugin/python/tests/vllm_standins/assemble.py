@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Puts vLLM 0.33's allocator files (scripts/fetch_vllm.py: third_party/vllm) and the
+stand-ins of this folder together:
+
+    python3 assemble.py DEST [--vllm DIR]      (DIR default: <repo>/third_party/vllm)
+
+DEST/vllm: the stand-in package with vLLM's own files over it; DEST/tests: vLLM's test files
+with the stand-in tests/utils.py. Put DEST first on sys.path. Prints DEST. Fails, saying
+what to fetch, when the vLLM files are missing.
+"""
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
+
+
+def vllm_dir(given=None):
+    return given or os.environ.get("VMSTASH_VLLM_DIR") or os.path.join(ROOT, "third_party", "vllm")
+
+
+def missing(src):
+    """Why the vLLM files cannot be used (None when they can)."""
+    if not os.path.isfile(os.path.join(src, "pkg", "vllm", "device_allocator", "sleep_mode_backend.py")):
+        return (f"vLLM 0.33's files are not in {src}: run `python3 scripts/fetch_vllm.py` on a machine with "
+                "network and carry third_party/vllm (or set VMSTASH_VLLM_DIR)")
+    return None
+
+
+def assemble(dest, src=None):
+    src = vllm_dir(src)
+    why = missing(src)
+    if why:
+        raise FileNotFoundError(why)
+    for part in ("vllm", "tests"):
+        shutil.rmtree(os.path.join(dest, part), ignore_errors=True)
+        shutil.copytree(os.path.join(HERE, part), os.path.join(dest, part),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(os.path.join(src, "pkg", "vllm"), os.path.join(dest, "vllm"), dirs_exist_ok=True)
+    shutil.copytree(os.path.join(src, "tests"), os.path.join(dest, "tests"), dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, _, files in os.walk(os.path.join(dest, "tests")):  # vLLM's tests are packages
+        if "__init__.py" not in files:
+            open(os.path.join(folder, "__init__.py"), "w").close()
+    return dest
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 2
+    src = argv[argv.index("--vllm") + 1] if "--vllm" in argv else None
+    try:
+        print(assemble(argv[0], src))
+    except FileNotFoundError as e:
+        print(f"assemble: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

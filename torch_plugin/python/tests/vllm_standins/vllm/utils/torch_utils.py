@@ -1,0 +1,2 @@
+"""Stand-in for vllm.utils.torch_utils."""
+PIN_MEMORY = True

@@ -1,0 +1,144 @@
+"""The vllm.general_plugins entry point: registers the "vmstash" backend and routes vLLM's
+allocations to vmstash where a model selects it.
+
+vLLM loads general plugins in every process (`register()` here may run more than once:
+it is idempotent). What it changes in vLLM, where the names exist (vLLM 0.33):
+  - SleepModeBackendFactory gets "vmstash" -> vmstash.compat.vllm.backend.VmstashSleepBackend.
+  - vllm.device_allocator.get_mem_allocator_instance (and the name in the vLLM modules
+    already imported) answers VmstashMemAllocator in a process whose model selected
+    sleep_mode_backend "vmstash", else what it answered before. The process's choice comes
+    from the current vLLM config when one is set, else from the config the worker was made
+    with (WorkerBase.__init__ is wrapped to note it: vLLM's worker loads its model outside
+    set_current_vllm_config), else from select().
+  - VllmConfig.use_cumem_cudagraph_pool, which vLLM limits to its cumem backend, holds for
+    "vmstash" too under the same conditions (sleep mode on, sleep_mode_offload_cudagraph,
+    CUDA graphs on, a CUDA device), so graphs captured then allocate in tag "cudagraph".
+"""
+import functools
+import logging
+import sys
+import threading
+
+logger = logging.getLogger("vmstash.compat.vllm")
+
+BACKEND_NAME = "vmstash"
+_lock = threading.Lock()
+_choice = {"forced": None, "noted": None}  # select()'s choice; the worker's config's
+_original = {}
+
+
+def select(on=True):
+    """This process's vLLM allocations go to vmstash (on=True) or not (on=False) whatever the
+    config says; on=None gives the choice back to the config. For programs that drive vLLM's
+    allocator themselves (tests, custom workers)."""
+    if on is not None and not isinstance(on, bool):
+        raise TypeError(f"select: on is True, False or None, got {on!r}")
+    _choice["forced"] = on
+
+
+def selected():
+    """Whether get_mem_allocator_instance answers vmstash's allocator in this process."""
+    if _choice["forced"] is not None:
+        return _choice["forced"]
+    config = sys.modules.get("vllm.config")
+    get = getattr(config, "get_current_vllm_config_or_none", None)
+    cfg = get() if get is not None else None
+    if cfg is not None:
+        return _selects(cfg)
+    return bool(_choice["noted"])
+
+
+def _selects(vllm_config):
+    model_config = getattr(vllm_config, "model_config", None)
+    return getattr(model_config, "sleep_mode_backend", None) == BACKEND_NAME
+
+
+def _note_config(vllm_config):
+    if vllm_config is not None:
+        _choice["noted"] = _selects(vllm_config)
+
+
+def register():
+    """The entry point (vllm.general_plugins): see the module's docstring."""
+    with _lock:
+        _register_backend()
+        _route_allocator()
+        _wrap_worker_init()
+        _extend_cudagraph_pool()
+
+
+def _register_backend():
+    from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+    try:
+        SleepModeBackendFactory.register_backend(BACKEND_NAME, "vmstash.compat.vllm.backend", "VmstashSleepBackend")
+    except ValueError:  # registered by an earlier load of the plugins
+        pass
+
+
+def _route_allocator():
+    import vllm.device_allocator as da
+    current = da.get_mem_allocator_instance
+    if getattr(current, "_vmstash_router", False):
+        return
+    original = _original.setdefault("get_mem_allocator_instance", current)
+
+    @functools.wraps(original)
+    def get_mem_allocator_instance():
+        if selected():
+            from .allocator import VmstashMemAllocator
+            return VmstashMemAllocator.get_instance()
+        return original()
+
+    get_mem_allocator_instance._vmstash_router = True
+    da.get_mem_allocator_instance = get_mem_allocator_instance
+    for name, module in list(sys.modules.items()):  # modules that imported the name already
+        if name.startswith("vllm.") and getattr(module, "get_mem_allocator_instance", None) is original:
+            module.get_mem_allocator_instance = get_mem_allocator_instance
+
+
+def _wrap_worker_init():
+    # Imported already where it matters: vLLM's worker process loads the plugins from
+    # WorkerWrapperBase.init_worker, in this module (other processes make no worker).
+    base = sys.modules.get("vllm.v1.worker.worker_base")
+    cls = getattr(base, "WorkerBase", None)
+    if cls is None or getattr(cls.__init__, "_vmstash_noted", False):
+        return
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        _note_config(kwargs.get("vllm_config", args[0] if args else None))
+        init(self, *args, **kwargs)
+
+    __init__._vmstash_noted = True
+    cls.__init__ = __init__
+
+
+def _extend_cudagraph_pool():
+    try:
+        import vllm.config as config  # imported in every vLLM process already
+    except ImportError:
+        return
+    cls = getattr(config, "VllmConfig", None)
+    prop = getattr(cls, "use_cumem_cudagraph_pool", None) if cls is not None else None
+    if not isinstance(prop, property) or getattr(prop.fget, "_vmstash_extended", False):
+        return
+    fget = prop.fget
+
+    @functools.wraps(fget)
+    def use_cumem_cudagraph_pool(self):
+        if fget(self):
+            return True
+        mc = self.model_config
+        if mc is None or getattr(mc, "sleep_mode_backend", None) != BACKEND_NAME:
+            return False
+        if not (getattr(mc, "enable_sleep_mode", False) and getattr(mc, "sleep_mode_offload_cudagraph", False)):
+            return False
+        mode = getattr(getattr(self, "compilation_config", None), "cudagraph_mode", None)
+        if mode is None or getattr(mode, "name", str(mode)) == "NONE":
+            return False
+        from vllm.platforms import current_platform
+        return current_platform.is_cuda_alike()
+
+    use_cumem_cudagraph_pool._vmstash_extended = True
+    cls.use_cumem_cudagraph_pool = property(use_cumem_cudagraph_pool)
