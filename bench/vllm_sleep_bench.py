@@ -15,7 +15,7 @@ and the same tags, as vLLM's worker makes them:
   runtime   4 GiB of which half is freed before the first sleep (2 GiB live), kept
 `--settle` seconds after the tags stop growing (a framework loads, profiles and captures
 between), `--cycles` times: sleep(level 1) through the peer's SleepModeBackend, then
-resume(None); then `--selective` times: sleep(level 1), resume(["weights"]) (weights and
+resume(None) `--train` seconds later (the training phase between them); then `--selective` times: sleep(level 1), resume(["weights"]) (weights and
 runtime), resume(["kv_cache"]). The kept tensors are checked bit for bit after every wake.
 Per call: wall time (the device synchronized); host MemAvailable after sleep and after wake.
 The pinned link of the same run (2 GiB each way) bounds each call: the live kept bytes
@@ -86,6 +86,7 @@ def child(args):
     for cycle, kind in enumerate(plan):
         sleep_ms = timed(lambda: backend.suspend(level=1))
         avail_asleep = meminfo("MemAvailable") - baseline
+        time.sleep(args.train)  # the training phase between sleep and wake
         if kind == "full":
             wake_ms = [timed(lambda: backend.resume(None))]
         else:
@@ -104,7 +105,7 @@ def run_peer(peer, args, env):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--cycles", str(args.cycles),
            "--selective", str(args.selective), "--settle", str(args.settle), "--tensors", str(args.tensors),
            "--weights-gib", str(args.weights_gib), "--discard-gib", str(args.discard_gib),
-           "--runtime-gib", str(args.runtime_gib), "--gap", str(args.gap)]
+           "--runtime-gib", str(args.runtime_gib), "--gap", str(args.gap), "--train", str(args.train)]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if p.returncode != 0:
         return dict(peer=peer, error=(p.stderr or p.stdout)[-3000:])
@@ -169,6 +170,7 @@ def main():
     ap.add_argument("--discard-gib", type=float, default=16)
     ap.add_argument("--runtime-gib", type=float, default=4)
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between cycles")
+    ap.add_argument("--train", type=float, default=1.0, help="seconds between a sleep and its wake (training)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.child:

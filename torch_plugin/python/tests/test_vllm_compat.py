@@ -134,6 +134,7 @@ def fake_vllm(monkeypatch):
 
     def module(name, **attrs):
         m = types.ModuleType(name)
+        m.__path__ = []  # a package, as far as imports of submodules go
         m.__dict__.update(attrs)
         mods[name] = m
         return m
@@ -327,3 +328,234 @@ def test_allocator_validates_before_touching_anything(sim):
     a.exchange_with(["vllm_test_trainer"], when_waking=None)
     a.exchange_with(())
     assert a.asleep_tags() == [] and a.tag_names() == {}
+
+
+# -- review: the allocator's transitions on the simulated driver (torch faked) ------------------
+
+import ctypes  # noqa: E402
+
+MiB = 1 << 20
+_HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+_kept_hooks = []
+
+
+def _set_hooks(tag, before=None, after=None):
+    from vmstash import _lib
+    register = _lib.lib().vmstash_register_hooks
+    register.restype, register.argtypes = ctypes.c_int, [ctypes.c_char_p, _HOOK, _HOOK, ctypes.c_void_p]
+    b, a = (_HOOK(f) if f else _HOOK() for f in (before, after))
+    _kept_hooks.extend([b, a])
+    assert register(tag.encode(), b, a, None) == 0, _lib.last_error()
+
+
+@pytest.fixture
+def review_alloc(sim, monkeypatch):
+    """A VmstashMemAllocator whose torch is a fake (no MemPools: every backup pause copies
+    whole); `made(tag, policy, size, byte)` gives it a vLLM tag with memory on device 0.
+    `on_empty_cache` lists what PyTorch's empty_cache frees (stands for PyTorch's cache)."""
+    import vmstash
+    from vmstash import _torch
+    from vmstash.compat.vllm import allocator as A
+    on_empty_cache = []
+
+    def empty_cache(*_):
+        while on_empty_cache:
+            on_empty_cache.pop()()
+
+    fake = types.SimpleNamespace(
+        accelerator=types.SimpleNamespace(empty_cache=empty_cache, synchronize=lambda d=None: None),
+        cuda=types.SimpleNamespace(current_device=lambda: 0,
+                                   memory=types.SimpleNamespace(_snapshot=lambda: {"segments": []},
+                                                                empty_cache=empty_cache)))
+    monkeypatch.setattr(_torch, "_torch", lambda: fake)
+    a = A.VmstashMemAllocator(discard_tags=())
+    a.live = []
+
+    def made(tag, policy, size, byte):
+        name = A.TAG_PREFIX + tag
+        vmstash.create_tag(name, policy)
+        p = sim.malloc(name, size)
+        sim.fill(p, size, byte)
+        a._tags[tag] = A._Tag(name, policy, set(), {0})
+        a.live.append((p, size))
+        return p
+
+    a.made = made
+    a.on_empty_cache = on_empty_cache
+    yield a
+    for tag in list(a._tags.values()) + [types.SimpleNamespace(name=n) for n in getattr(a, "extra", ())]:
+        try:
+            vmstash.resume(tag.name)
+        except vmstash.Error:
+            pass
+    for p, n in a.live:
+        sim.free(p, n)
+
+
+def test_review_after_resume_hook_failure_in_sleep_leaves_the_allocator_blind(review_alloc, sim):
+    """A sleep whose switch is done but reports an after-resume hook failure of an exchanged
+    (trainer) tag (ABORTED, done=True): the vLLM tag IS paused, but the allocator records
+    nothing, so the next wake_up is a no-op and vLLM serves on unmapped memory."""
+    import vmstash
+    a = review_alloc
+    rt = a.made("rv1_rt", "backup", 4 * MiB, 0x5A)
+    vmstash.create_tag("rv1_train", "backup")
+    train = sim.malloc("rv1_train", 4 * MiB)
+    a.live.append((train, 4 * MiB))
+    a.extra = ["rv1_train"]
+    a.exchange_with(["rv1_train"], when_waking=None)
+    a.sleep(offload_tags=("rv1_rt",))
+    a.wake_up()  # rv1_train goes out
+    assert vmstash.tag_stats("rv1_train")["state"] == "paused"
+    _set_hooks("rv1_train", after=lambda tag, dev, user: 1)
+    try:
+        with pytest.raises(vmstash.Error) as e:
+            a.sleep(offload_tags=("rv1_rt",))
+        assert e.value.done  # the switch is done
+        assert vmstash.tag_stats("vllm.rv1_rt")["state"] == "paused"
+        a.wake_up()  # vLLM's next wake
+        assert vmstash.tag_stats("vllm.rv1_rt")["state"] == "active", \
+            f"wake_up left vLLM's tag paused: the allocator believes {a.asleep_tags()} are asleep"
+        assert sim.holds(rt, 4 * MiB, 0x5A)
+    finally:
+        _set_hooks("rv1_train")
+
+
+def test_review_sleep_with_exchange_needs_pytorchs_cache_emptied_first(review_alloc, sim):
+    """sleep() empties PyTorch's cache only after its switch: with an exchange, the switch
+    brings the trainer's tags in and fails with out of memory where the cached memory (here
+    a 'hog' that empty_cache frees) would have made room. And then nothing gets out: the
+    exchange cannot be ended while out, and every sleep brings it in again."""
+    import vmstash
+    a = review_alloc
+    a.made("rv2_w", "backup", 100 * MiB, 0x11)
+    a.made("rv2_kv", "discard", 100 * MiB, 0x22)
+    vmstash.create_tag("rv2_train", "backup")
+    train = sim.malloc("rv2_train", 500 * MiB)
+    a.live.append((train, 500 * MiB))
+    a.extra = ["rv2_train"]
+    a.exchange_with(["rv2_train"], when_waking=None)
+    a.sleep(offload_tags=("rv2_w",))
+    a.wake_up()  # the trainer's 500 MiB goes out, vLLM's 200 MiB comes in
+    vmstash.create_tag("rv2_hog", "discard")
+    hog = sim.malloc("rv2_hog", 600 * MiB)  # PyTorch's cache grows while vLLM serves
+
+    def free_hog():
+        sim.free(hog, 600 * MiB)
+        vmstash.empty_cache(tag="rv2_hog")
+
+    a.on_empty_cache.append(free_hog)
+    try:
+        a.sleep(offload_tags=("rv2_w",))
+    except vmstash.OutOfMemoryError as e:
+        with pytest.raises(vmstash.Error, match="sleep\\(\\) first"):
+            a.exchange_with(())  # no way out but freeing memory by hand
+        pytest.fail(f"sleep failed for PyTorch's cached memory it empties only afterwards: {e}")
+    finally:
+        if a.on_empty_cache:
+            free_hog()
+    assert vmstash.tag_stats("rv2_train")["state"] == "active"
+
+
+def test_review_exchange_with_a_repeated_tag_breaks_every_wake(review_alloc, sim):
+    """exchange_with accepts a tag twice; every wake that sends it out then fails
+    (vmstash_switch: INVALID_ARGUMENT, a tag listed twice) and vLLM cannot wake."""
+    import vmstash
+    a = review_alloc
+    a.made("rv3_rt", "backup", 2 * MiB, 0x33)
+    vmstash.create_tag("rv3_train", "backup")
+    train = sim.malloc("rv3_train", 2 * MiB)
+    a.live.append((train, 2 * MiB))
+    a.extra = ["rv3_train"]
+    a.sleep(offload_tags=("rv3_rt",))
+    try:
+        a.exchange_with(["rv3_train", "rv3_train"], when_waking=None)
+    except ValueError:
+        return  # refused up front: fine
+    try:
+        a.wake_up()
+    except vmstash.Error as e:
+        pytest.fail(f"exchange_with accepted a repeated tag and now vLLM cannot wake: {e}")
+
+
+def test_review_failed_level2_sleep_costs_the_weights_backup_only(review_alloc, sim):
+    """_run gives a dropped backup tag's prepared host memory back before its switch (a
+    paused tag's arena cannot be released); when the switch then fails (vetoed here), every
+    tag is as it was, bytes included, and the next level-1 sleep backs the weights up (its
+    arena made again): what the failure cost is that preparation, nothing else."""
+    import vmstash
+    a = review_alloc
+    w = a.made("rv4_weights", "backup", 8 * MiB, 0x44)
+    a.made("rv4_rt", "backup", 2 * MiB, 0x55)
+    vmstash.prepare("vllm.rv4_weights")
+    assert vmstash.tag_stats("vllm.rv4_weights")["backup_arena_bytes"] > 0
+    veto = [1]
+    _set_hooks("vllm.rv4_rt", before=lambda tag, dev, user: veto[0])  # hooks stay: vetoes while veto[0]
+    try:
+        with pytest.raises(vmstash.Error):
+            a.sleep(offload_tags=("rv4_rt",))  # level 2's shape: weights dropped
+    finally:
+        veto[0] = 0
+    assert vmstash.tag_stats("vllm.rv4_weights")["state"] == "active" and a.asleep_tags() == []
+    assert sim.holds(w, 8 * MiB, 0x44)
+    a.sleep(offload_tags=("rv4_weights", "rv4_rt"))  # level 1
+    assert vmstash.tag_stats("vllm.rv4_weights")["backed_up_bytes"] >= 8 * MiB
+    a.wake_up()
+    assert sim.holds(w, 8 * MiB, 0x44)
+
+
+# -- review: the plugin's routing ------------------------------------------------------------------
+
+def test_review_select_without_the_plugin_loaded_routes_nothing(fake_vllm):
+    """select(True) (documented: 'whatever the config says') is a silent no-op when register()
+    did not run in this process (VLLM_PLUGINS without 'vmstash')."""
+    from vmstash.compat.vllm.allocator import VmstashMemAllocator
+    f = fake_vllm
+    f.plugin.select(True)
+    try:
+        assert f.da.get_mem_allocator_instance() is VmstashMemAllocator.get_instance(), \
+            "select(True) did not route vLLM's allocations (and said nothing)"
+    finally:
+        f.plugin.select(None)
+
+
+def test_review_worker_made_after_a_register_that_ran_before_worker_base_was_imported(fake_vllm, monkeypatch):
+    """vLLM loads general plugins once per process (plugins_loaded). Where that first load
+    runs before vllm.v1.worker.worker_base is imported (an in-process engine: LLM(...) in the
+    trainer's process), WorkerBase.__init__ is never wrapped: the worker's config is never
+    noted and load_model (outside set_current_vllm_config) gets CuMemAllocator."""
+    from vmstash.compat.vllm.allocator import VmstashMemAllocator
+    f = fake_vllm
+    import importlib.abc
+    import importlib.util
+    base = sys.modules.pop("vllm.v1.worker.worker_base")
+
+    class OnDisk(importlib.abc.MetaPathFinder, importlib.abc.Loader):  # importable, not imported yet
+        def find_spec(self, name, path=None, target=None):
+            return importlib.util.spec_from_loader(name, self) if name == base.__name__ else None
+
+        def create_module(self, spec):
+            return base
+
+        def exec_module(self, module):
+            pass
+
+    monkeypatch.setattr(sys, "meta_path", [OnDisk()] + sys.meta_path)
+    f.plugin.register()  # the one load of this process
+    assert sys.modules.get(base.__name__) is base
+    f.WorkerBase(vllm_config=f.VllmConfig("vmstash"))
+    assert f.gpu_worker.get_mem_allocator_instance() is VmstashMemAllocator.get_instance(), \
+        "a worker made with sleep_mode_backend='vmstash' loads its model through CuMemAllocator"
+
+
+def test_review_suspend_guard_misses_a_partly_routed_worker(backend, monkeypatch):
+    """_check_routed raises only when vmstash made no tag at all: with the weights and KV cache
+    in CuMemAllocator and only the graph pool routed to vmstash (capture under the config,
+    load_model outside it), suspend frees nothing of them and reports success."""
+    b, fake = backend
+    fake.made = {"cudagraph": "vllm.cudagraph"}
+    cumem = types.ModuleType("vllm.device_allocator.cumem")
+    cumem.CuMemAllocator = types.SimpleNamespace(instance=types.SimpleNamespace(get_current_usage=lambda: 8 << 30))
+    monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", cumem)
+    with pytest.raises(RuntimeError, match="CuMemAllocator"):
+        b.suspend(level=1)

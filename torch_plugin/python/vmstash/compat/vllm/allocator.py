@@ -46,6 +46,14 @@ TAG_PREFIX = "vllm."
 _DEFAULT_DISCARD_TAGS = ("kv_cache", "workspace")
 
 
+_MAX_TAG = 64 - len(TAG_PREFIX)  # vmstash tag names: 1..64 printable ASCII characters
+
+
+def _check_tag(tag):
+    if not isinstance(tag, str) or not 1 <= len(tag) <= _MAX_TAG or not all(" " <= c <= "~" for c in tag):
+        raise ValueError(f"use_memory_pool: a tag is 1..{_MAX_TAG} printable ASCII characters, got {tag!r}")
+
+
 @dataclass
 class _Tag:
     name: str  # the vmstash tag
@@ -108,8 +116,7 @@ class VmstashMemAllocator:
         """Allocations of this thread inside go to `tag` (None: "default")."""
         if tag is None:
             tag = VmstashMemAllocator.default_tag
-        if not isinstance(tag, str) or not tag:
-            raise ValueError(f"use_memory_pool: the tag is a non-empty str, got {tag!r}")
+        _check_tag(tag)
         torch = _torch._torch()
         dev = torch.cuda.current_device()
         with self._lock:
@@ -152,15 +159,18 @@ class VmstashMemAllocator:
         """Drops the pools left by new entries once no region is open (PyTorch refuses to
         empty a pool's cache while any pool context is active): their free cached segments
         go back, after a synchronize, since kernels may still be reading them."""
-        if not self._retired or _torch.open_regions():
+        if not self._retired:
             return
         torch = _torch._torch()
-        with self._lock:
-            retired, self._retired = self._retired, []
-        for dev in sorted({d for d, _ in retired}):
-            torch.accelerator.synchronize(dev)
-        del retired  # the pools go with their last reference (no cycles hold them)
-        torch.cuda.memory.empty_cache()  # a dropped pool's cached segments are freeable now
+        with _torch._lock:  # a region entered meanwhile waits: its count is taken under this lock
+            if _torch.open_regions():
+                return
+            with self._lock:
+                retired, self._retired = self._retired, []
+            for dev in sorted({d for d, _ in retired}):
+                torch.accelerator.synchronize(dev)
+            del retired  # the pools go with their last reference (no cycles hold them)
+            torch.cuda.memory.empty_cache()  # a dropped pool's cached segments are freeable now
 
     # -- what is there --------------------------------------------------------------------------
 
@@ -184,9 +194,11 @@ class VmstashMemAllocator:
     @property
     def pointer_to_data(self):
         """{address: AllocationView} for every segment of this allocator's pools (a snapshot)."""
-        asleep = {tag: t.asleep for tag, t in self._tags.items()}
+        with self._lock:
+            asleep = {tag: t.asleep for tag, t in self._tags.items()}
+            segments = self._segments()
         return {s["address"]: AllocationView((s["device"], s["total_size"], s["address"], None), tag, asleep[tag])
-                for tag, s in self._segments()}
+                for tag, s in segments}
 
     def get_current_usage(self):
         """Bytes of every segment of this allocator's pools, asleep or not (as vLLM counts)."""
@@ -194,8 +206,9 @@ class VmstashMemAllocator:
 
     def mapped_bytes(self, tag=None):
         """Bytes of the awake tags' segments (or of `tag`'s, when awake)."""
-        return sum(s["total_size"] for t, s in self._segments()
-                   if not self._tags[t].asleep and (tag is None or t == tag))
+        with self._lock:
+            return sum(s["total_size"] for t, s in self._segments()
+                       if not self._tags[t].asleep and (tag is None or t == tag))
 
     def asleep_tags(self):
         with self._lock:
@@ -216,7 +229,7 @@ class VmstashMemAllocator:
         vLLM's memory: they pause in the same switch as a wake that brings in one of
         `when_waking` (None: any wake), and resume in the same switch as the next sleep
         (plan.py, Note [vLLM Sleep Semantics]). tags=() ends the exchange (not while out)."""
-        names = _plan.normalize_tags(tags, "exchange_with", ())
+        names = tuple(dict.fromkeys(_plan.normalize_tags(tags, "exchange_with", ())))  # each once
         triggers = None if when_waking is None else _plan.normalize_tags(when_waking, "exchange_with")
         with self._lock:
             if self._exchange is not None and self._exchange.out:
@@ -236,10 +249,13 @@ class VmstashMemAllocator:
         bytes, the others lose them. One switch; then PyTorch's cache is emptied."""
         offload = _plan.normalize_tags(offload_tags, "sleep", (VmstashMemAllocator.default_tag,))
         self._drop_retired()
+        torch = _torch._torch()
         with self._lock:
             step = _plan.plan_sleep(self._states(), offload, self._exchange)
+            if step.exchange_in:  # the exchanged tags come back: PyTorch's cached memory first
+                torch.cuda.memory.empty_cache()
             self._run(step, "sleep")
-        _torch._torch().accelerator.empty_cache()
+        torch.accelerator.empty_cache()
 
     def discard(self, tags):
         """The awake tags of `tags` lose their memory and their bytes."""
@@ -270,16 +286,27 @@ class VmstashMemAllocator:
             pause += list(ex.tags)
         if step.exchange_in:
             resume += list(ex.tags)
-        for t in step.drop:  # dropped backups: their prepared host memory goes back first
+        # Dropped backup tags (level 2's weights): their prepared host memory goes back first
+        # (not possible once paused). A switch that then fails has changed nothing else; the
+        # backup is made again at the tag's next pause that keeps bytes, or by preparation.
+        for t in step.drop:
             if self._tags[t].policy == "backup":
                 self._release_backup(self._tags[t].name)
         hinted = [self._tags[t].name for t in step.keep] + (list(ex.tags) if step.exchange_out else [])
         dropped = [(self._tags[t].name, d) for t in step.drop if self._tags[t].policy == "backup"
                    for d in sorted(self._tags[t].devices)]
-        _switch(pause, resume, hinted, dropped, f"vLLM {what}")
-        states = _plan.state_after(self._states(), step)
-        for tag, s in states.items():
+        try:
+            _switch(pause, resume, hinted, dropped, f"vLLM {what}")
+        except _lib.Error as e:
+            if e.done:  # done on every device; only after-resume hooks failed: record it, then say so
+                self._record(step)
+            raise
+        self._record(step)
+
+    def _record(self, step):
+        for tag, s in _plan.state_after(self._states(), step).items():
             self._tags[tag].asleep, self._tags[tag].kept = s.asleep, s.kept
+        ex = self._exchange
         if step.exchange_out or step.exchange_in:
             self._exchange = _plan.Exchange(ex.tags, ex.triggers, out=step.exchange_out)
 

@@ -85,16 +85,17 @@ class VmstashSleepBackend(SleepModeBackend):
 
 
 def _check_routed(allocator):
-    """A suspend that would free nothing because vLLM allocated through CuMemAllocator (the
-    plugin's routing did not take effect) raises instead of reporting success."""
-    if allocator.tag_names():
-        return
+    """A suspend that would leave memory of vLLM's in CuMemAllocator (the plugin's routing did
+    not take effect for all of it) raises instead of reporting success: vLLM allows one
+    sleep-mode engine per process, so memory there is this engine's."""
     import sys
     cumem = sys.modules.get("vllm.device_allocator.cumem")
     other = getattr(getattr(cumem, "CuMemAllocator", None), "instance", None)
-    if other is not None and other.get_current_usage() > 0:
+    held = other.get_current_usage() if other is not None else 0
+    if held > 0:
         raise RuntimeError(
-            "vmstash sleep-mode backend: vLLM allocated its memory through CuMemAllocator, not vmstash, so "
-            "a suspend here would free nothing. The vmstash plugin routes vLLM's allocations only when it "
-            "is loaded before the model (vllm.general_plugins entry point 'vmstash', allowed by VLLM_PLUGINS) "
-            "and sleep_mode_backend is 'vmstash'; or call vmstash.compat.vllm.select() before loading.")
+            f"vmstash sleep-mode backend: vLLM allocated {held} bytes through CuMemAllocator, not vmstash "
+            f"(vmstash holds tags {sorted(allocator.tag_names())}), so a suspend would not free them. The vmstash "
+            "plugin routes vLLM's allocations when it is loaded before the model (vllm.general_plugins entry "
+            "point 'vmstash', allowed by VLLM_PLUGINS) and sleep_mode_backend is 'vmstash'; or call "
+            "vmstash.compat.vllm.select() before loading.")

@@ -33,6 +33,8 @@ def select(on=True):
     allocator themselves (tests, custom workers)."""
     if on is not None and not isinstance(on, bool):
         raise TypeError(f"select: on is True, False or None, got {on!r}")
+    if on:
+        register()  # the routing, where vLLM did not load the plugin (VLLM_PLUGINS)
     _choice["forced"] = on
 
 
@@ -97,9 +99,15 @@ def _route_allocator():
 
 
 def _wrap_worker_init():
-    # Imported already where it matters: vLLM's worker process loads the plugins from
-    # WorkerWrapperBase.init_worker, in this module (other processes make no worker).
-    base = sys.modules.get("vllm.v1.worker.worker_base")
+    # vLLM loads the plugins once per process, in a worker process from init_worker of this
+    # module, but in an engine that runs its worker in process (LLM(...) beside a trainer)
+    # before the module is imported: import it then.
+    try:
+        import vllm.v1.worker.worker_base as base
+    except ImportError:
+        logger.warning("vmstash vLLM plugin: vllm.v1.worker.worker_base cannot be imported; the worker's "
+                       "sleep_mode_backend is read from the current vLLM config only")
+        return
     cls = getattr(base, "WorkerBase", None)
     if cls is None or getattr(cls.__init__, "_vmstash_noted", False):
         return
