@@ -559,3 +559,22 @@ def test_review_suspend_guard_misses_a_partly_routed_worker(backend, monkeypatch
     monkeypatch.setitem(sys.modules, "vllm.device_allocator.cumem", cumem)
     with pytest.raises(RuntimeError, match="CuMemAllocator"):
         b.suspend(level=1)
+
+
+def test_the_wheel_declares_the_plugin_as_pyproject_does():
+    """The vllm.general_plugins entry point: pyproject.toml (pip install .) and the release
+    wheel's writer (scripts/build_vmstash_wheel.py) declare the same one."""
+    import os
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    text = open(os.path.join(root, "pyproject.toml")).read()
+    section = re.search(r'\[project\.entry-points\."vllm\.general_plugins"\]\n((?:[^\[\n].*\n)+)', text)
+    assert section, "pyproject.toml declares no vllm.general_plugins entry point"
+    declared = re.findall(r'^(\w+) = "([^"]+)"', section.group(1), re.M)
+    sys.path.insert(0, os.path.join(root, "scripts"))
+    try:
+        import build_vmstash_wheel
+    finally:
+        sys.path.pop(0)
+    wheel = build_vmstash_wheel.ENTRY_POINTS.split("[vllm.general_plugins]")[1].strip().splitlines()
+    assert declared == [tuple(x.split(" = ")) for x in wheel] == [("vmstash", "vmstash.compat.vllm.plugin:register")]
