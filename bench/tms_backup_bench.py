@@ -182,16 +182,25 @@ def gib(x):
     return "-" if x is None else f"{x / GiB:.2f}"
 
 
+def link_line(d2h, h2d):
+    return f"pinned link (same run): D2H {d2h / 1e9:.1f} GB/s, H2D {h2d / 1e9:.1f} GB/s"
+
+
+def failure_line(result, width):
+    """The table's line for a peer whose process failed: its last line of output."""
+    tail = result["error"].strip().splitlines()
+    return f"{result['peer']:<{width}} failed: {tail[-1] if tail else '?'}"
+
+
 def table(results, d2h, h2d):
-    lines = [f"pinned link (same run): D2H {d2h / 1e9:.1f} GB/s, H2D {h2d / 1e9:.1f} GB/s",
+    lines = [link_line(d2h, h2d),
              "MemAvailable and held (vmstash's arenas) in GiB, MemAvailable relative to the process's start;",
              "'after': once the drop-in's background thread gave the memory back (-: not waited for)",
              f"{'peer':<14} {'cycle':>5} {'pause ms (x bound)':>19} {'resume ms (x bound)':>20} {'given back ms':>13} "
              f"{'avail paused/resumed/after':>27} {'held paused/resumed/after':>26} {'RSS after':>9} bad"]
     for r in results:
         if "error" in r:
-            tail = r["error"].strip().splitlines()
-            lines.append(f"{r['peer']:<14} failed: {tail[-1] if tail else '?'}")
+            lines.append(failure_line(r, 14))
             continue
         bp, br = r["backed_up"] / d2h * 1e3, r["backed_up"] / h2d * 1e3
         for row in r["rows"]:
@@ -218,18 +227,25 @@ def table(results, d2h, h2d):
     return lines
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
-    ap.add_argument("--peers", default=",".join(PEERS))
+def workload_args(doc, peers):
+    """The command line of a side-by-side benchmark of this workload (this one and
+    vllm_sleep_bench.py): peers, cycles, the settle time, the tags' sizes, the output."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", choices=peers, help=argparse.SUPPRESS)
+    ap.add_argument("--peers", default=",".join(peers))
     ap.add_argument("--cycles", type=int, default=5)
     ap.add_argument("--settle", type=float, default=3.0)
     ap.add_argument("--tensors", type=int, default=512)
     ap.add_argument("--weights-gib", type=float, default=8)
     ap.add_argument("--discard-gib", type=float, default=16)
-    ap.add_argument("--opt-gib", type=float, default=4)
     ap.add_argument("--gap", type=float, default=0.5, help="seconds between cycles")
     ap.add_argument("--json", default=None)
+    return ap
+
+
+def main():
+    ap = workload_args(__doc__, PEERS)
+    ap.add_argument("--opt-gib", type=float, default=4)
     args = ap.parse_args()
     if args.child:
         return child(args)

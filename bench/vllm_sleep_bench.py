@@ -22,7 +22,6 @@ The pinned link of the same run (2 GiB each way) bounds each call: the live kept
 (10 GiB) at the link's rate. CuMemAllocator copies 12 GiB (whole allocations: the freed
 runtime half too), vmstash the 10 GiB that PyTorch holds live.
 """
-import argparse
 import json
 import os
 import subprocess
@@ -31,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import GiB, meminfo, pinned_link  # noqa: E402
+from tms_backup_bench import GiB, failure_line, link_line, meminfo, pinned_link, workload_args  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("vmstash", "cumem")
@@ -113,14 +112,13 @@ def run_peer(peer, args, env):
 
 
 def table(results, d2h, h2d):
-    lines = [f"pinned link (same run): D2H {d2h / 1e9:.1f} GB/s, H2D {h2d / 1e9:.1f} GB/s",
+    lines = [link_line(d2h, h2d),
              "times in ms (x the bound: kept bytes at the link's rate); MemAvailable in GiB relative to the start",
              f"{'peer':<8} {'cycle':>5} {'wake':<9} {'sleep ms (x bound)':>19} {'wake ms (x bound)':>28} "
              f"{'avail asleep/awake':>19} state     bad"]
     for r in results:
         if "error" in r:
-            tail = r["error"].strip().splitlines()
-            lines.append(f"{r['peer']:<8} failed: {tail[-1] if tail else '?'}")
+            lines.append(failure_line(r, 8))
             continue
         bs, bw = r["kept"] / d2h * 1e3, r["kept"] / h2d * 1e3
         for row in r["rows"]:
@@ -159,19 +157,10 @@ def vllm_env():
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
-    ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument("--cycles", type=int, default=5)
+    ap = workload_args(__doc__, PEERS)
     ap.add_argument("--selective", type=int, default=3)
-    ap.add_argument("--settle", type=float, default=3.0)
-    ap.add_argument("--tensors", type=int, default=512)
-    ap.add_argument("--weights-gib", type=float, default=8)
-    ap.add_argument("--discard-gib", type=float, default=16)
     ap.add_argument("--runtime-gib", type=float, default=4)
-    ap.add_argument("--gap", type=float, default=0.5, help="seconds between cycles")
     ap.add_argument("--train", type=float, default=1.0, help="seconds between a sleep and its wake (training)")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.child:
         return child(args)

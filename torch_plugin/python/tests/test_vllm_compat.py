@@ -381,6 +381,16 @@ def review_alloc(sim, monkeypatch):
         return p
 
     a.made = made
+
+    def trainer(name, size):
+        """A tag of the trainer's own (not the allocator's), with `size` bytes."""
+        vmstash.create_tag(name, "backup")
+        p = sim.malloc(name, size)
+        a.live.append((p, size))
+        a.extra = list(getattr(a, "extra", ())) + [name]
+        return p
+
+    a.trainer = trainer
     a.on_empty_cache = on_empty_cache
     yield a
     for tag in list(a._tags.values()) + [types.SimpleNamespace(name=n) for n in getattr(a, "extra", ())]:
@@ -399,10 +409,7 @@ def test_review_after_resume_hook_failure_in_sleep_leaves_the_allocator_blind(re
     import vmstash
     a = review_alloc
     rt = a.made("rv1_rt", "backup", 4 * MiB, 0x5A)
-    vmstash.create_tag("rv1_train", "backup")
-    train = sim.malloc("rv1_train", 4 * MiB)
-    a.live.append((train, 4 * MiB))
-    a.extra = ["rv1_train"]
+    a.trainer("rv1_train", 4 * MiB)
     a.exchange_with(["rv1_train"], when_waking=None)
     a.sleep(offload_tags=("rv1_rt",))
     a.wake_up()  # rv1_train goes out
@@ -430,10 +437,7 @@ def test_review_sleep_with_exchange_needs_pytorchs_cache_emptied_first(review_al
     a = review_alloc
     a.made("rv2_w", "backup", 100 * MiB, 0x11)
     a.made("rv2_kv", "discard", 100 * MiB, 0x22)
-    vmstash.create_tag("rv2_train", "backup")
-    train = sim.malloc("rv2_train", 500 * MiB)
-    a.live.append((train, 500 * MiB))
-    a.extra = ["rv2_train"]
+    a.trainer("rv2_train", 500 * MiB)
     a.exchange_with(["rv2_train"], when_waking=None)
     a.sleep(offload_tags=("rv2_w",))
     a.wake_up()  # the trainer's 500 MiB goes out, vLLM's 200 MiB comes in
@@ -463,10 +467,7 @@ def test_review_exchange_with_a_repeated_tag_breaks_every_wake(review_alloc, sim
     import vmstash
     a = review_alloc
     a.made("rv3_rt", "backup", 2 * MiB, 0x33)
-    vmstash.create_tag("rv3_train", "backup")
-    train = sim.malloc("rv3_train", 2 * MiB)
-    a.live.append((train, 2 * MiB))
-    a.extra = ["rv3_train"]
+    a.trainer("rv3_train", 2 * MiB)
     a.sleep(offload_tags=("rv3_rt",))
     try:
         a.exchange_with(["rv3_train", "rv3_train"], when_waking=None)
