@@ -47,6 +47,15 @@ def backend_for(peer):
                                                               else "cumem"))
 
 
+def prepared_bytes(peer):
+    """vmstash: the host bytes its backup arenas of vLLM's tags hold (None for CuMemAllocator)."""
+    if peer != "vmstash":
+        return None
+    import vmstash
+    return sum((vmstash.tag_stats(t) or {}).get("backup_arena_bytes", 0) for t in vmstash.tags()
+               if t.startswith("vllm."))
+
+
 def child(args):
     import torch
     dev = torch.device("cuda", 0)
@@ -72,6 +81,7 @@ def child(args):
     live = [(t, i) for i, t in enumerate(weights)] + [(t, 10_000 + 2 * i) for i, t in enumerate(runtime)]
     kept = sum(t.numel() * 8 for t, _ in live)
     time.sleep(args.settle)
+    prepared = prepared_bytes(args.child)  # host backup ready when the first sleep comes
 
     def timed(call):
         torch.cuda.synchronize()
@@ -96,7 +106,7 @@ def child(args):
                          avail_awake=avail_awake, mismatches=bad, state=backend.state()))
         print(json.dumps(dict(peer=args.child, **rows[-1])), file=sys.stderr, flush=True)
         time.sleep(args.gap)
-    print(json.dumps(dict(peer=args.child, kept=kept, rows=rows)), flush=True)
+    print(json.dumps(dict(peer=args.child, kept=kept, prepared=prepared, rows=rows)), flush=True)
     os._exit(0)
 
 
@@ -129,6 +139,8 @@ def table(results, d2h, h2d):
                          f"{row['avail_asleep'] / GiB:8.2f} / {row['avail_awake'] / GiB:<8.2f} {row['state']:<9} "
                          f"{row['mismatches']}")
     ok = {r["peer"]: r for r in results if "error" not in r}
+    if ok.get("vmstash", {}).get("prepared") is not None:
+        lines.append(f"vmstash's host backup prepared when the first sleep came: {ok['vmstash']['prepared'] / GiB:.2f} GiB")
     if "vmstash" in ok:
         lines.append(f"bound: {ok['vmstash']['kept'] / GiB:.2f} GiB kept at the link's rate: "
                      f"{ok['vmstash']['kept'] / d2h * 1e3:.1f} ms out, {ok['vmstash']['kept'] / h2d * 1e3:.1f} ms in")
