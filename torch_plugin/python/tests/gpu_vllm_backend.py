@@ -47,6 +47,8 @@ def child_env(name, env):
     env["PYTHONPATH"] = os.pathsep.join(p for p in parts if p)
     if "missing" in _env:
         env["VMSTASH_VLLM_MISSING"] = _env["missing"]
+    if name == "test_expandable_segments_stay_on":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     return env
 
 
@@ -331,3 +333,29 @@ def test_exchange_with_training_state():
         assert vmstash.tag_stats(trainer.tag)["state"] == "active"
         assert torch.equal(_prints(torch, trainer.state()), state), "the trainer's state changed"
     trainer.step()
+
+
+def test_expandable_segments_stay_on():
+    """With PyTorch's expandable segments on (CuMemAllocator turns them off around its
+    pools), the tags' pools work, sleep frees their memory, a wake restores it, and
+    PyTorch's own allocations keep using expandable segments."""
+    torch, vm, allocator, backend = _setup()
+    from vllm.device_allocator.alloc_conf import expandable_segments_enabled
+    assert expandable_segments_enabled() is not False
+    outside = torch.arange(1 << 20, device="cuda")
+    with allocator.use_memory_pool("weights"):
+        w = torch.arange(64 << 20, device="cuda", dtype=torch.int32)
+    with allocator.use_memory_pool("kv_cache"):
+        kv = torch.ones(256 << 20, device="cuda", dtype=torch.uint8)
+    assert expandable_segments_enabled() is not False
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    backend.suspend(level=1)
+    assert torch.cuda.mem_get_info()[0] - free0 >= w.nbytes + kv.nbytes
+    grown = torch.empty(512 << 20, dtype=torch.uint8, device="cuda")  # PyTorch's pool grows meanwhile
+    del grown
+    backend.resume()
+    assert torch.equal(w, torch.arange(64 << 20, device="cuda", dtype=torch.int32))
+    assert torch.equal(outside, torch.arange(1 << 20, device="cuda"))
+    segments = [s for s in torch.cuda.memory._snapshot()["segments"] if s.get("segment_pool_id") == (0, 0)]
+    assert any(s.get("is_expandable") for s in segments), "PyTorch's own segments are not expandable"
