@@ -579,3 +579,48 @@ def test_the_wheel_declares_the_plugin_as_pyproject_does():
         sys.path.pop(0)
     wheel = build_vmstash_wheel.ENTRY_POINTS.split("[vllm.general_plugins]")[1].strip().splitlines()
     assert declared == [tuple(x.split(" = ")) for x in wheel] == [("vmstash", "vmstash.compat.vllm.plugin:register")]
+
+
+def test_threads_sleeping_waking_and_discarding_at_once(review_alloc, sim):
+    """Four threads call sleep, wake_up (whole and selective), discard and the read-only
+    views on one allocator at random: every call is one switch under the allocator's lock,
+    so after each one the allocator's record of which tags sleep is vmstash's, and the kept
+    tags' bytes survive every cycle."""
+    import random
+    import threading
+    import vmstash
+    a = review_alloc
+    w = a.made("st_weights", "backup", 3 * MiB, 0x61)
+    rt = a.made("st_runtime", "backup", 1 * MiB, 0x62)
+    a.made("st_kv", "discard", 2 * MiB, 0x63)
+    calls = [lambda: a.sleep(offload_tags=("st_weights", "st_runtime")), lambda: a.wake_up(),
+             lambda: a.wake_up(["st_weights"]), lambda: a.wake_up(["st_kv"]), lambda: a.discard(("st_kv",)),
+             lambda: (a.asleep_tags(), a.get_current_usage(), a.pointer_to_data)]
+    errors, mismatches = [], []
+
+    def agree():
+        with a._lock:
+            for tag, t in a._tags.items():
+                actual = vmstash.tag_stats(t.name)["state"]
+                if (actual == "paused") != t.asleep:
+                    mismatches.append((tag, actual, t.asleep))
+
+    def worker(seed):
+        rnd = random.Random(seed)
+        try:
+            for _ in range(60):
+                rnd.choice(calls)()
+                agree()
+        except Exception as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    assert not errors and not mismatches, (errors[:3], mismatches[:3])
+    a.wake_up()
+    assert a.asleep_tags() == []
+    assert sim.holds(w, 3 * MiB, 0x61) and sim.holds(rt, 1 * MiB, 0x62)
