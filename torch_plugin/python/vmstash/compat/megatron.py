@@ -23,6 +23,8 @@ After `install()`, megatron-core's own code runs on vmstash:
   - `release_stash_buffers()` pauses the arenas' tag (default "megatron_stash"; its
     memory goes back to the driver) instead of dropping the buffers: the addresses stay,
     so graphs captured before stay valid, and the buffers' next `reset()` resumes the tag.
+Megatron's training state (DDP buffers, the distributed optimizer, the global memory
+buffer) in tags of their own: place_training_state and the rest of megatron_training.py.
 `uninstall()` puts Megatron's classes back. Buffers made before install stay Megatron's
 and keep working with Megatron's kernels (the patched methods hand them through).
 """
@@ -33,7 +35,14 @@ import torch
 from .. import _api
 from .. import stash as _stash
 
-__all__ = ["install", "uninstall", "installed", "reserve_handles", "PagedStashBuffer", "SCALE_INV_BLOCK_SIZE"]
+from .megatron_training import (GMB_TAG, GRADS_TAG, OPTIM_TAG, PARAMS_TAG, TRAINING_TAGS,  # noqa: E402,F401
+                                optimizer_region, place_ddp_buffers, place_training_state,
+                                tag_global_memory_buffer, wrap_optimizer_steps)
+
+__all__ = ["install", "uninstall", "installed", "reserve_handles", "PagedStashBuffer", "SCALE_INV_BLOCK_SIZE",
+           # Megatron's training state in tags (megatron_training.py)
+           "TRAINING_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG", "place_training_state",
+           "place_ddp_buffers", "optimizer_region", "wrap_optimizer_steps", "tag_global_memory_buffer"]
 
 SCALE_INV_BLOCK_SIZE = 32  # megatron.core.transformer.moe.paged_stash: MXFP8 scales per 32 tokens
 
