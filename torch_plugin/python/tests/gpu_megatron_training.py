@@ -7,12 +7,14 @@ in verl's order: switch the optimizer state, gradients and scratch out and the r
 weights in; copy the weights; switch the parameters out and the KV cache and decode graph
 in; decode (graph against eager); switch the rollout out and the training state back. A
 twin process (this file run as a script) trains the same steps and never switches: the
-losses and every byte of the training state must be equal. Also checked: the addresses of
+losses and the final state's bytes (SHA-256 per tensor) must be equal, and across each switch every byte of
+the training state (compared with a host copy). Also checked: the addresses of
 the buffers, the main parameters and Adam's state never change, and the device memory in
 use during a rollout is the pre-training baseline plus the rollout's tags, within a margin.
 Each test in a fresh process (conftest.py); megatron-core must be importable.
 """
 import gc
+import hashlib
 import json
 import os
 import subprocess
@@ -41,12 +43,11 @@ def _used(torch):
 
 def scenario(switch, port, cycles=2, steps=3):
     """Trains (steps) x (cycles + 1) steps; with `switch`, a rollout phase between each group.
-    Returns the losses (as float hex), the final state's fingerprint and what was measured."""
+    Returns the losses (as float hex), the final state's SHA-256 per tensor and what was measured."""
     import torch
     import torch.distributed as dist
     import vmstash
     import vmstash.compat.megatron as vm_megatron
-    from vmstash.demo.rl_phase_switch import fingerprint
     torch.use_deterministic_algorithms(True, warn_only=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
@@ -60,7 +61,8 @@ def scenario(switch, port, cycles=2, steps=3):
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
     ps.initialize_model_parallel(1, 1)
-    cfg = TransformerConfig(num_layers=2, hidden_size=256, num_attention_heads=4, bf16=True,
+    # Large enough that its training state (about 250 MiB) dwarfs the memory check's margin.
+    cfg = TransformerConfig(num_layers=4, hidden_size=512, num_attention_heads=8, bf16=True,
                             params_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0)
     vocab, seq, batch = 1024, 128, 4
     pos = torch.arange(seq, device="cuda")[None].expand(batch, seq)
@@ -120,9 +122,8 @@ def scenario(switch, port, cycles=2, steps=3):
         losses += [train_step(ddp, opt, data[cycle, i]) for i in range(steps)]
         if not switch or cycle == cycles:
             continue
-        opt.zero_grad()
-        torch.cuda.synchronize()
-        prints, addresses = fingerprint(state()), [t.data_ptr() for t in state()]
+        vm_megatron.prepare_switch_out([ddp], opt)
+        saved, addresses = [t.detach().cpu() for t in state()], [t.data_ptr() for t in state()]
         grads = [b.grad_data.data_ptr() for b in ddp.buffers]
         # verl's order: the optimizer state, gradients and scratch out, the rollout weights in
         keep_params = [vm_megatron.OPTIM_TAG, vm_megatron.GRADS_TAG, vm_megatron.GMB_TAG]
@@ -138,11 +139,15 @@ def scenario(switch, port, cycles=2, steps=3):
         tag_bytes = sum((vmstash.tag_stats(t) or {}).get("reserved_bytes", {}).get("current", 0) for t in ROLLOUT_TAGS)
         measured["rollout_used_over_baseline"].append(_used(torch) - baseline)
         measured["rollout_tag_bytes"].append(tag_bytes)
+        measured["training_state_bytes"] = sum(t.numel() * t.element_size() for t in saved)
+        paused = {t: (vmstash.tag_stats(t) or {}).get("state") for t in vm_megatron.TRAINING_TAGS}
+        assert set(paused.values()) == {"paused"}, f"training tags during the rollout: {paused}"
         vmstash.switch(pause=ROLLOUT_TAGS, resume=vm_megatron.TRAINING_TAGS)
         assert [t.data_ptr() for t in state()] == addresses, "the training state moved"
         assert [b.grad_data.data_ptr() for b in ddp.buffers] == grads, "the gradient buffers moved"
-        assert torch.equal(fingerprint(state()), prints), "the training state changed across the switch"
-    final = fingerprint(state()).cpu().tolist()
+        assert all(torch.equal(t.cpu(), c) for t, c in zip(state(), saved)), "the training state changed"
+    final = [hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+             for t in state()]
     dist.destroy_process_group()
     return dict(losses=losses, final=final, nccl_and_warmup_bytes=baseline - before, **measured)
 
@@ -223,11 +228,13 @@ def test_training_state_through_switches_equals_a_twin_that_never_switched():
     print(f"losses: {[float.fromhex(x) for x in ours['losses']]}")
     print(f"held after a throwaway training step (NCCL's communicators, cuBLAS): "
           f"{ours['nccl_and_warmup_bytes'] / MiB:.1f} MiB (in the baseline)")
+    print(f"training state (parameter buffers, main parameters, Adam): {ours['training_state_bytes'] / MiB:.1f} MiB")
     print(f"rollout: device memory in use over the pre-training baseline "
           f"{[round(x / MiB, 1) for x in ours['rollout_used_over_baseline']]} MiB, rollout tags "
           f"{[round(x / MiB, 1) for x in ours['rollout_tag_bytes']]} MiB; graph vs eager {ours['graph_vs_eager']}")
     assert ours["losses"] == twin["losses"], (ours["losses"], twin["losses"])
     assert ours["final"] == twin["final"], "the training state differs from the twin's"
+    assert ours["training_state_bytes"] > 2 * MARGIN, "the model is too small for the memory check to see its state"
     for used, tags in zip(ours["rollout_used_over_baseline"], ours["rollout_tag_bytes"]):
         assert used <= tags + MARGIN, f"during the rollout {used / MiB:.1f} MiB over the baseline, tags {tags / MiB:.1f}"
     assert all(x < 2e-2 for x in ours["graph_vs_eager"]), ours["graph_vs_eager"]

@@ -35,14 +35,15 @@ import torch
 from .. import _api
 from .. import stash as _stash
 
-from .megatron_training import (GMB_TAG, GRADS_TAG, OPTIM_TAG, PARAMS_TAG, TRAINING_TAGS,  # noqa: E402,F401
-                                optimizer_region, place_ddp_buffers, place_training_state,
-                                tag_global_memory_buffer, wrap_optimizer_steps)
+from .megatron_training import (GMB_TAG, GRADS_TAG, OPTIM_TAG, PARAMS_TAG, TRAINING_STATE_TAGS,  # noqa: E402,F401
+                                TRAINING_TAGS, optimizer_region, place_ddp_buffers, place_training_state,
+                                prepare_switch_out, tag_global_memory_buffer, wrap_optimizer_steps)
 
 __all__ = ["install", "uninstall", "installed", "reserve_handles", "PagedStashBuffer", "SCALE_INV_BLOCK_SIZE",
            # Megatron's training state in tags (megatron_training.py)
-           "TRAINING_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG", "place_training_state",
-           "place_ddp_buffers", "optimizer_region", "wrap_optimizer_steps", "tag_global_memory_buffer"]
+           "TRAINING_TAGS", "TRAINING_STATE_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG",
+           "place_training_state", "place_ddp_buffers", "optimizer_region", "wrap_optimizer_steps",
+           "tag_global_memory_buffer", "prepare_switch_out"]
 
 SCALE_INV_BLOCK_SIZE = 32  # megatron.core.transformer.moe.paged_stash: MXFP8 scales per 32 tokens
 

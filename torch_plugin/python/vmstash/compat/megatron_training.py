@@ -30,8 +30,19 @@ Note [Megatron Training Tags]
   - The global memory buffer allocates through the `mem_alloc_context` argument Megatron's
     `get_tensor` has; `tag_global_memory_buffer` passes the tag's region. Megatron drops
     the buffer in `destroy_model_parallel`: tag the new one after a re-initialization.
-  - Before pausing the training tags, drop references into the gradient tag that outlive
-    a step (`optimizer.zero_grad()`), and synchronize streams that still write them.
+  - Before pausing the training tags: `prepare_switch_out` drops references into the
+    gradient tag that outlive a step (`optimizer.zero_grad()`), finishes a parameter
+    all-gather that `overlap_param_gather` would leave to the next forward (without the
+    distributed optimizer it gathers through the gradient buffer, which the pause drops),
+    and synchronizes.
+  - The global memory buffer is the process's, not one model's: a rollout that runs
+    Megatron's own inference (or a reference model's forward) in the same process uses it.
+    Pause TRAINING_STATE_TAGS (without it) then; TRAINING_TAGS includes it.
+  - Optimizer state made outside `step` stays where it was made: load an optimizer
+    checkpoint (which makes Adam's state) inside `optimizer_region()`.
+  - Refused, before anything moves: buffers in Megatron's NCCL memory pool (`nccl_ub`:
+    memory registered with NCCL), one allocation shared by parameters and gradients
+    (MXFP8), separate fp32 accumulation gradients.
 """
 import contextlib
 import functools
@@ -41,15 +52,19 @@ import torch
 from .. import _api, _torch
 
 PARAMS_TAG, GRADS_TAG, OPTIM_TAG, GMB_TAG = "megatron_params", "megatron_grads", "megatron_optim", "megatron_gmb"
-TRAINING_TAGS = [PARAMS_TAG, GRADS_TAG, OPTIM_TAG, GMB_TAG]
+TRAINING_STATE_TAGS = [PARAMS_TAG, GRADS_TAG, OPTIM_TAG]
+TRAINING_TAGS = TRAINING_STATE_TAGS + [GMB_TAG]
 _POLICY = {PARAMS_TAG: "backup", GRADS_TAG: "discard", OPTIM_TAG: "backup", GMB_TAG: "discard"}
 
-__all__ = ["TRAINING_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG", "place_ddp_buffers",
-           "optimizer_region", "wrap_optimizer_steps", "tag_global_memory_buffer", "place_training_state"]
+__all__ = ["TRAINING_TAGS", "TRAINING_STATE_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG", "place_ddp_buffers",
+           "optimizer_region", "wrap_optimizer_steps", "tag_global_memory_buffer", "place_training_state",
+           "prepare_switch_out"]
 
 
 def _buffers(ddp):
-    return list(getattr(ddp, "buffers", [])) + list(getattr(ddp, "expert_parallel_buffers", []))
+    """Megatron DDP's _ParamAndGradBuffers (an instance attribute: nn.Module's buffers() is a method)."""
+    attrs = getattr(ddp, "__dict__", {})
+    return list(attrs.get("buffers", [])) + list(attrs.get("expert_parallel_buffers", []))
 
 
 def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
@@ -61,6 +76,9 @@ def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
     if not buffers:
         raise ValueError("place_ddp_buffers: no _ParamAndGradBuffer in these models (not Megatron DDP modules?)")
     for b in buffers:
+        if getattr(b, "nccl_mem_pool", None) is not None:
+            raise ValueError("place_ddp_buffers: the buffers are in Megatron's NCCL memory pool (nccl_ub); "
+                             "memory registered with NCCL is not supported")
         if getattr(b, "shared_buffer", None) is not None:
             raise ValueError("place_ddp_buffers: a buffer shares one allocation between parameters and "
                              "gradients (MXFP8 with the distributed optimizer); not supported")
@@ -85,7 +103,17 @@ def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
             moved[params_tag] += b.param_data.numel() * b.param_data.element_size()
     torch.cuda.synchronize()
     torch.cuda.empty_cache()  # the old storages: back to PyTorch's pool, then to the driver
+    _empty_host_cache()  # the pinned host copies: out of PyTorch's pinned cache
     return moved
+
+
+def _empty_host_cache():
+    for fn in (getattr(getattr(torch, "accelerator", None), "memory", None), torch.cuda.memory):
+        empty = getattr(fn, "empty_host_cache", None) if fn is not None else None
+        if empty is not None:
+            empty()
+            return
+    getattr(torch._C, "_host_emptyCache", lambda: None)()
 
 
 @contextlib.contextmanager
@@ -96,10 +124,14 @@ def optimizer_region(tag=OPTIM_TAG):
 
 
 def _inner_optimizers(optimizer):
-    chained = getattr(optimizer, "chained_optimizers", None)
-    outer = chained if chained is not None else [optimizer]
-    inner = [getattr(o, "optimizer", o) for o in outer]
-    return [o for o in inner if hasattr(o, "step")]
+    """The torch optimizers inside a Megatron optimizer (chains nest: LayerWiseDistributedOptimizer)."""
+    chained = optimizer.__dict__.get("chained_optimizers") if hasattr(optimizer, "__dict__") else None
+    if chained is not None:
+        return [inner for o in chained for inner in _inner_optimizers(o)]
+    inner = optimizer.__dict__.get("optimizer") if hasattr(optimizer, "__dict__") else None
+    if inner is not None and inner is not optimizer:
+        return _inner_optimizers(inner)
+    return [optimizer] if hasattr(optimizer, "step") else []
 
 
 def wrap_optimizer_steps(optimizer, tag=OPTIM_TAG):
@@ -157,3 +189,15 @@ def place_training_state(ddp_models, make_optimizer=None, *, tags=None):
         wrap_optimizer_steps(optimizer, names[OPTIM_TAG])
     tag_global_memory_buffer(names[GMB_TAG])
     return optimizer
+
+
+def prepare_switch_out(ddp_models, optimizer=None):
+    """What must happen before the training tags are paused (Note [Megatron Training Tags]):
+    gradients dropped, a deferred parameter all-gather finished, the device synchronized."""
+    if optimizer is not None:
+        optimizer.zero_grad()
+    for ddp in ddp_models:
+        config = getattr(ddp, "ddp_config", None)
+        if getattr(config, "overlap_param_gather", False):
+            ddp.start_param_sync(force_sync=True)
+    torch.cuda.synchronize()
