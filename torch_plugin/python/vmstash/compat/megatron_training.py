@@ -47,8 +47,6 @@ Note [Megatron Training Tags]
 import contextlib
 import functools
 
-import torch
-
 from .. import _api, _torch
 
 PARAMS_TAG, GRADS_TAG, OPTIM_TAG, GMB_TAG = "megatron_params", "megatron_grads", "megatron_optim", "megatron_gmb"
@@ -88,6 +86,7 @@ def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
     if _torch.open_regions():
         raise RuntimeError("place_ddp_buffers: a vmstash region is open; call it outside regions")
     moved = {params_tag: 0, grads_tag: 0}
+    import torch
     torch.cuda.synchronize()
     for b in buffers:
         b.offload_to_cpu(move_params=False, move_grads=True)
@@ -108,6 +107,7 @@ def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
 
 
 def _empty_host_cache():
+    import torch
     for fn in (getattr(getattr(torch, "accelerator", None), "memory", None), torch.cuda.memory):
         empty = getattr(fn, "empty_host_cache", None) if fn is not None else None
         if empty is not None:
@@ -200,4 +200,5 @@ def prepare_switch_out(ddp_models, optimizer=None):
         config = getattr(ddp, "ddp_config", None)
         if getattr(config, "overlap_param_gather", False):
             ddp.start_param_sync(force_sync=True)
+    import torch
     torch.cuda.synchronize()
