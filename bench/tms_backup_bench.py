@@ -192,25 +192,33 @@ def failure_line(result, width):
     return f"{result['peer']:<{width}} failed: {tail[-1] if tail else '?'}"
 
 
+def peer_rows(results, lines, width, bytes_key, d2h, h2d):
+    """(result, row, bound out, bound in) for each row of each peer that ran (the bounds: the
+    result's `bytes_key` bytes at the link's rate, in ms); a failed peer's line goes into
+    `lines`."""
+    for r in results:
+        if "error" in r:
+            lines.append(failure_line(r, width))
+            continue
+        out, into = r[bytes_key] / d2h * 1e3, r[bytes_key] / h2d * 1e3
+        for row in r["rows"]:
+            yield r, row, out, into
+
+
 def table(results, d2h, h2d):
     lines = [link_line(d2h, h2d),
              "MemAvailable and held (vmstash's arenas) in GiB, MemAvailable relative to the process's start;",
              "'after': once the drop-in's background thread gave the memory back (-: not waited for)",
              f"{'peer':<14} {'cycle':>5} {'pause ms (x bound)':>19} {'resume ms (x bound)':>20} {'given back ms':>13} "
              f"{'avail paused/resumed/after':>27} {'held paused/resumed/after':>26} {'RSS after':>9} bad"]
-    for r in results:
-        if "error" in r:
-            lines.append(failure_line(r, 14))
-            continue
-        bp, br = r["backed_up"] / d2h * 1e3, r["backed_up"] / h2d * 1e3
-        for row in r["rows"]:
-            given = "-" if row["given_back_ms"] is None else f"{row['given_back_ms']:.0f}"
-            lines.append(
-                f"{r['peer']:<14} {row['cycle']:>5} {row['pause_ms']:9.1f} ({row['pause_ms'] / bp:5.2f}x) "
-                f"{row['resume_ms']:10.1f} ({row['resume_ms'] / br:5.2f}x) {given:>13} "
-                f"{gib(row['avail_paused']):>8} / {gib(row['avail_resumed'])} / {gib(row['avail_after']):<6} "
-                f"{gib(row['held_paused']):>7} / {gib(row['held_resumed'])} / {gib(row['held_after']):<6} "
-                f"{gib(row['rss_after']):>9} {row['mismatches']}")
+    for r, row, bp, br in peer_rows(results, lines, 14, "backed_up", d2h, h2d):
+        given = "-" if row["given_back_ms"] is None else f"{row['given_back_ms']:.0f}"
+        lines.append(
+            f"{r['peer']:<14} {row['cycle']:>5} {row['pause_ms']:9.1f} ({row['pause_ms'] / bp:5.2f}x) "
+            f"{row['resume_ms']:10.1f} ({row['resume_ms'] / br:5.2f}x) {given:>13} "
+            f"{gib(row['avail_paused']):>8} / {gib(row['avail_resumed'])} / {gib(row['avail_after']):<6} "
+            f"{gib(row['held_paused']):>7} / {gib(row['held_resumed'])} / {gib(row['held_after']):<6} "
+            f"{gib(row['rss_after']):>9} {row['mismatches']}")
     ok = [r for r in results if "error" not in r]
     if ok:
         lines.append(f"bound: the backed-up bytes ({ok[0]['backed_up'] / GiB:.2f} GiB) at the link's rate: "

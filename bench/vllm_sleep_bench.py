@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import GiB, failure_line, link_line, meminfo, pinned_link, workload_args  # noqa: E402
+from tms_backup_bench import GiB, link_line, meminfo, peer_rows, pinned_link, workload_args  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("vmstash", "cumem")
@@ -126,18 +126,13 @@ def table(results, d2h, h2d):
              "times in ms (x the bound: kept bytes at the link's rate); MemAvailable in GiB relative to the start",
              f"{'peer':<8} {'cycle':>5} {'wake':<9} {'sleep ms (x bound)':>19} {'wake ms (x bound)':>28} "
              f"{'avail asleep/awake':>19} state     bad"]
-    for r in results:
-        if "error" in r:
-            lines.append(failure_line(r, 8))
-            continue
-        bs, bw = r["kept"] / d2h * 1e3, r["kept"] / h2d * 1e3
-        for row in r["rows"]:
-            wake = " + ".join(f"{w:.1f}" for w in row["wake_ms"])
-            total = sum(row["wake_ms"])
-            lines.append(f"{r['peer']:<8} {row['cycle']:>5} {row['kind']:<9} {row['sleep_ms']:9.1f} "
-                         f"({row['sleep_ms'] / bs:5.2f}x) {wake:>19} ({total / bw:5.2f}x) "
-                         f"{row['avail_asleep'] / GiB:8.2f} / {row['avail_awake'] / GiB:<8.2f} {row['state']:<9} "
-                         f"{row['mismatches']}")
+    for r, row, bs, bw in peer_rows(results, lines, 8, "kept", d2h, h2d):
+        wake = " + ".join(f"{w:.1f}" for w in row["wake_ms"])
+        total = sum(row["wake_ms"])
+        lines.append(f"{r['peer']:<8} {row['cycle']:>5} {row['kind']:<9} {row['sleep_ms']:9.1f} "
+                     f"({row['sleep_ms'] / bs:5.2f}x) {wake:>19} ({total / bw:5.2f}x) "
+                     f"{row['avail_asleep'] / GiB:8.2f} / {row['avail_awake'] / GiB:<8.2f} {row['state']:<9} "
+                     f"{row['mismatches']}")
     ok = {r["peer"]: r for r in results if "error" not in r}
     if ok.get("vmstash", {}).get("prepared") is not None:
         lines.append(f"vmstash's host backup prepared when the first sleep came: {ok['vmstash']['prepared'] / GiB:.2f} GiB")
