@@ -260,15 +260,26 @@ def main():
     import torch
     dev = torch.device("cuda", 0)
     d2h, h2d = pinned_link(torch, dev)
+    results = run_peers(args.peers, PEERS, lambda peer: run_peer(peer, args))
+    return report(torch, results, table(results, d2h, h2d), args.json, d2h, h2d)
+
+
+def run_peers(names, known, run):
+    """run(peer) for each of the comma-separated `names`, in order (each in its own process)."""
     results = []
-    for peer in args.peers.split(","):
-        if peer not in PEERS:
-            raise SystemExit(f"--peers: {peer!r} is not one of {', '.join(PEERS)}")
+    for peer in names.split(","):
+        if peer not in known:
+            raise SystemExit(f"--peers: {peer!r} is not one of {', '.join(known)}")
         print(f"running {peer} ...", flush=True)
-        results.append(run_peer(peer, args))
-    print("\n".join(table(results, d2h, h2d)))
-    if args.json:
-        with open(args.json, "w") as f:
+        results.append(run(peer))
+    return results
+
+
+def report(torch, results, lines, json_path, d2h, h2d):
+    """Prints the table, writes the JSON; the exit status: 1 when a peer failed or a byte differed."""
+    print("\n".join(lines))
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), d2h=d2h, h2d=h2d, results=results), f, indent=1)
     return 1 if any("error" in r or any(row["mismatches"] for row in r["rows"]) for r in results) else 0
 

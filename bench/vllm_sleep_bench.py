@@ -30,7 +30,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import GiB, link_line, meminfo, peer_rows, pinned_link, workload_args  # noqa: E402
+from tms_backup_bench import (GiB, link_line, meminfo, peer_rows, pinned_link, report, run_peers,  # noqa: E402
+                              workload_args)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = ("vmstash", "cumem")
@@ -176,19 +177,10 @@ def main():
     d2h, h2d = pinned_link(torch, torch.device("cuda", 0))
     where, env = vllm_env()
     try:
-        results = []
-        for peer in args.peers.split(","):
-            if peer not in PEERS:
-                raise SystemExit(f"--peers: {peer!r} is not one of {', '.join(PEERS)}")
-            print(f"running {peer} ...", flush=True)
-            results.append(run_peer(peer, args, env))
+        results = run_peers(args.peers, PEERS, lambda peer: run_peer(peer, args, env))
     finally:
         shutil.rmtree(where, ignore_errors=True)
-    print("\n".join(table(results, d2h, h2d)))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), d2h=d2h, h2d=h2d, results=results), f, indent=1)
-    return 1 if any("error" in r or any(row["mismatches"] for row in r["rows"]) for r in results) else 0
+    return report(torch, results, table(results, d2h, h2d), args.json, d2h, h2d)
 
 
 if __name__ == "__main__":
