@@ -133,15 +133,18 @@ def _live_hints(tag, dev):
         yield d, starts, sizes, n
 
 
-def _live_array(tags_and_names, dev):
-    """The liveness hints of every (tag, encoded name) on `dev` as a ctypes array of
-    vmstash_live_ranges, its length, and the arrays it points into (keep them alive until
-    the C call returns)."""
+def _live_array(tags_and_names, dev, empty=()):
+    """The liveness hints of every (tag, encoded name) on `dev`, and an empty hint for each
+    (encoded name, device) of `empty`, as a ctypes array of vmstash_live_ranges, its length,
+    and the arrays it points into (keep them alive until the C call returns)."""
     live, keep = [], []
     for t, name in tags_and_names:
         for d, starts, sizes, n in _live_hints(t, dev):
             keep += [starts, sizes]
             live.append(_lib.LiveRanges(name, d, starts, sizes, n))
+    for name, d in empty:
+        live.append(_lib.LiveRanges(name, d, None, None, 0))
+    keep.append([name for name, _ in empty])
     return (_lib.LiveRanges * max(len(live), 1))(*live), len(live), keep
 
 
@@ -170,7 +173,7 @@ def resume(tag=None, device=None):
     return changed
 
 
-def switch(pause=(), resume=(), device=None):
+def switch(pause=(), resume=(), device=None, *, keep_nothing=()):
     """A phase switch: pauses the tags in `pause` and resumes those in `resume` in one
     transaction, on `device` (None: every device in use, all or nothing). The outgoing
     tags' live bytes go to host memory while the incoming tags' come back (both directions
@@ -178,7 +181,9 @@ def switch(pause=(), resume=(), device=None):
     tags' address ranges where chunk sizes allow instead of being released and created
     again. Hooks run as for pause and resume. Returns True if anything changed, False when
     every tag already was in its requested state. On failure (vmstash.OutOfMemoryError when
-    the incoming tags do not fit) every tag is as it was."""
+    the incoming tags do not fit) every tag is as it was. `keep_nothing`: (tag, device)
+    pairs of outgoing tags whose bytes are not kept there (an empty liveness hint, Note
+    [Liveness Hints]; vmstash.compat.vllm drops a backup tag's bytes this way)."""
     if isinstance(pause, str) or isinstance(resume, str):
         raise TypeError("switch: pause and resume are lists of tag names, not a string")
     pause, resume = list(pause), list(resume)
@@ -187,7 +192,9 @@ def switch(pause=(), resume=(), device=None):
     names = [_lib.encode(t) for t in pause + resume]
     p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
     r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
-    live_arr, n_live, keep = _live_array(zip(pause, names), dev)
+    dropped = {t for t, _ in keep_nothing}
+    live_arr, n_live, keep = _live_array([(t, n) for t, n in zip(pause, names) if t not in dropped], dev,
+                                         [(_lib.encode(t), d) for t, d in keep_nothing])
     done = _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live),
                           f"switch(pause={pause!r}, resume={resume!r})")
     del keep

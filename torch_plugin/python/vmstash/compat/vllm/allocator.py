@@ -31,7 +31,6 @@ process with PyTorch loaded on the H100 machine: a third of a whole sleep), so m
 only unreachable reference cycles hold is freed at Python's next automatic collection.
 """
 import contextlib
-import ctypes
 import logging
 import os
 import threading
@@ -50,8 +49,8 @@ _MAX_TAG = 64 - len(TAG_PREFIX)  # vmstash tag names: 1..64 printable ASCII char
 
 
 def _check_tag(tag):
-    if not isinstance(tag, str) or not 1 <= len(tag) <= _MAX_TAG or not all(" " <= c <= "~" for c in tag):
-        raise ValueError(f"use_memory_pool: a tag is 1..{_MAX_TAG} printable ASCII characters, got {tag!r}")
+    if not isinstance(tag, str) or not 1 <= len(tag) <= _MAX_TAG or not all("!" <= c <= "~" for c in tag):
+        raise ValueError(f"use_memory_pool: a tag is 1..{_MAX_TAG} printable ASCII characters, no space, got {tag!r}")
 
 
 @dataclass
@@ -266,9 +265,8 @@ class VmstashMemAllocator:
     def wake_up(self, tags=None):
         """Wakes `tags` (None: all) and every asleep tag that is not deferrable."""
         names = _plan.normalize_tags(tags, "wake_up")
-        torch = _torch._torch()
-        torch.accelerator.empty_cache()  # PyTorch's cached memory first: the wake needs room
         self._drop_retired()
+        _torch._torch().accelerator.empty_cache()  # PyTorch's cached memory first: the wake needs room
         with self._lock:
             self._run(_plan.plan_wake(self._states(), names, self._exchange), "wake_up")
 
@@ -292,11 +290,10 @@ class VmstashMemAllocator:
         for t in step.drop:
             if self._tags[t].policy == "backup":
                 self._release_backup(self._tags[t].name)
-        hinted = [self._tags[t].name for t in step.keep] + (list(ex.tags) if step.exchange_out else [])
         dropped = [(self._tags[t].name, d) for t in step.drop if self._tags[t].policy == "backup"
                    for d in sorted(self._tags[t].devices)]
         try:
-            _switch(pause, resume, hinted, dropped, f"vLLM {what}")
+            _api.switch(pause, resume, keep_nothing=dropped)
         except _lib.Error as e:
             if e.done:  # done on every device; only after-resume hooks failed: record it, then say so
                 self._record(step)
@@ -322,25 +319,3 @@ class VmstashMemAllocator:
         self._drop_retired()
 
     close = release_pools
-
-
-def _switch(pause, resume, hinted, dropped, what):
-    """vmstash_switch over every device: `hinted` outgoing tags with their MemPools' liveness
-    hints, `dropped` (tag, device) pairs with an empty hint (nothing kept), the rest whole."""
-    live, keep = [], []
-    for name in hinted:
-        enc = _lib.encode(name)
-        for d, starts, sizes, n in _api._live_hints(name, -1):
-            keep += [enc, starts, sizes]
-            live.append(_lib.LiveRanges(enc, d, starts, sizes, n))
-    for name, d in dropped:
-        enc = _lib.encode(name)
-        keep.append(enc)
-        live.append(_lib.LiveRanges(enc, d, None, None, 0))
-    names = [_lib.encode(t) for t in pause + resume]
-    p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
-    r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
-    arr = (_lib.LiveRanges * max(len(live), 1))(*live)
-    _lib.raise_for(_lib.lib().vmstash_switch(p_arr, len(pause), r_arr, len(resume), -1, arr, len(live)),
-                   f"{what}: switch(pause={pause}, resume={resume})")
-    del keep
