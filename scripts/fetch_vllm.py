@@ -11,8 +11,7 @@ network; the GPU machine has none: carry the folder), into a git-ignored folder:
 
 vLLM's engine does not run under the GPU machine's PyTorch, so only these files are taken;
 small stand-ins for the vLLM modules they import are in
-torch_plugin/python/tests/vllm_standins (torch_plugin/python/tests/vllm_env.py puts both
-together). Both archives are checked against their published SHA-256.
+torch_plugin/python/tests/vllm_standins (its assemble.py puts both together). Both archives are checked against their published SHA-256.
 """
 import hashlib
 import io

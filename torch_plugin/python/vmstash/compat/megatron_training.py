@@ -44,7 +44,6 @@ Note [Megatron Training Tags]
     memory registered with NCCL), one allocation shared by parameters and gradients
     (MXFP8), separate fp32 accumulation gradients.
 """
-import contextlib
 import functools
 
 from .. import _api, _torch
@@ -116,19 +115,18 @@ def _empty_host_cache():
     getattr(torch._C, "_host_emptyCache", lambda: None)()
 
 
-@contextlib.contextmanager
 def optimizer_region(tag=OPTIM_TAG):
-    """Allocations inside go to the optimizer's tag (build the optimizer inside)."""
-    with _torch.region(tag, "backup"):
-        yield
+    """Allocations inside (a context manager) go to the optimizer's tag: build the optimizer inside."""
+    return _torch.region(tag, "backup")
 
 
 def _inner_optimizers(optimizer):
     """The torch optimizers inside a Megatron optimizer (chains nest: LayerWiseDistributedOptimizer)."""
-    chained = optimizer.__dict__.get("chained_optimizers") if hasattr(optimizer, "__dict__") else None
+    attrs = getattr(optimizer, "__dict__", {})  # not the properties: ChainedOptimizer.optimizer asserts
+    chained = attrs.get("chained_optimizers")
     if chained is not None:
         return [inner for o in chained for inner in _inner_optimizers(o)]
-    inner = optimizer.__dict__.get("optimizer") if hasattr(optimizer, "__dict__") else None
+    inner = attrs.get("optimizer")
     if inner is not None and inner is not optimizer:
         return _inner_optimizers(inner)
     return [optimizer] if hasattr(optimizer, "step") else []
@@ -177,7 +175,7 @@ def place_training_state(ddp_models, make_optimizer=None, *, tags=None):
     """All of the above: the DDP buffers moved, the optimizer built by `make_optimizer()`
     inside its tag with its steps wrapped, the global memory buffer tagged. Returns the
     optimizer (None without make_optimizer). `tags`: {PARAMS_TAG: name, ...} to rename."""
-    names = {PARAMS_TAG: PARAMS_TAG, GRADS_TAG: GRADS_TAG, OPTIM_TAG: OPTIM_TAG, GMB_TAG: GMB_TAG}
+    names = {t: t for t in TRAINING_TAGS}
     names.update(tags or {})
     for tag, policy in _POLICY.items():
         _api.create_tag(names[tag], policy)
