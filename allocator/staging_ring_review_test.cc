@@ -16,6 +16,7 @@
 #include "allocator/backup_arena.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/host_budget.h"
+#include "allocator/switch_scenario.h"
 #include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gtest/gtest.h"
@@ -27,28 +28,13 @@ namespace {
 using Transition = CachingAllocator::Transition;
 using ::vmstash::testing::TagStatsOf;
 
-struct Block {
-  DevicePtr address = 0;
-  std::size_t size = 0;
-  std::uint8_t seed = 0;
-};
+using Block = testing::PatternBlock;
 
 std::vector<Block> Fill(CachingAllocator& a, TagId tag, const std::vector<std::size_t>& sizes, std::uint8_t seed) {
-  std::vector<Block> out;
-  for (std::size_t n : sizes) {
-    DevicePtr p = *a.Allocate(n, nullptr, tag);
-    FillPattern(p, n, seed);
-    out.push_back({p, n, seed});
-    seed = static_cast<std::uint8_t>(seed + 17);
-  }
-  return out;
+  return testing::FillBlocks(a, tag, sizes, seed);
 }
 
-std::size_t Wrong(const std::vector<Block>& blocks) {
-  std::size_t wrong = 0;
-  for (const Block& b : blocks) wrong += WrongBytes(b.address, b.size, b.seed);
-  return wrong;
-}
+std::size_t Wrong(const std::vector<Block>& blocks) { return testing::WrongBlocks(blocks); }
 
 std::string StateOf(CachingAllocator& a, TagId tag) { return TagStatsOf(a, tag).state; }
 
@@ -61,58 +47,14 @@ std::string TempDir() {
   return buf.data();
 }
 
-// switch_fault_test's scenario (chunks handed over, fresh pieces, leftovers, several copy
-// groups each way), with the backup tags on `store`: out_b's bytes go D2H through its
-// arena's staging ring while in_b's restore copies overwrite the chunks out_b hands over.
-struct SwitchFixture {
-  std::unique_ptr<SimDriver> sim;
-  std::unique_ptr<CachingAllocator> alloc;
-  TagId out_b = 0, out_d = 0, in_b = 0, in_d = 0;
-  std::vector<Block> out_blocks, in_blocks, in_d_blocks;
-};
+// switch_fault_test's scenario (testing::SwitchScenario) with the backup tags on `store`:
+// out_b's bytes go D2H through its arena's staging ring while in_b's restore copies
+// overwrite the chunks out_b hands over.
+using SwitchFixture = testing::SwitchScenario;
 
-SwitchFixture MakeSwitch(const BackupStore& store) {
-  SwitchFixture f;
-  f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
-  AllocatorOptions options = testing::TestOptions();
-  options.auto_prepare = false;
-  options.pause_stage_bytes = 4 * kMiB;
-  options.switch_group_bytes = 4 * kMiB;
-  options.resume_first_piece_bytes = 4 * kMiB;
-  f.alloc = *CachingAllocator::Create(f.sim.get(), 0, options);
-  f.out_b = *InternTag("ringrev_out_backup");
-  f.out_d = *InternTag("ringrev_out_discard");
-  f.in_b = *InternTag("ringrev_in_backup");
-  f.in_d = *InternTag("ringrev_in_discard");
-  EXPECT_TRUE(f.alloc->CreateTag(f.out_b, Policy::kBackup).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.out_d, Policy::kDiscard).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.in_b, Policy::kBackup).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.in_d, Policy::kDiscard).ok());
-  EXPECT_TRUE(f.alloc->SetBackupStore(f.out_b, store).ok());
-  EXPECT_TRUE(f.alloc->SetBackupStore(f.in_b, store).ok());
-  const std::vector<std::size_t> sizes = {4096, 700 * 1024, 3 * kMiB, 12 * kMiB, 20 * kMiB};
-  f.in_blocks = Fill(*f.alloc, f.in_b, sizes, 101);
-  f.in_d_blocks = Fill(*f.alloc, f.in_d, {6 * kMiB}, 7);
-  EXPECT_EQ(*f.alloc->Pause(f.in_b), Transition::kDone);
-  EXPECT_EQ(*f.alloc->Pause(f.in_d), Transition::kDone);
-  f.out_blocks = Fill(*f.alloc, f.out_b, sizes, 1);
-  DevicePtr dropped = *f.alloc->Allocate(5 * kMiB, nullptr, f.out_b);
-  EXPECT_TRUE(f.alloc->Free(dropped).ok());
-  std::vector<Block> d = Fill(*f.alloc, f.out_d, {8 * kMiB, 64 * 1024}, 200);
-  f.out_blocks.insert(f.out_blocks.end(), d.begin(), d.end());
-  return f;
-}
+SwitchFixture MakeSwitch(const BackupStore& store) { return testing::MakeSwitchScenario("ringrev_", &store); }
 
-void FinishSwitch(SwitchFixture& f) {
-  for (TagId t : {f.out_b, f.out_d, f.in_b, f.in_d}) ASSERT_TRUE(f.alloc->Resume(t).ok());
-  for (const auto* v : {&f.out_blocks, &f.in_blocks, &f.in_d_blocks}) {
-    for (const Block& b : *v) ASSERT_TRUE(f.alloc->Free(b.address).ok());
-  }
-  ASSERT_TRUE(f.alloc->EmptyCache().ok());
-  f.alloc.reset();
-  absl::Status leaks = f.sim->CheckNoLeaks();
-  ASSERT_TRUE(leaks.ok()) << leaks;
-}
+void FinishSwitch(SwitchFixture& f) { testing::FinishSwitchScenario(f); }
 
 // Found by review, fixed (switch rollback read the arena before the ring delivered it;
 // RollBack now seals the outgoing arena before reading it back).

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/switch_scenario.h"
 #include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gtest/gtest.h"
@@ -17,89 +18,17 @@ namespace {
 
 using Transition = CachingAllocator::Transition;
 
-struct Block {
-  DevicePtr address = 0;
-  std::size_t size = 0;
-  std::uint8_t seed = 0;
-};
+using testing::FinishSwitchScenario;
+using Fixture = testing::SwitchScenario;
+using Block = testing::PatternBlock;
 
-// Outgoing: `out_b` (backup) and `out_d` (discard), active. Incoming: `in_b` (backup) and
-// `in_d` (discard), paused. The sizes make the plan hand chunks over, create fresh pieces
-// and release leftovers, with several copy groups each way.
-struct Fixture {
-  std::unique_ptr<SimDriver> sim;
-  std::unique_ptr<CachingAllocator> alloc;
-  TagId out_b = 0, out_d = 0, in_b = 0, in_d = 0;
-  std::vector<Block> out_blocks;  // both outgoing tags
-  std::vector<Block> in_blocks;   // in_b only (in_d's bytes are undefined after a resume)
-  std::vector<Block> in_d_blocks;
-};
+Fixture Make() { return testing::MakeSwitchScenario("swf_"); }
 
-std::vector<Block> Fill(CachingAllocator& a, TagId tag, const std::vector<std::size_t>& sizes, std::uint8_t seed) {
-  std::vector<Block> out;
-  for (std::size_t n : sizes) {
-    DevicePtr p = *a.Allocate(n, nullptr, tag);
-    FillPattern(p, n, seed);
-    out.push_back({p, n, seed});
-    seed = static_cast<std::uint8_t>(seed + 17);
-  }
-  return out;
-}
+std::size_t Wrong(const std::vector<Block>& blocks) { return testing::WrongBlocks(blocks); }
 
-Fixture Make() {
-  Fixture f;
-  f.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
-  AllocatorOptions options = testing::TestOptions();
-  options.auto_prepare = false;  // the test counts driver calls
-  options.pause_stage_bytes = 4 * kMiB;
-  options.switch_group_bytes = 4 * kMiB;
-  options.resume_first_piece_bytes = 4 * kMiB;
-  f.alloc = *CachingAllocator::Create(f.sim.get(), 0, options);
-  f.out_b = *InternTag("swf_out_backup");
-  f.out_d = *InternTag("swf_out_discard");
-  f.in_b = *InternTag("swf_in_backup");
-  f.in_d = *InternTag("swf_in_discard");
-  EXPECT_TRUE(f.alloc->CreateTag(f.out_b, Policy::kBackup).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.out_d, Policy::kDiscard).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.in_b, Policy::kBackup).ok());
-  EXPECT_TRUE(f.alloc->CreateTag(f.in_d, Policy::kDiscard).ok());
-  const std::vector<std::size_t> sizes = {4096, 700 * 1024, 3 * kMiB, 12 * kMiB, 20 * kMiB};
-  f.in_blocks = Fill(*f.alloc, f.in_b, sizes, 101);
-  f.in_d_blocks = Fill(*f.alloc, f.in_d, {6 * kMiB}, 7);
-  EXPECT_EQ(*f.alloc->Pause(f.in_b), Transition::kDone);
-  EXPECT_EQ(*f.alloc->Pause(f.in_d), Transition::kDone);
-  f.out_blocks = Fill(*f.alloc, f.out_b, sizes, 1);
-  DevicePtr dropped = *f.alloc->Allocate(5 * kMiB, nullptr, f.out_b);  // a free cached block
-  EXPECT_TRUE(f.alloc->Free(dropped).ok());
-  std::vector<Block> d = Fill(*f.alloc, f.out_d, {8 * kMiB, 64 * 1024}, 200);
-  f.out_blocks.insert(f.out_blocks.end(), d.begin(), d.end());
-  return f;
-}
+std::string StateOf(CachingAllocator& a, TagId tag) { return testing::TagStatsOf(a, tag).state; }
 
-std::size_t Wrong(const std::vector<Block>& blocks) {
-  std::size_t wrong = 0;
-  for (const Block& b : blocks) wrong += WrongBytes(b.address, b.size, b.seed);
-  return wrong;
-}
-
-std::string StateOf(CachingAllocator& a, TagId tag) {
-  for (const TagStats& t : a.Stats().tags) {
-    if (t.name == TagName(tag)) return t.state;
-  }
-  return "";
-}
-
-void Finish(Fixture& f) {
-  for (TagId t : {f.out_b, f.out_d, f.in_b, f.in_d}) ASSERT_TRUE(f.alloc->Resume(t).ok());
-  for (const auto* v : {&f.out_blocks, &f.in_blocks, &f.in_d_blocks}) {
-    for (const Block& b : *v) ASSERT_TRUE(f.alloc->Free(b.address).ok());
-  }
-  ASSERT_TRUE(f.alloc->EmptyCache().ok());
-  EXPECT_EQ(f.sim->UsedBytes(0), 0u);
-  f.alloc.reset();
-  absl::Status leaks = f.sim->CheckNoLeaks();
-  ASSERT_TRUE(leaks.ok()) << leaks;
-}
+void Finish(Fixture& f) { FinishSwitchScenario(f); }
 
 TEST(SwitchFaultTest, EveryDriverCallOfASwitchFailsCleanly) {
   DriverCounters clean;
