@@ -5,7 +5,8 @@
 //   backup    pause+resume of SIZE in 1 block and in 1024 blocks: first cycle with the
 //             arena prepared by the background thread (auto_prepare), later cycles; a
 //             first cycle with nothing prepared (the pause pins); and cycles with the
-//             pipelining off (one stage, one chunk per cover) to show what it buys
+//             pipelining off (one stage, one chunk per cover) to show what it buys;
+//             first cycles meeting the background preparation 0-100% of the way through
 //   discard   pause+resume of SIZE in 1024 blocks
 //   half-free a tag of SIZE with every other block freed: pause time follows live bytes
 //   prepare   an arena of SIZE made ready: cuMemHostAlloc, and pinned pieces faulted in by
@@ -224,6 +225,40 @@ int Run(int argc, char** argv) {
     for (DevicePtr q : blocks) BENCH_CHECK(b.Free(q));
     BENCH_CHECK(b.ReleaseBackup(cold));
     BENCH_CHECK(b.EmptyCache());
+  }
+  // A first pause that meets its arena still in preparation (the background preparation
+  // let run until a share of it is pinned): it should cost no more than the pause that
+  // pins all of it itself ("cycle 1 (not prepared)"), and tend to the prepared one's.
+  if (options->allocator.auto_prepare) {
+    for (int percent : {0, 25, 50, 75, 100}) {
+      const std::string name = "bench_part_" + std::to_string(percent);
+      const TagId part = *InternTag(name);
+      BENCH_CHECK(alloc.CreateTag(part, Policy::kBackup));
+      DevicePtr p = *alloc.Allocate(size, nullptr, part);
+      auto prepared = [&]() -> std::size_t {
+        for (const TagStats& t : alloc.Stats().tags) {
+          if (t.name == name) return static_cast<std::size_t>(t.backup_arena_bytes);
+        }
+        return 0;
+      };
+      const auto t0 = Clock::now();
+      if (percent == 100) {
+        alloc.WaitForBackgroundPrepare();
+      } else if (percent > 0) {
+        while (prepared() < size / 100 * percent && Seconds(t0, Clock::now()) < 120) {
+          std::this_thread::sleep_for(std::chrono::microseconds(200));
+        }
+      }
+      const double gib_prepared = prepared() / double(1 << 30);
+      absl::StatusOr<Cycle> c = PauseResume(alloc, part);
+      BENCH_CHECK(c.status());
+      char label[64];
+      std::snprintf(label, sizeof label, "backup, 1 block, cycle 1, %4.1f GiB prepared", gib_prepared);
+      report(label, *c, size);
+      BENCH_CHECK(alloc.Free(p));
+      BENCH_CHECK(alloc.ReleaseBackup(part));
+      BENCH_CHECK(alloc.EmptyCache());
+    }
   }
   // Discard, 1024 blocks.
   {
