@@ -61,8 +61,9 @@ def scenario(switch, port, cycles=2, steps=3):
     from megatron.core.transformer.module import Float16Module
     from megatron.core.transformer.transformer_config import TransformerConfig
     ps.initialize_model_parallel(1, 1)
-    # Large enough that its training state (about 250 MiB) dwarfs the memory check's margin.
-    cfg = TransformerConfig(num_layers=4, hidden_size=512, num_attention_heads=8, bf16=True,
+    # Large enough that its training state (about 400 MiB: 4 layers of 512 made 183 MiB on an
+    # H200) dwarfs the memory check's margin.
+    cfg = TransformerConfig(num_layers=4, hidden_size=768, num_attention_heads=12, bf16=True,
                             params_dtype=torch.bfloat16, hidden_dropout=0.0, attention_dropout=0.0)
     vocab, seq, batch = 1024, 128, 4
     pos = torch.arange(seq, device="cuda")[None].expand(batch, seq)
