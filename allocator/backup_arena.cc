@@ -226,7 +226,9 @@ void BackupArena::AfterFailedPause(const Holding& before, bool give_back) {
     absl::Status s = ReleaseRing();
     if (!s.ok()) VMSTASH_LOG(kError, "vmstash: {}: after a failed pause: {}", owner_, s.ToString());
   }
-  if (store_.kind != BackupStore::Kind::kPinned || give_back || pinned_.resident_bytes() <= before.resident_bytes) {
+  if (store_.kind != BackupStore::Kind::kPinned || give_back) return;
+  if (pinned_.resident_bytes() <= before.resident_bytes) {
+    RefundPinned();  // charged for the whole layout, failed before its copies warmed any of it
     return;
   }
   // The pause warmed (and pinned) more than the arena held: all of it goes back, then what
@@ -294,10 +296,11 @@ absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vecto
     TryRing();
     return absl::OkStatus();
   }
+  // Charged for all of it; warmed by the copies as they reach it (Note [Pinned Pieces],
+  // WarmAheadWithin), so what is pinned already is copied while the rest is warmed.
   VMSTASH_RETURN_IF_ERROR(ChargePinned(size_bytes));
-  absl::Status warmed = pinned_.Warm(size_bytes);
-  if (!warmed.ok()) RefundPinned();
-  return warmed;
+  pinned_.WarmAheadWithin(size_bytes);
+  return absl::OkStatus();
 }
 
 // Note [Host Budget]: the whole pieces holding [0, end) plus what is resident already,

@@ -5,8 +5,8 @@
 // Pinned (default): PinnedPieces (vmm/pinned_pieces.h, Note [Pinned Pieces]): host memory
 // registered with the driver piece by piece, so copies run at link speed. Pin() pins the
 // whole arena ahead of a pause (Prepare, the background preparation); a pause into an
-// arena not yet pinned warms it (many threads) and pins each piece just before its copies,
-// pipelined with them. After a resume the memory stays pinned for the next pause, or, when
+// arena not yet (or not all) pinned warms (many threads) and pins each piece just before
+// its copies, pipelined with them. After a resume the memory stays pinned for the next pause, or, when
 // the owner asks (DropContents(give_back=true) or GiveBackSome in steps:
 // torch_memory_saver's default mode), is unpinned and handed back to the OS lazily, to be
 // pinned again by the next pause. Pageable: an anonymous mmap for users short of
@@ -188,8 +188,8 @@ class BackupArena {
   // A pause's reservation: `piece_bytes` (BackupPieceBytes of its layout, page multiples
   // adding up to size_bytes) are the backed-up bytes of each block in arena order. For
   // kDiskFiles, one file per piece (Note [Disk Backup Files]), replacing any files the
-  // arena had; for the other stores Reserve(size_bytes), and a pinned arena warms those
-  // bytes with many threads (the pause's CopyIn pins them).
+  // arena had; for the other stores Reserve(size_bytes), and a pinned arena is charged for
+  // those bytes (the pause's CopyIn warms and pins them, pipelined with the copies).
   absl::Status ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
   absl::Status Release();
   // Pins [0, end) of a pinned arena now (a no-op for the other stores): what Prepare does

@@ -5,6 +5,7 @@
 // pause and a resume can fail without losing a byte or leaving a page pinned, and a retry
 // succeeds.
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <string>
@@ -199,6 +200,88 @@ TEST_F(GiveBackTest, EveryDriverCallOfAPauseAndAResumeFailsCleanly) {
   }
   EXPECT_GT(cases, 20);
   EXPECT_GT(failed, cases / 2);
+}
+
+// Note [Background Steps Yield] (allocator/tag_pool.h): a pause that arrives while the
+// background thread prepares the arena (or gives it back) in steps waits for the step in
+// progress only, not for the whole loop. The tag's arena takes two steps (512 + 64 MiB);
+// the background thread is held inside its first step's first driver call until the pause
+// has been called, so the pause is waiting for the lock when that step ends.
+class BackgroundStepsYieldTest : public testing::SimAllocatorTest {
+ protected:
+  static constexpr std::size_t kSize = TagPool::kPrepareStepBytes + PinnedPieces::kPieceBytes;
+
+  void SetUp() override {
+    AllocatorOptions options = testing::TestOptions();
+    options.auto_prepare = true;
+    options.auto_prepare_settle_ms = 0;
+    MakeAllocator(SimDriverOptions{1, kSize + 64 * kMiB, 2 * kMiB, {}}, options);
+    tag_ = *InternTag("yield");
+    ASSERT_TRUE(alloc_->CreateTag(tag_, Policy::kBackup).ok());
+  }
+  // Counts `op` by the thread that calls it; the background thread's first call of it
+  // waits until pause_called_, then 100 ms more.
+  void HoldTheBackgroundThreadAt(DriverOp op) {
+    const std::thread::id me = std::this_thread::get_id();
+    sim_->SetBeforeCall([this, op, me](DriverOp called) {
+      if (called != op) return;
+      if (std::this_thread::get_id() == me) {
+        ++foreground_;
+        return;
+      }
+      if (background_++ > 0) return;
+      held_ = true;
+      while (!pause_called_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    });
+  }
+  void PauseOnceHeld() {
+    while (!held_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    pause_called_ = true;
+    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+  }
+
+  TagId tag_ = 0;
+  std::atomic<bool> held_{false}, pause_called_{false};
+  std::atomic<int> foreground_{0}, background_{0};
+};
+
+TEST_F(BackgroundStepsYieldTest, APauseWaitsForOnePreparationStepNotForAll) {
+  HoldTheBackgroundThreadAt(DriverOp::kHostRegister);
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);  // the background preparation starts
+  FillPattern(p, kMiB, 1);
+  FillPattern(p + kSize - kMiB, kMiB, 2);
+  PauseOnceHeld();
+  sim_->SetBeforeCall(nullptr);
+  const int step = static_cast<int>(TagPool::kPrepareStepBytes / PinnedPieces::kPieceBytes);
+  EXPECT_EQ(background_.load(), step) << "the background thread pinned past its first step";
+  EXPECT_EQ(foreground_.load(), 1) << "the pause pins the last piece itself";
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());
+  EXPECT_EQ(WrongBytes(p, kMiB, 1), 0u);
+  EXPECT_EQ(WrongBytes(p + kSize - kMiB, kMiB, 2), 0u);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(BackgroundStepsYieldTest, APauseWaitsForOneHandBackStepNotForAll) {
+  ASSERT_TRUE(alloc_->SetBackupRetention(tag_, BackupRetention{false, true, true}).ok());
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
+  FillPattern(p, kMiB, 1);
+  FillPattern(p + kSize - kMiB, kMiB, 2);
+  alloc_->WaitForBackgroundPrepare();
+  ASSERT_TRUE(alloc_->Pause(tag_).ok());
+  HoldTheBackgroundThreadAt(DriverOp::kHostUnregister);
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());  // the background thread gives the memory back
+  PauseOnceHeld();
+  sim_->SetBeforeCall(nullptr);
+  const int step = static_cast<int>(TagPool::kPrepareStepBytes / PinnedPieces::kPieceBytes);
+  EXPECT_EQ(background_.load(), step) << "the background thread gave back past its first step";
+  EXPECT_EQ(foreground_.load(), 0);
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());
+  EXPECT_EQ(WrongBytes(p, kMiB, 1), 0u);
+  EXPECT_EQ(WrongBytes(p + kSize - kMiB, kMiB, 2), 0u);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_arena_bytes, 0);
+  ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
 }  // namespace

@@ -268,8 +268,9 @@ TEST_F(HostCapTest, AFailedSwitchLeavesAnArenaPreparedBeforeItAsItWas) {
   FreeAll();
 }
 
-// The arena level: a pause that warmed a partly pinned arena beyond what it held gives
-// that back when it fails, and the pinned part is pinned again.
+// The arena level: a pause into a partly pinned arena is charged for its whole layout
+// up front; when it fails, what it added goes back (warmed by its copies or not yet), and
+// the pinned part is pinned again.
 TEST(HostCapArenaTest, AFailedPauseGivesBackWhatItAddedToAPartlyPinnedArena) {
   SimDriver sim(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
   HostBudget budget;
@@ -281,6 +282,16 @@ TEST(HostCapArenaTest, AFailedPauseGivesBackWhatItAddedToAPartlyPinnedArena) {
     const BackupArena::Holding before = arena.holding();
     ASSERT_TRUE(arena.ReserveLayout(200 * kMiB, {200 * kMiB}).ok());
     ASSERT_EQ(budget.held(), 256 * kMiB);
+    EXPECT_EQ(arena.held_bytes(), 64 * kMiB);  // the copies warm the rest as they reach it
+    // Failed before a copy reached the cold part: the charge of the layout goes back.
+    arena.AfterFailedPause(before, /*give_back=*/false);
+    EXPECT_EQ(budget.held(), 64 * kMiB);
+    EXPECT_EQ(arena.held_bytes(), 64 * kMiB);
+    EXPECT_EQ(arena.PinnedPrefixBytes(), 64 * kMiB);
+    // Failed after its copies warmed and pinned the rest (Pin stands in for them).
+    ASSERT_TRUE(arena.ReserveLayout(200 * kMiB, {200 * kMiB}).ok());
+    ASSERT_TRUE(arena.Pin(200 * kMiB).ok());
+    ASSERT_EQ(arena.held_bytes(), 256 * kMiB);
     arena.AfterFailedPause(before, /*give_back=*/false);
     EXPECT_EQ(budget.held(), 64 * kMiB);
     EXPECT_EQ(arena.held_bytes(), 64 * kMiB);

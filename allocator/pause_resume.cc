@@ -40,7 +40,9 @@ absl::StatusOr<TransitionResult> PauseExecutor::Transact() {
   const Clock::time_point start = Clock::now();
   Driver* const driver = host_->driver();
   const int device = host_->device();
+  pool_->AnnounceTransition();  // Note [Background Steps Yield]
   MutexLock t(pool_->transition_mu());
+  pool_->WithdrawTransition();
   std::uint64_t synced_before;
   {
     MutexLock lock(host_->mu());
@@ -194,7 +196,9 @@ absl::Status ResumeExecutor::MapBack(Heap* heap, Heap::ResumeTxn* txn, bool rest
 
 absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
   const Clock::time_point start = Clock::now();
+  pool_->AnnounceTransition();  // Note [Background Steps Yield]
   MutexLock t(pool_->transition_mu());
+  pool_->WithdrawTransition();
   {
     MutexLock lock(host_->mu());
     VMSTASH_RETURN_IF_ERROR(pool_->MoveTo(TagState::kResuming));

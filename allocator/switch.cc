@@ -120,7 +120,11 @@ absl::Status SwitchExecutor::Transact() {
   absl::Status failed;
   std::string broken;  // the rollback's tags it could not restore, for the message
   {
+    for (TagPool* p : moving_out_) p->AnnounceTransition();  // Note [Background Steps Yield]
+    for (TagPool* p : moving_in_) p->AnnounceTransition();
     OrderedLocks transition_locks(std::move(transition));
+    for (TagPool* p : moving_out_) p->WithdrawTransition();
+    for (TagPool* p : moving_in_) p->WithdrawTransition();
     SwitchTransaction transaction(host_, std::move(out), moving_in_);
     failed = transaction.Run(&broken);
   }

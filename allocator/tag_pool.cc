@@ -2,8 +2,10 @@
 #include "allocator/tag_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <optional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "base/bytes.h"
@@ -228,7 +230,14 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
   return absl::OkStatus();
 }
 
+void TagPool::YieldToTransitions() const {
+  while (transitions_waiting_.load(std::memory_order_acquire) > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
 absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* done) {
+  YieldToTransitions();
   MutexLock t(&transition_mu_);
   *done = true;
   // Paused meanwhile (its pause pinned what it needed; a resume may have given it back),
@@ -402,6 +411,7 @@ void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) {
 
 absl::Status TagPool::GiveBack(Mutex* owner_mu) {
   for (;;) {
+    YieldToTransitions();
     MutexLock t(&transition_mu_);
     {
       MutexLock lock(owner_mu);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "base/log.h"
 #include "bench/bench_check.h"
 #include "vmm/driver_factory.h"
 #include "runtime/runtime_options.h"
@@ -59,6 +60,7 @@ int Run(int argc, char** argv) {
   const std::size_t size = gib << 30;
   absl::StatusOr<RuntimeOptions> options = RuntimeOptionsFromEnvironment();
   if (!options.ok()) return std::fprintf(stderr, "%s\n", options.status().ToString().c_str()), 1;
+  SetLogLevel(options->vmm.log_level);  // log_level:debug prints each pause's warming and registering time
   absl::StatusOr<std::unique_ptr<Driver>> made = CreateDriver(options->vmm);
   if (!made.ok()) return std::fprintf(stderr, "%s\n", made.status().ToString().c_str()), 1;
   Driver& driver = **made;

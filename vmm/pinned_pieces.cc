@@ -90,6 +90,7 @@ absl::Status PinnedPieces::Release() {
   data_ = nullptr;
   capacity_bytes_ = 0;
   pieces_.clear();
+  warm_ahead_end_ = 0;
   return absl::OkStatus();
 }
 
@@ -102,29 +103,33 @@ absl::Status PinnedPieces::CheckRange(std::size_t offset, std::size_t size_bytes
 }
 
 absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
-  std::vector<std::size_t> cold;
+  // The cold pieces' bytes in units of kWarmUnitBytes, shared out among the threads.
+  struct Unit {
+    std::size_t piece, begin, size;
+  };
+  std::vector<Unit> units;
   for (std::size_t k = first; k <= last && k < pieces_.size(); ++k) {
-    if (pieces_[k].state == State::kCold) cold.push_back(k);
+    if (pieces_[k].state != State::kCold) continue;
+    for (std::size_t at = 0; at < PieceSize(k); at += kWarmUnitBytes) {
+      units.push_back({k, PieceBegin(k) + at, std::min(kWarmUnitBytes, PieceSize(k) - at)});
+    }
   }
-  if (cold.empty()) return absl::OkStatus();
+  if (units.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
   std::mutex mu;
   absl::Status first_error;
-  std::vector<char> done(cold.size(), 0);
+  std::vector<char> failed(pieces_.size(), 0);  // a piece with a unit not faulted in
   auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < cold.size();) {
-      const std::size_t k = cold[i];
-      absl::Status s = FaultIn(data_ + PieceBegin(k), PieceSize(k));
+    for (std::size_t i; (i = next.fetch_add(1)) < units.size();) {
+      absl::Status s = FaultIn(data_ + units[i].begin, units[i].size);
+      if (s.ok()) continue;
       std::lock_guard<std::mutex> lock(mu);
-      if (s.ok()) {
-        done[i] = 1;
-      } else if (first_error.ok()) {
-        first_error = s;
-      }
+      failed[units[i].piece] = 1;
+      if (first_error.ok()) first_error = s;
     }
   };
-  const std::size_t helpers = std::min<std::size_t>(static_cast<std::size_t>(threads_), cold.size()) - 1;
+  const std::size_t helpers = std::min<std::size_t>(static_cast<std::size_t>(threads_), units.size()) - 1;
   std::vector<std::thread> pool;
   pool.reserve(helpers);
   for (std::size_t t = 0; t < helpers; ++t) {
@@ -136,8 +141,8 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   }
   work();
   for (std::thread& t : pool) t.join();
-  for (std::size_t i = 0; i < cold.size(); ++i) {
-    if (done[i] != 0) pieces_[cold[i]].state = State::kWarm;  // what was faulted in stays warm
+  for (const Unit& u : units) {
+    if (failed[u.piece] == 0) pieces_[u.piece].state = State::kWarm;  // what was faulted in stays warm
   }
   timing_.warm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return first_error;
@@ -182,6 +187,9 @@ absl::Status PinnedPieces::CopyIn(std::size_t offset, DevicePtr src, std::size_t
   for (std::size_t done = 0; done < size_bytes;) {
     const std::size_t at = offset + done, k = at / kPieceBytes;
     const std::size_t n = std::min(size_bytes - done, PieceBegin(k) + PieceSize(k) - at);
+    if (pieces_[k].state == State::kCold && warm_ahead_end_ > PieceBegin(k)) {
+      VMSTASH_RETURN_IF_ERROR(WarmPieces(k, (warm_ahead_end_ - 1) / kPieceBytes));
+    }
     VMSTASH_RETURN_IF_ERROR(PinPiece(k));
     VMSTASH_RETURN_IF_ERROR(driver_->CopyToHostAsync(device_, data_ + at, src + done, n, stream));
     done += n;
@@ -223,6 +231,7 @@ absl::Status PinnedPieces::HandBack(bool lazily) {
 
 absl::Status PinnedPieces::HandBackSome(std::size_t max_pinned_bytes, bool lazily, bool* more) {
   *more = false;
+  warm_ahead_end_ = 0;  // the next pause names what it charged for again
   std::size_t unpinned = 0;
   for (std::size_t k = 0; k < pieces_.size(); ++k) {
     if (pieces_[k].state == State::kCold) continue;

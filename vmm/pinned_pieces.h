@@ -13,15 +13,26 @@
 //   Each piece is cold (never touched, or handed back: its contents are undefined),
 //   warm (resident, written since it was last handed back, not pinned) or pinned:
 //     Warm(end)        cold pieces of [0, end) are faulted in writable by `threads`
-//                      threads (MADV_POPULATE_WRITE: an error, not a signal, when the
-//                      host is out of memory); contents are kept. A faulted page is dirty,
-//                      so after MADV_FREE the kernel may no longer discard it silently.
+//                      threads, kWarmUnitBytes at a time (MADV_POPULATE_WRITE: an error,
+//                      not a signal, when the host is out of memory); contents are kept.
+//                      A faulted page is dirty, so after MADV_FREE the kernel may no
+//                      longer discard it silently.
 //     Pin(off, n)      the pieces holding [off, off+n) are warmed (if cold) and registered.
 //     CopyIn/CopyOut   queue copies between a device range and [off, off+n), pinning
 //                      what they need first and split at piece bounds: the CUDA driver
 //                      refuses a copy across two registrations (invalid argument).
-//                      Registering does not wait for queued copies, so a pause pins piece
-//                      k+1 while the copy engine fills piece k.
+//                      Neither registering nor faulting in waits for queued copies, so a
+//                      pause pins piece k+1 while the copy engine fills piece k.
+//     WarmAheadWithin(end)  a CopyIn that meets a cold piece warms it and every cold
+//                      piece after it within [0, end), in one Warm (the owner names the
+//                      bytes it has charged for: Note [Host Budget]). A pause into an
+//                      arena partly pinned ahead (a preparation cut short) so has the copy
+//                      engine fill the pinned pieces while its threads warm the rest.
+//                      One Warm of all of it, not one per few pieces: faulting in 12 GiB
+//                      in 256 MiB steps between the registrations and copies took 1.5 s
+//                      on an H200 machine, in one step 0.4 s (bench/pause_bench.cc).
+//                      Reset to 0 (only the piece a copy needs) by Reserve, Release and
+//                      the hand-backs.
 //     Unpin()          every pinned piece is unregistered; contents are kept (warm).
 //     HandBack(lazy)   pinned pieces are unpinned and every piece's pages given back:
 //                      lazily (MADV_FREE: counted as available at once, reclaimed when
@@ -38,8 +49,9 @@
 //   the context: bench/host_ceiling_bench.cc, "overlap"), so it cannot run behind a
 //   resume's copies; an owner that wants the resume to return at link speed hands the
 //   memory back afterwards, in steps (allocator/tag_pool.h, TagPool::GiveBack).
-//   A pause into handed-back memory thus costs: Warm (a page-table walk when the OS did
-//   not take the pages, faults where it did) + registering pipelined with the copies.
+//   A pause into handed-back memory thus costs: warming (a page-table walk when the OS
+//   did not take the pages, faults where it did) and registering, both pipelined with the
+//   copies.
 //
 //   A failed call changes nothing it has not said: Pin/CopyIn leave the pieces pinned so
 //   far pinned (a later call, Unpin or Release handles them); Unpin and HandBackSome stop
@@ -52,6 +64,7 @@
 #ifndef VMSTASH_VMM_PINNED_PIECES_H_
 #define VMSTASH_VMM_PINNED_PIECES_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -65,6 +78,9 @@ namespace vmstash {
 class PinnedPieces {
  public:
   static constexpr std::size_t kPieceBytes = std::size_t{64} << 20;
+  // The share of one warming thread at a time (a multiple of the 2 MiB huge page): a
+  // step of a few pieces still keeps every thread busy.
+  static constexpr std::size_t kWarmUnitBytes = std::size_t{8} << 20;
   // The default number of threads that fault memory in: the hardware's, at most 16.
   static int DefaultThreads();
 
@@ -83,6 +99,7 @@ class PinnedPieces {
   absl::Status Release();
 
   absl::Status Warm(std::size_t end);
+  void WarmAheadWithin(std::size_t end) { warm_ahead_end_ = std::min(end, capacity_bytes_); }
   absl::Status Pin(std::size_t offset, std::size_t size_bytes);
   absl::Status CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream);
   absl::Status CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream);
@@ -130,6 +147,7 @@ class PinnedPieces {
   char* data_ = nullptr;
   std::size_t capacity_bytes_ = 0;
   std::vector<Piece> pieces_;
+  std::size_t warm_ahead_end_ = 0;  // WarmAheadWithin
   Timing timing_;
 };
 

@@ -110,6 +110,44 @@ TEST_F(PinnedPiecesTest, UnpinKeepsTheBytesAndHandBackLosesThem) {
   ASSERT_TRUE(p.HandBack(/*lazily=*/false).ok());
 }
 
+// A pause into an arena pinned only in part: the copies into the pinned piece warm
+// nothing (the copy engine starts at once); the first copy into a cold piece warms it and
+// the cold pieces after it, within the bytes the owner named, and no further.
+TEST_F(PinnedPiecesTest, ACopyWarmsAheadOnlyWithinTheNamedEnd) {
+  PinnedPieces p(&sim_, 0, 4);
+  ASSERT_TRUE(p.Reserve(size_).ok());
+  ASSERT_TRUE(p.Pin(0, kPiece).ok());  // a preparation cut short after piece 0
+  p.WarmAheadWithin(2 * kPiece);       // the pause's layout: pieces 0 and 1
+  (void)p.TakeTiming();
+  ASSERT_TRUE(p.CopyIn(0, va_, kPiece, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), kPiece);
+  EXPECT_EQ(p.TakeTiming().warm_ms, 0.0);
+  ASSERT_TRUE(p.CopyIn(kPiece, va_ + kPiece, kMiB, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), 2 * kPiece);  // piece 1 only: piece 2 lies past the end
+  EXPECT_EQ(p.pinned_bytes(), 2 * kPiece);
+  // Named up to the end, a copy into piece 1 (warm already) leaves piece 2 cold; one into
+  // piece 2 warms and pins it.
+  p.WarmAheadWithin(p.capacity_bytes());
+  ASSERT_TRUE(p.CopyIn(kPiece + kMiB, va_ + kPiece + kMiB, kPiece - kMiB, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), 2 * kPiece);
+  ASSERT_TRUE(p.CopyIn(2 * kPiece, va_ + 2 * kPiece, size_ - 2 * kPiece, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), p.capacity_bytes());
+  EXPECT_EQ(std::memcmp(p.data(), pattern_.data(), size_), 0);
+  // A hand-back forgets the end: the next copy warms only the piece it needs.
+  ASSERT_TRUE(p.HandBack(/*lazily=*/true).ok());
+  ASSERT_TRUE(p.CopyIn(0, va_, kMiB, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), kPiece);
+  // Named again: one copy into piece 0 warms all three.
+  ASSERT_TRUE(p.HandBack(/*lazily=*/true).ok());
+  p.WarmAheadWithin(p.capacity_bytes());
+  ASSERT_TRUE(p.CopyIn(0, va_, size_, stream_).ok());
+  EXPECT_EQ(p.resident_bytes(), p.capacity_bytes());
+  EXPECT_EQ(Registered(), 3u);
+  EXPECT_EQ(std::memcmp(p.data(), pattern_.data(), size_), 0);
+  ASSERT_TRUE(p.Release().ok());
+  EXPECT_EQ(Registered(), 0u);
+}
+
 TEST_F(PinnedPiecesTest, PinAndWarmCoverWholePieces) {
   PinnedPieces p(&sim_, 0, 8);
   ASSERT_TRUE(p.Reserve(size_).ok());
