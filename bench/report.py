@@ -61,6 +61,15 @@ def benchmarks(build, torch_ok):
          "sleep 3 s after the tags stopped growing, 5 cycles of sleep(1) and a whole wake, then 3 with "
          "selective wakes (weights, then the KV cache), against the same run's pinned link.",
          [py, "bench/vllm_sleep_bench.py", "--json", "bench/results/vllm_sleep.json"], {}, [r"."], True),
+        ("megatron_rl_offload_bench", "Megatron-LM RL's offload of its inference model and KV cache through "
+         "torch_memory_saver's API (bench/megatron_rl_offload_bench.py): megatron-core 0.19's own GPTModel "
+         "(1.67 B parameters, 3.11 GiB bf16) built in region('rl_inference_model', enable_cpu_backup=True) and "
+         "its DynamicInferenceContext with an 8 GiB KV buffer backed up (offload) or discarded (recompute), "
+         "suspended and resumed as Megatron's engine does; vmstash's drop-in (retain_cpu_backup off and on) "
+         "and torch_memory_saver itself where importable, each run in its own process, against the same "
+         "run's pinned link, with device and host memory per cycle and every byte checked.",
+         [py, "bench/megatron_rl_offload_bench.py", "--json", "bench/results/megatron_rl_offload.json"], {},
+         [r"."], True),
         ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
          "chunk size, release cost, create after release, pinned copy bandwidth.",
          [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+chunk\s", r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),

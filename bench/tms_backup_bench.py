@@ -187,9 +187,11 @@ def link_line(d2h, h2d):
 
 
 def failure_line(result, width):
-    """The table's line for a peer whose process failed: its last line of output."""
+    """The table's line for a peer whose process failed: its last line naming an error (a
+    warning printed at exit may follow it), else its last line of output."""
     tail = result["error"].strip().splitlines()
-    return f"{result['peer']:<{width}} failed: {tail[-1] if tail else '?'}"
+    errors = [line for line in tail if "Error" in line or "error:" in line]
+    return f"{result['peer']:<{width}} failed: {(errors or tail or ['?'])[-1]}"
 
 
 def peer_rows(results, lines, width, bytes_key, d2h, h2d):
