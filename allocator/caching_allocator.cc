@@ -1,6 +1,7 @@
 #include "allocator/caching_allocator.h"
 
 #include <algorithm>
+#include <tuple>
 #include <chrono>
 #include <cstring>
 #include <utility>
@@ -592,33 +593,37 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std::vector<TagId>& pause,
                                                                      const std::vector<TagId>& resume,
                                                                      const LiveRangesByTag* live,
-                                                                     SwitchChanges* changed) {
+                                                                     SwitchChanges* changed, const SwitchAgree* agree) {
   if (changed != nullptr) *changed = SwitchChanges();
+  // Note [Agreed Switch]: a request refused here is this process's outcome too.
+  auto refuse = [agree](absl::Status s) {
+    if (agree != nullptr) (void)(*agree)(s);
+    return s;
+  };
   if (pause.empty() && resume.empty()) {
-    return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
+    return refuse(absl::InvalidArgumentError("switch: no tag to pause and none to resume"));
   }
   absl::flat_hash_set<TagId> seen;
   std::vector<TagPool*> out, in;
   for (TagId t : pause) {
     if (!seen.insert(t).second) {
-      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice"));
+      return refuse(absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice")));
     }
   }
   for (TagId t : resume) {
     if (!seen.insert(t).second) {
-      return absl::InvalidArgumentError(absl::StrCat("switch: tag '", TagName(t), "' is listed twice or both paused "
-                                                     "and resumed"));
+      return refuse(absl::InvalidArgumentError(
+          absl::StrCat("switch: tag '", TagName(t), "' is listed twice or both paused and resumed")));
     }
   }
-  for (TagId t : pause) {
-    VMSTASH_ASSIGN_OR_RETURN(TagPool * p, TransitionPool(t, "switch (pause)"));
-    out.push_back(p);
+  for (auto [tags, pools, what] : {std::tuple{&pause, &out, "switch (pause)"}, std::tuple{&resume, &in, "switch (resume)"}}) {
+    for (TagId t : *tags) {
+      absl::StatusOr<TagPool*> p = TransitionPool(t, what);
+      if (!p.ok()) return refuse(p.status());
+      pools->push_back(*p);
+    }
   }
-  for (TagId t : resume) {
-    VMSTASH_ASSIGN_OR_RETURN(TagPool * p, TransitionPool(t, "switch (resume)"));
-    in.push_back(p);
-  }
-  return SwitchExecutor(this, std::move(out), std::move(in), live).Run(changed);
+  return SwitchExecutor(this, std::move(out), std::move(in), live, agree).Run(changed);
 }
 
 std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagPool*>& transition,

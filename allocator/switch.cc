@@ -45,6 +45,16 @@ std::vector<TagPool*> ByTagId(std::vector<TagPool*> pools) {
 }  // namespace
 
 absl::StatusOr<TransitionResult> SwitchExecutor::Run(SwitchChanges* changed) {
+  absl::StatusOr<TransitionResult> done = RunLocked(changed);
+  if (agree_ == nullptr || agreed_) return done;
+  // Note [Agreed Switch]: no transaction ran (refused, vetoed, or nothing to move); the
+  // control locks are released, nothing changed.
+  absl::Status decided = (*agree_)(done.status());
+  if (done.ok() && !decided.ok()) return decided;
+  return done;
+}
+
+absl::StatusOr<TransitionResult> SwitchExecutor::RunLocked(SwitchChanges* changed) {
   std::vector<TagPool*> all = out_;
   all.insert(all.end(), in_.begin(), in_.end());
   ControlLocks control_locks;
@@ -125,7 +135,8 @@ absl::Status SwitchExecutor::Transact() {
     OrderedLocks transition_locks(std::move(transition));
     for (TagPool* p : moving_out_) p->WithdrawTransition();
     for (TagPool* p : moving_in_) p->WithdrawTransition();
-    SwitchTransaction transaction(host_, std::move(out), moving_in_);
+    SwitchTransaction transaction(host_, std::move(out), moving_in_, agree_);
+    agreed_ = agree_ != nullptr;
     failed = transaction.Run(&broken);
   }
   if (failed.ok()) return absl::OkStatus();

@@ -59,7 +59,20 @@
 //   runs P's after-resume hooks; P stays active with its bytes, R paused with its
 //   backup. If that rollback itself fails, the P tag concerned is broken (as after a
 //   failed pause). R's after-resume hooks run after the commit, without locks.
-//   A hook run by a switch may not pause, resume or switch any tag of that switch. A hook
+//   A hook run by a switch may not pause, resume or switch any tag of that switch.
+//
+// Note [Agreed Switch]
+//   A switch can be made one of several (one per process of a job: vmstash.distributed)
+//   that all commit or all roll back. The caller passes `agree`, which the switch calls
+//   exactly once, whatever happens, with this process's outcome: OK when the transaction
+//   has done everything but (5) — every lock held, every copy done and waited for, the
+//   outgoing tags unmapped, a rollback still possible — else the local failure (a refused
+//   request, a veto, a failure of (1)-(4)); OK too when no tag had to move. `agree` returns
+//   OK to commit, or the reason (e.g. another process's failure) to roll back, which the
+//   switch then returns, every tag as it was; a local failure rolls back whatever `agree`
+//   returns. While `agree` runs (it may wait for other processes, up to its own timeout)
+//   this process's tags of the switch stay pausing/resuming: their allocations, frees and
+//   transitions wait. `agree` may not call into the allocator. A hook
 //   may transition other tags, but never waits for their control locks (ControlLocks, hooks.h): a
 //   tag in another transition is refused at once, since that transition may wait for the
 //   locks the hook's own transition holds.
@@ -73,6 +86,7 @@
 #include "allocator/tag.h"
 #include "allocator/tag_pool.h"
 #include "allocator/transition_host.h"
+#include "allocator/switch_transaction.h"
 #include "allocator/transition_plan.h"
 
 namespace vmstash {
@@ -88,9 +102,10 @@ struct SwitchChanges {
 class SwitchExecutor {
  public:
   // `out` and `in`: the pools of the request, in its order (none twice); `live` optional.
+  // `agree` (optional): Note [Agreed Switch].
   SwitchExecutor(TransitionHost* host, std::vector<TagPool*> out, std::vector<TagPool*> in,
-                 const LiveRangesByTag* live)
-      : host_(host), out_(std::move(out)), in_(std::move(in)), live_(live) {}
+                 const LiveRangesByTag* live, const SwitchAgree* agree = nullptr)
+      : host_(host), out_(std::move(out)), in_(std::move(in)), live_(live), agree_(agree) {}
   SwitchExecutor(const SwitchExecutor&) = delete;
   SwitchExecutor& operator=(const SwitchExecutor&) = delete;
 
@@ -98,6 +113,8 @@ class SwitchExecutor {
   absl::StatusOr<TransitionResult> Run(SwitchChanges* changed);
 
  private:
+  // Run, less the agreement where no transaction ran.
+  absl::StatusOr<TransitionResult> RunLocked(SwitchChanges* changed);
   // Under the control locks: the pools that move (the others are in their requested
   // state already) and their hooks; FailedPrecondition for a broken one.
   absl::Status Choose();
@@ -114,6 +131,8 @@ class SwitchExecutor {
   const std::vector<TagPool*> out_;
   const std::vector<TagPool*> in_;
   const LiveRangesByTag* const live_;
+  const SwitchAgree* const agree_;
+  bool agreed_ = false;  // the transaction called agree_
   // Chosen by Choose(): the pools that move, their hooks, and all their tags (the hooks'
   // own: a hook may not transition them).
   std::vector<TagPool*> moving_out_;

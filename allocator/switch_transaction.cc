@@ -14,8 +14,8 @@
 namespace vmstash {
 
 SwitchTransaction::SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
-                                     std::vector<TagPool*> in)
-    : host_(host), driver_(host->driver()), device_(host->device()) {
+                                     std::vector<TagPool*> in, const SwitchAgree* agree)
+    : host_(host), driver_(host->driver()), device_(host->device()), agree_(agree) {
   for (const auto& [pool, live] : out) {
     Out& o = out_.emplace_back();
     o.pool = pool;
@@ -28,6 +28,10 @@ absl::Status SwitchTransaction::Run(std::string* broken) {
   start_ = Clock::now();
   absl::Status failed = Begin();
   if (failed.ok()) failed = Execute();
+  if (agree_ != nullptr) {  // Note [Agreed Switch]: prepared (or failed), not yet committed
+    absl::Status decided = (*agree_)(failed);
+    if (failed.ok() && !decided.ok()) failed = decided;
+  }
   if (failed.ok()) {
     Commit();
     Log();

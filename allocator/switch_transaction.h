@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,6 +41,10 @@
 
 namespace vmstash {
 
+// Note [Agreed Switch] (switch.h): given this process's outcome of a switch, OK to commit
+// or the reason to roll back.
+using SwitchAgree = std::function<absl::Status(const absl::Status& local)>;
+
 class SwitchTransaction {
  public:
   // The steps of the timeline, in order (each marks when it ended).
@@ -48,8 +53,9 @@ class SwitchTransaction {
 
   // `out`: the pools to pause, each with its live-range hint (or null); `in`: the pools to
   // resume. Every pool's transition lock is held by the caller for the transaction's life.
+  // `agree` (optional, Note [Agreed Switch]) is called once by Run, between (4) and (5).
   SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
-                    std::vector<TagPool*> in);
+                    std::vector<TagPool*> in, const SwitchAgree* agree = nullptr);
   SwitchTransaction(const SwitchTransaction&) = delete;
   SwitchTransaction& operator=(const SwitchTransaction&) = delete;
 
@@ -119,6 +125,7 @@ class SwitchTransaction {
   TransitionHost* const host_;
   Driver* const driver_;
   const int device_;
+  const SwitchAgree* const agree_;
   std::vector<Out> out_;
   std::vector<In> in_;
   std::vector<Donor> donors_;           // every mapped chunk of the outgoing tags, by address
