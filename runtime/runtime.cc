@@ -388,6 +388,66 @@ absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std:
   return !changed.empty();
 }
 
+absl::StatusOr<bool> Runtime::AgreedSwitch(const std::vector<TagId>& pause, const std::vector<TagId>& resume,
+                                           int device, const LiveRangesByDevice* live,
+                                           const CachingAllocator::SwitchAgree& agree) {
+  // Note [Agreed Switch]: a refusal here is this process's outcome too.
+  auto refuse = [&agree](absl::Status s) {
+    (void)agree(s);
+    return s;
+  };
+  for (const std::vector<TagId>* list : {&pause, &resume}) {
+    for (TagId t : *list) {
+      if (!TagKnown(t)) {
+        return refuse(absl::NotFoundError(absl::StrCat("switch: tag '", TagName(t), "' does not exist in this process")));
+      }
+    }
+  }
+  absl::StatusOr<std::vector<CachingAllocator*>> targets = ExistingTargets(device);
+  if (!targets.ok()) return refuse(targets.status());
+  CachingAllocator* here = nullptr;
+  std::vector<TagId> p, r;
+  for (CachingAllocator* a : *targets) {
+    std::vector<TagId> ap, ar;
+    for (TagId t : pause) {
+      if (a->TagPolicy(t).ok()) ap.push_back(t);
+    }
+    for (TagId t : resume) {
+      if (a->TagPolicy(t).ok()) ar.push_back(t);
+    }
+    if (ap.empty() && ar.empty()) continue;
+    if (here != nullptr) {
+      return refuse(absl::InvalidArgumentError(absl::StrCat(
+          "agreed switch (pause ", TagList(pause), "; resume ", TagList(resume), "): its tags have memory on devices ",
+          here->device(), " and ", a->device(), "; an agreed switch covers one device per process (one rank per GPU)")));
+    }
+    here = a;
+    p = std::move(ap);
+    r = std::move(ar);
+  }
+  if (here == nullptr) {  // nothing of these tags on this device: nothing moves
+    if (pause.empty() && resume.empty()) return refuse(absl::InvalidArgumentError("switch: no tag to pause and none to resume"));
+    absl::Status decided = agree(absl::OkStatus());
+    if (!decided.ok()) return decided;
+    return false;
+  }
+  const CachingAllocator::LiveRangesByTag* hint = nullptr;
+  if (live != nullptr) {
+    auto it = live->find(here->device());
+    if (it != live->end()) hint = &it->second;
+  }
+  CachingAllocator::SwitchChanges changes;
+  absl::StatusOr<CachingAllocator::Transition> s = here->Switch(p, r, hint, &changes, &agree);
+  const bool done = !changes.paused.empty() || !changes.resumed.empty();
+  if (s.ok()) return done;
+  if (done) {  // committed; after-resume hooks failed
+    return DoneButHooksFailed(absl::StrCat("switch (pause ", TagList(pause), "; resume ", TagList(resume), ")"),
+                              {HookFailure{here->device(), s.status()}});
+  }
+  return absl::Status(s.status().code(),
+                      absl::StrCat("switch failed on device ", here->device(), ": ", s.status().message()));
+}
+
 absl::Status Runtime::Prepare(TagId tag, int device, std::size_t bytes) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
   for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(a->Prepare(tag, bytes));

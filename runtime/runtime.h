@@ -144,6 +144,12 @@ class Runtime {
   // `live` (optional): per device, per outgoing tag, the byte ranges known to be live.
   absl::StatusOr<bool> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
                               const LiveRangesByDevice* live = nullptr);
+  // Switch as one of several processes' switches that all commit or all roll back (Note
+  // [Agreed Switch] in allocator/switch.h): `agree` is called exactly once, whatever
+  // happens. It covers one device of this process (one rank per GPU): `device`, or with
+  // -1 the one device that holds memory of these tags; InvalidArgument when several do.
+  absl::StatusOr<bool> AgreedSwitch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
+                                    const LiveRangesByDevice* live, const CachingAllocator::SwitchAgree& agree);
   // True for the error of a Pause/Resume/Switch that is done on every device although
   // after-resume hooks failed on some (Note [All-or-Nothing Transitions], case 2); false
   // for OK and for every other error.

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -317,6 +318,83 @@ TEST_F(CAbiTest, SwitchThroughTheCAbiWithALiveHint) {
   EXPECT_EQ(r[1 << 20], 3);
   ASSERT_EQ(vmstash_resume("sw_train", 0), VMSTASH_OK);
   EXPECT_EQ(t[0], 1);
+  vmstash_free(t, 8 << 20, 0, nullptr);
+  vmstash_free(r, 8 << 20, 0, nullptr);
+}
+
+// vmstash_switch_agreed (Note [Agreed Switch]): the agreement is called once on every
+// path, refusals included; 0 commits, nonzero rolls back with its reason as the message.
+struct Votes {
+  int calls = 0;
+  int last_code = -1;
+  std::string last_message;
+  int answer = 0;  // 0: commit
+  const char* reason = "";
+};
+
+int Vote(void* ctx, int local_code, const char* local_message, char* reason, size_t reason_size) {
+  auto* v = static_cast<Votes*>(ctx);
+  ++v->calls;
+  v->last_code = local_code;
+  v->last_message = local_message;
+  std::snprintf(reason, reason_size, "%s", v->reason);
+  return v->answer;
+}
+
+TEST_F(CAbiTest, AgreedSwitchCallsTheAgreementOnceAndObeysIt) {
+  ASSERT_EQ(vmstash_create_tag("ag_roll", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_create_tag("ag_train", "backup"), VMSTASH_OK);
+  ASSERT_EQ(vmstash_set_current_tag("ag_train"), VMSTASH_OK);
+  auto* t = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
+  ASSERT_EQ(vmstash_set_current_tag("ag_roll"), VMSTASH_OK);
+  auto* r = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(t, nullptr);
+  ASSERT_NE(r, nullptr);
+  t[5] = 11;
+  r[7] = 22;
+  ASSERT_EQ(vmstash_pause("ag_roll", 0), VMSTASH_OK);
+  const char* train[] = {"ag_train"};
+  const char* roll[] = {"ag_roll"};
+  // Another rank said no: rolled back, the reason is the message.
+  Votes no{0, -1, "", 1, "rank 1 of 2: out of memory"};
+  EXPECT_EQ(vmstash_switch_agreed(train, 1, roll, 1, 0, nullptr, 0, Vote, &no), VMSTASH_ABORTED);
+  EXPECT_EQ(no.calls, 1);
+  EXPECT_EQ(no.last_code, VMSTASH_OK);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("rank 1 of 2: out of memory"));
+  EXPECT_EQ(t[5], 11);  // training still active with its bytes
+  // Yes: committed (device -1: the one device holding these tags).
+  Votes yes;
+  ASSERT_EQ(vmstash_switch_agreed(train, 1, roll, 1, -1, nullptr, 0, Vote, &yes), VMSTASH_OK) << vmstash_last_error();
+  EXPECT_EQ(yes.calls, 1);
+  EXPECT_EQ(r[7], 22);
+  // Already in state: the agreement hears OK, the call is a no-op.
+  yes = Votes();
+  EXPECT_EQ(vmstash_switch_agreed(train, 1, roll, 1, 0, nullptr, 0, Vote, &yes), VMSTASH_NOOP);
+  EXPECT_EQ(yes.calls, 1);
+  EXPECT_EQ(yes.last_code, VMSTASH_OK);
+  // Refusals before the runtime are heard too.
+  const char* typo[] = {"ag_trian"};
+  yes = Votes();
+  EXPECT_EQ(vmstash_switch_agreed(roll, 1, typo, 1, 0, nullptr, 0, Vote, &yes), VMSTASH_NOT_FOUND);
+  EXPECT_EQ(yes.calls, 1);
+  EXPECT_EQ(yes.last_code, VMSTASH_NOT_FOUND);
+  yes = Votes();
+  EXPECT_EQ(vmstash_switch_agreed(nullptr, 1, train, 1, 0, nullptr, 0, Vote, &yes), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_EQ(yes.calls, 1);
+  EXPECT_EQ(vmstash_switch_agreed(roll, 1, train, 1, 0, nullptr, 0, nullptr, nullptr), VMSTASH_INVALID_ARGUMENT);
+  ASSERT_EQ(vmstash_switch(roll, 1, train, 1, 0, nullptr, 0), VMSTASH_OK);
+  EXPECT_EQ(t[5], 11);
+  // Tags with memory on two devices: an agreed switch covers one.
+  ASSERT_EQ(vmstash_set_current_tag("ag_train"), VMSTASH_OK);
+  void* t1 = vmstash_malloc(1 << 20, 1, nullptr);
+  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
+  ASSERT_NE(t1, nullptr);
+  yes = Votes();
+  EXPECT_EQ(vmstash_switch_agreed(train, 1, nullptr, 0, -1, nullptr, 0, Vote, &yes), VMSTASH_INVALID_ARGUMENT);
+  EXPECT_THAT(vmstash_last_error(), HasSubstr("one device per process"));
+  EXPECT_EQ(yes.calls, 1);
+  vmstash_free(t1, 1 << 20, 1, nullptr);
   vmstash_free(t, 8 << 20, 0, nullptr);
   vmstash_free(r, 8 << 20, 0, nullptr);
 }

@@ -329,33 +329,84 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
 
 int vmstash_resume(const char* tag, int device) noexcept { return Transition(tag, device, false, nullptr); }
 
-int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
-                   int device, const vmstash_live_ranges* live, size_t n_live) noexcept {
+namespace {
+
+// A switch request's C arguments, checked and parsed.
+struct SwitchArgs {
+  std::vector<TagId> pause, resume;
+  Runtime::LiveRangesByDevice ranges;
+};
+
+absl::Status ParseSwitch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags,
+                         size_t n_resume, const vmstash_live_ranges* live, size_t n_live, const char* what,
+                         SwitchArgs* args) {
   if ((n_pause != 0 && pause_tags == nullptr) || (n_resume != 0 && resume_tags == nullptr) ||
       (n_live != 0 && live == nullptr)) {
-    return Fail(absl::InvalidArgumentError("vmstash_switch: a NULL array with a nonzero count"));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a NULL array with a nonzero count"));
   }
+  for (auto [tags, n, out] :
+       {std::tuple{pause_tags, n_pause, &args->pause}, std::tuple{resume_tags, n_resume, &args->resume}}) {
+    for (size_t i = 0; i < n; ++i) {
+      absl::StatusOr<TagId> id = ExistingTagArg(tags[i]);
+      if (!id.ok()) return id.status();
+      out->push_back(*id);
+    }
+  }
+  for (size_t i = 0; i < n_live; ++i) {
+    absl::StatusOr<TagId> id = ExistingTagArg(live[i].tag);
+    if (!id.ok()) return id.status();
+    if (absl::Status s = AddLiveEntry(live[i], *id, what, &args->ranges); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
+                   int device, const vmstash_live_ranges* live, size_t n_live) noexcept {
   try {
-    std::vector<TagId> pause, resume;
-    for (auto [tags, n, out] : {std::tuple{pause_tags, n_pause, &pause}, std::tuple{resume_tags, n_resume, &resume}}) {
-      for (size_t i = 0; i < n; ++i) {
-        absl::StatusOr<TagId> id = ExistingTagArg(tags[i]);
-        if (!id.ok()) return Fail(id.status());
-        out->push_back(*id);
-      }
-    }
-    Runtime::LiveRangesByDevice ranges;
-    for (size_t i = 0; i < n_live; ++i) {
-      absl::StatusOr<TagId> id = ExistingTagArg(live[i].tag);
-      if (!id.ok()) return Fail(id.status());
-      if (absl::Status s = AddLiveEntry(live[i], *id, "vmstash_switch", &ranges); !s.ok()) return Fail(s);
-    }
+    SwitchArgs args;
+    absl::Status parsed = ParseSwitch(pause_tags, n_pause, resume_tags, n_resume, live, n_live, "vmstash_switch", &args);
+    if (!parsed.ok()) return Fail(parsed);
     return WithRuntime([&](Runtime& rt) {
-      return TransitionCode(rt.Switch(pause, resume, device, n_live == 0 ? nullptr : &ranges));
+      return TransitionCode(rt.Switch(args.pause, args.resume, device, n_live == 0 ? nullptr : &args.ranges));
     });
   } catch (const std::bad_alloc&) {
     return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
   }
+}
+
+int vmstash_switch_agreed(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags,
+                          size_t n_resume, int device, const vmstash_live_ranges* live, size_t n_live,
+                          vmstash_agree_fn agree, void* ctx) noexcept {
+  if (agree == nullptr) return Fail(absl::InvalidArgumentError("vmstash_switch_agreed: a NULL agreement"));
+  // Note [Agreed Switch]: the agreement hears this process's outcome exactly once.
+  bool called = false;
+  const CachingAllocator::SwitchAgree agreement = [agree, ctx, &called](const absl::Status& local) {
+    called = true;
+    char reason[1024] = {0};
+    const std::string message(local.message());
+    if (agree(ctx, static_cast<int>(local.code()), message.c_str(), reason, sizeof reason) == 0) {
+      return absl::OkStatus();
+    }
+    reason[sizeof reason - 1] = 0;
+    return absl::AbortedError(reason[0] != 0 ? reason : "the agreement said no");
+  };
+  int rc = 0;
+  try {
+    SwitchArgs args;
+    absl::Status parsed =
+        ParseSwitch(pause_tags, n_pause, resume_tags, n_resume, live, n_live, "vmstash_switch_agreed", &args);
+    rc = !parsed.ok() ? Fail(parsed) : WithRuntime([&](Runtime& rt) {
+      return TransitionCode(
+          rt.AgreedSwitch(args.pause, args.resume, device, n_live == 0 ? nullptr : &args.ranges, agreement));
+    });
+  } catch (const std::bad_alloc&) {
+    rc = Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+  }
+  // Refused before the runtime (bad arguments, no runtime, no memory): still one answer.
+  if (!called) (void)agreement(absl::Status(static_cast<absl::StatusCode>(rc), vmstash_last_error()));
+  return rc;
 }
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {

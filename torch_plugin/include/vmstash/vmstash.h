@@ -184,6 +184,22 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
  * Hints]). */
 int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
                    int device, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
+/* A switch as one of several processes' switches (one per rank of a job) that all commit
+ * or all roll back (Note [Agreed Switch], allocator/switch.h; vmstash.distributed builds the
+ * agreement on torch.distributed). `agree` is called exactly once, on the calling thread,
+ * whatever happens: with local_code 0 once this process's switch is prepared (every copy
+ * done, a rollback still possible), else with the local failure's code and message. It
+ * returns 0 to commit, nonzero to roll back; then the switch returns VMSTASH_ABORTED, every
+ * tag as it was, with the text `agree` wrote into `reason` (reason_size bytes with the NUL)
+ * as the error message. A local failure rolls back whatever `agree` returns. `agree` may
+ * not call vmstash. The switch covers one device of this process: `device`, or with -1 the
+ * one device holding memory of these tags (VMSTASH_INVALID_ARGUMENT when several do).
+ * Otherwise as vmstash_switch; VMSTASH_INVALID_ARGUMENT for a NULL `agree` (not called). */
+typedef int (*vmstash_agree_fn)(void* ctx, int local_code, const char* local_message, char* reason,
+                                size_t reason_size);
+int vmstash_switch_agreed(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags,
+                          size_t n_resume, int device, const vmstash_live_ranges* live, size_t n_live,
+                          vmstash_agree_fn agree, void* ctx) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
  * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
  * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
