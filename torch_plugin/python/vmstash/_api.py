@@ -173,7 +173,7 @@ def resume(tag=None, device=None):
     return changed
 
 
-def switch(pause=(), resume=(), device=None, *, keep_nothing=()):
+def switch(pause=(), resume=(), device=None, *, keep_nothing=(), agree=None):
     """A phase switch: pauses the tags in `pause` and resumes those in `resume` in one
     transaction, on `device` (None: every device in use, all or nothing). The outgoing
     tags' live bytes go to host memory while the incoming tags' come back (both directions
@@ -183,7 +183,14 @@ def switch(pause=(), resume=(), device=None, *, keep_nothing=()):
     every tag already was in its requested state. On failure (vmstash.OutOfMemoryError when
     the incoming tags do not fit) every tag is as it was. `keep_nothing`: (tag, device)
     pairs of outgoing tags whose bytes are not kept there (an empty liveness hint, Note
-    [Liveness Hints]; vmstash.compat.vllm drops a backup tag's bytes this way)."""
+    [Liveness Hints]; vmstash.compat.vllm drops a backup tag's bytes this way).
+    `agree` (Note [Agreed Switch]; vmstash.distributed builds it): the switch as one of
+    several processes' that all commit or all roll back, on one device of this process
+    (`device`, or None: the one device holding these tags). It is called exactly once with
+    this process's outcome (None: prepared, only the commit left; else the failure as a
+    vmstash.Error) and returns None to commit, or a reason (str) to roll back: the switch
+    then raises vmstash.Error (ABORTED) with it, every tag as it was. An exception in
+    `agree` rolls back too and is raised, chained. `agree` may not call vmstash."""
     if isinstance(pause, str) or isinstance(resume, str):
         raise TypeError("switch: pause and resume are lists of tag names, not a string")
     pause, resume = list(pause), list(resume)
@@ -195,10 +202,35 @@ def switch(pause=(), resume=(), device=None, *, keep_nothing=()):
     dropped = {t for t, _ in keep_nothing}
     live_arr, n_live, keep = _live_array([(t, n) for t, n in zip(pause, names) if t not in dropped], dev,
                                          [(_lib.encode(t), d) for t, d in keep_nothing])
-    done = _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live),
-                          f"switch(pause={pause!r}, resume={resume!r})")
+    what = f"switch(pause={pause!r}, resume={resume!r})"
+    if agree is None:
+        done = _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live), what)
+        del keep
+        return done
+    raised = []
+
+    def vote(_ctx, code, message, reason, size):
+        local = None if code == _lib.OK else _lib.error(f"{what}: {message.decode(errors='replace')}", code)
+        try:
+            answer = agree(local)
+        except BaseException as e:  # noqa: BLE001 - re-raised below, after the rollback
+            raised.append(e)
+            answer = f"the agreement raised {type(e).__name__}: {e}"
+        if answer is None:
+            return 0
+        text = str(answer).encode(errors="replace")[: max(size - 1, 0)]
+        ctypes.memmove(reason, text + b"\0", len(text) + 1)
+        return 1
+
+    callback = _lib.AGREE_FN(vote)
+    code = l.vmstash_switch_agreed(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live, callback, None)
     del keep
-    return done
+    try:
+        return _lib.raise_for(code, what)
+    except _lib.Error as e:
+        if raised:
+            raise e from raised[0]
+        raise
 
 
 def prepare(tag, device=None, nbytes=0):

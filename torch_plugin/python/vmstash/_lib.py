@@ -136,6 +136,11 @@ class LiveRanges(ctypes.Structure):
                 ("sizes", ctypes.POINTER(ctypes.c_uint64)), ("n", ctypes.c_size_t)]
 
 
+# vmstash_agree_fn (vmstash.h): (ctx, local_code, local_message, reason, reason_size) -> 0 to commit.
+AGREE_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p,
+                            ctypes.c_size_t)
+
+
 def _declare(l):
     c_char_p, c_int, c_size_t, c_void_p = ctypes.c_char_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
     u64p = ctypes.POINTER(ctypes.c_uint64)
@@ -158,6 +163,8 @@ def _declare(l):
         "vmstash_resume": (c_int, [c_char_p, c_int]),
         "vmstash_switch": (c_int, [ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_char_p), c_size_t, c_int,
                                    ctypes.POINTER(LiveRanges), c_size_t]),
+        "vmstash_switch_agreed": (c_int, [ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_char_p), c_size_t,
+                                          c_int, ctypes.POINTER(LiveRanges), c_size_t, AGREE_FN, c_void_p]),
         "vmstash_read_backup": (c_int, [c_void_p, c_size_t, c_int, c_void_p]),
         "vmstash_backup_address": (c_int, [c_void_p, c_size_t, c_int, ctypes.POINTER(c_void_p)]),
         "vmstash_set_memory_margin": (c_int, [c_size_t]),
