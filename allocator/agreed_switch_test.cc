@@ -13,6 +13,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "allocator/host_budget.h"
+#include "allocator/switch_scenario.h"
 #include "allocator/testing.h"
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -25,12 +26,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::vmstash::testing::TagStatsOf;
 
-struct Live {
-  DevicePtr address = 0;
-  std::size_t size = 0;
-  std::uint8_t seed = 0;
-};
-
 class AgreedSwitchTest : public testing::SimAllocatorTest {
  protected:
   void SetUp() override {
@@ -42,9 +37,9 @@ class AgreedSwitchTest : public testing::SimAllocatorTest {
     kv_ = Tag("kv", Policy::kDiscard);
     weights_ = Tag("weights", Policy::kBackup);
     other_ = Tag("other", Policy::kBackup);
-    train_blocks_ = Fill(train_, {24 * kMiB, 3 * kMiB + 4096}, 1);
-    weights_blocks_ = Fill(weights_, {16 * kMiB, 5 * kMiB}, 40);
-    (void)Fill(kv_, {32 * kMiB}, 80);
+    train_blocks_ = testing::FillBlocks(*alloc_, train_, {24 * kMiB, 3 * kMiB + 4096}, 1);
+    weights_blocks_ = testing::FillBlocks(*alloc_, weights_, {16 * kMiB, 5 * kMiB}, 40);
+    (void)testing::FillBlocks(*alloc_, kv_, {32 * kMiB}, 80);
     // The rollout phase is paused: weights backed up, the KV cache dropped.
     EXPECT_TRUE(alloc_->Switch({weights_, kv_}, {}).ok());
   }
@@ -52,21 +47,6 @@ class AgreedSwitchTest : public testing::SimAllocatorTest {
     const TagId t = *InternTag(name);
     EXPECT_TRUE(alloc_->CreateTag(t, policy).ok());
     return t;
-  }
-  std::vector<Live> Fill(TagId tag, const std::vector<std::size_t>& sizes, std::uint8_t seed) {
-    std::vector<Live> out;
-    for (std::size_t n : sizes) {
-      absl::StatusOr<DevicePtr> p = alloc_->Allocate(n, nullptr, tag);
-      EXPECT_TRUE(p.ok()) << p.status();
-      FillPattern(*p, n, seed);
-      out.push_back({*p, n, seed++});
-    }
-    return out;
-  }
-  static std::size_t Wrong(const std::vector<Live>& blocks) {
-    std::size_t wrong = 0;
-    for (const Live& b : blocks) wrong += WrongBytes(b.address, b.size, b.seed);
-    return wrong;
   }
   std::string State(TagId tag) const { return TagStatsOf(*alloc_, tag).state; }
   // An agreement that records each call and answers `answer`.
@@ -82,7 +62,7 @@ class AgreedSwitchTest : public testing::SimAllocatorTest {
   }
 
   TagId train_ = 0, kv_ = 0, weights_ = 0, other_ = 0;
-  std::vector<Live> train_blocks_, weights_blocks_;
+  std::vector<testing::PatternBlock> train_blocks_, weights_blocks_;
   std::vector<absl::Status> locals_;
 };
 
@@ -94,9 +74,9 @@ TEST_F(AgreedSwitchTest, YesCommitsAfterOnePreparedCall) {
   EXPECT_EQ(State(train_), "paused");
   EXPECT_EQ(State(weights_), "active");
   EXPECT_EQ(State(kv_), "active");
-  EXPECT_EQ(Wrong(weights_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(weights_blocks_), 0u);
   ASSERT_TRUE(alloc_->Switch({weights_, kv_}, {train_}).ok());
-  EXPECT_EQ(Wrong(train_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
   EXPECT_TRUE(alloc_->Validate().ok());
 }
 
@@ -123,15 +103,15 @@ TEST_F(AgreedSwitchTest, TheAgreementRunsWithTheSwitchPreparedNotCommitted) {
   EXPECT_EQ(State(train_), "active");
   EXPECT_EQ(State(weights_), "paused");
   EXPECT_EQ(State(kv_), "paused");
-  EXPECT_EQ(Wrong(train_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
   EXPECT_EQ(HostBudget::Process().held(), held);
   EXPECT_TRUE(alloc_->Validate().ok());
   // The retry, agreed, goes through; the weights' backup survived the rollback.
   const CachingAllocator::SwitchAgree yes = Recording(absl::OkStatus());
   ASSERT_TRUE(ToRollout(yes).ok());
-  EXPECT_EQ(Wrong(weights_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(weights_blocks_), 0u);
   ASSERT_TRUE(alloc_->Switch({weights_, kv_}, {train_}).ok());
-  EXPECT_EQ(Wrong(train_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
 }
 
 // Every refused request, a veto and a switch with nothing to move still call the agreement
@@ -174,7 +154,7 @@ TEST_F(AgreedSwitchTest, EveryPathCallsTheAgreementOnce) {
   EXPECT_THAT(locals_[0].message(), HasSubstr("not now"));
   EXPECT_EQ(State(train_), "active");
   EXPECT_EQ(State(weights_), "paused");
-  EXPECT_EQ(Wrong(train_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
 }
 
 // A failure of the transaction itself: the agreement hears it once; the switch rolls back
@@ -203,14 +183,14 @@ TEST_F(AgreedSwitchTest, ALocalFailureRollsBackWhateverTheAgreementSays) {
     EXPECT_FALSE(locals_[0].ok());
     EXPECT_EQ(State(train_), "active");
     EXPECT_EQ(State(weights_), "paused");
-    EXPECT_EQ(Wrong(train_blocks_), 0u);
+    EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
     EXPECT_EQ(HostBudget::Process().held(), held);
     EXPECT_TRUE(alloc_->Validate().ok());
   }
   EXPECT_GE(failed, 5) << "the faults missed the switch: " << missed;
   const CachingAllocator::SwitchAgree yes = Recording(absl::OkStatus());
   ASSERT_TRUE(ToRollout(yes).ok());
-  EXPECT_EQ(Wrong(weights_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(weights_blocks_), 0u);
 }
 
 // While the agreement waits (for other processes), the switch's tags are held, other tags
@@ -239,7 +219,7 @@ TEST_F(AgreedSwitchTest, OtherTagsWorkWhileTheAgreementWaits) {
   EXPECT_TRUE(other_done.load()) << "another tag's allocation waited for the agreement";
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_TRUE(alloc_->Switch({weights_, kv_}, {train_}).ok());
-  EXPECT_EQ(Wrong(train_blocks_), 0u);
+  EXPECT_EQ(testing::WrongBlocks(train_blocks_), 0u);
 }
 
 }  // namespace
