@@ -22,8 +22,8 @@ so that a broken GPU state cannot block them), with torch.distributed:
   the exchange should be the only thing the other ranks are waiting for.
 
 The group: `group` (None: torch.distributed's default group); when its backend is not gloo,
-a gloo group over the same ranks is made once (a collective call: every rank makes it, in
-the same order, as every rank calls switch) per group and timeout. Ray: call it from each
+a gloo group over the same ranks is made once per group and timeout (by the group's ranks
+only, in the same order, as they all call switch). Ray: call it from each
 actor's rank with its group (docs/usage.md). `exchange` replaces torch.distributed (tests,
 another collective engine): an object with `rank`, `size` and all_gather(obj) -> list that
 raises on a timeout.
@@ -54,7 +54,10 @@ class _TorchExchange:
         else:
             key = (ranks, seconds)
             if key not in _groups:
-                _groups[key] = dist.new_group(list(ranks), backend="gloo", timeout=timeout)
+                # Only the group's ranks make it (not every rank of the job, as new_group
+                # otherwise requires): a tensor-parallel group switches on its own.
+                _groups[key] = dist.new_group(list(ranks), backend="gloo", timeout=timeout,
+                                              use_local_synchronization=True)
             self._group = _groups[key]
         self.rank = dist.get_rank(self._group) if self._group is not None else dist.get_rank()
         self.size = len(ranks)
