@@ -296,11 +296,20 @@ absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vecto
     TryRing();
     return absl::OkStatus();
   }
-  // Charged for all of it; warmed by the copies as they reach it (Note [Pinned Pieces],
-  // WarmAheadWithin), so what is pinned already is copied while the rest is warmed.
   VMSTASH_RETURN_IF_ERROR(ChargePinned(size_bytes));
-  pinned_.WarmAheadWithin(size_bytes);
-  return absl::OkStatus();
+  if (pinned_.pinned_prefix_bytes() > 0) {
+    // Partly pinned (a preparation cut short): the copies into the pinned part run while
+    // the first copy past it warms the rest (Note [Pinned Pieces], WarmAheadWithin). A
+    // host that refuses those pages then fails the pause (ResourceExhausted, every tag as
+    // it was) instead of spilling it to disk.
+    pinned_.WarmAheadWithin(size_bytes);
+    return absl::OkStatus();
+  }
+  // Nothing pinned, nothing to copy meanwhile: warmed here, before the device is touched,
+  // so that a host refusing the pages spills the pause (TagPool::ReserveBackup).
+  absl::Status warmed = pinned_.Warm(size_bytes);
+  if (!warmed.ok()) RefundPinned();
+  return warmed;
 }
 
 // Note [Host Budget]: the whole pieces holding [0, end) plus what is resident already,

@@ -189,7 +189,9 @@ class BackupArena {
   // adding up to size_bytes) are the backed-up bytes of each block in arena order. For
   // kDiskFiles, one file per piece (Note [Disk Backup Files]), replacing any files the
   // arena had; for the other stores Reserve(size_bytes), and a pinned arena is charged for
-  // those bytes (the pause's CopyIn warms and pins them, pipelined with the copies).
+  // those bytes and warms them (many threads), or, when part of it is pinned already,
+  // leaves that to the pause's first CopyIn past the pinned part (WarmAheadWithin); the
+  // CopyIns pin them, pipelined with the copies.
   absl::Status ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes);
   absl::Status Release();
   // Pins [0, end) of a pinned arena now (a no-op for the other stores): what Prepare does

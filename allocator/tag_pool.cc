@@ -15,6 +15,26 @@
 namespace vmstash {
 namespace {
 
+// A foreground caller's hold of a tag's transition lock: announced while it waits (Note
+// [Background Steps Yield]).
+class ABSL_SCOPED_LOCKABLE ForegroundLock {
+ public:
+  ForegroundLock(std::atomic<int>* waiting, Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
+    waiting->fetch_add(1, std::memory_order_acq_rel);
+    mu->Lock();
+    waiting->fetch_sub(1, std::memory_order_acq_rel);
+  }
+  ~ForegroundLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+  ForegroundLock(const ForegroundLock&) = delete;
+  ForegroundLock& operator=(const ForegroundLock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+}  // namespace
+namespace {
+
 struct Move {
   TagState from;
   TagState to;
@@ -215,7 +235,9 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
   {
     // The state is checked under the transition lock, and the arena is touched only while
     // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
+    if (!background) AnnounceTransition();  // Note [Background Steps Yield]
     MutexLock t(&transition_mu_);
+    if (!background) WithdrawTransition();
     VMSTASH_RETURN_IF_ERROR(ReserveForPrepare(bytes, background, owner_mu, &pin_to));
     if (pin_to == 0) return absl::OkStatus();
     if (!background) {  // the caller waits for all of it
@@ -296,7 +318,7 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
 }
 
 absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
-  MutexLock t(&transition_mu_);
+  ForegroundLock t(&transitions_waiting_, &transition_mu_);
   {
     MutexLock lock(owner_mu);
     if (state_ == TagState::kPaused) {
@@ -334,7 +356,9 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
   // Waits for a transition, preparation or backup read of the tag (which may still use the
   // arena); only trying the lock would leave the arena behind for good, as no later free
   // asks again.
+  AnnounceTransition();  // Note [Background Steps Yield]
   transition_mu_.Lock();
+  WithdrawTransition();
   {
     MutexLock lock(owner_mu);
     const bool orphaned = retention_.release_with_blocks && arena_ != nullptr &&
@@ -393,7 +417,7 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
 }
 
 void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
-  MutexLock t(&transition_mu_);
+  ForegroundLock t(&transitions_waiting_, &transition_mu_);
   MutexLock lock(owner_mu);
   retention_ = retention;
 }
@@ -431,7 +455,7 @@ absl::Status TagPool::GiveBack(Mutex* owner_mu) {
 }
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
-  MutexLock t(&transition_mu_);
+  ForegroundLock t(&transitions_waiting_, &transition_mu_);
   {
     MutexLock lock(owner_mu);
     if (policy_ != Policy::kBackup) {
@@ -472,7 +496,7 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
 
 absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
                                          const std::function<void(const char*)>& use) {
-  MutexLock t(&transition_mu_);  // no resume meanwhile: the arena stays
+  ForegroundLock t(&transitions_waiting_, &transition_mu_);  // no resume meanwhile: the arena stays
   std::optional<std::size_t> offset;
   {
     MutexLock lock(owner_mu);

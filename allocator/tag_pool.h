@@ -246,9 +246,11 @@ class TagPool {
   //   transition lock again right after each step (Prepare's PinStep, GiveBack) wins it
   //   over a waiting pause step after step, and the pause waits for the whole loop (on an
   //   H200 machine: a first pause meeting a 12 GiB preparation a quarter done took 1.8 s,
-  //   against 0.9 s for one meeting nothing prepared). So a foreground transition (pause,
-  //   resume, switch) announces itself before it waits for the lock (AnnounceTransition,
-  //   WithdrawTransition once it holds it), and the loops take no next step while one is
+  //   against 0.9 s for one meeting nothing prepared). So every foreground caller of the
+  //   lock (pause, resume, switch; a foreground Prepare, ReleaseBackup, SetStore,
+  //   SetRetention, the last free's ReleaseOrphanedArena, a backup read) announces itself
+  //   before it waits for it (AnnounceTransition, WithdrawTransition once it holds it; in
+  //   tag_pool.cc, ForegroundLock), and the loops take no next step while one is
   //   announced (YieldToTransitions); after it they find the arena moved on (arena_epoch_,
   //   give_back_pending_) and stop, or go on.
   static constexpr std::size_t kPrepareStepBytes = std::size_t{512} << 20;

@@ -119,13 +119,11 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   std::atomic<std::size_t> next{0};
   std::mutex mu;
   absl::Status first_error;
-  std::vector<char> failed(pieces_.size(), 0);  // a piece with a unit not faulted in
   auto work = [&] {
     for (std::size_t i; (i = next.fetch_add(1)) < units.size();) {
       absl::Status s = FaultIn(data_ + units[i].begin, units[i].size);
       if (s.ok()) continue;
       std::lock_guard<std::mutex> lock(mu);
-      failed[units[i].piece] = 1;
       if (first_error.ok()) first_error = s;
     }
   };
@@ -141,9 +139,10 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   }
   work();
   for (std::thread& t : pool) t.join();
-  for (const Unit& u : units) {
-    if (failed[u.piece] == 0) pieces_[u.piece].state = State::kWarm;  // what was faulted in stays warm
-  }
+  // Every piece touched is warm, a failed one too: its other units (and part of the failed
+  // one) may be resident, and a warm piece is counted, charged and handed back; a cold one
+  // would hold pages nobody accounts for. Registering faults in what is missing.
+  for (const Unit& u : units) pieces_[u.piece].state = State::kWarm;
   timing_.warm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return first_error;
 }

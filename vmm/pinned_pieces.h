@@ -16,7 +16,8 @@
 //                      threads, kWarmUnitBytes at a time (MADV_POPULATE_WRITE: an error,
 //                      not a signal, when the host is out of memory); contents are kept.
 //                      A faulted page is dirty, so after MADV_FREE the kernel may no
-//                      longer discard it silently.
+//                      longer discard it silently. On a failure every piece it touched is
+//                      warm all the same (partly resident: counted and handed back).
 //     Pin(off, n)      the pieces holding [off, off+n) are warmed (if cold) and registered.
 //     CopyIn/CopyOut   queue copies between a device range and [off, off+n), pinning
 //                      what they need first and split at piece bounds: the CUDA driver
@@ -49,9 +50,10 @@
 //   the context: bench/host_ceiling_bench.cc, "overlap"), so it cannot run behind a
 //   resume's copies; an owner that wants the resume to return at link speed hands the
 //   memory back afterwards, in steps (allocator/tag_pool.h, TagPool::GiveBack).
-//   A pause into handed-back memory thus costs: warming (a page-table walk when the OS
-//   did not take the pages, faults where it did) and registering, both pipelined with the
-//   copies.
+//   A pause into handed-back memory thus costs: Warm (a page-table walk when the OS did
+//   not take the pages, faults where it did; done by the owner before the first copy, so
+//   that a refusal comes before the device is touched) + registering pipelined with the
+//   copies. Only into an arena partly pinned does the warming run behind copies too.
 //
 //   A failed call changes nothing it has not said: Pin/CopyIn leave the pieces pinned so
 //   far pinned (a later call, Unpin or Release handles them); Unpin and HandBackSome stop
