@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/host_budget.h"
 #include "allocator/tag_pool.h"
 #include "allocator/testing.h"
 #include "base/byte_pattern.h"
@@ -235,11 +236,17 @@ class BackgroundStepsYieldTest : public testing::SimAllocatorTest {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     });
   }
-  void PauseOnceHeld() {
+  // Runs `call` once the background thread is held inside its first step.
+  template <typename F>
+  void CallOnceHeld(F call) {
     while (!held_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     pause_called_ = true;
-    ASSERT_TRUE(alloc_->Pause(tag_).ok());
+    call();
   }
+  void PauseOnceHeld() {
+    CallOnceHeld([&] { ASSERT_TRUE(alloc_->Pause(tag_).ok()); });
+  }
+  static int Step() { return static_cast<int>(TagPool::kPrepareStepBytes / PinnedPieces::kPieceBytes); }
 
   TagId tag_ = 0;
   std::atomic<bool> held_{false}, pause_called_{false};
@@ -281,6 +288,49 @@ TEST_F(BackgroundStepsYieldTest, APauseWaitsForOneHandBackStepNotForAll) {
   EXPECT_EQ(WrongBytes(p + kSize - kMiB, kMiB, 2), 0u);
   alloc_->WaitForBackgroundPrepare();
   EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_arena_bytes, 0);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+// The other foreground callers of the transition lock announce themselves too (found by
+// review: ReleaseBackup and SetBackupStore meeting a preparation waited for it to pin
+// everything, then released it all; the race failed 10 of 10 runs before the fix).
+TEST_F(BackgroundStepsYieldTest, AReleaseBackupWaitsForOnePreparationStepNotForAll) {
+  HoldTheBackgroundThreadAt(DriverOp::kHostRegister);
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);  // the background preparation starts
+  const std::size_t base = HostBudget::Process().held();
+  CallOnceHeld([&] { ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok()); });
+  sim_->SetBeforeCall(nullptr);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(background_.load(), Step()) << "ReleaseBackup waited while the background thread pinned past its first "
+                                           "step (all of it, to be unpinned at once)";
+  EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_arena_bytes, 0);
+  EXPECT_LE(HostBudget::Process().held(), base);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(BackgroundStepsYieldTest, ASetBackupStoreWaitsForOnePreparationStepNotForAll) {
+  HoldTheBackgroundThreadAt(DriverOp::kHostRegister);
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
+  CallOnceHeld([&] { ASSERT_TRUE(alloc_->SetBackupStore(tag_, BackupStore{BackupStore::Kind::kPageable, ""}).ok()); });
+  sim_->SetBeforeCall(nullptr);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(background_.load(), Step()) << "SetBackupStore waited while the background thread pinned past its first "
+                                           "step (all of it, to be released at once)";
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+TEST_F(BackgroundStepsYieldTest, ASetBackupStoreWaitsForOneHandBackStepNotForAll) {
+  ASSERT_TRUE(alloc_->SetBackupRetention(tag_, BackupRetention{false, true, true}).ok());
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
+  alloc_->WaitForBackgroundPrepare();
+  ASSERT_TRUE(alloc_->Pause(tag_).ok());
+  HoldTheBackgroundThreadAt(DriverOp::kHostUnregister);
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());  // the background thread gives the memory back
+  CallOnceHeld([&] { ASSERT_TRUE(alloc_->SetBackupStore(tag_, BackupStore{BackupStore::Kind::kPageable, ""}).ok()); });
+  sim_->SetBeforeCall(nullptr);
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(background_.load(), Step()) << "SetBackupStore waited while the background thread gave back past its "
+                                           "first step";
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 

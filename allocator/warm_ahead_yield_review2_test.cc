@@ -1,7 +1,7 @@
 // Review of bffea53 (Note [Pinned Pieces]'s WarmAheadWithin, Note [Background Steps
 // Yield]): the host budget after pauses that fail at every driver call, a pause the host
-// refuses to warm, and the foreground callers other than pause/resume/switch that meet a
-// background loop.
+// refuses to warm. (Its cases of foreground callers other than pause/resume/switch meeting
+// a background loop joined give_back_test's BackgroundStepsYieldTest.)
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -364,90 +364,6 @@ TEST_F(ReviewSwitchSweepTest, EveryDriverCallOfATwoTagSwitchKeepsTheAccountExact
   }
   EXPECT_GT(failed, 0);
   FreeAll();
-}
-
-// --- 4. Foreground callers that do not announce themselves ---------------------------------
-//
-// Note [Background Steps Yield] covers pause, resume and switch. ReleaseBackup,
-// SetBackupStore and a foreground Prepare take the same transition lock without
-// announcing, so they still wait for the whole background loop (the lock re-won step
-// after step): ReleaseBackup meeting a preparation waits for it to pin everything, then
-// unpins it all. Same fixture as give_back_test's BackgroundStepsYieldTest. Like the pause
-// before bffea53, the outcome is a race the background thread usually wins (std::mutex
-// hands the lock to nobody): the preparation cases failed 10/10 runs here, the hand-back
-// case 8/10.
-class ForegroundMeetsBackgroundTest : public testing::SimAllocatorTest {
- protected:
-  static constexpr std::size_t kSize = TagPool::kPrepareStepBytes + PinnedPieces::kPieceBytes;
-
-  void SetUp() override {
-    AllocatorOptions options = testing::TestOptions();
-    options.auto_prepare = true;
-    options.auto_prepare_settle_ms = 0;
-    MakeAllocator(SimDriverOptions{1, kSize + 64 * kMiB, 2 * kMiB, {}}, options);
-    tag_ = *InternTag("fg");
-    ASSERT_TRUE(alloc_->CreateTag(tag_, Policy::kBackup).ok());
-  }
-  void HoldTheBackgroundThreadAt(DriverOp op) {
-    const std::thread::id me = std::this_thread::get_id();
-    sim_->SetBeforeCall([this, op, me](DriverOp called) {
-      if (called != op || std::this_thread::get_id() == me) return;
-      if (background_++ > 0) return;
-      held_ = true;
-      while (!called_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    });
-  }
-  // Runs `call` once the background thread is held inside its first step.
-  template <typename F>
-  void CallOnceHeld(F call) {
-    while (!held_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    called_ = true;
-    call();
-    sim_->SetBeforeCall(nullptr);
-  }
-  int Step() const { return static_cast<int>(TagPool::kPrepareStepBytes / PinnedPieces::kPieceBytes); }
-
-  TagId tag_ = 0;
-  std::atomic<bool> held_{false}, called_{false};
-  std::atomic<int> background_{0};
-};
-
-TEST_F(ForegroundMeetsBackgroundTest, AReleaseBackupWaitsForOnePreparationStepNotForAll) {
-  HoldTheBackgroundThreadAt(DriverOp::kHostRegister);
-  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);  // the background preparation starts
-  const std::size_t base = Held();
-  CallOnceHeld([&] { ASSERT_TRUE(alloc_->ReleaseBackup(tag_).ok()); });
-  alloc_->WaitForBackgroundPrepare();
-  EXPECT_EQ(background_.load(), Step()) << "ReleaseBackup waited while the background thread pinned past its first "
-                                           "step (all of it, to be unpinned at once)";
-  EXPECT_EQ(TagStatsOf(*alloc_, tag_).backup_arena_bytes, 0);
-  EXPECT_LE(Held(), base);
-  ASSERT_TRUE(alloc_->Free(p).ok());
-}
-
-TEST_F(ForegroundMeetsBackgroundTest, ASetBackupStoreWaitsForOnePreparationStepNotForAll) {
-  HoldTheBackgroundThreadAt(DriverOp::kHostRegister);
-  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
-  CallOnceHeld([&] { ASSERT_TRUE(alloc_->SetBackupStore(tag_, BackupStore{BackupStore::Kind::kPageable, ""}).ok()); });
-  alloc_->WaitForBackgroundPrepare();
-  EXPECT_EQ(background_.load(), Step()) << "SetBackupStore waited while the background thread pinned past its first "
-                                           "step (all of it, to be released at once)";
-  ASSERT_TRUE(alloc_->Free(p).ok());
-}
-
-TEST_F(ForegroundMeetsBackgroundTest, ASetBackupStoreWaitsForOneHandBackStepNotForAll) {
-  ASSERT_TRUE(alloc_->SetBackupRetention(tag_, BackupRetention{false, true, true}).ok());
-  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
-  alloc_->WaitForBackgroundPrepare();
-  ASSERT_TRUE(alloc_->Pause(tag_).ok());
-  HoldTheBackgroundThreadAt(DriverOp::kHostUnregister);
-  ASSERT_TRUE(alloc_->Resume(tag_).ok());  // the background thread gives the memory back
-  CallOnceHeld([&] { ASSERT_TRUE(alloc_->SetBackupStore(tag_, BackupStore{BackupStore::Kind::kPageable, ""}).ok()); });
-  alloc_->WaitForBackgroundPrepare();
-  EXPECT_EQ(background_.load(), Step()) << "SetBackupStore waited while the background thread gave back past its "
-                                           "first step";
-  ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
 }  // namespace

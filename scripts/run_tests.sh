@@ -24,12 +24,9 @@ if [[ $# -eq 0 ]]; then
   bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test \
     //allocator:pause_resume_hardening_test //allocator:switch_test //torch_plugin:c_abi_hardening_test //runtime:process_test \
     //allocator:fork_test //control:endpoint_test //allocator:host_budget_test //allocator:agreed_switch_test
-  # The background hand-back racing pauses, resumes and allocations (give_back_test's
-  # threaded cases).
+  # The background hand-back racing pauses, resumes and allocations, and foreground callers
+  # meeting the background loops (give_back_test's threaded cases).
   bazel test --config=tsan //allocator:give_back_test --test_arg=--gtest_filter='*Background*:*Concurrent*'
-  # Foreground callers (release, new store) meeting the background loops (Note [Background
-  # Steps Yield]).
-  bazel test --config=tsan //allocator:warm_ahead_yield_review2_test --test_arg=--gtest_filter='ForegroundMeets*'
   # Pauses over the host cap taking back other tags' prepared arenas (their transition
   # locks tried) while those tags pause, switch and prepare (host_cap_test's threaded cases).
   bazel test --config=tsan //allocator:host_cap_test --test_arg=--gtest_filter='*NeverDeadlock*:*Background*'
