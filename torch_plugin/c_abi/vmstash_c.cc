@@ -175,6 +175,36 @@ absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* wh
   return absl::OkStatus();
 }
 
+// A switch request's C arguments, checked and parsed.
+struct SwitchArgs {
+  std::vector<TagId> pause, resume;
+  Runtime::LiveRangesByDevice ranges;
+};
+
+absl::Status ParseSwitch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags,
+                         size_t n_resume, const vmstash_live_ranges* live, size_t n_live, const char* what,
+                         SwitchArgs* args) {
+  if ((n_pause != 0 && pause_tags == nullptr) || (n_resume != 0 && resume_tags == nullptr) ||
+      (n_live != 0 && live == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": a NULL array with a nonzero count"));
+  }
+  for (auto [tags, n, out] :
+       {std::tuple{pause_tags, n_pause, &args->pause}, std::tuple{resume_tags, n_resume, &args->resume}}) {
+    for (size_t i = 0; i < n; ++i) {
+      absl::StatusOr<TagId> id = ExistingTagArg(tags[i]);
+      if (!id.ok()) return id.status();
+      out->push_back(*id);
+    }
+  }
+  for (size_t i = 0; i < n_live; ++i) {
+    absl::StatusOr<TagId> id = ExistingTagArg(live[i].tag);
+    if (!id.ok()) return id.status();
+    if (absl::Status s = AddLiveEntry(live[i], *id, what, &args->ranges); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+
 }  // namespace
 }  // namespace c_abi
 }  // namespace vmstash
@@ -329,38 +359,6 @@ int vmstash_pause_live(const char* tag, int device, const uint64_t* starts, cons
 
 int vmstash_resume(const char* tag, int device) noexcept { return Transition(tag, device, false, nullptr); }
 
-namespace {
-
-// A switch request's C arguments, checked and parsed.
-struct SwitchArgs {
-  std::vector<TagId> pause, resume;
-  Runtime::LiveRangesByDevice ranges;
-};
-
-absl::Status ParseSwitch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags,
-                         size_t n_resume, const vmstash_live_ranges* live, size_t n_live, const char* what,
-                         SwitchArgs* args) {
-  if ((n_pause != 0 && pause_tags == nullptr) || (n_resume != 0 && resume_tags == nullptr) ||
-      (n_live != 0 && live == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": a NULL array with a nonzero count"));
-  }
-  for (auto [tags, n, out] :
-       {std::tuple{pause_tags, n_pause, &args->pause}, std::tuple{resume_tags, n_resume, &args->resume}}) {
-    for (size_t i = 0; i < n; ++i) {
-      absl::StatusOr<TagId> id = ExistingTagArg(tags[i]);
-      if (!id.ok()) return id.status();
-      out->push_back(*id);
-    }
-  }
-  for (size_t i = 0; i < n_live; ++i) {
-    absl::StatusOr<TagId> id = ExistingTagArg(live[i].tag);
-    if (!id.ok()) return id.status();
-    if (absl::Status s = AddLiveEntry(live[i], *id, what, &args->ranges); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 int vmstash_switch(const char* const* pause_tags, size_t n_pause, const char* const* resume_tags, size_t n_resume,
                    int device, const vmstash_live_ranges* live, size_t n_live) noexcept {
