@@ -93,12 +93,14 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
         raise ValueError(f"vmstash.distributed.switch: the ranks asked for different switches, nothing changed "
                          f"({listed})")
     outcomes = []
+    unanswered = []  # the exchange of outcomes failed (a dead or hung rank)
 
     def agree(local):
         mine = (True, "") if local is None else (False, str(local))
         try:
             outcomes.extend(ex.all_gather(mine))
         except Exception as e:  # noqa: BLE001 - a dead or hung rank, or a broken group
+            unanswered.append(e)
             return (f"no agreement: the ranks did not all answer within {timeout.total_seconds():g} s "
                     f"({type(e).__name__}: {e}); every rank rolls back")
         failed = [(r, m) for r, (ok, m) in enumerate(outcomes) if not ok]
@@ -109,7 +111,7 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
     try:
         return _api.switch(pause, resume, device, agree=agree)
     except _lib.Error as e:
-        if not outcomes and "no agreement" in str(e):
+        if unanswered and e.code == _lib.ABORTED:  # this rank was ready; the others did not answer
             raise _lib.error(str(e), DEADLINE_EXCEEDED) from e
         raise
 
