@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocator/backup_arena.h"
+#include "allocator/backup_tags_fixture.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/host_budget.h"
 #include "allocator/tag_pool.h"
@@ -29,13 +30,8 @@ namespace {
 
 using ::vmstash::testing::TagStatsOf;
 
-class HostCapTest : public testing::SimAllocatorTest {
+class HostCapTest : public testing::BackupTagsTest {
  protected:
-  void TearDown() override {
-    HostBudget::Process().SetLimit(0);
-    SimAllocatorTest::TearDown();
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
   void Make(std::string spill_dir = "", BackupRetention retention = {}, bool auto_prepare = false) {
     AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = auto_prepare;
@@ -44,44 +40,6 @@ class HostCapTest : public testing::SimAllocatorTest {
     MakeAllocator(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}}, options);
     tag_ = AddTag("capped", {30 * kMiB, 50 * kMiB}, retention);
   }
-  // A `backup` tag with blocks of `sizes`, filled with patterns Intact() checks.
-  TagId AddTag(const char* name, std::vector<std::size_t> sizes, BackupRetention retention = {}) {
-    const TagId tag = *InternTag(name);
-    EXPECT_TRUE(alloc_->CreateTag(tag, Policy::kBackup).ok());
-    EXPECT_TRUE(alloc_->SetBackupRetention(tag, retention).ok());
-    for (std::size_t n : sizes) {
-      DevicePtr p = *alloc_->Allocate(n, nullptr, tag);
-      FillPattern(p, n, static_cast<std::uint8_t>(blocks_.size() + 1));
-      blocks_.emplace_back(p, n);
-    }
-    return tag;
-  }
-  std::size_t Arena(TagId tag) const { return static_cast<std::size_t>(TagStatsOf(*alloc_, tag).backup_arena_bytes); }
-  std::string State(TagId tag) const { return TagStatsOf(*alloc_, tag).state; }
-  // The next call of `op` (and the `count` - 1 after it) fails.
-  void FailNext(DriverOp op, int count = 1) {
-    // A rule counts the calls made after it is armed (SimDriver::InjectFault).
-    sim_->InjectFault(FaultRule{op, 1, count, absl::StatusCode::kInternal});
-  }
-  bool Intact() const {
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
-      if (WrongBytes(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(i + 1)) != 0) return false;
-    }
-    return true;
-  }
-  std::string MakeDir() {
-    char name[] = "/tmp/vmstash_spill_XXXXXX";
-    dir_ = mkdtemp(name);
-    return dir_;
-  }
-  void FreeAll() {
-    for (auto [p, n] : blocks_) ASSERT_TRUE(alloc_->Free(p).ok());
-    blocks_.clear();
-  }
-
-  TagId tag_ = 0;
-  std::string dir_;
-  std::vector<std::pair<DevicePtr, std::size_t>> blocks_;
 };
 
 TEST_F(HostCapTest, APauseOverTheCapFailsChangingNothing) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "allocator/backup_arena.h"
+#include "allocator/backup_tags_fixture.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/host_budget.h"
 #include "allocator/tag_pool.h"
@@ -33,13 +34,8 @@ using ::vmstash::testing::TagStatsOf;
 
 std::size_t Held() { return HostBudget::Process().held(); }
 
-class ReviewTest : public testing::SimAllocatorTest {
+class ReviewTest : public testing::BackupTagsTest {
  protected:
-  void TearDown() override {
-    HostBudget::Process().SetLimit(0);
-    SimAllocatorTest::TearDown();
-    if (!dir_.empty()) rmdir(dir_.c_str());
-  }
   void Make(std::string spill_dir = "", BackupRetention retention = {}) {
     AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = false;
@@ -48,37 +44,6 @@ class ReviewTest : public testing::SimAllocatorTest {
     blocks_.clear();
     tag_ = AddTag("review", {3 * kMiB, 70 * kMiB, 5 * kMiB}, retention);
   }
-  TagId AddTag(const char* name, std::vector<std::size_t> sizes, BackupRetention retention = {}) {
-    const TagId tag = *InternTag(name);
-    EXPECT_TRUE(alloc_->CreateTag(tag, Policy::kBackup).ok());
-    EXPECT_TRUE(alloc_->SetBackupRetention(tag, retention).ok());
-    for (std::size_t n : sizes) {
-      DevicePtr p = *alloc_->Allocate(n, nullptr, tag);
-      FillPattern(p, n, static_cast<std::uint8_t>(blocks_.size() + 1));
-      blocks_.emplace_back(p, n);
-    }
-    return tag;
-  }
-  std::size_t Arena(TagId tag) const { return static_cast<std::size_t>(TagStatsOf(*alloc_, tag).backup_arena_bytes); }
-  bool Intact() const {
-    for (std::size_t i = 0; i < blocks_.size(); ++i) {
-      if (WrongBytes(blocks_[i].first, blocks_[i].second, static_cast<std::uint8_t>(i + 1)) != 0) return false;
-    }
-    return true;
-  }
-  std::string MakeDir() {
-    char name[] = "/tmp/vmstash_review2_XXXXXX";
-    dir_ = mkdtemp(name);
-    return dir_;
-  }
-  void FreeAll() {
-    for (auto [p, n] : blocks_) ASSERT_TRUE(alloc_->Free(p).ok());
-    blocks_.clear();
-  }
-
-  TagId tag_ = 0;
-  std::string dir_;
-  std::vector<std::pair<DevicePtr, std::size_t>> blocks_;
 };
 
 // --- 1. A host that refuses to warm the arena spills the pause (found broken, fixed) --------
