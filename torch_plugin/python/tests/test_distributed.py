@@ -1,9 +1,11 @@
 """vmstash.distributed on the simulated driver: several processes (ranks), each with its own
 vmstash runtime, switch together or not at all. The ranks exchange through files in a shared
-folder (FileExchange below: an all-gather with a timeout), standing in for torch.distributed's
-gloo group, which the GPU test gpu_two_ranks.py uses. Failure sweep: a rank out of device
-memory, a rank that dies before the vote, a rank that hangs before the request, ranks asking
-for different switches; every rank ends where it began (or where all went), and a retry
+folder: FileStore below stands in for torch.distributed's store and FileGroup for a gloo group,
+under vmstash.distributed.Generations, the module's own generation logic (Note [Exchange
+Generations]). Where torch is importable, one test uses torch.distributed's own gloo (the GPU
+tests in gpu_two_ranks.py use it over NCCL ranks). The sweep fails each rank at each step (it
+dies or hangs at each exchange, runs out of device memory, dies after the vote): the surviving
+ranks always end in one state (zero mixed states), bytes intact, and a retry by every rank
 converges."""
 import json
 import os
@@ -15,39 +17,101 @@ import time
 import pytest
 
 WORKER = textwrap.dedent(r'''
-    import ctypes, json, os, pickle, sys, time
+    import ctypes, datetime, fcntl, json, os, pickle, sys, time
     import vmstash, vmstash.distributed as vd
     from vmstash import _lib
 
     MiB = 1 << 20
     folder, rank, size, scenario = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    TIMEOUT = 2.0
+    # scenario: "ok", or "<what>:<rank>[@<exchange>]" (the first call's exchange 1 is the
+    # request, 2 the outcome): die, hang (TIMEOUT + 0.5 s), dieafter (dies once the exchange
+    # is done), oom (out of device memory in its switch), differ (another tag list); with
+    # "torch+" before it, over torch.distributed's store and gloo instead of files.
+    torch = scenario.startswith("torch+")
+    what, _, where = scenario.removeprefix("torch+").partition(":")
+    victim, _, at = where.partition("@")
+    victim = int(victim) if victim else -1
+    at = int(at) if at else 0
+    mine = rank == victim
 
-    class FileExchange:
-        """All-gather through files: round k's object of rank r in folder/k.r."""
-        def __init__(self, timeout, die_at=None, hang_at=None):
-            self.rank, self.size, self.round, self.timeout = rank, size, 0, timeout
-            self.die_at, self.hang_at = die_at, hang_at
+    class FileStore:
+        """torch.distributed's Store operations that vmstash.distributed uses, on files."""
+        def __init__(self, root, prefix=""):
+            self.root, self.prefix = root, prefix
+        def _path(self, key):
+            return os.path.join(self.root, (self.prefix + key).replace("/", "%"))
+        def _locked(self, fn):
+            with open(os.path.join(self.root, ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                return fn()
+        def _read(self, key):
+            try:
+                with open(self._path(key), "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                return None
+        def set(self, key, value):
+            value = value if isinstance(value, bytes) else str(value).encode()
+            tmp = self._path(key) + f".{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(value)
+            os.rename(tmp, self._path(key))
+        def add(self, key, n):
+            def op():
+                v = int(self._read(key) or b"0") + n
+                self.set(key, v)
+                return v
+            return self._locked(op)
+        def compare_set(self, key, expected, desired):
+            def op():
+                cur = self._read(key)
+                if cur == expected.encode():
+                    self.set(key, desired)
+                    return desired.encode()
+                return cur
+            return self._locked(op)
+        def wait(self, keys, timeout):
+            until = time.monotonic() + timeout.total_seconds()
+            while not all(os.path.exists(self._path(k)) for k in keys):
+                if time.monotonic() > until:
+                    raise TimeoutError(f"keys {keys} not set within {timeout}")
+                time.sleep(0.002)
+        def get(self, key):
+            self.wait([key], datetime.timedelta(seconds=30))
+            return self._read(key)
+        def prefixed(self, prefix):
+            return FileStore(self.root, self.prefix + prefix + "/")
+
+    exchanges = [0]  # this rank's all-gathers so far, over every generation
+
+    def failing(gather):
+        """This scenario's failure around one all-gather of this rank (counted over every
+        generation): die or hang before it, die after it."""
+        def all_gather(self, obj):
+            exchanges[0] += 1
+            first = mine and exchanges[0] == at
+            if first and what == "die":
+                os._exit(3)
+            if first and what == "hang":
+                time.sleep(TIMEOUT + 0.5)
+            out = gather(self, obj)
+            if first and what == "dieafter":
+                os._exit(4)
+            return out
+        return all_gather
+
+    class FileGroup:
+        """A CPU group's all-gather over a FileStore."""
+        def __init__(self, store, index, n, timeout):
+            self.store, self.index, self.n, self.timeout, self.round = store, index, n, timeout, 0
         def all_gather(self, obj):
             self.round += 1
-            if self.round == self.die_at:
-                os._exit(3)
-            if self.round == self.hang_at:
-                time.sleep(8)
-            tmp = os.path.join(folder, f"{self.round}.{rank}.tmp")
-            with open(tmp, "wb") as f:
-                pickle.dump(obj, f)
-            os.rename(tmp, os.path.join(folder, f"{self.round}.{rank}"))
-            until = time.monotonic() + self.timeout
-            out = []
-            for r in range(self.size):
-                path = os.path.join(folder, f"{self.round}.{r}")
-                while not os.path.exists(path):
-                    if time.monotonic() > until:
-                        raise TimeoutError(f"round {self.round}: rank {r} did not answer")
-                    time.sleep(0.002)
-                with open(path, "rb") as f:
-                    out.append(pickle.load(f))
-            return out
+            self.store.set(f"{self.round}/{self.index}", pickle.dumps(obj))
+            keys = [f"{self.round}/{r}" for r in range(self.n)]
+            self.store.wait(keys, self.timeout)
+            return [pickle.loads(self.store.get(k)) for k in keys]
+    FileGroup.all_gather = failing(FileGroup.all_gather)
 
     def malloc(tag, n, byte):
         vmstash.set_current_tag(tag)
@@ -60,6 +124,15 @@ WORKER = textwrap.dedent(r'''
     def holds(p, n, byte):
         return ctypes.string_at(p, n) == bytes([byte]) * n
 
+    def barrier(name):
+        """Every rank's first call over before any retries (as a driver that waits for every
+        actor's answer, then retries): only the ranks that are alive."""
+        open(os.path.join(folder, f"{name}.{rank}"), "w").close()
+        until = time.monotonic() + 60
+        while not all(os.path.exists(os.path.join(folder, f"{name}.{r}")) for r in range(size)):
+            assert time.monotonic() < until, "barrier"
+            time.sleep(0.01)
+
     vmstash.create_tag("train", "backup")
     vmstash.create_tag("roll", "backup")
     vmstash.create_tag("extra", "backup")
@@ -67,24 +140,25 @@ WORKER = textwrap.dedent(r'''
     roll = malloc("roll", 200 * MiB, 0x50 + rank)
     assert vmstash.pause("roll")
     result = {"rank": rank, "calls": []}
-    timeout = 2.0
-    die_at = 2 if scenario == "dies" and rank == 1 else None
-    hang_at = 1 if scenario == "hangs" and rank == 1 else None
-    ex = FileExchange(timeout, die_at, hang_at)
-    if scenario.startswith("torch"):  # torch.distributed's own gloo group, no stand-in
+    timeout = TIMEOUT
+    if torch:  # torch.distributed's own store and gloo, no stand-in
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=f"file://{folder}/init", rank=rank, world_size=size)
+        vd._GlooGroup.all_gather = failing(vd._GlooGroup.all_gather)
         ex = None
+    else:
+        store = FileStore(folder)
+        ex = vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=TIMEOUT), connect=FileGroup)
     pause, resume = ["train"], ["roll"]
-    if scenario == "differ" and rank == 1:
+    if what == "differ" and mine:
         pause = ["train", "extra"]
     hog = None
-    if scenario in ("oom", "torch_oom") and rank == 1:
+    if what == "oom" and mine:
         hog = malloc("default", 400 * MiB, 0x77)  # roll's 200 MiB no longer fit in train's 96 and the rest
     for attempt in range(2):
         t0 = time.monotonic()
         try:
-            changed = vd.switch(pause, resume, timeout=timeout if ex else 10.0, exchange=ex)
+            changed = vd.switch(pause, resume, timeout=timeout, exchange=ex)
             call = {"ok": True, "changed": changed}
         except ValueError as e:
             call = {"ok": False, "type": "ValueError", "message": str(e)}
@@ -96,56 +170,65 @@ WORKER = textwrap.dedent(r'''
         call["train_bytes"] = call["train"] != "active" or holds(train, 96 * MiB, 0x10 + rank)
         call["roll_bytes"] = call["roll"] != "active" or holds(roll, 200 * MiB, 0x50 + rank)
         result["calls"].append(call)
-        if scenario in ("dies", "hangs", "differ"):
-            break
+        print(json.dumps(result))
+        sys.stdout.flush()
+        if what in ("die", "dieafter"):
+            break  # a dead rank's peers cannot switch without it
         if hog is not None:  # the retry, once the memory is free
             _lib.lib().vmstash_free(hog, 400 * MiB, 0, None)
             vmstash.empty_cache()
             hog = None
-    print(json.dumps(result))
-    sys.stdout.flush()
+        pause = ["train"]
+        barrier(f"attempt{attempt}")
     os._exit(0)
 ''')
 
 
 def run_ranks(tmp_path, scenario, size=2):
-    folder = tmp_path / scenario
+    folder = tmp_path / scenario.replace(":", "_").replace("@", "_").replace("+", "_")
     folder.mkdir()
     env = dict(os.environ, VMSTASH_CONF="driver:sim,sim_devices:1,sim_capacity:512M,auto_prepare:0")
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(folder), str(r), str(size), scenario],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(size)]
     results = []
-    for p in procs:
+    for rank, p in enumerate(procs):
         try:
-            out, err = p.communicate(timeout=60)
+            out, err = p.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             p.kill()
             out, err = p.communicate()
         lines = [line for line in out.splitlines() if line.startswith("{")]
-        results.append(json.loads(lines[-1]) if lines else {"returncode": p.returncode, "stderr": err[-2000:]})
+        r = json.loads(lines[-1]) if lines else {"calls": []}
+        r.update(rank=rank, returncode=p.returncode, stderr=err[-2000:])
+        results.append(r)
     return results
+
+
+def states(call):
+    return call["train"], call["roll"]
+
+
+BEFORE, AFTER = ("active", "paused"), ("paused", "active")
 
 
 def test_every_rank_switches_and_a_retry_is_a_no_op(tmp_path):
     for r in run_ranks(tmp_path, "ok", size=3):
         first, again = r["calls"]
         assert first["ok"] and first["changed"], first
-        assert (first["train"], first["roll"]) == ("paused", "active")
+        assert states(first) == AFTER
         assert first["train_bytes"] and first["roll_bytes"]
         assert again["ok"] and not again["changed"], again
 
 
 def test_one_rank_out_of_memory_rolls_every_rank_back_and_the_retry_converges(tmp_path):
-    ranks = run_ranks(tmp_path, "oom")
+    ranks = run_ranks(tmp_path, "oom:1")
     for r in ranks:
         failed, retry = r["calls"]
         assert not failed["ok"], failed
-        assert (failed["train"], failed["roll"]) == ("active", "paused"), failed
-        assert failed["train_bytes"]
+        assert states(failed) == BEFORE and failed["train_bytes"], failed
         assert retry["ok"] and retry["changed"], retry
-        assert (retry["train"], retry["roll"]) == ("paused", "active")
-        assert retry["train_bytes"] and retry["roll_bytes"]
+        assert states(retry) == AFTER and retry["train_bytes"] and retry["roll_bytes"]
     ready, oom = ranks[0]["calls"][0], ranks[1]["calls"][0]
     assert ready["code"] == "ABORTED"
     assert "rank 1 of 2 failed" in ready["message"]
@@ -153,43 +236,88 @@ def test_one_rank_out_of_memory_rolls_every_rank_back_and_the_retry_converges(tm
 
 
 def test_a_rank_that_dies_before_the_vote_rolls_the_others_back_within_the_timeout(tmp_path):
-    ranks = run_ranks(tmp_path, "dies")
-    assert ranks[1].get("returncode") == 3
+    ranks = run_ranks(tmp_path, "die:1@2")
+    assert ranks[1]["returncode"] == 3
     call = ranks[0]["calls"][0]
     assert not call["ok"] and call["code"] == "DEADLINE_EXCEEDED", call
     # Bounded by the timeout (2 s), not the rank's death: no hang. (How close to the timeout
     # it gets is a figure for a quiet machine, not for this test.)
     assert call["seconds"] < 2.0 + 10.0
-    assert (call["train"], call["roll"]) == ("active", "paused")
-    assert call["train_bytes"]
+    assert states(call) == BEFORE and call["train_bytes"]
 
 
-def test_a_rank_that_hangs_before_the_request_changes_nothing_elsewhere(tmp_path):
-    ranks = run_ranks(tmp_path, "hangs")
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_rank_that_hangs_fails_the_switch_everywhere_and_the_retry_converges(tmp_path, at):
+    ranks = run_ranks(tmp_path, f"hang:1@{at}")
+    for r in ranks:
+        failed, retry = r["calls"]
+        assert not failed["ok"], (r["rank"], failed)
+        assert states(failed) == BEFORE and failed["train_bytes"], failed
+        assert retry["ok"] and retry["changed"], (r["rank"], retry)
+        assert states(retry) == AFTER and retry["train_bytes"] and retry["roll_bytes"]
     call = ranks[0]["calls"][0]
-    assert not call["ok"] and call["code"] == "DEADLINE_EXCEEDED", call
-    assert "nothing changed" in call["message"]
-    assert call["seconds"] < 2.0 + 10.0
-    assert (call["train"], call["roll"]) == ("active", "paused")
+    assert call["code"] == "DEADLINE_EXCEEDED" and call["seconds"] < 2.0 + 10.0, call
+    if at == 1:
+        assert "nothing changed" in call["message"]
 
 
 def test_ranks_asking_for_different_switches_are_refused_before_anything_changes(tmp_path):
-    for r in run_ranks(tmp_path, "differ"):
+    for r in run_ranks(tmp_path, "differ:1"):
         call = r["calls"][0]
         assert call["type"] == "ValueError" and "different switches" in call["message"], call
-        assert (call["train"], call["roll"]) == ("active", "paused")
-        assert call["train_bytes"]
+        assert states(call) == BEFORE and call["train_bytes"]
 
 
-def test_torch_distributed_gloo_ranks_switch_together_and_roll_back_together(tmp_path):
+# Each rank fails at each step of the first call: the surviving ranks end in one state,
+# the one the step implies (a rank that dies once every vote is in: the others commit).
+SWEEP = [(what, victim, at) for victim in (0, 2)
+         for what, at in (("die", 1), ("hang", 1), ("oom", 0), ("die", 2), ("hang", 2), ("dieafter", 2))]
+
+
+@pytest.mark.parametrize("what,victim,at", SWEEP, ids=[f"{w}:{v}@{a}" for w, v, a in SWEEP])
+def test_sweep_no_mixed_states(tmp_path, what, victim, at):
+    ranks = run_ranks(tmp_path, f"{what}:{victim}" + (f"@{at}" if at else ""), size=3)
+    dead = what in ("die", "dieafter")
+    survivors = [r for r in ranks if not (dead and r["rank"] == victim)]
+    for r in survivors:
+        assert r["returncode"] == 0 and r["calls"], r
+    firsts = [r["calls"][0] for r in survivors]
+    expected = AFTER if what == "dieafter" else BEFORE
+    assert {states(c) for c in firsts} == {expected}, firsts
+    assert all(c["train_bytes"] and c["roll_bytes"] for c in firsts)
+    assert all(c["ok"] == (what == "dieafter") for c in firsts), firsts
+    if not dead:  # every rank retries: the switch converges
+        for r in survivors:
+            retry = r["calls"][1]
+            assert retry["ok"] and states(retry) == AFTER and retry["train_bytes"] and retry["roll_bytes"], retry
+
+
+TORCH = ["ok", "oom:1", "hang:1@1", "hang:0@2", "die:1@2", "dieafter:0@2"]
+
+
+@pytest.mark.parametrize("scenario", TORCH)
+def test_torch_distributed_gloo_no_mixed_states(tmp_path, scenario):
+    """The same over torch.distributed's own store and gloo groups (where torch is importable)."""
     pytest.importorskip("torch.distributed")
-    ranks = run_ranks(tmp_path, "torch_oom")
-    for r in ranks:
-        failed, retry = r["calls"]
-        assert not failed["ok"] and (failed["train"], failed["roll"]) == ("active", "paused"), failed
-        assert retry["ok"] and retry["changed"] and (retry["train"], retry["roll"]) == ("paused", "active"), retry
-        assert retry["train_bytes"] and retry["roll_bytes"]
-    assert "rank 1 of 2 failed" in ranks[0]["calls"][0]["message"]
+    what, _, where = scenario.partition(":")
+    victim = int(where.partition("@")[0]) if where else -1
+    ranks = run_ranks(tmp_path, "torch+" + scenario)
+    dead = what in ("die", "dieafter")
+    survivors = [r for r in ranks if not (dead and r["rank"] == victim)]
+    for r in survivors:
+        assert r["returncode"] == 0 and r["calls"], r
+        first = r["calls"][0]
+        assert states(first) == (BEFORE if what not in ("ok", "dieafter") else AFTER), first
+        assert first["ok"] == (what in ("ok", "dieafter")), first
+        assert first["train_bytes"] and first["roll_bytes"]
+        if not dead:
+            retry = r["calls"][1]
+            assert retry["ok"] and states(retry) == AFTER and retry["changed"] == (what != "ok"), retry
+    if what == "oom":
+        assert "rank 1 of 2 failed" in ranks[0]["calls"][0]["message"]
+    if what in ("hang", "die"):
+        call = survivors[0]["calls"][0]
+        assert call["code"] == "DEADLINE_EXCEEDED" and call["seconds"] < 2.0 + 10.0, call
 
 
 def test_switch_refuses_a_string_and_needs_torch_distributed_without_an_exchange():

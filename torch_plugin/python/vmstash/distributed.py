@@ -15,57 +15,176 @@ so that a broken GPU state cannot block them), with torch.distributed:
      then the ranks exchange their outcomes: all prepared, every rank commits; any failure,
      every rank rolls back, and each raises vmstash.Error naming the ranks that failed and
      why (ABORTED on the ranks that were ready; their own error on the ranks that failed).
-  A rank that dies or hangs: the others' exchange fails after `timeout` (the CPU group's),
-  and they roll back and raise (DEADLINE_EXCEEDED). A rank already in the requested state
-  is prepared at once (its switch moves nothing), so a retry after a failure converges.
-  While a rank waits in exchange 2, its tags of the switch are held (pausing/resuming):
-  the exchange should be the only thing the other ranks are waiting for.
+  A rank that dies or hangs: the others' exchange fails (at once for a dead rank, whose
+  connections close; after `timeout` for a hung one), and they roll back and raise
+  (DEADLINE_EXCEEDED). A rank already in the requested state is prepared at once (its
+  switch moves nothing), so a retry after a failure converges. While a rank waits in
+  exchange 2, its tags of the switch are held (pausing/resuming): the exchange should be
+  the only thing the other ranks are waiting for.
 
-The group: `group` (None: torch.distributed's default group); when its backend is not gloo,
-a gloo group over the same ranks is made once per group and timeout (by the group's ranks
-only, in the same order, as they all call switch). Ray: call it from each
-actor's rank with its group (docs/usage.md). `exchange` replaces torch.distributed (tests,
-another collective engine): an object with `rank`, `size` and all_gather(obj) -> list that
-raises on a timeout.
+Note [Exchange Generations]
+A gloo group whose collective timed out is dead for good (gloo closes the pair: "Application
+timeout caused pair closure"; measured with torch's gloo), so a retry on it could never meet
+the others. The exchanges therefore run in generations: the job's store (torch.distributed's
+TCPStore) holds a generation number per group of ranks; each call reads it, and (re)connects a
+gloo group of its own for a generation it has not joined yet. Any failed exchange abandons
+its generation (compare-and-set to the next), so every later call, on every rank, meets in a
+fresh group: a retry converges once the ranks call together again, and a late rank's call
+meets the others' retry or fails, but never pairs with a stale message (every message carries
+its generation and step, and an exchange that completes after a rank gave up its generation
+fails: the generation is read again after it). Joining a generation is a count in the store: the rank that brings
+it to the group's size says "joined", a rank that gives up first cancels it (atomically: a
+large add), so no rank waits for a peer that has left. Each exchange is the group's
+all-gather (lengths, then the pickled objects).
+A limit no timeout-based vote escapes: when the outcome exchange completes on one rank and
+times out on another at the same instant, the first commits and the second rolls back. The
+second raises DEADLINE_EXCEEDED; the job's retry converges (the first votes yes at once).
+
+The group: `group` (None: torch.distributed's default group); a rank's index in it is its
+rank in the exchange. Ray: call it from each actor's rank with its group (docs/usage.md).
+`exchange` replaces torch.distributed (tests, another collective engine): an object with
+`rank`, `size` and all_gather(obj) -> list that raises on a failure or timeout; `begin()`
+(optional) is called at the start of every switch.
 """
 import datetime
+import pickle
 
 from . import _api, _lib
 from ._codes import DEADLINE_EXCEEDED
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
-_groups = {}  # (ranks, timeout seconds) -> gloo group
+_exchanges = {}  # (ranks, timeout seconds) -> Generations
+_CANCEL = 1 << 30  # added to a generation's join count by the rank that gives up on it
 
 
-class _TorchExchange:
-    """all_gather_object over a gloo group of the given group's ranks."""
+class Generations:
+    """The exchanges of one group of ranks, a generation at a time (Note [Exchange
+    Generations]). `store`: torch.distributed Store operations add / compare_set / set /
+    get / wait(keys, timeout) (the job's store, or a stand-in); `connect(store, index,
+    size, timeout)`: a CPU group over a prefixed store, with all_gather(obj) -> list
+    (gloo by default)."""
 
-    def __init__(self, group, timeout):
-        import torch.distributed as dist
-        if not dist.is_initialized():
-            raise RuntimeError("vmstash.distributed: torch.distributed is not initialized (init_process_group)")
-        self._dist = dist
-        ranks = tuple(range(dist.get_world_size())) if group is None else tuple(dist.get_process_group_ranks(group))
-        seconds = timeout.total_seconds()
-        if group is not None and dist.get_backend(group) == "gloo":
-            self._group = group
-        elif group is None and dist.get_backend() == "gloo":
-            self._group = None
+    def __init__(self, store, ranks, index, timeout, connect=None, prefix="vmstash.distributed"):
+        self._store, self.rank, self.size, self._timeout = store, index, len(ranks), timeout
+        self._key = f"{prefix}/{'_'.join(map(str, ranks))}"
+        self._connect = connect if connect is not None else _gloo_group
+        self._generation, self._group, self._step = None, None, 0
+
+    def begin(self):
+        """Joins the current generation (a new one: a fresh group). Raises when the others
+        do not join within the timeout; the generation is then abandoned."""
+        self._step = 0
+        g = int(self._store.add(self._key + "/generation", 0))
+        if g == self._generation and self._group is not None:
+            return
+        self._generation, self._group = g, None
+        prefix = f"{self._key}/{g}"
+        try:
+            self._join(prefix)
+            self._group = self._connect(_prefixed(self._store, prefix + "/group"), self.rank, self.size, self._timeout)
+        except Exception:
+            self.abandon()
+            raise
+
+    def _join(self, prefix):
+        count, done = prefix + "/joined", prefix + "/done"
+        n = int(self._store.add(count, 1))
+        if n >= _CANCEL:
+            raise TimeoutError(f"generation {self._generation} was given up by a rank that waited longer")
+        if n == self.size:
+            self._store.set(done, "joined")
         else:
-            key = (ranks, seconds)
-            if key not in _groups:
-                # Only the group's ranks make it (not every rank of the job, as new_group
-                # otherwise requires): a tensor-parallel group switches on its own.
-                _groups[key] = dist.new_group(list(ranks), backend="gloo", timeout=timeout,
-                                              use_local_synchronization=True)
-            self._group = _groups[key]
-        self.rank = dist.get_rank(self._group) if self._group is not None else dist.get_rank()
-        self.size = len(ranks)
+            try:
+                self._store.wait([done], self._timeout)
+            except Exception:  # noqa: BLE001 - cancel, unless the last rank joined meanwhile
+                if int(self._store.add(count, _CANCEL)) != _CANCEL + self.size:
+                    self._store.set(done, "cancelled")
+                    raise TimeoutError(f"not every rank joined within {self._timeout.total_seconds():g} s") from None
+                self._store.wait([done], self._timeout)
+        if self._store.get(done) != b"joined":
+            raise TimeoutError(f"generation {self._generation} was given up by a rank that waited longer")
 
     def all_gather(self, obj):
-        out = [None] * self.size
-        self._dist.all_gather_object(out, obj, group=self._group)
-        return out
+        """Every rank's `obj`, in rank order; raises (and abandons the generation) on a
+        failure, a timeout, or a message of another generation or step."""
+        if self._group is None:
+            raise RuntimeError("vmstash.distributed: all_gather before begin()")
+        self._step += 1
+        stamp = (self._generation, self._step)
+        try:
+            out = self._group.all_gather((stamp, obj))
+            strays = [r for r, (s, _) in enumerate(out) if s != stamp]
+            if strays:
+                raise RuntimeError(f"ranks {strays} sent messages of another exchange (generation, step "
+                                   f"{[out[r][0] for r in strays]}, expected {stamp})")
+            if int(self._store.add(self._key + "/generation", 0)) != self._generation:
+                raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
+        except Exception:
+            self.abandon()
+            raise
+        return [o for _, o in out]
+
+    def abandon(self):
+        """Moves every later call on to a fresh generation (idempotent)."""
+        g, self._group = self._generation, None
+        if g is not None:
+            try:
+                self._store.compare_set(self._key + "/generation", str(g), str(g + 1))
+            except Exception:  # noqa: BLE001 - a store that is gone: the next begin() fails
+                pass
+
+
+class _GlooGroup:
+    """All-gather of Python objects over a gloo ProcessGroup of its own (not registered with
+    torch.distributed's default world): lengths, then the pickled objects padded to the
+    longest."""
+
+    def __init__(self, store, rank, size, timeout):
+        import torch
+        import torch.distributed as dist
+        self._torch, self._size = torch, size
+        self._pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+
+    def all_gather(self, obj):
+        torch = self._torch
+        data = pickle.dumps(obj)
+        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self._size)]
+        self._pg.allgather([lengths], [torch.tensor([len(data)], dtype=torch.int64)]).wait()
+        longest = max(int(t.item()) for t in lengths)
+        mine = torch.zeros(longest, dtype=torch.uint8)
+        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self._size)]
+        self._pg.allgather([out], [mine]).wait()
+        return [pickle.loads(t[:int(n.item())].numpy().tobytes()) for t, n in zip(out, lengths)]
+
+
+def _gloo_group(store, rank, size, timeout):
+    return _GlooGroup(store, rank, size, timeout)
+
+
+def _prefixed(store, prefix):
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return store.prefixed(prefix)  # a stand-in store
+    if isinstance(store, dist.Store):
+        return dist.PrefixStore(prefix, store)
+    return store.prefixed(prefix)
+
+
+def _torch_exchange(group, timeout):
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise RuntimeError("vmstash.distributed: torch.distributed is not initialized (init_process_group)")
+    ranks = tuple(range(dist.get_world_size())) if group is None else tuple(dist.get_process_group_ranks(group))
+    me = dist.get_rank()
+    if me not in ranks:
+        raise ValueError(f"vmstash.distributed: rank {me} is not in the group (ranks {list(ranks)})")
+    key = (ranks, timeout.total_seconds())
+    if key not in _exchanges:
+        from torch.distributed import distributed_c10d as c10d
+        _exchanges[key] = Generations(c10d._get_default_store(), ranks, ranks.index(me), timeout)
+    return _exchanges[key]
 
 
 def _as_timedelta(timeout):
@@ -84,9 +203,9 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
         raise TypeError("switch: pause and resume are lists of tag names, not a string")
     pause, resume = list(pause), list(resume)
     timeout = _as_timedelta(timeout)
-    ex = exchange if exchange is not None else _TorchExchange(group, timeout)
+    ex = exchange if exchange is not None else _torch_exchange(group, timeout)
     request = (sorted(pause), sorted(resume))
-    requests = _gather(ex, request, timeout, "the request")
+    requests = _gather(ex, request, timeout, "the request", begin=True)
     differ = [r for r, q in enumerate(requests) if q != request]
     if differ:
         listed = "; ".join(f"rank {r}: pause {q[0]}, resume {q[1]}" for r, q in enumerate(requests))
@@ -126,9 +245,12 @@ def resume(tag, group=None, timeout=DEFAULT_TIMEOUT, device=None, *, exchange=No
     return switch([], [tag], group, timeout, device, exchange=exchange)
 
 
-def _gather(ex, obj, timeout, what):
+def _gather(ex, obj, timeout, what, begin=False):
     try:
+        if begin and hasattr(ex, "begin"):
+            ex.begin()
         return ex.all_gather(obj)
     except Exception as e:  # noqa: BLE001 - nothing has changed yet
-        raise _lib.error(f"vmstash.distributed.switch: {what} was not exchanged within {timeout.total_seconds():g} s "
-                         f"({type(e).__name__}: {e}); nothing changed", DEADLINE_EXCEEDED) from e
+        raise _lib.error(f"vmstash.distributed.switch: {what} was not exchanged (a rank left, or did not answer "
+                         f"within {timeout.total_seconds():g} s: {type(e).__name__}: {e}); nothing changed",
+                         DEADLINE_EXCEEDED) from e
