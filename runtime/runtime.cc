@@ -486,7 +486,15 @@ void Runtime::SetMemoryMargin(std::size_t bytes) {
 }
 
 absl::StatusOr<std::string> Runtime::JsonOf(int device, bool snapshot) {
-  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  // A query creates nothing: a device this process never used (no allocator, no CUDA
+  // context there; a rank asking about another rank's GPU) reads as empty.
+  VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
+  if (device != kAllDevices && targets.empty()) {
+    if (snapshot) return SnapshotToJson(Snapshot{.device = device, .driver = std::string(driver_->Name())});
+    AllocatorStats none{.device = device, .driver = std::string(driver_->Name())};
+    none.total.name = "total";
+    return StatsToJson(none);
+  }
   std::string json;
   for (CachingAllocator* a : targets) {
     if (!json.empty()) json += ",";

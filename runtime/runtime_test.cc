@@ -78,6 +78,33 @@ TEST(RuntimeTest, DeclaredTagsReachPresentAndFutureAllocators) {
   EXPECT_FALSE(f.rt->TagPolicy(Tag("rt_never")).has_value());
 }
 
+// A stats or snapshot query about a device the process never used starts nothing there
+// (no allocator, no CUDA context: a rank of a job asking about another rank's GPU), and an
+// agreed switch on the device in use still sees one device.
+TEST(RuntimeTest, AQueryAboutAnUnusedDeviceCreatesNothingThere) {
+  Fixture f = Make(2);
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_q"), Policy::kBackup).ok());
+  DevicePtr p = Filled(*f.rt, 1, Tag("rt_q"), 7);
+  for (bool snapshot : {false, true}) {
+    absl::StatusOr<std::string> json = snapshot ? f.rt->SnapshotJson(0) : f.rt->StatsJson(0);
+    ASSERT_TRUE(json.ok()) << json.status();
+    EXPECT_THAT(*json, HasSubstr("\"device\":0"));
+    EXPECT_THAT(*json, ::testing::Not(HasSubstr("rt_q")));
+  }
+  EXPECT_EQ(f.rt->AllocatorInUse(0), nullptr);
+  int calls = 0;
+  absl::StatusOr<bool> changed = f.rt->AgreedSwitch({Tag("rt_q")}, {}, Runtime::kAllDevices, nullptr,
+                                                    [&](const absl::Status& local) {
+                                                      ++calls;
+                                                      return local;
+                                                    });
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  EXPECT_EQ(calls, 1);
+  ASSERT_TRUE(f.rt->Resume(Tag("rt_q"), 1).ok());
+  EXPECT_TRUE(Holds(p, 7));
+}
+
 // A tag allocated in on one device before it was declared exists there with policy
 // discard; declaring it backup then fails on every device or none.
 TEST(RuntimeTest, ADeclarationThatOneDeviceRefusesChangesNoDevice) {

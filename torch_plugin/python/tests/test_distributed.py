@@ -149,6 +149,10 @@ WORKER = textwrap.dedent(r'''
     else:
         store = FileStore(folder)
         ex = vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=TIMEOUT), connect=FileGroup)
+    if what == "ok":  # first a switch with another timeout: its exchanges are its own
+        ex2 = None if torch else vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=5),
+                                                connect=FileGroup)
+        result["other_timeout"] = vd.switch(["extra"], [], timeout=5.0, exchange=ex2)
     pause, resume = ["train"], ["roll"]
     if what == "differ" and mine:
         pause = ["train", "extra"]

@@ -287,12 +287,15 @@ def snapshot(device=None):
     return _lib.json_call(l.vmstash_snapshot_json, _device_arg(device), "snapshot")
 
 
-def tag_stats(tag, device=0):
-    """The stats dict of one tag on one device, or None when it has no memory there."""
-    for t in stats(device)["tags"]:
-        if t["name"] == tag:
-            return t
-    return None
+def tag_stats(tag, device=None):
+    """The stats dict of one tag on `device`, or None when it has no memory there.
+    device=None: on the one device in use where the tag has memory (the first such device
+    when it has memory on several: pass `device` there); a process that uses one GPU, as
+    each rank of a job, need not say which (a query never starts using a device)."""
+    per_device = [stats(device)] if device is not None else stats(None)
+    found = [t for d in per_device for t in d["tags"] if t["name"] == tag]
+    holding = [t for t in found if t["state"] != "active" or t["reserved_bytes"]["current"] or t["backed_up_bytes"]]
+    return (holding or found or [None])[0]
 
 
 def read_backup(address, nbytes, dst_address, device=0):

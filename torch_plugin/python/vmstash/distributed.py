@@ -41,7 +41,8 @@ times out on another at the same instant, the first commits and the second rolls
 second raises DEADLINE_EXCEEDED; the job's retry converges (the first votes yes at once).
 
 The group: `group` (None: torch.distributed's default group); a rank's index in it is its
-rank in the exchange. Ray: call it from each actor's rank with its group (docs/usage.md).
+rank in the exchange. Every rank of a switch passes the same `timeout` (each timeout has its
+own generations and gloo groups: ranks with different ones never meet, and time out). Ray: call it from each actor's rank with its group (docs/usage.md).
 `exchange` replaces torch.distributed (tests, another collective engine): an object with
 `rank`, `size` and all_gather(obj) -> list that raises on a failure or timeout; `begin()`
 (optional) is called at the start of every switch.
@@ -66,7 +67,9 @@ class Generations:
 
     def __init__(self, store, ranks, index, timeout, connect=None, prefix="vmstash.distributed"):
         self._store, self.rank, self.size, self._timeout = store, index, len(ranks), timeout
-        self._key = f"{prefix}/{'_'.join(map(str, ranks))}"
+        # One generation counter and one set of groups per (ranks, timeout): the callers of
+        # one Generations never share a key with another's (its joins, its groups' rendezvous).
+        self._key = f"{prefix}/{'_'.join(map(str, ranks))}/{timeout.total_seconds():g}s"
         self._connect = connect if connect is not None else _gloo_group
         self._generation, self._group, self._step = None, None, 0
 
