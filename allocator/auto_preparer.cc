@@ -57,6 +57,7 @@ void AutoPreparer::WaitIdle() {
 }
 
 void AutoPreparer::Loop() {
+  if (on_thread_start_) on_thread_start_();
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });

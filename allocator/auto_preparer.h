@@ -42,8 +42,11 @@ class AutoPreparer {
   // `bytes` > 0: prepare that much arena; `give_back`: hand a resumed arena's memory back
   // first (Note [Retained Backups], give_back).
   using PrepareFn = std::function<absl::Status(TagId tag, std::size_t bytes, bool give_back)>;
-  AutoPreparer(PrepareFn prepare, std::chrono::milliseconds settle)
-      : prepare_(std::move(prepare)), settle_(settle) {}
+  // `on_thread_start` (may be empty) runs first on the thread, once: the driver's
+  // RelaxStreamCaptureForThisThread, so the thread's work never invalidates a user's graph
+  // capture in another thread.
+  AutoPreparer(PrepareFn prepare, std::chrono::milliseconds settle, std::function<void()> on_thread_start = {})
+      : prepare_(std::move(prepare)), settle_(settle), on_thread_start_(std::move(on_thread_start)) {}
   ~AutoPreparer();
   AutoPreparer(const AutoPreparer&) = delete;
   AutoPreparer& operator=(const AutoPreparer&) = delete;
@@ -77,6 +80,7 @@ class AutoPreparer {
   };
   const PrepareFn prepare_;
   const std::chrono::milliseconds settle_;
+  const std::function<void()> on_thread_start_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<TagId, Pending> queue_;      // guarded by mu_

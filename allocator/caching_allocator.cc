@@ -51,7 +51,8 @@ CachingAllocator::CachingAllocator(Driver* driver, int device, AllocatorOptions 
           }
           return s;
         },
-        std::chrono::milliseconds(std::max(options.auto_prepare_settle_ms, 0)));
+        std::chrono::milliseconds(std::max(options.auto_prepare_settle_ms, 0)),
+        [driver] { driver->RelaxStreamCaptureForThisThread(); });
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/auto_preparer.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/host_budget.h"
 #include "allocator/tag_pool.h"
@@ -332,6 +333,41 @@ TEST_F(BackgroundStepsYieldTest, ASetBackupStoreWaitsForOneHandBackStepNotForAll
   EXPECT_EQ(background_.load(), Step()) << "SetBackupStore waited while the background thread gave back past its "
                                            "first step";
   ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
+}  // namespace
+}  // namespace vmstash
+
+namespace vmstash {
+namespace {
+
+// The background thread runs its start function (the driver's RelaxStreamCaptureForThisThread)
+// once, on itself, before any work: its pins and hand-backs then never invalidate a graph
+// captured in global mode by another thread.
+TEST(AutoPreparerThreadTest, TheThreadStartFunctionRunsOnceOnTheThreadBeforeItsWork) {
+  std::atomic<int> starts{0};
+  std::thread::id start_thread, work_thread;
+  std::atomic<bool> started_before_work{false};
+  {
+    AutoPreparer preparer(
+        [&](TagId, std::size_t, bool) {
+          work_thread = std::this_thread::get_id();
+          started_before_work = starts.load() == 1;
+          return absl::OkStatus();
+        },
+        std::chrono::milliseconds(0), [&] {
+          start_thread = std::this_thread::get_id();
+          ++starts;
+        });
+    preparer.Request(TagId{1}, 1 << 20);
+    preparer.WaitIdle();
+    preparer.Request(TagId{2}, 1 << 20);
+    preparer.WaitIdle();
+  }
+  EXPECT_EQ(starts.load(), 1);
+  EXPECT_TRUE(started_before_work.load());
+  EXPECT_EQ(start_thread, work_thread);
+  EXPECT_NE(start_thread, std::this_thread::get_id());
 }
 
 }  // namespace

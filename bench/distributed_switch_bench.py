@@ -95,6 +95,8 @@ def rank_main(rank, world, port, args, out):
         record["hung"] = {"raised": True, "code": e.code_name}
     record["hung"]["seconds"] = time.monotonic() - t0
     record["hung"]["state"] = [vmstash.tag_stats(t)["state"] for t in ("train", "roll")]
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:  # rank 1 dies below
+        json.dump(record, f)
     _barrier(store, "dead", world)
     # A dead rank: rank 1 dies at the vote.
     real, calls = vd._GlooGroup.all_gather, [0]

@@ -33,6 +33,7 @@
   X(cuMemFreeHost)                 \
   X(cuMemHostRegister)             \
   X(cuMemHostUnregister)           \
+  X(cuThreadExchangeStreamCaptureMode) \
   X(cuStreamCreate)                \
   X(cuStreamDestroy)               \
   X(cuStreamSynchronize)           \

@@ -380,6 +380,11 @@ absl::Status CudaDriver::HostUnregister(int device, void* ptr) {
   return absl::OkStatus();
 }
 
+void CudaDriver::RelaxStreamCaptureForThisThread() {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  (void)api_.cuThreadExchangeStreamCaptureMode(&mode);  // thread-local state: it cannot fail here
+}
+
 absl::StatusOr<Stream> CudaDriver::CreateStream(int device) {
   counters_.Count(DriverOp::kCreateStream);
   VMSTASH_WITH_CONTEXT(device);

@@ -58,6 +58,7 @@ class CudaDriver final : public Driver {
   absl::Status HostFree(int device, void* ptr) override;
   absl::Status HostRegister(int device, void* ptr, std::size_t size_bytes) override;
   absl::Status HostUnregister(int device, void* ptr) override;
+  void RelaxStreamCaptureForThisThread() override;
   absl::StatusOr<Stream> CreateStream(int device) override;
   absl::Status DestroyStream(int device, Stream stream) override;
   absl::StatusOr<Event> CreateEvent(int device, bool timing) override;

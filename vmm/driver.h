@@ -149,6 +149,15 @@ class Driver {
   virtual absl::Status MemsetAsync(int device, DevicePtr dst, std::uint8_t value, std::size_t size_bytes,
                                    Stream stream) = 0;
 
+  // --- Threads ---------------------------------------------------------------------------
+  // Exempts the calling thread, for the rest of its life, from the rules of other threads'
+  // stream captures: a CUDA graph captured in another thread in global mode (torch.cuda.graph's
+  // default) is invalidated by any "potentially unsafe" call a thread in global mode makes
+  // meanwhile (cuMemHostRegister, cuMemCreate, a synchronization, ...), so vmstash's own
+  // background threads call this first (cuThreadExchangeStreamCaptureMode, relaxed). Their
+  // calls are not stream-ordered work, so no capture is changed by them. Never fails.
+  virtual void RelaxStreamCaptureForThisThread() {}
+
   // --- Accounting ------------------------------------------------------------------------
   virtual DriverCounters Counters() const = 0;
   // OK when no reservation, chunk, mapping, host allocation/registration, stream or event

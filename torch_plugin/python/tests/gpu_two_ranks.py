@@ -151,6 +151,17 @@ def graph_across_switches(rank, world, port, out, env):
                                                                        for r in range(world)]})
     record["same_addresses"] = ptrs == (x.data_ptr(), y.data_ptr(), gathered.data_ptr(), filler.data_ptr(),
                                         kv.data_ptr())
+    # NCCL's own memory (Note [NCCL Memory Across a Switch]): the hook finds this rank's
+    # communicator; it releases and restores where NCCL has ncclCommSuspend, else says why.
+    _, comm = vd._nccl_comm(None)
+    record["comm_found"] = bool(comm.value)
+    released, why = vd.release_nccl_memory()
+    restored = vd.restore_nccl_memory()[0] if released else False
+    x.fill_(1.0)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    record["nccl_memory"] = {"released": released, "restored": restored, "why": why,
+                             "all_reduce_after": bool(torch.all(x == float(world)).item())}
     _write(out, rank, record)
     _finish(world)  # no NCCL teardown needed
 
@@ -313,6 +324,11 @@ def test_a_graph_with_collectives_captured_before_the_switches_replays_right(set
     assert codes == [0, 0], codes
     for rec in records:
         assert rec["same_addresses"], rec
+        assert rec["comm_found"], rec
+        m = rec["nccl_memory"]
+        assert m["all_reduce_after"] and m["released"] == m["restored"], m
+        if not m["released"]:
+            assert "ncclCommSuspend" in m["why"], m
         for c in rec["cycles"]:
             assert c["all_reduce_ok"] and c["all_gather_ok"], (rec["rank"], c)
 

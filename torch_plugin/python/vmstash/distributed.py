@@ -257,3 +257,95 @@ def _gather(ex, obj, timeout, what, begin=False):
         raise _lib.error(f"vmstash.distributed.switch: {what} was not exchanged (a rank left, or did not answer "
                          f"within {timeout.total_seconds():g} s: {type(e).__name__}: {e}); nothing changed",
                          DEADLINE_EXCEEDED) from e
+
+
+# Note [NCCL Memory Across a Switch]
+# What a switch does to NCCL, measured on two H100s (torch 2.11, its NCCL 2.28.9;
+# gpu_two_ranks.py): eager collectives on tensors of a resumed tag, and a CUDA graph
+# captured before the switches that holds an in-place all_reduce and an out-of-place
+# all_gather on such tensors, give the right results after every switch out and back,
+# under NCCL's defaults, NCCL_GRAPH_REGISTER=0, and torch's allocator hook
+# (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1, which ncclCommRegister's each segment).
+# NCCL never maps a vmstash tag's memory into a peer: its graph (and hook) registration
+# exports the buffer's physical memory as a POSIX file descriptor, and vmstash's chunks are
+# created without a shareable handle type, so the export fails ("failed to IPC register
+# userbuff ... type POSIX_FD" in NCCL's INFO log) and NCCL uses its own buffers instead. So
+# no registration outlives a pause, and no hook needs to deregister one. (NVLS, on machines
+# with multicast, binds buffers without an export; that machine had none: not measured.)
+# NCCL's own device memory (its channels' buffers, ~9 MiB per channel and peer) is not
+# vmstash's: 2.28.9 can release it only by destroying the communicator. NCCL >= 2.29.7 has
+# ncclCommSuspend(comm, NCCL_SUSPEND_MEM) / ncclCommResume(comm): a collective (every rank
+# of the communicator calls it) that releases its P2P transport buffers and maps them back
+# at the same addresses (not its NVLS or network buffers). release_nccl_memory /
+# restore_nccl_memory call them where the NCCL loaded in the process has them, and say so
+# where it does not: call them on every rank, after a switch out of a phase that no longer
+# communicates on `group`, and before it communicates again.
+
+NCCL_SUSPEND_MEM = 0x01
+
+
+def _nccl_comm(group):
+    """(the NCCL library loaded in this process, this rank's ncclComm_t of `group`)."""
+    import ctypes
+    import torch
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        raise RuntimeError("vmstash.distributed: torch.distributed is not initialized (init_process_group)")
+    pg = group if group is not None else dist.group.WORLD
+    backend = pg._get_backend(torch.device("cuda", torch.cuda.current_device()))
+    comm_ptr = getattr(backend, "_comm_ptr", None)
+    if comm_ptr is None:
+        raise RuntimeError(f"vmstash.distributed: the group's backend ({type(backend).__name__}) is not NCCL's")
+    comm = comm_ptr()
+    if not comm:
+        raise RuntimeError("vmstash.distributed: the group has no NCCL communicator on this device yet "
+                           "(run a collective first)")
+    return ctypes.CDLL("libnccl.so.2"), ctypes.c_void_p(comm)
+
+
+def nccl_suspend_supported():
+    """(True, version) when the NCCL loaded in this process has ncclCommSuspend (>= 2.29.7);
+    else (False, the reason)."""
+    import ctypes
+    import torch
+    version = ".".join(map(str, torch.cuda.nccl.version()))
+    try:
+        lib = ctypes.CDLL("libnccl.so.2")
+    except OSError as e:
+        return False, f"NCCL is not loaded in this process ({e})"
+    if not hasattr(lib, "ncclCommSuspend") or not hasattr(lib, "ncclCommResume"):
+        return False, (f"NCCL {version} has no ncclCommSuspend (2.29.7 and later): its own device memory is "
+                       "released only by destroying the communicator")
+    return True, version
+
+
+def _nccl_call(name, group, *args):
+    import ctypes
+    ok, why = nccl_suspend_supported()
+    if not ok:
+        return False, why
+    lib, comm = _nccl_comm(group)
+    fn = getattr(lib, name)
+    fn.restype = ctypes.c_int
+    rc = fn(comm, *args)
+    if rc != 0:
+        lib.ncclGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"vmstash.distributed: {name} failed: {lib.ncclGetErrorString(rc).decode()} ({rc})")
+    return True, why
+
+
+def release_nccl_memory(group=None):
+    """ncclCommSuspend(NCCL_SUSPEND_MEM) on this rank's communicator of `group` (None: the
+    default group), where the loaded NCCL has it (Note [NCCL Memory Across a Switch]). Every
+    rank of the group calls it, with no collective of the group in flight. Returns (True,
+    NCCL's version) when NCCL released its memory, (False, why not) when this NCCL cannot."""
+    import torch
+    torch.cuda.synchronize()
+    return _nccl_call("ncclCommSuspend", group, NCCL_SUSPEND_MEM)
+
+
+def restore_nccl_memory(group=None):
+    """ncclCommResume on this rank's communicator of `group`: the memory release_nccl_memory
+    released, back at its addresses. Every rank calls it before the group communicates
+    again. Returns as release_nccl_memory does."""
+    return _nccl_call("ncclCommResume", group)
