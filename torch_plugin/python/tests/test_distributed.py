@@ -324,6 +324,33 @@ def test_torch_distributed_gloo_no_mixed_states(tmp_path, scenario):
         assert call["code"] == "DEADLINE_EXCEEDED" and call["seconds"] < 2.0 + 10.0, call
 
 
+def test_the_gloo_all_gather_carries_objects_larger_than_its_slots():
+    """vmstash.distributed's gloo all-gather: small objects in one all-gather, larger ones
+    in a second (two ranks, threads, torch's own HashStore and gloo)."""
+    pytest.importorskip("torch.distributed")
+    import datetime
+    import threading
+    import torch.distributed as dist
+    import vmstash.distributed as vd
+    store, out = dist.HashStore(), {}
+
+    def rank(r):
+        g = vd._GlooGroup(dist.PrefixStore("t", store), r, 2, datetime.timedelta(seconds=30))
+        out[r] = (g.all_gather(("small", r)), g.all_gather(["tag%d" % i for i in range(400 + r)]),
+                  g.all_gather(r))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for r in range(2):
+        small, large, again = out[r]
+        assert small == [("small", 0), ("small", 1)]
+        assert [len(x) for x in large] == [400, 401] and large[1][-1] == "tag400"
+        assert again == [0, 1]
+
+
 def test_switch_refuses_a_string_and_needs_torch_distributed_without_an_exchange():
     import vmstash.distributed as vd
     with pytest.raises(TypeError):

@@ -30,12 +30,13 @@ TCPStore) holds a generation number per group of ranks; each call reads it, and 
 gloo group of its own for a generation it has not joined yet. Any failed exchange abandons
 its generation (compare-and-set to the next), so every later call, on every rank, meets in a
 fresh group: a retry converges once the ranks call together again, and a late rank's call
-meets the others' retry or fails, but never pairs with a stale message (every message carries
-its generation and step, and an exchange that completes after a rank gave up its generation
-fails: the generation is read again after it). Joining a generation is a count in the store: the rank that brings
-it to the group's size says "joined", a rank that gives up first cancels it (atomically: a
-large add), so no rank waits for a peer that has left. Each exchange is the group's
-all-gather (lengths, then the pickled objects).
+meets the others' retry or fails, but never acts on a stale message (every message carries
+its generation and step, and a vote that completes after a rank gave up its generation
+fails: the generation is read again after it; a stale request needs no such check, as the
+vote after it cannot complete). Joining a generation is a count in the store: the rank that
+brings it to the group's size says "joined", a rank that gives up first cancels it
+(atomically: a large add), so no rank waits for a peer that has left. Each exchange is one
+all-gather of the group (1 KiB slots; a second one for larger objects).
 A limit no timeout-based vote escapes: when the outcome exchange completes on one rank and
 times out on another at the same instant, the first commits and the second rolls back. The
 second raises DEADLINE_EXCEEDED; the job's retry converges (the first votes yes at once).
@@ -107,9 +108,12 @@ class Generations:
         if self._store.get(done) != b"joined":
             raise TimeoutError(f"generation {self._generation} was given up by a rank that waited longer")
 
-    def all_gather(self, obj):
+    def all_gather(self, obj, final=True):
         """Every rank's `obj`, in rank order; raises (and abandons the generation) on a
-        failure, a timeout, or a message of another generation or step."""
+        failure, a timeout, or a message of another generation or step. `final`: a decision
+        follows from it (the vote), so it also fails when a rank gave the generation up
+        meanwhile (one more read of the store); a stale request needs no such check, as the
+        vote after it cannot complete."""
         if self._group is None:
             raise RuntimeError("vmstash.distributed: all_gather before begin()")
         self._step += 1
@@ -120,7 +124,7 @@ class Generations:
             if strays:
                 raise RuntimeError(f"ranks {strays} sent messages of another exchange (generation, step "
                                    f"{[out[r][0] for r in strays]}, expected {stamp})")
-            if int(self._store.add(self._key + "/generation", 0)) != self._generation:
+            if final and int(self._store.add(self._key + "/generation", 0)) != self._generation:
                 raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
         except Exception:
             self.abandon()
@@ -139,8 +143,10 @@ class Generations:
 
 class _GlooGroup:
     """All-gather of Python objects over a gloo ProcessGroup of its own (not registered with
-    torch.distributed's default world): lengths, then the pickled objects padded to the
-    longest."""
+    torch.distributed's default world): one all-gather of fixed-size slots (the length, then
+    the pickled object); a second, padded to the longest, only when an object is larger."""
+
+    SLOT = 1024  # bytes per rank in the first all-gather; requests and votes fit
 
     def __init__(self, store, rank, size, timeout):
         import torch
@@ -151,14 +157,22 @@ class _GlooGroup:
     def all_gather(self, obj):
         torch = self._torch
         data = pickle.dumps(obj)
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self._size)]
-        self._pg.allgather([lengths], [torch.tensor([len(data)], dtype=torch.int64)]).wait()
-        longest = max(int(t.item()) for t in lengths)
-        mine = torch.zeros(longest, dtype=torch.uint8)
-        mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        head = len(data).to_bytes(8, "little")
+        mine = torch.zeros(self.SLOT, dtype=torch.uint8)
+        body = data if len(data) <= self.SLOT - 8 else b""
+        mine[:8 + len(body)] = torch.frombuffer(bytearray(head + body), dtype=torch.uint8)
+        slots = [torch.empty(self.SLOT, dtype=torch.uint8) for _ in range(self._size)]
+        self._pg.allgather([slots], [mine]).wait()
+        raw = [bytes(t.numpy()) for t in slots]
+        lengths = [int.from_bytes(r[:8], "little") for r in raw]
+        longest = max(lengths)
+        if longest <= self.SLOT - 8:
+            return [pickle.loads(r[8:8 + n]) for r, n in zip(raw, lengths)]
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self._size)]
-        self._pg.allgather([out], [mine]).wait()
-        return [pickle.loads(t[:int(n.item())].numpy().tobytes()) for t, n in zip(out, lengths)]
+        self._pg.allgather([out], [padded]).wait()
+        return [pickle.loads(bytes(t[:n].numpy())) for t, n in zip(out, lengths)]
 
 
 def _gloo_group(store, rank, size, timeout):
@@ -252,6 +266,7 @@ def _gather(ex, obj, timeout, what, begin=False):
     try:
         if begin and hasattr(ex, "begin"):
             ex.begin()
+            return ex.all_gather(obj, final=False)
         return ex.all_gather(obj)
     except Exception as e:  # noqa: BLE001 - nothing has changed yet
         raise _lib.error(f"vmstash.distributed.switch: {what} was not exchanged (a rank left, or did not answer "
