@@ -336,10 +336,36 @@ std::string UndoSwitches(const std::vector<SwitchedDevice>& changed, const std::
   return rollback;
 }
 
+// The tags of `tags` that exist on `a` (a switch there covers only those).
+std::vector<TagId> TagsOn(const CachingAllocator* a, const std::vector<TagId>& tags) {
+  std::vector<TagId> out;
+  for (TagId t : tags) {
+    if (a->TagPolicy(t).ok()) out.push_back(t);
+  }
+  return out;
+}
+
+const CachingAllocator::LiveRangesByTag* HintFor(const Runtime::LiveRangesByDevice* live, int device) {
+  if (live == nullptr) return nullptr;
+  auto it = live->find(device);
+  return it != live->end() ? &it->second : nullptr;
+}
+
+// True when one of `tags` holds memory on `a`: bytes reserved, or not active (paused, or
+// a transition of it under way).
+bool HoldsMemory(CachingAllocator* a, const std::vector<TagId>& tags) {
+  const AllocatorStats stats = a->Stats();
+  for (TagId t : tags) {
+    for (const TagStats& ts : stats.tags) {
+      if (ts.name == TagName(t) && (ts.reserved_bytes.current > 0 || ts.state != "active")) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
-absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
-                                     const LiveRangesByDevice* live) {
+absl::Status Runtime::CheckSwitchTags(const std::vector<TagId>& pause, const std::vector<TagId>& resume) const {
   for (const std::vector<TagId>* list : {&pause, &resume}) {
     for (TagId t : *list) {
       if (!TagKnown(t)) {
@@ -348,27 +374,20 @@ absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std:
     }
   }
   if (pause.empty() && resume.empty()) return absl::InvalidArgumentError("switch: no tag to pause and none to resume");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
+                                     const LiveRangesByDevice* live) {
+  VMSTASH_RETURN_IF_ERROR(CheckSwitchTags(pause, resume));
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
   std::vector<SwitchedDevice> changed;
   std::vector<HookFailure> hook_failures;
   for (CachingAllocator* a : targets) {
-    // Only the tags that have memory on this device take part there.
-    auto here = [&](const std::vector<TagId>& tags) {
-      std::vector<TagId> out;
-      for (TagId t : tags) {
-        if (a->TagPolicy(t).ok()) out.push_back(t);
-      }
-      return out;
-    };
-    const std::vector<TagId> p = here(pause), r = here(resume);
+    const std::vector<TagId> p = TagsOn(a, pause), r = TagsOn(a, resume);
     if (p.empty() && r.empty()) continue;
-    const CachingAllocator::LiveRangesByTag* hint = nullptr;
-    if (live != nullptr) {
-      auto it = live->find(a->device());
-      if (it != live->end()) hint = &it->second;
-    }
     CachingAllocator::SwitchChanges changes;
-    absl::StatusOr<CachingAllocator::Transition> s = a->Switch(p, r, hint, &changes);
+    absl::StatusOr<CachingAllocator::Transition> s = a->Switch(p, r, HintFor(live, a->device()), &changes);
     // `changes` is filled once the switch is committed: a non-empty one with an error is
     // case (2), done here with an after-resume hook failed.
     const bool done = !changes.paused.empty() || !changes.resumed.empty();
@@ -396,48 +415,36 @@ absl::StatusOr<bool> Runtime::AgreedSwitch(const std::vector<TagId>& pause, cons
     (void)agree(s);
     return s;
   };
-  for (const std::vector<TagId>* list : {&pause, &resume}) {
-    for (TagId t : *list) {
-      if (!TagKnown(t)) {
-        return refuse(absl::NotFoundError(absl::StrCat("switch: tag '", TagName(t), "' does not exist in this process")));
-      }
-    }
-  }
+  if (absl::Status s = CheckSwitchTags(pause, resume); !s.ok()) return refuse(s);
   absl::StatusOr<std::vector<CachingAllocator*>> targets = ExistingTargets(device);
   if (!targets.ok()) return refuse(targets.status());
-  CachingAllocator* here = nullptr;
-  std::vector<TagId> p, r;
+  // The one device of the switch: where its tags hold memory. Every declared tag exists
+  // on every allocator in use, so a process that used a second device for anything else
+  // has them there too, holding nothing; where no device holds any, the one allocator.
+  std::vector<CachingAllocator*> declared, holding;
   for (CachingAllocator* a : *targets) {
-    std::vector<TagId> ap, ar;
-    for (TagId t : pause) {
-      if (a->TagPolicy(t).ok()) ap.push_back(t);
-    }
-    for (TagId t : resume) {
-      if (a->TagPolicy(t).ok()) ar.push_back(t);
-    }
-    if (ap.empty() && ar.empty()) continue;
-    if (here != nullptr) {
-      return refuse(absl::InvalidArgumentError(absl::StrCat(
-          "agreed switch (pause ", TagList(pause), "; resume ", TagList(resume), "): its tags have memory on devices ",
-          here->device(), " and ", a->device(), "; an agreed switch covers one device per process (one rank per GPU)")));
-    }
-    here = a;
-    p = std::move(ap);
-    r = std::move(ar);
+    std::vector<TagId> tags = TagsOn(a, pause);
+    for (TagId t : TagsOn(a, resume)) tags.push_back(t);
+    if (tags.empty()) continue;
+    declared.push_back(a);
+    if (HoldsMemory(a, tags)) holding.push_back(a);
   }
-  if (here == nullptr) {  // nothing of these tags on this device: nothing moves
-    if (pause.empty() && resume.empty()) return refuse(absl::InvalidArgumentError("switch: no tag to pause and none to resume"));
+  const std::vector<CachingAllocator*>& chosen = holding.empty() ? declared : holding;
+  if (chosen.size() > 1) {
+    return refuse(absl::InvalidArgumentError(absl::StrCat(
+        "agreed switch (pause ", TagList(pause), "; resume ", TagList(resume), "): its tags ",
+        holding.empty() ? "exist" : "have memory", " on devices ", chosen[0]->device(), " and ", chosen[1]->device(),
+        "; an agreed switch covers one device per process (one rank per GPU): pass the device")));
+  }
+  if (chosen.empty()) {  // nothing of these tags on this device: nothing moves
     absl::Status decided = agree(absl::OkStatus());
     if (!decided.ok()) return decided;
     return false;
   }
-  const CachingAllocator::LiveRangesByTag* hint = nullptr;
-  if (live != nullptr) {
-    auto it = live->find(here->device());
-    if (it != live->end()) hint = &it->second;
-  }
+  CachingAllocator* here = chosen[0];
   CachingAllocator::SwitchChanges changes;
-  absl::StatusOr<CachingAllocator::Transition> s = here->Switch(p, r, hint, &changes, &agree);
+  absl::StatusOr<CachingAllocator::Transition> s =
+      here->Switch(TagsOn(here, pause), TagsOn(here, resume), HintFor(live, here->device()), &changes, &agree);
   const bool done = !changes.paused.empty() || !changes.resumed.empty();
   if (s.ok()) return done;
   if (done) {  // committed; after-resume hooks failed

@@ -147,7 +147,8 @@ class Runtime {
   // Switch as one of several processes' switches that all commit or all roll back (Note
   // [Agreed Switch] in allocator/switch.h): `agree` is called exactly once, whatever
   // happens. It covers one device of this process (one rank per GPU): `device`, or with
-  // -1 the one device that holds memory of these tags; InvalidArgument when several do.
+  // -1 the one device where these tags hold memory (or the one allocator where none
+  // does); InvalidArgument when several do.
   absl::StatusOr<bool> AgreedSwitch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
                                     const LiveRangesByDevice* live, const CachingAllocator::SwitchAgree& agree);
   // True for the error of a Pause/Resume/Switch that is done on every device although
@@ -197,6 +198,8 @@ class Runtime {
   absl::StatusOr<bool> Transition(TagId tag, int device, bool pause, const Hints& hints);
   bool TagKnown(TagId tag) const;
   absl::StatusOr<std::string> JsonOf(int device, bool snapshot);
+  // NotFound for a tag this process never declared, InvalidArgument for no tag at all.
+  absl::Status CheckSwitchTags(const std::vector<TagId>& pause, const std::vector<TagId>& resume) const;
 
   const std::unique_ptr<Driver> driver_;
   const int device_count_;

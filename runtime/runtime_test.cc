@@ -105,6 +105,34 @@ TEST(RuntimeTest, AQueryAboutAnUnusedDeviceCreatesNothingThere) {
   EXPECT_TRUE(Holds(p, 7));
 }
 
+// A rank whose process used a second device for something else: its switch's tags exist
+// there too (every declared tag exists on every allocator), holding nothing; the agreed
+// switch takes the device where they hold memory. Tags holding memory on two devices are
+// refused before anything changes, the agreement told so.
+TEST(RuntimeTest, AnAgreedSwitchTakesTheDeviceWhereItsTagsHoldMemory) {
+  Fixture f = Make(2);
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_a1"), Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(Tag("rt_a0"), Policy::kBackup).ok());
+  DevicePtr on1 = Filled(*f.rt, 1, Tag("rt_a1"), 3);
+  DevicePtr on0 = Filled(*f.rt, 0, Tag("rt_a0"), 4);
+  auto yes = [](const absl::Status& local) { return local; };
+  absl::StatusOr<bool> changed = f.rt->AgreedSwitch({Tag("rt_a1")}, {}, Runtime::kAllDevices, nullptr, yes);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_TRUE(*changed);
+  ASSERT_TRUE(f.rt->Resume(Tag("rt_a1"), 1).ok());
+  EXPECT_TRUE(Holds(on1, 3));
+  DevicePtr also0 = Filled(*f.rt, 0, Tag("rt_a1"), 5);
+  absl::Status told;
+  changed = f.rt->AgreedSwitch({Tag("rt_a1")}, {}, Runtime::kAllDevices, nullptr, [&](const absl::Status& local) {
+    told = local;
+    return local;
+  });
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(changed.status().message()), HasSubstr("have memory on devices 0 and 1"));
+  EXPECT_EQ(told.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Holds(on1, 3) && Holds(also0, 5) && Holds(on0, 4));
+}
+
 // A tag allocated in on one device before it was declared exists there with policy
 // discard; declaring it backup then fails on every device or none.
 TEST(RuntimeTest, ADeclarationThatOneDeviceRefusesChangesNoDevice) {
