@@ -83,20 +83,27 @@ def rank_main(rank, world, port, args, out):
             if i >= warm:
                 times[kind] += [a, b]
     record = {"rank": rank, "times": times, "wrong": wrong}
+
+    def failed_switch(name):
+        """A switch that some rank fails: how long this rank took to raise, and its tags."""
+        t0 = time.monotonic()
+        try:
+            vd.switch(["train"], ["roll"], timeout=args.timeout)
+            r = {"raised": False}
+        except vmstash.Error as e:
+            r = {"raised": True, "code": e.code_name}
+        r["seconds"] = time.monotonic() - t0
+        r["state"] = [vmstash.tag_stats(t)["state"] for t in ("train", "roll")]
+        r["bytes"] = torch.all(train == float(rank + 1)).item()
+        record[name] = r
+        with open(os.path.join(out, f"{rank}.json"), "w") as f:  # before rank 1's death below
+            json.dump(record, f)
+
     # A hung rank: rank 1 comes timeout + 1 s late.
     _barrier(store, "hung", world)
     if rank == 1:
         time.sleep(args.timeout + 1.0)
-    t0 = time.monotonic()
-    try:
-        vd.switch(["train"], ["roll"], timeout=args.timeout)
-        record["hung"] = {"raised": False}
-    except vmstash.Error as e:
-        record["hung"] = {"raised": True, "code": e.code_name}
-    record["hung"]["seconds"] = time.monotonic() - t0
-    record["hung"]["state"] = [vmstash.tag_stats(t)["state"] for t in ("train", "roll")]
-    with open(os.path.join(out, f"{rank}.json"), "w") as f:  # rank 1 dies below
-        json.dump(record, f)
+    failed_switch("hung")
     _barrier(store, "dead", world)
     # A dead rank: rank 1 dies at the vote.
     real, calls = vd._GlooGroup.all_gather, [0]
@@ -109,17 +116,7 @@ def rank_main(rank, world, port, args, out):
 
     if rank == 1:
         vd._GlooGroup.all_gather = dies
-    t0 = time.monotonic()
-    try:
-        vd.switch(["train"], ["roll"], timeout=args.timeout)
-        record["dead"] = {"raised": False}
-    except vmstash.Error as e:
-        record["dead"] = {"raised": True, "code": e.code_name}
-    record["dead"]["seconds"] = time.monotonic() - t0
-    record["dead"]["state"] = [vmstash.tag_stats(t)["state"] for t in ("train", "roll")]
-    record["dead"]["bytes"] = torch.all(train == float(rank + 1)).item()
-    with open(os.path.join(out, f"{rank}.json"), "w") as f:
-        json.dump(record, f)
+    failed_switch("dead")
     os._exit(0)
 
 

@@ -25,6 +25,13 @@ class CAbiTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_EQ(vmstash_init("driver:sim,sim_devices:2,sim_capacity:1G"), VMSTASH_OK); }
   void TearDown() override { ASSERT_EQ(vmstash_shutdown(), VMSTASH_OK); }
+  // A backup tag `tag` with one block of `n` bytes on device 0 (nullptr on failure).
+  static unsigned char* BackupBlock(const char* tag, std::size_t n) {
+    if (vmstash_create_tag(tag, "backup") != VMSTASH_OK || vmstash_set_current_tag(tag) != VMSTASH_OK) return nullptr;
+    void* p = vmstash_malloc(n, 0, nullptr);
+    vmstash_set_current_tag("default");
+    return static_cast<unsigned char*>(p);
+  }
 };
 
 TEST_F(CAbiTest, MallocFreeWithPyTorchSignatures) {
@@ -278,15 +285,10 @@ TEST_F(CAbiTest, TagSlotsAllocateInTheirTagFromAnyThreadAndPauseTakesALiveHint) 
 }
 
 TEST_F(CAbiTest, SwitchThroughTheCAbiWithALiveHint) {
-  ASSERT_EQ(vmstash_create_tag("sw_roll", "backup"), VMSTASH_OK);
-  ASSERT_EQ(vmstash_create_tag("sw_train", "backup"), VMSTASH_OK);
-  ASSERT_EQ(vmstash_set_current_tag("sw_train"), VMSTASH_OK);
-  auto* t = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
-  ASSERT_EQ(vmstash_set_current_tag("sw_roll"), VMSTASH_OK);
-  auto* r = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
-  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
-  ASSERT_NE(t, nullptr);
-  ASSERT_NE(r, nullptr);
+  unsigned char* t = BackupBlock("sw_train", 8 << 20);
+  unsigned char* r = BackupBlock("sw_roll", 8 << 20);
+  ASSERT_NE(t, nullptr) << vmstash_last_error();
+  ASSERT_NE(r, nullptr) << vmstash_last_error();
   t[0] = 1;
   t[(8 << 20) - 1] = 2;
   ASSERT_EQ(vmstash_pause("sw_train", 0), VMSTASH_OK);
@@ -342,15 +344,10 @@ int Vote(void* ctx, int local_code, const char* local_message, char* reason, siz
 }
 
 TEST_F(CAbiTest, AgreedSwitchCallsTheAgreementOnceAndObeysIt) {
-  ASSERT_EQ(vmstash_create_tag("ag_roll", "backup"), VMSTASH_OK);
-  ASSERT_EQ(vmstash_create_tag("ag_train", "backup"), VMSTASH_OK);
-  ASSERT_EQ(vmstash_set_current_tag("ag_train"), VMSTASH_OK);
-  auto* t = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
-  ASSERT_EQ(vmstash_set_current_tag("ag_roll"), VMSTASH_OK);
-  auto* r = static_cast<unsigned char*>(vmstash_malloc(8 << 20, 0, nullptr));
-  ASSERT_EQ(vmstash_set_current_tag("default"), VMSTASH_OK);
-  ASSERT_NE(t, nullptr);
-  ASSERT_NE(r, nullptr);
+  unsigned char* t = BackupBlock("ag_train", 8 << 20);
+  unsigned char* r = BackupBlock("ag_roll", 8 << 20);
+  ASSERT_NE(t, nullptr) << vmstash_last_error();
+  ASSERT_NE(r, nullptr) << vmstash_last_error();
   t[5] = 11;
   r[7] = 22;
   ASSERT_EQ(vmstash_pause("ag_roll", 0), VMSTASH_OK);
