@@ -40,9 +40,7 @@ absl::StatusOr<TransitionResult> PauseExecutor::Transact() {
   const Clock::time_point start = Clock::now();
   Driver* const driver = host_->driver();
   const int device = host_->device();
-  pool_->AnnounceTransition();  // Note [Background Steps Yield]
-  MutexLock t(pool_->transition_mu());
-  pool_->WithdrawTransition();
+  TagPool::ForegroundLock t(pool_);  // Note [Background Steps Yield]
   std::uint64_t synced_before;
   {
     MutexLock lock(host_->mu());
@@ -196,9 +194,7 @@ absl::Status ResumeExecutor::MapBack(Heap* heap, Heap::ResumeTxn* txn, bool rest
 
 absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
   const Clock::time_point start = Clock::now();
-  pool_->AnnounceTransition();  // Note [Background Steps Yield]
-  MutexLock t(pool_->transition_mu());
-  pool_->WithdrawTransition();
+  TagPool::ForegroundLock t(pool_);  // Note [Background Steps Yield]
   {
     MutexLock lock(host_->mu());
     VMSTASH_RETURN_IF_ERROR(pool_->MoveTo(TagState::kResuming));

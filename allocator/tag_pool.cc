@@ -15,26 +15,6 @@
 namespace vmstash {
 namespace {
 
-// A foreground caller's hold of a tag's transition lock: announced while it waits (Note
-// [Background Steps Yield]).
-class ABSL_SCOPED_LOCKABLE ForegroundLock {
- public:
-  ForegroundLock(std::atomic<int>* waiting, Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) {
-    waiting->fetch_add(1, std::memory_order_acq_rel);
-    mu->Lock();
-    waiting->fetch_sub(1, std::memory_order_acq_rel);
-  }
-  ~ForegroundLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
-  ForegroundLock(const ForegroundLock&) = delete;
-  ForegroundLock& operator=(const ForegroundLock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
-
-}  // namespace
-namespace {
-
 struct Move {
   TagState from;
   TagState to;
@@ -318,7 +298,7 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
 }
 
 absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
-  ForegroundLock t(&transitions_waiting_, &transition_mu_);
+  ForegroundLock t(this);
   {
     MutexLock lock(owner_mu);
     if (state_ == TagState::kPaused) {
@@ -417,7 +397,7 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
 }
 
 void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
-  ForegroundLock t(&transitions_waiting_, &transition_mu_);
+  ForegroundLock t(this);
   MutexLock lock(owner_mu);
   retention_ = retention;
 }
@@ -455,7 +435,7 @@ absl::Status TagPool::GiveBack(Mutex* owner_mu) {
 }
 
 absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
-  ForegroundLock t(&transitions_waiting_, &transition_mu_);
+  ForegroundLock t(this);
   {
     MutexLock lock(owner_mu);
     if (policy_ != Policy::kBackup) {
@@ -496,7 +476,7 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
 
 absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
                                          const std::function<void(const char*)>& use) {
-  ForegroundLock t(&transitions_waiting_, &transition_mu_);  // no resume meanwhile: the arena stays
+  ForegroundLock t(this);  // no resume meanwhile: the arena stays
   std::optional<std::size_t> offset;
   {
     MutexLock lock(owner_mu);

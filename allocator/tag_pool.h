@@ -250,12 +250,28 @@ class TagPool {
   //   lock (pause, resume, switch; a foreground Prepare, ReleaseBackup, SetStore,
   //   SetRetention, the last free's ReleaseOrphanedArena, a backup read) announces itself
   //   before it waits for it (AnnounceTransition, WithdrawTransition once it holds it; in
-  //   tag_pool.cc, ForegroundLock), and the loops take no next step while one is
+  //   ForegroundLock), and the loops take no next step while one is
   //   announced (YieldToTransitions); after it they find the arena moved on (arena_epoch_,
   //   give_back_pending_) and stop, or go on.
   static constexpr std::size_t kPrepareStepBytes = std::size_t{512} << 20;
   void AnnounceTransition() { transitions_waiting_.fetch_add(1, std::memory_order_acq_rel); }
   void WithdrawTransition() { transitions_waiting_.fetch_sub(1, std::memory_order_acq_rel); }
+  // A foreground caller's hold of one tag's transition lock, announced while it waits
+  // (a caller of several tags' locks announces each, then takes them in order).
+  class ABSL_SCOPED_LOCKABLE ForegroundLock {
+   public:
+    explicit ForegroundLock(TagPool* pool) ABSL_EXCLUSIVE_LOCK_FUNCTION(pool->transition_mu_) : pool_(pool) {
+      pool->AnnounceTransition();
+      pool->transition_mu_.Lock();
+      pool->WithdrawTransition();
+    }
+    ~ForegroundLock() ABSL_UNLOCK_FUNCTION() { pool_->transition_mu_.Unlock(); }
+    ForegroundLock(const ForegroundLock&) = delete;
+    ForegroundLock& operator=(const ForegroundLock&) = delete;
+
+   private:
+    TagPool* const pool_;
+  };
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
  private:

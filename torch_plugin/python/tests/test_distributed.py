@@ -103,8 +103,8 @@ WORKER = textwrap.dedent(r'''
 
     class FileGroup:
         """A CPU group's all-gather over a FileStore."""
-        def __init__(self, store, index, n, timeout):
-            self.store, self.index, self.n, self.timeout, self.round = store, index, n, timeout, 0
+        def __init__(self, store, prefix, index, n, timeout):
+            self.store, self.index, self.n, self.timeout, self.round = store.prefixed(prefix), index, n, timeout, 0
         def all_gather(self, obj):
             self.round += 1
             self.store.set(f"{self.round}/{self.index}", pickle.dumps(obj))
@@ -149,16 +149,17 @@ WORKER = textwrap.dedent(r'''
     else:
         store = FileStore(folder)
         ex = vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=TIMEOUT), connect=FileGroup)
-    if what == "ok":  # first a switch with another timeout: its exchanges are its own
-        ex2 = None if torch else vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=5),
-                                                connect=FileGroup)
-        result["other_timeout"] = vd.switch(["extra"], [], timeout=5.0, exchange=ex2)
     pause, resume = ["train"], ["roll"]
     if what == "differ" and mine:
         pause = ["train", "extra"]
     hog = None
     if what == "oom" and mine:
         hog = malloc("default", 400 * MiB, 0x77)  # roll's 200 MiB no longer fit in train's 96 and the rest
+    barrier("ready")  # every rank set up (as a job's ranks are after init_process_group), then the timed calls
+    if what == "ok":  # first a switch with another timeout: its exchanges are its own
+        ex2 = None if torch else vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=5),
+                                                connect=FileGroup)
+        result["other_timeout"] = vd.switch(["extra"], [], timeout=5.0, exchange=ex2)
     for attempt in range(2):
         t0 = time.monotonic()
         try:
@@ -335,7 +336,7 @@ def test_the_gloo_all_gather_carries_objects_larger_than_its_slots():
     store, out = dist.HashStore(), {}
 
     def rank(r):
-        g = vd._GlooGroup(dist.PrefixStore("t", store), r, 2, datetime.timedelta(seconds=30))
+        g = vd._GlooGroup(store, "t", r, 2, datetime.timedelta(seconds=30))
         out[r] = (g.all_gather(("small", r)), g.all_gather(["tag%d" % i for i in range(400 + r)]),
                   g.all_gather(r))
 

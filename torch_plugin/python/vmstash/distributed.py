@@ -62,16 +62,16 @@ _CANCEL = 1 << 30  # added to a generation's join count by the rank that gives u
 class Generations:
     """The exchanges of one group of ranks, a generation at a time (Note [Exchange
     Generations]). `store`: torch.distributed Store operations add / compare_set / set /
-    get / wait(keys, timeout) (the job's store, or a stand-in); `connect(store, index,
-    size, timeout)`: a CPU group over a prefixed store, with all_gather(obj) -> list
-    (gloo by default)."""
+    get / wait(keys, timeout) (the job's store, or a stand-in); `connect(store, prefix,
+    index, size, timeout)`: a CPU group whose rendezvous keys start with `prefix`, with
+    all_gather(obj) -> list (gloo by default)."""
 
     def __init__(self, store, ranks, index, timeout, connect=None, prefix="vmstash.distributed"):
         self._store, self.rank, self.size, self._timeout = store, index, len(ranks), timeout
         # One generation counter and one set of groups per (ranks, timeout): the callers of
         # one Generations never share a key with another's (its joins, its groups' rendezvous).
         self._key = f"{prefix}/{'_'.join(map(str, ranks))}/{timeout.total_seconds():g}s"
-        self._connect = connect if connect is not None else _gloo_group
+        self._connect = connect if connect is not None else _GlooGroup
         self._generation, self._group, self._step = None, None, 0
 
     def begin(self):
@@ -85,7 +85,7 @@ class Generations:
         prefix = f"{self._key}/{g}"
         try:
             self._join(prefix)
-            self._group = self._connect(_prefixed(self._store, prefix + "/group"), self.rank, self.size, self._timeout)
+            self._group = self._connect(self._store, prefix + "/group", self.rank, self.size, self._timeout)
         except Exception:
             self.abandon()
             raise
@@ -148,11 +148,11 @@ class _GlooGroup:
 
     SLOT = 1024  # bytes per rank in the first all-gather; requests and votes fit
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, prefix, rank, size, timeout):
         import torch
         import torch.distributed as dist
         self._torch, self._size = torch, size
-        self._pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, timeout)
 
     def all_gather(self, obj):
         torch = self._torch
@@ -173,20 +173,6 @@ class _GlooGroup:
         out = [torch.empty(longest, dtype=torch.uint8) for _ in range(self._size)]
         self._pg.allgather([out], [padded]).wait()
         return [pickle.loads(bytes(t[:n].numpy())) for t, n in zip(out, lengths)]
-
-
-def _gloo_group(store, rank, size, timeout):
-    return _GlooGroup(store, rank, size, timeout)
-
-
-def _prefixed(store, prefix):
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return store.prefixed(prefix)  # a stand-in store
-    if isinstance(store, dist.Store):
-        return dist.PrefixStore(prefix, store)
-    return store.prefixed(prefix)
 
 
 def _torch_exchange(group, timeout):
