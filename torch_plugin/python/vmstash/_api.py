@@ -87,10 +87,10 @@ def _targets(tag):
 def _device_arg(device):
     if device is None:
         return -1
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
         return device
-    index = getattr(device, "index", None)  # torch.device
-    if index is None:
+    index = getattr(device, "index", None) if hasattr(device, "type") else None  # torch.device
+    if not isinstance(index, int):
         raise ValueError(f"device must be an int or a torch.device with an index, got {device!r}")
     return index
 

@@ -46,16 +46,21 @@ rank in the exchange. Every rank of a switch passes the same `timeout` (each tim
 own generations and gloo groups: ranks with different ones never meet, and time out). Ray: call it from each actor's rank with its group (docs/usage.md).
 `exchange` replaces torch.distributed (tests, another collective engine): an object with
 `rank`, `size` and all_gather(obj) -> list that raises on a failure or timeout; `begin()`
-(optional) is called at the start of every switch.
+(optional) is called at the start of every switch, and `lock` (optional) is held for the
+whole switch. Threads of one rank switch one at a time through its exchange (Generations'
+lock): each switch's request and vote are consecutive in the group, and a vote must be one
+(a (bool, str) pair) to count.
 """
+import contextlib
 import datetime
 import pickle
+import threading
 
 from . import _api, _lib
 from ._codes import DEADLINE_EXCEEDED
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
-_exchanges = {}  # (ranks, timeout seconds) -> Generations
+_exchanges = {}  # (ranks, this rank, timeout) -> Generations (made anew with a new store)
 _CANCEL = 1 << 30  # added to a generation's join count by the rank that gives up on it
 
 
@@ -70,7 +75,11 @@ class Generations:
         self._store, self.rank, self.size, self._timeout = store, index, len(ranks), timeout
         # One generation counter and one set of groups per (ranks, timeout): the callers of
         # one Generations never share a key with another's (its joins, its groups' rendezvous).
-        self._key = f"{prefix}/{'_'.join(map(str, ranks))}/{timeout.total_seconds():g}s"
+        self._key = f"{prefix}/{'_'.join(map(str, ranks))}/{timeout // datetime.timedelta(microseconds=1)}us"
+        self.store = store
+        # One switch at a time through this object: two threads of a rank would otherwise
+        # interleave their steps, and one switch could take another's message for its own.
+        self.lock = threading.Lock()
         self._connect = connect if connect is not None else _GlooGroup
         self._generation, self._group, self._step = None, None, 0
 
@@ -101,19 +110,20 @@ class Generations:
             try:
                 self._store.wait([done], self._timeout)
             except Exception:  # noqa: BLE001 - cancel, unless the last rank joined meanwhile
-                if int(self._store.add(count, _CANCEL)) != _CANCEL + self.size:
+                if int(self._store.add(count, _CANCEL)) % _CANCEL != self.size:  # not every rank joined
                     self._store.set(done, "cancelled")
                     raise TimeoutError(f"not every rank joined within {self._timeout.total_seconds():g} s") from None
                 self._store.wait([done], self._timeout)
         if self._store.get(done) != b"joined":
             raise TimeoutError(f"generation {self._generation} was given up by a rank that waited longer")
 
-    def all_gather(self, obj, final=True):
+    def all_gather(self, obj):
         """Every rank's `obj`, in rank order; raises (and abandons the generation) on a
-        failure, a timeout, or a message of another generation or step. `final`: a decision
-        follows from it (the vote), so it also fails when a rank gave the generation up
-        meanwhile (one more read of the store); a stale request needs no such check, as the
-        vote after it cannot complete."""
+        failure, a timeout, or a message of another generation or step. From the second
+        exchange of a switch on (the vote: a decision follows from it) it also fails when a
+        rank gave the generation up meanwhile (one more read of the store; a store that
+        cannot be read leaves the vote as it came). A stale request needs no such check:
+        the vote after it cannot complete."""
         if self._group is None:
             raise RuntimeError("vmstash.distributed: all_gather before begin()")
         self._step += 1
@@ -124,12 +134,19 @@ class Generations:
             if strays:
                 raise RuntimeError(f"ranks {strays} sent messages of another exchange (generation, step "
                                    f"{[out[r][0] for r in strays]}, expected {stamp})")
-            if final and int(self._store.add(self._key + "/generation", 0)) != self._generation:
-                raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
         except Exception:
             self.abandon()
             raise
+        if self._step > 1 and self._generation_now() not in (None, self._generation):
+            self.abandon()
+            raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
         return [o for _, o in out]
+
+    def _generation_now(self):
+        try:
+            return int(self._store.add(self._key + "/generation", 0))
+        except Exception:  # noqa: BLE001 - the store is gone (its rank died after voting)
+            return None
 
     def abandon(self):
         """Moves every later call on to a fresh generation (idempotent)."""
@@ -183,11 +200,13 @@ def _torch_exchange(group, timeout):
     me = dist.get_rank()
     if me not in ranks:
         raise ValueError(f"vmstash.distributed: rank {me} is not in the group (ranks {list(ranks)})")
-    key = (ranks, timeout.total_seconds())
-    if key not in _exchanges:
-        from torch.distributed import distributed_c10d as c10d
-        _exchanges[key] = Generations(c10d._get_default_store(), ranks, ranks.index(me), timeout)
-    return _exchanges[key]
+    from torch.distributed import distributed_c10d as c10d
+    store = c10d._get_default_store()
+    key = (ranks, me, timeout)
+    ex = _exchanges.get(key)
+    if ex is None or ex.store is not store:  # first use, or a process group made anew (a new store)
+        ex = _exchanges[key] = Generations(store, ranks, ranks.index(me), timeout)
+    return ex
 
 
 def _as_timedelta(timeout):
@@ -207,6 +226,11 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
     pause, resume = list(pause), list(resume)
     timeout = _as_timedelta(timeout)
     ex = exchange if exchange is not None else _torch_exchange(group, timeout)
+    with getattr(ex, "lock", None) or contextlib.nullcontext():
+        return _switch(ex, pause, resume, timeout, device)
+
+
+def _switch(ex, pause, resume, timeout, device):
     request = (sorted(pause), sorted(resume))
     requests = _gather(ex, request, timeout, "the request", begin=True)
     differ = [r for r, q in enumerate(requests) if q != request]
@@ -216,11 +240,17 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
                          f"({listed})")
     outcomes = []
     unanswered = []  # the exchange of outcomes failed (a dead or hung rank)
+    voted = []
 
     def agree(local):
+        voted.append(True)
         mine = (True, "") if local is None else (False, str(local))
         try:
             outcomes.extend(ex.all_gather(mine))
+            bad = [r for r, o in enumerate(outcomes) if not (isinstance(o, tuple) and len(o) == 2
+                                                             and isinstance(o[0], bool) and isinstance(o[1], str))]
+            if bad:
+                raise RuntimeError(f"ranks {bad} sent something else than a vote: {[outcomes[r] for r in bad]}")
         except Exception as e:  # noqa: BLE001 - a dead or hung rank, or a broken group
             unanswered.append(e)
             return (f"no agreement: the ranks did not all answer within {timeout.total_seconds():g} s "
@@ -235,6 +265,10 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
     except _lib.Error as e:
         if unanswered and e.code == _lib.ABORTED:  # this rank was ready; the others did not answer
             raise _lib.error(str(e), DEADLINE_EXCEEDED) from e
+        raise
+    except Exception as e:
+        if not voted:  # failed before the switch could vote (bad arguments): vote no, so no rank waits
+            agree(e)
         raise
 
 
@@ -252,7 +286,6 @@ def _gather(ex, obj, timeout, what, begin=False):
     try:
         if begin and hasattr(ex, "begin"):
             ex.begin()
-            return ex.all_gather(obj, final=False)
         return ex.all_gather(obj)
     except Exception as e:  # noqa: BLE001 - nothing has changed yet
         raise _lib.error(f"vmstash.distributed.switch: {what} was not exchanged (a rank left, or did not answer "
