@@ -141,6 +141,12 @@ absl::StatusOr<Policy> CachingAllocator::TagPolicy(TagId tag) const {
   return pool->policy();
 }
 
+bool CachingAllocator::TagHoldsMemory(TagId tag) const {
+  MutexLock lock(&mu_);
+  absl::StatusOr<TagPool*> pool = FindPoolLocked(tag, "holds memory");
+  return pool.ok() && ((*pool)->stats().reserved_bytes.current > 0 || (*pool)->state() != TagState::kActive);
+}
+
 absl::StatusOr<DevicePtr> CachingAllocator::Allocate(std::size_t size_bytes, Stream stream, TagId tag) {
   if (size_bytes == 0) return DevicePtr{0};
   if (size_bytes > kMaxRequestBytes) {

@@ -137,6 +137,9 @@ class CachingAllocator : private TransitionHost {
   // created with policy discard.
   absl::Status CreateTag(TagId tag, Policy policy);
   absl::StatusOr<Policy> TagPolicy(TagId tag) const;
+  // True when `tag` holds memory here: bytes reserved, or not active (paused, or in a
+  // transition); false for a tag that does not exist here.
+  bool TagHoldsMemory(TagId tag) const;
   // Undoes CreateTag (a caller's rollback): removes the tag's pool if it holds nothing —
   // no mapped memory, no live block, no hooks, no backup arena. True when removed.
   bool DropEmptyTag(TagId tag);

@@ -351,14 +351,9 @@ const CachingAllocator::LiveRangesByTag* HintFor(const Runtime::LiveRangesByDevi
   return it != live->end() ? &it->second : nullptr;
 }
 
-// True when one of `tags` holds memory on `a`: bytes reserved, or not active (paused, or
-// a transition of it under way).
-bool HoldsMemory(CachingAllocator* a, const std::vector<TagId>& tags) {
-  const AllocatorStats stats = a->Stats();
+bool HoldsMemory(const CachingAllocator* a, const std::vector<TagId>& tags) {
   for (TagId t : tags) {
-    for (const TagStats& ts : stats.tags) {
-      if (ts.name == TagName(t) && (ts.reserved_bytes.current > 0 || ts.state != "active")) return true;
-    }
+    if (a->TagHoldsMemory(t)) return true;
   }
   return false;
 }

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 
 import pytest
 
@@ -404,3 +405,91 @@ def test_a_rank_that_fails_before_its_switch_starts_still_votes(sim):
         assert vmstash.tag_stats("rv_d")["state"] == "active"
     finally:
         sim.free(p, 4 * MiB)
+
+
+def test_a_vmstash_error_before_the_library_still_votes_no(sim, monkeypatch):
+    """_api.switch raises vmstash.Error (a bad liveness hint) before the library: no vote is sent."""
+    import vmstash
+    import vmstash.distributed as vd
+    from vmstash import _api
+    vmstash.create_tag("rv_lh", "backup")
+    p = sim.malloc("rv_lh", 4 * MiB)
+    monkeypatch.setattr(_api, "pool_devices_provider", lambda tag: [0])
+    monkeypatch.setattr(_api, "live_ranges_provider", lambda tag, d: [(-1, 5)])
+    sent = []
+
+    class Mirror:
+        def __init__(self, *a):
+            pass
+
+        def all_gather(self, obj):
+            sent.append(obj[1])
+            return [obj, obj]
+
+    store = MemStore()
+    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=5), connect=Mirror)
+    store.add(f"{ex._key}/0/joined", 1)
+    try:
+        with pytest.raises(vmstash.Error):
+            vd.pause("rv_lh", exchange=ex)
+        assert len(sent) == 2, f"only the request was sent, no vote: {sent}"
+    finally:
+        sim.free(p, 4 * MiB)
+
+
+def test_threads_making_their_first_switch_at_once_share_one_exchange(monkeypatch):
+    import vmstash.distributed as vd
+    store = object()
+    dist = types.ModuleType("torch.distributed")
+    dist.is_initialized = lambda: True
+    dist.get_world_size = lambda: 2
+    dist.get_rank = lambda: 0
+    c10d = types.ModuleType("torch.distributed.distributed_c10d")
+    c10d._get_default_store = lambda: store
+    dist.distributed_c10d = c10d
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    for name, m in (("torch", torch), ("torch.distributed", dist), ("torch.distributed.distributed_c10d", c10d)):
+        monkeypatch.setitem(sys.modules, name, m)
+    real = vd.Generations.__init__
+
+    def slow(self, *a, **k):
+        time.sleep(0.05)  # a thread switch inside the check-then-set
+        real(self, *a, **k)
+
+    monkeypatch.setattr(vd.Generations, "__init__", slow)
+    monkeypatch.setattr(vd, "_exchanges", {})
+    got = []
+    ts = [threading.Thread(target=lambda: got.append(vd._torch_exchange(None, vd.DEFAULT_TIMEOUT))) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got[0] is got[1], "two Generations (two locks) for one group: the threads' switches interleave"
+
+
+def test_a_switch_from_inside_a_switch_of_the_same_group_is_refused_and_a_waiting_thread_gives_up(sim):
+    """one_switch: the same thread again (a hook) is refused at once; another thread waits for
+    the switch in progress only up to its timeout (DEADLINE_EXCEEDED, nothing changed)."""
+    import vmstash
+    import vmstash.distributed as vd
+    ex = vd.Generations(MemStore(), [0, 1], 0, datetime.timedelta(seconds=5), connect=Dummy)
+    outcome = {}
+    with ex.one_switch(datetime.timedelta(seconds=1)):
+        with pytest.raises(RuntimeError, match="inside another switch"):
+            with ex.one_switch(datetime.timedelta(seconds=1)):
+                pass
+
+        def other():
+            t0 = time.monotonic()
+            try:
+                vd.pause("nowhere", timeout=0.2, exchange=ex)
+            except vmstash.Error as e:
+                outcome["code"], outcome["seconds"] = e.code_name, time.monotonic() - t0
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(10)
+    assert outcome["code"] == "DEADLINE_EXCEEDED" and outcome["seconds"] < 5, outcome
+    with ex.one_switch(datetime.timedelta(seconds=1)):  # released
+        pass

@@ -46,10 +46,9 @@ rank in the exchange. Every rank of a switch passes the same `timeout` (each tim
 own generations and gloo groups: ranks with different ones never meet, and time out). Ray: call it from each actor's rank with its group (docs/usage.md).
 `exchange` replaces torch.distributed (tests, another collective engine): an object with
 `rank`, `size` and all_gather(obj) -> list that raises on a failure or timeout; `begin()`
-(optional) is called at the start of every switch, and `lock` (optional) is held for the
-whole switch. Threads of one rank switch one at a time through its exchange (Generations'
-lock): each switch's request and vote are consecutive in the group, and a vote must be one
-(a (bool, str) pair) to count.
+(optional) is called at the start of every switch. Threads of one rank switch one at a time
+through its Generations (Generations.one_switch): each switch's request and vote are
+consecutive in the group; a vote must be one (a (bool, str) pair) to count.
 """
 import contextlib
 import datetime
@@ -61,6 +60,7 @@ from ._codes import DEADLINE_EXCEEDED
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 _exchanges = {}  # (ranks, this rank, timeout) -> Generations (made anew with a new store)
+_exchanges_lock = threading.Lock()
 _CANCEL = 1 << 30  # added to a generation's join count by the rank that gives up on it
 
 
@@ -79,9 +79,26 @@ class Generations:
         self.store = store
         # One switch at a time through this object: two threads of a rank would otherwise
         # interleave their steps, and one switch could take another's message for its own.
-        self.lock = threading.Lock()
+        self._lock, self._holder = threading.Lock(), None
         self._connect = connect if connect is not None else _GlooGroup
         self._generation, self._group, self._step = None, None, 0
+
+    @contextlib.contextmanager
+    def one_switch(self, timeout):
+        """Held for a whole switch. A switch started from inside another of this exchange
+        (a hook) is refused; a thread waits for another's switch up to `timeout`."""
+        if self._holder == threading.get_ident():
+            raise RuntimeError("vmstash.distributed: a switch of a group from inside another switch of the same "
+                               "group (a hook?) would wait for itself")
+        if not self._lock.acquire(timeout=timeout.total_seconds()):
+            raise _lib.error(f"vmstash.distributed.switch: another switch of this rank's group did not end within "
+                             f"{timeout.total_seconds():g} s; nothing changed", DEADLINE_EXCEEDED)
+        self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._holder = None
+            self._lock.release()
 
     def begin(self):
         """Joins the current generation (a new one: a fresh group). Raises when the others
@@ -122,8 +139,8 @@ class Generations:
         failure, a timeout, or a message of another generation or step. From the second
         exchange of a switch on (the vote: a decision follows from it) it also fails when a
         rank gave the generation up meanwhile (one more read of the store; a store that
-        cannot be read leaves the vote as it came). A stale request needs no such check:
-        the vote after it cannot complete."""
+        cannot be read fails it too, as on every rank that reads it then, so that the ranks
+        left agree). A stale request needs no such check: the vote after it cannot complete."""
         if self._group is None:
             raise RuntimeError("vmstash.distributed: all_gather before begin()")
         self._step += 1
@@ -137,16 +154,16 @@ class Generations:
         except Exception:
             self.abandon()
             raise
-        if self._step > 1 and self._generation_now() not in (None, self._generation):
-            self.abandon()
-            raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
+        if self._step > 1:
+            try:
+                now = int(self._store.add(self._key + "/generation", 0))
+            except Exception:
+                self.abandon()
+                raise
+            if now != self._generation:
+                self.abandon()
+                raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
         return [o for _, o in out]
-
-    def _generation_now(self):
-        try:
-            return int(self._store.add(self._key + "/generation", 0))
-        except Exception:  # noqa: BLE001 - the store is gone (its rank died after voting)
-            return None
 
     def abandon(self):
         """Moves every later call on to a fresh generation (idempotent)."""
@@ -203,10 +220,11 @@ def _torch_exchange(group, timeout):
     from torch.distributed import distributed_c10d as c10d
     store = c10d._get_default_store()
     key = (ranks, me, timeout)
-    ex = _exchanges.get(key)
-    if ex is None or ex.store is not store:  # first use, or a process group made anew (a new store)
-        ex = _exchanges[key] = Generations(store, ranks, ranks.index(me), timeout)
-    return ex
+    with _exchanges_lock:  # threads making their first switch at once share one
+        ex = _exchanges.get(key)
+        if ex is None or ex.store is not store:  # first use, or a process group made anew (a new store)
+            ex = _exchanges[key] = Generations(store, ranks, ranks.index(me), timeout)
+        return ex
 
 
 def _as_timedelta(timeout):
@@ -226,7 +244,7 @@ def switch(pause=(), resume=(), group=None, timeout=DEFAULT_TIMEOUT, device=None
     pause, resume = list(pause), list(resume)
     timeout = _as_timedelta(timeout)
     ex = exchange if exchange is not None else _torch_exchange(group, timeout)
-    with getattr(ex, "lock", None) or contextlib.nullcontext():
+    with ex.one_switch(timeout) if isinstance(ex, Generations) else contextlib.nullcontext():
         return _switch(ex, pause, resume, timeout, device)
 
 
@@ -262,13 +280,11 @@ def _switch(ex, pause, resume, timeout, device):
 
     try:
         return _api.switch(pause, resume, device, agree=agree)
-    except _lib.Error as e:
-        if unanswered and e.code == _lib.ABORTED:  # this rank was ready; the others did not answer
-            raise _lib.error(str(e), DEADLINE_EXCEEDED) from e
-        raise
     except Exception as e:
-        if not voted:  # failed before the switch could vote (bad arguments): vote no, so no rank waits
+        if not voted:  # failed before the library could vote (bad arguments): vote no, so no rank waits
             agree(e)
+        if isinstance(e, _lib.Error) and unanswered and e.code == _lib.ABORTED:
+            raise _lib.error(str(e), DEADLINE_EXCEEDED) from e  # this rank was ready; the others did not answer
         raise
 
 
