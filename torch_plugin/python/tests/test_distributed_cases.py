@@ -71,6 +71,32 @@ class Dummy:
         return [obj]
 
 
+def rank_zero_of_two(group, timeout=5):
+    """Rank 0's exchange of a two-rank group whose rank 1 already joined generation 0; the
+    group: `group`'s all_gather, given rank 0's stamped message, returns both ranks'."""
+    import vmstash.distributed as vd
+
+    class Group:
+        def __init__(self, *a):
+            pass
+
+        def all_gather(self, obj):
+            return group(obj)
+
+    store = MemStore()
+    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=timeout), connect=Group)
+    store.add(f"{ex._key}/0/joined", 1)
+    return ex
+
+
+def mirror_recording(sent):
+    """A group whose rank 1 sends what rank 0 sends; each of rank 0's messages into `sent`."""
+    def group(obj):
+        sent.append(obj[1])
+        return [obj, obj]
+    return group
+
+
 def test_an_exchange_of_the_documented_interface_with_begin(sim):
     import vmstash
     import vmstash.distributed as vd
@@ -104,19 +130,13 @@ def test_two_threads_of_a_rank_switch_one_after_the_other(sim):
     pa, pb = sim.malloc("rv_a", 8 * MiB), sim.malloc("rv_b", 8 * MiB)
     guard, order = threading.Lock(), []
 
-    class Mirror:  # rank 0's group, with a rank 1 that sends what rank 0 sends
-        def __init__(self, *a):
-            pass
+    def mirror(obj):  # rank 1 sends what rank 0 sends
+        with guard:
+            order.append(threading.current_thread().name)
+        time.sleep(0.05)
+        return [obj, obj]
 
-        def all_gather(self, obj):
-            with guard:
-                order.append(threading.current_thread().name)
-            time.sleep(0.05)
-            return [obj, obj]
-
-    store = MemStore()
-    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=5), connect=Mirror)
-    store.add(f"{ex._key}/0/joined", 1)  # rank 1 joined generation 0
+    ex = rank_zero_of_two(mirror)
     out = {}
 
     def run(tag):
@@ -148,17 +168,11 @@ def test_a_vote_that_is_not_a_vote_rolls_back(sim):
     vmstash.create_tag("rv_c", "backup")
     p = sim.malloc("rv_c", 4 * MiB)
 
-    class Odd:
-        def __init__(self, *a):
-            pass
+    def odd(obj):  # rank 1's answer to the vote: a request
+        stamp, body = obj
+        return [obj, (stamp, (["rv_c"], []) if stamp[1] == 2 else body)]
 
-        def all_gather(self, obj):
-            stamp, body = obj
-            return [obj, (stamp, (["rv_c"], []) if stamp[1] == 2 else body)]
-
-    store = MemStore()
-    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=5), connect=Odd)
-    store.add(f"{ex._key}/0/joined", 1)
+    ex = rank_zero_of_two(odd)
     try:
         with pytest.raises(vmstash.Error, match="something else than a vote"):
             vd.pause("rv_c", exchange=ex)
@@ -386,18 +400,7 @@ def test_a_rank_that_fails_before_its_switch_starts_still_votes(sim):
     vmstash.create_tag("rv_d", "backup")
     p = sim.malloc("rv_d", 4 * MiB)
     sent = []
-
-    class Mirror:
-        def __init__(self, *a):
-            pass
-
-        def all_gather(self, obj):
-            sent.append(obj[1])
-            return [obj, obj]
-
-    store = MemStore()
-    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=5), connect=Mirror)
-    store.add(f"{ex._key}/0/joined", 1)
+    ex = rank_zero_of_two(mirror_recording(sent))
     try:
         with pytest.raises(ValueError):
             vd.pause("rv_d", device="not a device", exchange=ex)
@@ -417,18 +420,7 @@ def test_a_vmstash_error_before_the_library_still_votes_no(sim, monkeypatch):
     monkeypatch.setattr(_api, "pool_devices_provider", lambda tag: [0])
     monkeypatch.setattr(_api, "live_ranges_provider", lambda tag, d: [(-1, 5)])
     sent = []
-
-    class Mirror:
-        def __init__(self, *a):
-            pass
-
-        def all_gather(self, obj):
-            sent.append(obj[1])
-            return [obj, obj]
-
-    store = MemStore()
-    ex = vd.Generations(store, [0, 1], 0, datetime.timedelta(seconds=5), connect=Mirror)
-    store.add(f"{ex._key}/0/joined", 1)
+    ex = rank_zero_of_two(mirror_recording(sent))
     try:
         with pytest.raises(vmstash.Error):
             vd.pause("rv_lh", exchange=ex)
