@@ -11,13 +11,13 @@
 //                [TMS Tags] in vmstash_tms.h), entries never removed (names stay valid);
 //                the disk backup directory; retain_cpu_backup; the preload library's
 //                process tag.
-//   transitions  tms_pause / tms_resume act on a tag's vmstash tags through the C ABI
-//                (vmstash_pause_live_devices, vmstash_resume), setting each backup tag's
-//                retention first (allocator/tag_pool.h, Note [Retained Backups]): its
+//   transitions  tms_pause / tms_resume move all of a tag's vmstash tags (every tag's, for
+//                NULL) in one vmstash_switch, all or nothing, after setting each backup
+//                tag's retention (allocator/tag_pool.h, Note [Retained Backups]): its
 //                backup goes with its freed blocks, and a resume keeps it readable while
 //                retain_cpu_backup is on, else hands its host memory back to the OS
-//                (give_back; the next pause pins it again). A failed pause resumes the
-//                tags it paused (nothing changes); a resume stops at the first failure.
+//                (give_back; the next pause pins it again). A failure leaves every tag
+//                as it was.
 //
 // Errors: the exported calls never exit; those returning a code or NULL record the message
 // (vmstash_last_error); TMS's void setters record it too and keep the previous value.
@@ -290,53 +290,59 @@ int BeforePause(const TagEntry& t) {
   return SetRetention(t.name, Retain());
 }
 
-int PauseOne(const TagEntry& t, const vmstash_live_ranges* live, std::size_t n_live) {
-  std::vector<vmstash_live_ranges> mine;
-  for (std::size_t i = 0; i < n_live; ++i) {
-    if (live[i].tag != nullptr && t.name == live[i].tag) mine.push_back(live[i]);
+// The vmstash tags of `tms_tag` (nullptr: all) that exist: the process tag exists only
+// once it has allocated.
+std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
+  std::vector<TagEntry> out;
+  for (TagEntry& t : Tags().Targets(tms_tag)) {
+    if (Exists(t.name)) out.push_back(std::move(t));
   }
-  return vmstash_pause_live_devices(t.name.c_str(), -1, mine.data(), mine.size());
+  return out;
+}
+
+std::vector<const char*> NamesOf(const std::vector<TagEntry>& targets) {
+  std::vector<const char*> names;
+  for (const TagEntry& t : targets) names.push_back(t.name.c_str());
+  return names;
+}
+
+// Every tag of the pause or resume moves in one vmstash_switch: one transaction (all or
+// nothing), one synchronization and one copy pipeline for all of them, where pausing them
+// one after another paid each tag's start and end and undid the earlier tags on a failure.
+int SwitchAll(const std::vector<TagEntry>& targets, bool pause, const vmstash_live_ranges* live,
+              std::size_t n_live) {
+  if (targets.empty()) return 0;
+  const std::vector<const char*> names = NamesOf(targets);
+  std::vector<vmstash_live_ranges> mine;  // the hints of these tags (others, and untagged ones, are not ours)
+  for (std::size_t i = 0; i < n_live; ++i) {
+    for (const char* name : names) {
+      if (live[i].tag != nullptr && std::strcmp(live[i].tag, name) == 0) mine.push_back(live[i]);
+    }
+  }
+  const int rc = pause ? vmstash_switch(names.data(), names.size(), nullptr, 0, -1, mine.data(), mine.size())
+                       : vmstash_switch(nullptr, 0, names.data(), names.size(), -1, nullptr, 0);
+  return rc == VMSTASH_NOOP ? 0 : rc;  // every tag already in that state: TMS's no-op
 }
 
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
   }
-  std::vector<std::string> paused;
-  for (const TagEntry& t : Tags().Targets(tms_tag)) {
-    if (!Exists(t.name)) continue;  // the process tag before its first allocation
-    int rc = BeforePause(t);
-    if (rc == 0) rc = PauseOne(t, live, n_live);
-    if (rc == VMSTASH_NOOP) continue;
-    if (rc == 0) {
-      paused.push_back(t.name);
-      continue;
-    }
-    const c_abi::SavedError error = c_abi::SaveError();
-    for (const std::string& name : paused) {  // a failed pause changes nothing
-      if (vmstash_resume(name.c_str(), -1) > 0) {
-        std::fprintf(stderr, "vmstash: tms pause rollback: resuming '%s' failed: %s\n", name.c_str(),
-                     vmstash_last_error());
-      }
-    }
-    return c_abi::RestoreError(error);
+  const std::vector<TagEntry> targets = ExistingTargets(tms_tag);
+  for (const TagEntry& t : targets) {
+    if (const int rc = BeforePause(t); rc != 0) return rc;  // nothing paused yet
   }
-  return 0;
+  return SwitchAll(targets, true, live, n_live);
 }
 
 int Resume(const char* tms_tag) {
   const bool keep = Retain();
-  for (const TagEntry& t : Tags().Targets(tms_tag)) {
-    if (!Exists(t.name)) continue;
-    const bool backup = t.setting != Setting::kDiscard;
-    if (backup) {
-      if (const int rc = SetRetention(t.name, keep); rc != 0) return rc;
-    }
-    const int rc = vmstash_resume(t.name.c_str(), -1);
-    if (rc == VMSTASH_NOOP) continue;
-    if (rc != 0) return rc;
+  const std::vector<TagEntry> targets = ExistingTargets(tms_tag);
+  for (const TagEntry& t : targets) {
+    if (t.setting == Setting::kDiscard) continue;
+    if (const int rc = SetRetention(t.name, keep); rc != 0) return rc;  // nothing resumed yet
   }
-  return 0;
+  return SwitchAll(targets, false, nullptr, 0);
 }
 
 // The calling thread's allocation in its configured tag (tms_torch_malloc).

@@ -145,6 +145,34 @@ def test_tms_pause_resume_and_the_backup_pointer(sim):
     sim.free(p, n)
 
 
+def test_a_tms_tags_vmstash_tags_move_in_one_transaction(sim):
+    """tms_pause / tms_resume move every vmstash tag of a torch_memory_saver tag (here one
+    backed up, one discarded) in one switch: a resume that cannot fit them all resumes none
+    (it used to resume the first and stop at the second), and the retry brings both back."""
+    cdll = _cdll()
+    kept, dropped, n = _tag("one_txn", "pinned"), _tag("one_txn", "discard"), 256 * MiB
+    p, q = sim.malloc(kept, n), sim.malloc(dropped, n)
+    sim.fill(p, n, 0x3a)
+    assert cdll.tms_pause(b"one_txn") == 0
+    assert {vmstash.tag_stats(t)["state"] for t in (kept, dropped)} == {"paused"}
+    vmstash.create_tag("one_txn_hog", "discard")
+    hog_bytes = 640 * MiB  # of 1 GiB: either tag alone fits beside it, not both
+    hog = sim.malloc("one_txn_hog", hog_bytes)
+    try:
+        rc = cdll.tms_resume(b"one_txn")
+        assert rc == _lib.RESOURCE_EXHAUSTED, (rc, _lib.last_error())
+        assert {vmstash.tag_stats(t)["state"] for t in (kept, dropped)} == {"paused"}, "a partial resume"
+    finally:
+        sim.free(hog, hog_bytes)
+        vmstash.empty_cache(tag="one_txn_hog")
+    assert cdll.tms_resume(b"one_txn") == 0
+    assert {vmstash.tag_stats(t)["state"] for t in (kept, dropped)} == {"active"}
+    assert sim.holds(p, n, 0x3a)
+    assert cdll.tms_resume(b"one_txn") == 0  # resumed already: nothing to do
+    sim.free(p, n)
+    sim.free(q, n)
+
+
 def test_tms_torch_malloc_allocates_in_the_threads_region_tag(sim):
     cdll = _cdll()
     malloc, free = cdll.tms_torch_malloc, cdll.tms_torch_free
