@@ -70,6 +70,16 @@ def benchmarks(build, torch_ok):
          "run's pinned link, with device and host memory per cycle and every byte checked.",
          [py, "bench/megatron_rl_offload_bench.py", "--json", "bench/results/megatron_rl_offload.json"], {},
          [r"."], True),
+        ("megatron_training", "Megatron-LM's training state through RL phase switches "
+         "(vmstash.demo.megatron_training): megatron-core 0.19's GPT (4 layers of 1024, local spec) in its "
+         "DistributedDataParallel with the distributed optimizer, its parameter and gradient buffers, fp32 "
+         "main parameters, Adam's state and global memory buffer in vmstash tags "
+         "(vmstash.compat.megatron); 3 training steps, a rollout phase (weights copy, KV cache, a captured "
+         "decode graph) switched in and out twice, 3 more steps; against a twin that never switched (losses "
+         "and state bit for bit), with device memory during the rollouts against the pre-training baseline "
+         "and each switch's time; megatron-core must be importable.",
+         [py, "-m", "vmstash.demo.megatron_training", "--json", "bench/results/megatron_training.json"], {},
+         [r"^Megatron", r"^rank", r"^  rollout", r"^  switch", r"FAILED", r"^PASSED"], True),
         ("vmm_bench", "The driver's limits (bench/vmm_bench.cc): create+map+unmap+release of 16 GiB by "
          "chunk size, release cost, create after release, pinned copy bandwidth.",
          [os.path.join(build, "bench/vmm_bench")], {}, [r"^\s+chunk\s", r"^\s+(2|32|512|2048)MiB", r"pinned D2H"], False),

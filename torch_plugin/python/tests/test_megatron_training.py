@@ -201,3 +201,38 @@ def test_prepare_switch_out(fake_torch):
 def test_the_tag_lists():
     assert M.TRAINING_TAGS == M.TRAINING_STATE_TAGS + [M.GMB_TAG]
     assert M.GMB_TAG not in M.TRAINING_STATE_TAGS
+
+
+def _rank_record(rank, **over):
+    MiB = 1 << 20
+    rec = dict(rank=rank, device="gpu", losses=["0x1.0p+0"] * 9, final=["h"] * 3, training_state_bytes=600 * MiB,
+               nccl_and_warmup_bytes=MiB, rollout_used_over_baseline=[150 * MiB] * 2,
+               rollout_tag_bytes=[100 * MiB] * 2, graph_vs_eager=[0.0, 0.0],
+               switch_ms=[["params out", 10.0]] * 6)
+    rec.update(over)
+    return rec
+
+
+def test_the_megatron_demo_judges_each_rank_against_its_twin():
+    """vmstash.demo.megatron_training.judge: every check named per rank, none passing vacuously."""
+    from vmstash.demo import megatron_training as demo
+    MiB = 1 << 20
+    twin = [_rank_record(0), _rank_record(1)]
+    assert demo.judge([_rank_record(0), _rank_record(1)], twin) == []
+    cases = [
+        (dict(losses=["0x1.1p+0"] + ["0x1.0p+0"] * 8), "rank 1: losses differ"),
+        (dict(final=["h", "h", "x"]), "rank 1: the final training state differs"),
+        (dict(training_state_bytes=200 * MiB), "too small for the memory check"),
+        (dict(rollout_used_over_baseline=[150 * MiB, 300 * MiB]), "during a rollout 300.0 MiB over the baseline"),
+        (dict(graph_vs_eager=[0.0, 0.5]), "the decode graph differs from eager"),
+        (dict(error="Traceback ...\nAssertionError: the training state moved\n"),
+         "rank 1, switched job: AssertionError: the training state moved"),
+    ]
+    for over, says in cases:
+        failures = demo.judge([_rank_record(0), _rank_record(1, **over)], twin)
+        assert len(failures) == 1 and says in failures[0], (over, failures)
+    broken_twin = [_rank_record(0), {"rank": 1, "error": "exited with -9 and no record"}]
+    assert demo.judge([_rank_record(0), _rank_record(1)], broken_twin) == [
+        "rank 1, twin job: exited with -9 and no record"]
+    lines = demo.report([_rank_record(0)], [_rank_record(0)], 1)
+    assert "rank 0 of 1" in lines[0] and "150.0, 150.0 MiB" in lines[1] and "10.0, 10.0" in lines[2], lines
