@@ -11,12 +11,13 @@
 //                [TMS Tags] in vmstash_tms.h), entries never removed (names stay valid);
 //                the disk backup directory; retain_cpu_backup; the preload library's
 //                process tag.
-//   transitions  tms_pause / tms_resume move all of a tag's vmstash tags (every tag's, for
-//                NULL) one after another, all or nothing (a failure moves back the ones
-//                moved), after setting each backup tag's retention (allocator/tag_pool.h,
-//                Note [Retained Backups]): its backup goes with its freed blocks, and a
-//                resume keeps it readable while retain_cpu_backup is on, else hands its
-//                host memory back to the OS (give_back; the next pause pins it again).
+//   transitions  tms_pause moves all of a tag's vmstash tags (every tag's, for NULL) in one
+//                vmstash_switch; tms_resume resumes them one after another and pauses
+//                again the ones it resumed when one fails: both all or nothing. Each backup
+//                tag's retention is set first (allocator/tag_pool.h, Note [Retained
+//                Backups]): its backup goes with its freed blocks, and a resume keeps it
+//                readable while retain_cpu_backup is on, else hands its host memory back to
+//                the OS (give_back; the next pause pins it again).
 //
 // Errors: the exported calls never exit; those returning a code or NULL record the message
 // (vmstash_last_error); TMS's void setters record it too and keep the previous value.
@@ -299,47 +300,49 @@ std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
   return out;
 }
 
-int PauseOne(const TagEntry& t, const vmstash_live_ranges* live, std::size_t n_live) {
-  std::vector<vmstash_live_ranges> mine;
-  for (std::size_t i = 0; i < n_live; ++i) {
-    if (live[i].tag != nullptr && t.name == live[i].tag) mine.push_back(live[i]);
-  }
-  return vmstash_pause_live_devices(t.name.c_str(), -1, mine.data(), mine.size());
-}
-
-// After a failure of a pause (resume: false) or resume (true) of several tags: the tags
-// this call already moved are moved back (a rollback pause keeps no hint: every live block
-// of a backup tag is copied whole), so the call changes nothing; the failure's error stays.
-int UndoAndFail(const std::vector<std::string>& moved, bool resume) {
+// After a failed resume of several tags: the tags this call already resumed are paused
+// again (keeping no hint: every live block of a backup tag is copied whole), so the call
+// changes nothing; the failure's error stays.
+int UndoResumesAndFail(const std::vector<std::string>& resumed) {
   const c_abi::SavedError error = c_abi::SaveError();
-  for (auto it = moved.rbegin(); it != moved.rend(); ++it) {
-    const int rc = resume ? vmstash_pause(it->c_str(), -1) : vmstash_resume(it->c_str(), -1);
-    if (rc > 0) {
-      std::fprintf(stderr, "vmstash: tms %s rollback: %s '%s' failed: %s\n", resume ? "resume" : "pause",
-                   resume ? "pausing" : "resuming", it->c_str(), vmstash_last_error());
+  for (auto it = resumed.rbegin(); it != resumed.rend(); ++it) {
+    if (vmstash_pause(it->c_str(), -1) > 0) {
+      std::fprintf(stderr, "vmstash: tms resume rollback: pausing '%s' failed: %s\n", it->c_str(),
+                   vmstash_last_error());
     }
   }
   return c_abi::RestoreError(error);
 }
 
-// The tags move one after another, each through its own pause or resume: measured on an
-// H200 (bench/tms_backup_bench.py), moving them all in one vmstash_switch was slower (later
-// default-mode pauses 292-351 ms against 247-291 ms, resumes 243-252 ms against 219-227 ms
-// for 10 GiB): the switch creates and maps every incoming piece before its first copy and
-// unmaps the outgoing chunks only after its last, where a pause and a resume overlap them.
+// A pause of several tags moves them in one vmstash_switch (all or nothing, one
+// synchronization, one copy pipeline), a pause of one tag through vmstash's pause; a
+// resume moves them one after another, each through its own resume.
+// Measured on an H200 in one run (bench/tms_backup_bench.py, default mode, 10 GiB in two
+// tags, the two ways alternately, twice each): later pauses 237.9-285.1 ms as one switch
+// against 244.3-321.0 ms one by one; resumes 247.0-256.4 ms as one switch against
+// 203.0-233.2 ms one by one (a switch creates and maps every incoming piece before its
+// first copy; a resume overlaps them).
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
   }
-  std::vector<std::string> paused;
-  for (const TagEntry& t : ExistingTargets(tms_tag)) {
-    int rc = BeforePause(t);
-    if (rc == 0) rc = PauseOne(t, live, n_live);
-    if (rc == VMSTASH_NOOP) continue;
-    if (rc != 0) return UndoAndFail(paused, false);
-    paused.push_back(t.name);
+  const std::vector<TagEntry> targets = ExistingTargets(tms_tag);
+  if (targets.empty()) return 0;
+  std::vector<const char*> names;
+  for (const TagEntry& t : targets) {
+    if (const int rc = BeforePause(t); rc != 0) return rc;  // nothing paused yet
+    names.push_back(t.name.c_str());
   }
-  return 0;
+  std::vector<vmstash_live_ranges> mine;  // the hints of these tags (others, and untagged ones, are not ours)
+  for (std::size_t i = 0; i < n_live; ++i) {
+    for (const char* name : names) {
+      if (live[i].tag != nullptr && std::strcmp(live[i].tag, name) == 0) mine.push_back(live[i]);
+    }
+  }
+  const int rc = names.size() == 1
+                     ? vmstash_pause_live_devices(names[0], -1, mine.data(), mine.size())
+                     : vmstash_switch(names.data(), names.size(), nullptr, 0, -1, mine.data(), mine.size());
+  return rc == VMSTASH_NOOP ? 0 : rc;  // every tag paused already: TMS's no-op
 }
 
 int Resume(const char* tms_tag) {
@@ -349,7 +352,7 @@ int Resume(const char* tms_tag) {
     int rc = t.setting == Setting::kDiscard ? 0 : SetRetention(t.name, keep);
     if (rc == 0) rc = vmstash_resume(t.name.c_str(), -1);
     if (rc == VMSTASH_NOOP) continue;
-    if (rc != 0) return UndoAndFail(resumed, true);
+    if (rc != 0) return UndoResumesAndFail(resumed);
     resumed.push_back(t.name);
   }
   return 0;

@@ -313,6 +313,41 @@ def test_disk_files_leave_nothing_after_a_failed_pause_or_at_exit():
         assert os.listdir(d) == []  # ... which the process removed as it ended
 
 
+def test_a_pause_of_several_tags_that_fails_leaves_all_of_them_active():
+    """A torch_memory_saver tag with a pinned and a disk vmstash tag pauses both in one
+    switch: the disk store refused (a file size limit), neither is paused, no file is left,
+    every byte is intact; then both pause, and resume."""
+    with tempfile.TemporaryDirectory() as d:
+        out = _run(
+            "import ctypes, os, resource, vmstash\n"
+            "from vmstash import _lib\n"
+            "from vmstash.compat.torch_memory_saver import _TmsCdll\n"
+            "c = _TmsCdll(_lib.library_path())\n"
+            f"c.tms_set_disk_backup_dir({d!r}.encode())\n"
+            "l = _lib.lib()\n"
+            "names = [l.vmstash_tms_tag(b'two', s).decode() for s in (b'pinned', b'disk')]\n"
+            "ptrs = []\n"
+            "for i, name in enumerate(names):\n"
+            "    vmstash.set_current_tag(name)\n"
+            "    ptrs.append(l.vmstash_malloc(8 << 20, 0, None))\n"
+            "    ctypes.memset(ptrs[-1], 0x31 + i, 8 << 20)\n"
+            "vmstash.set_current_tag('default')\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, resource.RLIM_INFINITY))\n"
+            "rc = c.tms_pause(b'two')\n"
+            f"print(rc, [vmstash.tag_stats(n)['state'] for n in names], os.listdir({d!r}))\n"
+            "assert all(ctypes.string_at(p, 8 << 20) == bytes([0x31 + i]) * (8 << 20) for i, p in enumerate(ptrs))\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))\n"
+            "assert c.tms_pause(b'two') == 0\n"
+            "print([vmstash.tag_stats(n)['state'] for n in names])\n"
+            "assert c.tms_resume(b'two') == 0\n"
+            "assert all(ctypes.string_at(p, 8 << 20) == bytes([0x31 + i]) * (8 << 20) for i, p in enumerate(ptrs))\n"
+            "print('intact')\n",
+            VMSTASH_CONF="driver:sim,sim_devices:1,sim_capacity:1G,auto_prepare:0")
+        lines = out.strip().split("\n")
+        assert lines[0] == f"{_lib.RESOURCE_EXHAUSTED} ['active', 'active'] []", out
+        assert lines[1:] == ["['paused', 'paused']", "intact"], out
+
+
 def test_a_killed_process_files_are_swept_by_the_next_pause(sim):
     with tempfile.TemporaryDirectory() as d:
         child = subprocess.Popen(
