@@ -314,14 +314,18 @@ int UndoResumesAndFail(const std::vector<std::string>& resumed) {
   return c_abi::RestoreError(error);
 }
 
-// A pause of several tags moves them in one vmstash_switch (all or nothing, one
-// synchronization, one copy pipeline), a pause of one tag through vmstash's pause; a
-// resume moves them one after another, each through its own resume.
-// Measured on an H200 in one run (bench/tms_backup_bench.py, default mode, 10 GiB in two
-// tags, the two ways alternately, twice each): later pauses 237.9-285.1 ms as one switch
-// against 244.3-321.0 ms one by one; resumes 247.0-256.4 ms as one switch against
-// 203.0-233.2 ms one by one (a switch creates and maps every incoming piece before its
-// first copy; a resume overlaps them).
+// A pause of several tags moves them in one vmstash_switch: all or nothing without a
+// rollback that could itself fail (a switch keeps the outgoing chunks until it commits;
+// pausing the tags one by one released each tag's memory at once, so undoing them after a
+// later tag's failure had to create it again, and another process may have taken it), one
+// synchronization and one copy pipeline. A pause of one tag goes through vmstash's pause;
+// a resume moves the tags one after another, each through its own resume.
+// Measured on an H200 (bench/tms_backup_bench.py, default mode, 10 GiB in two tags), one
+// run, the ways alternately: later pauses 237.9-285.1 ms as one switch against 244.3-321.0
+// ms one by one; resumes 247.0-256.4 ms as one switch against 203.0-233.2 ms one by one (a
+// switch creates and maps every incoming piece before its first copy; a resume overlaps
+// them). Not understood yet: in the report's run (bench/README.md), resumes one by one
+// after a pause as one switch took 253.2-264.0 ms, vmstash's own resumes 228.5-237.5 ms.
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));

@@ -316,7 +316,10 @@ def test_disk_files_leave_nothing_after_a_failed_pause_or_at_exit():
 def test_a_pause_of_several_tags_that_fails_leaves_all_of_them_active():
     """A torch_memory_saver tag with a pinned and a disk vmstash tag pauses both in one
     switch: the disk store refused (a file size limit), neither is paused, no file is left,
-    every byte is intact; then both pause, and resume."""
+    every byte is intact; then both pause, and resume. (Paused one by one, the pinned tag's
+    memory was released first, and undoing its pause had to create it again: here that
+    failed too, since the file size limit also holds for the simulated device's memory,
+    and the tag stayed paused.)"""
     with tempfile.TemporaryDirectory() as d:
         out = _run(
             "import ctypes, os, resource, vmstash\n"
