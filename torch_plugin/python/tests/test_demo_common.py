@@ -358,3 +358,25 @@ def test_the_demo_reports_every_verdict_and_exits_with_the_runs(demo, tmp_path, 
     assert code == 0 and last == f"PASSED ({TMS}: missed the criteria, a comparison, not judged)"
     code, last, data = report(["--peer", TMS, "--judge-peer"], [peer(TMS, log(SLOW, SLOW), vmstash=False)])
     assert code == 1 and data["judge_peer"] and last.startswith(f"FAILED: peer {TMS}: to rollout: ")
+
+
+def test_speed_not_judged_reports_the_miss_and_still_fails_on_data():
+    """--speed-not-judged (the CTest run): a speed miss is reported, not failed on, for
+    vmstash and the drop-in alike; wrong bytes still fail; the child's exit status is still
+    held against every criterion (the child judges speed)."""
+    own = c.judge("vmstash", log(FAST, SLOW), judge_speed=False)
+    assert own["passed"] and not own["met"] and own["speed"] and own["failures"] == []
+    slow_dropin = peer(DROPIN, log(FAST, SLOW))
+    assert slow_dropin["exit_code"] == 1
+    v = c.peer_verdict(slow_dropin, judge_speed=False)
+    assert v["passed"] and v["errors"] == [] and v["speed"], v
+    lines, code, out = c.final_verdict(own, [v])
+    assert code == 0 and lines[-1] == "PASSED"
+    assert lines[0].startswith("verdict vmstash: meets the judged criteria: "), lines[0]
+    assert ("no: " + own["speed"][0] + "; reported, not judged)") in lines[0], lines[0]
+    bad = "to rollout: tag weights piece 0 changed across pause/resume"
+    v = c.peer_verdict(peer(DROPIN, log(FAST, SLOW), failures=[bad]), judge_speed=False)
+    _, code, out = c.final_verdict(own, [v])
+    assert code == 1 and out["failures"] == [f"peer {DROPIN}: {bad}"]
+    wrong_exit = peer(DROPIN, log(FAST, FAST), exit_code=1)  # within every criterion, yet exited 1
+    assert c.peer_verdict(wrong_exit, judge_speed=False)["errors"] == ["the child exited with 1"]
