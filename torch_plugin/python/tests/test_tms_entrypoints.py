@@ -283,17 +283,23 @@ def test_disk_files_sweep_the_stale_files_of_dead_processes(sim):
         sim.free(p, MiB)
 
 
+def _disk_prelude(d):
+    """The start of a child script: torch_memory_saver's C entry points as `c`, the
+    library as `l`, disk backups into `d`."""
+    return ("import ctypes, os, resource, vmstash\n"
+            "from vmstash import _lib\n"
+            "from vmstash.compat.torch_memory_saver import _TmsCdll\n"
+            "c = _TmsCdll(_lib.library_path())\n"
+            f"c.tms_set_disk_backup_dir({d!r}.encode())\n"
+            "l = _lib.lib()\n")
+
+
 def test_disk_files_leave_nothing_after_a_failed_pause_or_at_exit():
     with tempfile.TemporaryDirectory() as d:
         # A file size limit lets the first file be made and refuses the second: the pause
         # fails (out of room) with both files removed and the tag active, intact.
         out = _run(
-            "import ctypes, os, resource, vmstash\n"
-            "from vmstash import _lib\n"
-            "from vmstash.compat.torch_memory_saver import _TmsCdll\n"
-            "c = _TmsCdll(_lib.library_path())\n"
-            f"c.tms_set_disk_backup_dir({d!r}.encode())\n"
-            "l = _lib.lib()\n"
+            _disk_prelude(d) +
             "name = l.vmstash_tms_tag(b'lim', b'disk').decode()\n"
             "vmstash.set_current_tag(name)\n"
             "small, big = l.vmstash_malloc(256 << 10, 0, None), l.vmstash_malloc(8 << 20, 0, None)\n"
@@ -322,12 +328,7 @@ def test_a_pause_of_several_tags_that_fails_leaves_all_of_them_active():
     and the tag stayed paused.)"""
     with tempfile.TemporaryDirectory() as d:
         out = _run(
-            "import ctypes, os, resource, vmstash\n"
-            "from vmstash import _lib\n"
-            "from vmstash.compat.torch_memory_saver import _TmsCdll\n"
-            "c = _TmsCdll(_lib.library_path())\n"
-            f"c.tms_set_disk_backup_dir({d!r}.encode())\n"
-            "l = _lib.lib()\n"
+            _disk_prelude(d) +
             "names = [l.vmstash_tms_tag(b'two', s).decode() for s in (b'pinned', b'disk')]\n"
             "ptrs = []\n"
             "for i, name in enumerate(names):\n"
