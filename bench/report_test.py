@@ -59,7 +59,11 @@ class ReportTest(unittest.TestCase):
         self.assertEqual(len(names), len(set(names)))
         for name, what, argv, env, head, needs_torch in specs:
             self.assertTrue(what and head, name)
-            if argv[0] == "python3":
+            if argv[0] == "python3" and argv[1] == "-m":  # a module of the package
+                module = os.path.join(report.ROOT, "torch_plugin", "python", *argv[2].split(".")) + ".py"
+                self.assertTrue(os.path.exists(module), argv[2])
+                self.assertTrue(needs_torch, name)
+            elif argv[0] == "python3":
                 self.assertTrue(os.path.exists(os.path.join(report.ROOT, argv[1])), argv[1])
                 self.assertTrue(needs_torch, name)
             else:

@@ -12,17 +12,18 @@
 //                the disk backup directory; retain_cpu_backup; the preload library's
 //                process tag.
 //   transitions  tms_pause moves all of a tag's vmstash tags (every tag's, for NULL) in one
-//                vmstash_switch; tms_resume resumes them one after another and pauses
-//                again the ones it resumed when one fails: both all or nothing. Each backup
-//                tag's retention is set first (allocator/tag_pool.h, Note [Retained
-//                Backups]): its backup goes with its freed blocks, and a resume keeps it
-//                readable while retain_cpu_backup is on, else hands its host memory back to
-//                the OS (give_back; the next pause pins it again).
+//                vmstash_switch, all or nothing; tms_resume resumes them one after
+//                another and stops at the first failure. Each backup tag's retention is
+//                set first (allocator/tag_pool.h, Note [Retained Backups]): its backup
+//                goes with its freed blocks, and a resume keeps it readable while
+//                retain_cpu_backup is on, else hands its host memory back to the OS
+//                (give_back; the next pause pins it again).
 //
 // Errors: the exported calls never exit; those returning a code or NULL record the message
 // (vmstash_last_error); TMS's void setters record it too and keep the previous value.
 // Thread-safety: the registry, the directory and the retain flag are guarded; a thread's
 // state is its own.
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -31,12 +32,14 @@
 #include <initializer_list>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "runtime/runtime.h"
@@ -300,32 +303,21 @@ std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
   return out;
 }
 
-// After a failed resume of several tags: the tags this call already resumed are paused
-// again (keeping no hint: every live block of a backup tag is copied whole), so the call
-// changes nothing; the failure's error stays.
-int UndoResumesAndFail(const std::vector<std::string>& resumed) {
-  const c_abi::SavedError error = c_abi::SaveError();
-  for (auto it = resumed.rbegin(); it != resumed.rend(); ++it) {
-    if (vmstash_pause(it->c_str(), -1) > 0) {
-      std::fprintf(stderr, "vmstash: tms resume rollback: pausing '%s' failed: %s\n", it->c_str(),
-                   vmstash_last_error());
-    }
-  }
-  return c_abi::RestoreError(error);
-}
-
 // A pause of several tags moves them in one vmstash_switch: all or nothing without a
 // rollback that could itself fail (a switch keeps the outgoing chunks until it commits;
 // pausing the tags one by one released each tag's memory at once, so undoing them after a
 // later tag's failure had to create it again, and another process may have taken it), one
-// synchronization and one copy pipeline. A pause of one tag goes through vmstash's pause;
-// a resume moves the tags one after another, each through its own resume.
-// Measured on an H200 (bench/tms_backup_bench.py, default mode, 10 GiB in two tags), one
-// run, the ways alternately: later pauses 237.9-285.1 ms as one switch against 244.3-321.0
-// ms one by one; resumes 247.0-256.4 ms as one switch against 203.0-233.2 ms one by one (a
-// switch creates and maps every incoming piece before its first copy; a resume overlaps
-// them). Not understood yet: in the report's run (bench/README.md), resumes one by one
-// after a pause as one switch took 253.2-264.0 ms, vmstash's own resumes 228.5-237.5 ms.
+// synchronization and one copy pipeline. A pause of one tag goes through vmstash's pause.
+// A resume moves the tags one after another, each through its own resume, and stops at
+// the first that fails (its error names the tags resumed before it): measured on an H200
+// (bench/tms_backup_bench.py, default mode, 10 GiB in two tags), one run, the ways
+// alternately, resumes took 247.0-256.4 ms as one switch against 203.0-233.2 ms one by one
+// (a switch creates and maps every incoming piece before its first copy; a resume overlaps
+// them), and pausing again what a failed resume had resumed is not safe (another thread may
+// have used those tags meanwhile, or paused them on one device itself). Pauses gained less:
+// 237.9-285.1 ms as one switch against 244.3-321.0 ms one by one. Not understood yet: in
+// the report's run (bench/README.md), resumes one by one after a pause as one switch took
+// 253.2-264.0 ms, vmstash's own resumes 228.5-237.5 ms.
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
@@ -334,6 +326,9 @@ int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_li
   if (targets.empty()) return 0;
   std::vector<const char*> names;
   for (const TagEntry& t : targets) {
+    // Two torch_memory_saver tags may resolve to one vmstash tag ("kv" pinned after a
+    // discard "kv" is "kv:pinned", as is a tag named "kv:pinned"): it moves once.
+    if (std::any_of(names.begin(), names.end(), [&](const char* n) { return t.name == n; })) continue;
     if (const int rc = BeforePause(t); rc != 0) return rc;  // nothing paused yet
     names.push_back(t.name.c_str());
   }
@@ -352,14 +347,25 @@ int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_li
 int Resume(const char* tms_tag) {
   const bool keep = Retain();
   std::vector<std::string> resumed;
+  std::optional<c_abi::SavedError> hook_failed;  // a tag resumed whose after-resume hook failed
   for (const TagEntry& t : ExistingTargets(tms_tag)) {
     int rc = t.setting == Setting::kDiscard ? 0 : SetRetention(t.name, keep);
     if (rc == 0) rc = vmstash_resume(t.name.c_str(), -1);
     if (rc == VMSTASH_NOOP) continue;
-    if (rc != 0) return UndoResumesAndFail(resumed);
+    if (rc != 0 && vmstash_last_error_done() == 1) {  // resumed all the same: go on, report it
+      if (!hook_failed.has_value()) hook_failed = c_abi::SaveError();
+      rc = 0;
+    }
+    if (rc != 0) {
+      if (resumed.empty()) return rc;
+      const c_abi::SavedError error = c_abi::SaveError();
+      return c_abi::Fail(absl::Status(static_cast<absl::StatusCode>(error.code),
+                                      absl::StrCat(error.message, " (tms resume: resumed before it: '",
+                                                   absl::StrJoin(resumed, "', '"), "'; the others stay paused)")));
+    }
     resumed.push_back(t.name);
   }
-  return 0;
+  return hook_failed.has_value() ? c_abi::RestoreError(*hook_failed) : 0;
 }
 
 // The calling thread's allocation in its configured tag (tms_torch_malloc).

@@ -28,8 +28,9 @@
  *     set_memory_margin_bytes  vmstash_set_memory_margin
  *     tms_pause / tms_resume  one torch_memory_saver tag, or every one (NULL); 0 when done
  *         (also when there was nothing to do), else a vmstash_code (vmstash_last_error()
- *         says why). A failed pause or resume leaves every tag as it was (the tags it
- *         had moved are moved back).
+ *         says why). A failed pause leaves every tag as it was; a failed resume stops
+ *         at the tag that failed, the tags resumed before it active (the message names
+ *         them), the others paused, and a retry resumes the rest.
  *     tms_get_cpu_backup_pointer  where the backup of [gpu_ptr, gpu_ptr + size) is in host
  *         memory: while paused, or after a resume that retained it; NULL otherwise.
  *     tms_torch_malloc / tms_torch_free  a CUDAPluggableAllocator's pair allocating in the

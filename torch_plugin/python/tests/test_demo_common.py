@@ -366,10 +366,12 @@ def test_speed_not_judged_reports_the_miss_and_still_fails_on_data():
     held against every criterion (the child judges speed)."""
     own = c.judge("vmstash", log(FAST, SLOW), judge_speed=False)
     assert own["passed"] and not own["met"] and own["speed"] and own["failures"] == []
-    slow_dropin = peer(DROPIN, log(FAST, SLOW))
-    assert slow_dropin["exit_code"] == 1
+    slow_dropin = peer(DROPIN, log(FAST, SLOW), exit_code=0)  # the child was told too: 0
     v = c.peer_verdict(slow_dropin, judge_speed=False)
     assert v["passed"] and v["errors"] == [] and v["speed"], v
+    crashed = c.peer_verdict(peer(DROPIN, log(FAST, SLOW), exit_code=1), judge_speed=False)
+    assert not crashed["passed"] and not crashed["met"], crashed  # 1 means a failure there
+    assert crashed["errors"] == ["the child exited with 1"]
     lines, code, out = c.final_verdict(own, [v])
     assert code == 0 and lines[-1] == "PASSED"
     assert lines[0].startswith("verdict vmstash: meets the judged criteria: "), lines[0]

@@ -236,3 +236,34 @@ def test_the_megatron_demo_judges_each_rank_against_its_twin():
         "rank 1, twin job: exited with -9 and no record"]
     lines = demo.report([_rank_record(0)], [_rank_record(0)], 1)
     assert "rank 0 of 1" in lines[0] and "150.0, 150.0 MiB" in lines[1] and "10.0, 10.0" in lines[2], lines
+
+
+def _failing_or_hanging_rank(rank, world, port, switch, cycles, steps, out):
+    """A rank's process for run_job with Megatron's scenario replaced: rank 1 fails at once,
+    the others wait forever, as a rank does in a collective whose peer died."""
+    import time
+    from vmstash.demo import megatron_training as demo
+
+    def scenario(rank, *args):
+        if rank == 1:
+            raise AssertionError("the training state moved")
+        while True:
+            time.sleep(1)
+    demo.scenario = scenario
+    demo._rank_main(rank, world, port, switch, cycles, steps, out)
+
+
+def test_the_megatron_demo_kills_the_other_ranks_once_one_failed(monkeypatch):
+    """run_job: a rank that fails does not leave the others waiting for the whole timeout;
+    each record says what happened (the failure, or why the rank was killed)."""
+    import time
+    from vmstash.demo import megatron_training as demo
+    monkeypatch.setattr(demo, "_rank_main", _failing_or_hanging_rank)
+    t0 = time.monotonic()
+    records = demo.run_job(3, True, 1, 1, timeout=120, grace=1)
+    assert time.monotonic() - t0 < 60
+    assert [r["rank"] for r in records] == [0, 1, 2]
+    assert records[1]["error"].strip().splitlines()[-1] == "AssertionError: the training state moved"
+    assert records[0]["error"] == records[2]["error"] == "killed 1 s after another rank failed"
+    records = demo.run_job(1, True, 1, 1, timeout=2, grace=1)  # one rank that only waits
+    assert records == [{"rank": 0, "error": "killed after the 2 s timeout"}]

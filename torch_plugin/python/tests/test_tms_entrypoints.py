@@ -145,10 +145,10 @@ def test_tms_pause_resume_and_the_backup_pointer(sim):
     sim.free(p, n)
 
 
-def test_a_tms_tags_vmstash_tags_move_in_one_transaction(sim):
-    """tms_pause / tms_resume move every vmstash tag of a torch_memory_saver tag (here one
-    backed up, one discarded) in one switch: a resume that cannot fit them all resumes none
-    (it used to resume the first and stop at the second), and the retry brings both back."""
+def test_a_failed_tms_resume_names_the_tags_it_resumed_and_a_retry_resumes_the_rest(sim):
+    """tms_resume of a torch_memory_saver tag with a backed-up and a discarded vmstash tag
+    when only one fits: it stops at the one that does not, its error naming the one resumed
+    before it (active, bytes intact); the retry resumes the rest."""
     cdll = _cdll()
     kept, dropped, n = _tag("one_txn", "pinned"), _tag("one_txn", "discard"), 256 * MiB
     p, q = sim.malloc(kept, n), sim.malloc(dropped, n)
@@ -161,7 +161,9 @@ def test_a_tms_tags_vmstash_tags_move_in_one_transaction(sim):
     try:
         rc = cdll.tms_resume(b"one_txn")
         assert rc == _lib.RESOURCE_EXHAUSTED, (rc, _lib.last_error())
-        assert {vmstash.tag_stats(t)["state"] for t in (kept, dropped)} == {"paused"}, "a partial resume"
+        assert f"resumed before it: '{kept}'; the others stay paused" in _lib.last_error(), _lib.last_error()
+        assert [vmstash.tag_stats(t)["state"] for t in (kept, dropped)] == ["active", "paused"]
+        assert sim.holds(p, n, 0x3a)
     finally:
         sim.free(hog, hog_bytes)
         vmstash.empty_cache(tag="one_txn_hog")
@@ -171,6 +173,46 @@ def test_a_tms_tags_vmstash_tags_move_in_one_transaction(sim):
     assert cdll.tms_resume(b"one_txn") == 0  # resumed already: nothing to do
     sim.free(p, n)
     sim.free(q, n)
+
+
+def test_two_tms_tags_naming_one_vmstash_tag_pause_it_once(sim):
+    """A TMS tag named "nm:pinned" and a pinned TMS tag "nm" (after a discard one) resolve
+    to one vmstash tag: a pause of every tag moves it once (a switch refuses a tag listed
+    twice)."""
+    cdll = _cdll()
+    a, b = _tag("nm:pinned", "pinned"), _tag("nm", "discard")
+    assert _tag("nm", "pinned") == a
+    p, q = sim.malloc(a, 4 * MiB), sim.malloc(b, 4 * MiB)
+    sim.fill(p, 4 * MiB, 0x44)
+    assert cdll.tms_pause(None) == 0, _lib.last_error()
+    assert [vmstash.tag_stats(t)["state"] for t in (a, b)] == ["paused", "paused"]
+    assert cdll.tms_resume(None) == 0, _lib.last_error()
+    assert sim.holds(p, 4 * MiB, 0x44)
+    sim.free(p, 4 * MiB)
+    sim.free(q, 4 * MiB)
+
+
+def test_a_tms_resume_whose_after_resume_hook_fails_resumes_every_tag_and_says_so(sim):
+    """An after-resume hook failing is reported with the transition done
+    (vmstash_last_error_done() 1): tms_resume goes on with the other tags and returns it."""
+    cdll = _cdll()
+    l = _lib.lib()
+    hook_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+    failing = hook_t(lambda tag, dev, user: 1)
+    register = l.vmstash_register_hooks
+    register.restype, register.argtypes = ctypes.c_int, [ctypes.c_char_p, hook_t, hook_t, ctypes.c_void_p]
+    first, second = _tag("hk", "discard"), _tag("hk", "pinned")
+    p, q = sim.malloc(first, 4 * MiB), sim.malloc(second, 4 * MiB)
+    sim.fill(q, 4 * MiB, 0x55)
+    assert register(first.encode(), ctypes.cast(None, hook_t), failing, None) == 0, _lib.last_error()
+    assert cdll.tms_pause(b"hk") == 0
+    rc = cdll.tms_resume(b"hk")
+    assert rc != 0 and l.vmstash_last_error_done() == 1, (rc, _lib.last_error())
+    assert [vmstash.tag_stats(t)["state"] for t in (first, second)] == ["active", "active"]
+    assert sim.holds(q, 4 * MiB, 0x55)
+    assert register(first.encode(), ctypes.cast(None, hook_t), ctypes.cast(None, hook_t), None) == 0
+    sim.free(p, 4 * MiB)
+    sim.free(q, 4 * MiB)
 
 
 def test_tms_torch_malloc_allocates_in_the_threads_region_tag(sim):

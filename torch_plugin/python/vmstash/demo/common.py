@@ -188,17 +188,17 @@ def peer_verdict(peer, judge_foreign=False, judge_speed=True):
     or its error. `judged`: whether it decides the run's verdict: always for vmstash's own
     code path (peer["vmstash"], served_by_vmstash), for another module only with
     `judge_foreign` (--judge-peer). A child that exits other than 0 (within the criteria)
-    or 1 (outside them, speed included: the child judges it) after writing its figures is
-    an error. `judge_speed`: as judge()'s."""
+    or 1 (outside them) after writing its figures is an error: the child judges as the
+    parent does (`judge_speed`, judge()'s; the demo passes --speed-not-judged on)."""
     name, errors = peer["name"], []
     if peer.get("error"):
         errors.append(peer["error"])
     v = judge(f"peer {name}", peer.get("switch_log", []), peer.get("failures", []), errors, PEER_CHECKS, judge_speed)
     rc = peer.get("exit_code")
-    if rc is not None and rc != (0 if v["met"] else 1):
+    if rc is not None and rc != (0 if v["passed"] else 1):
         v["errors"].append(f"the child exited with {rc}")
         v["failures"].append(f"peer {name}: the child exited with {rc}")
-        v["passed"] = False
+        v["passed"] = v["met"] = False
     own = peer.get("vmstash", served_by_vmstash(name))
     v.update(module=name, vmstash=own, judged=own or judge_foreign,
              role="vmstash's own code path, judged" if own else

@@ -227,8 +227,20 @@ def scenario(rank, world, port, switch, cycles, steps):
                 nccl_and_warmup_bytes=baseline - before, **measured)
 
 
+def _die_with_parent():
+    """Linux: this process is killed when the process that started it ends (a killed demo
+    or test leaves no rank holding a GPU)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _rank_main(rank, world, port, switch, cycles, steps, out):
     """A rank's process: its record (or the error) into out/<rank>.json; exit status 0 or 1."""
+    _die_with_parent()
     try:
         record, code = scenario(rank, world, port, switch, cycles, steps), 0
     except BaseException:  # the record says what failed
@@ -246,28 +258,39 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def run_job(world, switch, cycles, steps, timeout=600):
+def run_job(world, switch, cycles, steps, timeout=300, grace=20):
     """`world` ranks (spawned, one per GPU); every rank's record, in rank order (a rank that
-    wrote none: {"rank": r, "error": ...})."""
-    import torch.multiprocessing as mp
+    wrote none: {"rank": r, "error": ...}). Once a rank has failed, the others get `grace`
+    seconds (they may wait in a collective for it) and are then killed; every rank is
+    killed after `timeout` seconds."""
+    import multiprocessing
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS: the twin must match
-    ctx, port = mp.get_context("spawn"), _free_port()
+    ctx, port = multiprocessing.get_context("spawn"), _free_port()
     with tempfile.TemporaryDirectory() as out:
         procs = [ctx.Process(target=_rank_main, args=(r, world, port, switch, cycles, steps, out))
                  for r in range(world)]
         for p in procs:
             p.start()
-        until = time.monotonic() + timeout
-        for p in procs:
-            p.join(max(1.0, until - time.monotonic()))
+        start, failed_at, why = time.monotonic(), None, {}
+        while any(p.is_alive() for p in procs):
+            now = time.monotonic()
+            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
+                failed_at = now
+            late = now - start > timeout
+            if late or (failed_at is not None and now - failed_at > grace):
+                for r, p in enumerate(procs):
+                    if p.is_alive():
+                        p.kill()
+                        why[r] = (f"killed after the {timeout:g} s timeout" if late else
+                                  f"killed {grace:g} s after another rank failed")
+                break
+            time.sleep(0.2)
         records = []
         for r, p in enumerate(procs):
-            if p.is_alive():
-                p.kill()
-                p.join()
+            p.join()
             path = os.path.join(out, f"{r}.json")
-            records.append(json.load(open(path)) if os.path.exists(path)
-                           else {"rank": r, "error": f"exited with {p.exitcode} and no record"})
+            records.append(json.load(open(path)) if os.path.exists(path) else
+                           {"rank": r, "error": why.get(r, f"exited with {p.exitcode} and no record")})
         return records
 
 
@@ -345,6 +368,10 @@ def main(argv=None):
     ours = run_job(args.world, True, args.cycles, args.steps)
     twin = run_job(args.world, False, args.cycles, args.steps)
     failures = judge(ours, twin)
+    for job, records in (("switched", ours), ("twin", twin)):
+        for rec in records:
+            if "error" in rec:
+                print(f"rank {rec['rank']}, {job} job:\n{rec['error']}", file=sys.stderr)
     print(f"Megatron training state through {args.cycles} rollout phases, world size {args.world} "
           f"({time.perf_counter() - t0:.0f} s with the twin):")
     print("\n".join(report(ours, twin, args.world)))

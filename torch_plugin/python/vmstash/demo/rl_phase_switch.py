@@ -468,7 +468,7 @@ def run_peers(args, layout):
     for t in ROLLOUT_TAGS:
         vmstash.pause(t)
     torch.cuda.empty_cache()
-    return [run_peer(m, layout, args.cycles) for m in args.peer]
+    return [run_peer(m, layout, args.cycles, args.speed_not_judged) for m in args.peer]
 
 
 def report(args, verifier, switcher, used, peers, bandwidth, layout, timeline):
@@ -558,16 +558,18 @@ def main(argv=None):
     return report(args, verifier, switcher, used, peers, bandwidth, layout, timeline)
 
 
-def run_peer(module, layout, cycles):
+def run_peer(module, layout, cycles, speed_not_judged=False):
     """The same tags' memory (sizes from this run, same backup settings, same switch order)
     under `module`'s torch_memory_saver API, in a child process started inside the module's
-    configure_subprocess() (its preload library, as SGLang starts its workers). `vmstash`
-    in the result: whether the module is vmstash's own code path (served_by_vmstash)."""
+    configure_subprocess() (its preload library, as SGLang starts its workers), judging speed
+    as the demo does. `vmstash` in the result: whether the module is vmstash's own code path
+    (served_by_vmstash)."""
     import json
     import tempfile
     with tempfile.NamedTemporaryFile("r", suffix=".json") as out:
         cmd = [sys.executable, "-m", "vmstash.demo.tms_peer", "--module", module, "--cycles",
-               str(cycles), "--layout", json.dumps(layout), "--json", out.name]
+               str(cycles), "--layout", json.dumps(layout), "--json", out.name] + (
+                   ["--speed-not-judged"] if speed_not_judged else [])
         print(f"\npeer: the same switches under {module} (vmstash.demo.tms_peer)", flush=True)
         try:
             loaded = importlib.import_module(module)

@@ -17,7 +17,8 @@ Judged by the demo's criteria (common.judge(), the same as vmstash's own switche
 backup tags' bytes unchanged across every pause/resume, at least 95% of the paused tags'
 reserved memory released by every switch, every direction's median switch within 1.5x its
 bound (backed-up bytes / this run's pinned D2H + restored bytes / its H2D + 10 ms; a switch
-over 1.1x is named, not failed on). Exit status 0 when it meets them, 1 when it misses them.
+over 1.1x is named, not failed on; --speed-not-judged: speed reported, not judged). Exit
+status 0 when it meets them, 1 when it misses them.
 Whether that fails the demo is the demo's call (rl_phase_switch.py, --judge-peer).
 """
 import argparse
@@ -45,6 +46,7 @@ def main():
     ap.add_argument("--layout", required=True)
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--speed-not-judged", action="store_true", help="report the speed criteria, not judge them")
     args = ap.parse_args()
     layout = json.loads(args.layout)
     if not isinstance(layout, list) or not all({"tag", "phase", "backup", "bytes"} <= set(t) for t in layout):
@@ -120,7 +122,7 @@ def main():
               f"GiB", flush=True)
     lines, summary = summarize(args.module, switches, used, "above this process's start")
     print("\n".join(lines))
-    verdict = judge(args.module, switches, failures, checks=PEER_CHECKS)
+    verdict = judge(args.module, switches, failures, checks=PEER_CHECKS, judge_speed=not args.speed_not_judged)
     head = (f"{args.module} (same tag bytes, no compute, tags one after another): {len(failures)} data mismatches, "
             f"{len(verdict['memory'])} switches releasing < 95%, {len(verdict['speed'])} directions with a median "
             f"over {SPEED_MARGIN:g}x their bound")
