@@ -40,6 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "runtime/runtime.h"
@@ -359,9 +360,12 @@ int Resume(const char* tms_tag) {
     if (rc != 0) {
       if (resumed.empty()) return rc;
       const c_abi::SavedError error = c_abi::SaveError();
-      return c_abi::Fail(absl::Status(static_cast<absl::StatusCode>(error.code),
-                                      absl::StrCat(error.message, " (tms resume: resumed before it: '",
-                                                   absl::StrJoin(resumed, "', '"), "'; the others stay paused)")));
+      const auto code = static_cast<absl::StatusCode>(error.code);
+      absl::string_view message = error.message;  // "CODE: text": Fail writes the code again
+      absl::ConsumePrefix(&message, absl::StrCat(absl::StatusCodeToString(code), ": "));
+      return c_abi::Fail(absl::Status(code, absl::StrCat(message, " (tms resume: resumed before it: '",
+                                                         absl::StrJoin(resumed, "', '"),
+                                                         "'; the others stay paused)")));
     }
     resumed.push_back(t.name);
   }

@@ -161,7 +161,9 @@ def test_a_failed_tms_resume_names_the_tags_it_resumed_and_a_retry_resumes_the_r
     try:
         rc = cdll.tms_resume(b"one_txn")
         assert rc == _lib.RESOURCE_EXHAUSTED, (rc, _lib.last_error())
-        assert f"resumed before it: '{kept}'; the others stay paused" in _lib.last_error(), _lib.last_error()
+        said = _lib.last_error()
+        assert f"resumed before it: '{kept}'; the others stay paused" in said, said
+        assert said.startswith("RESOURCE_EXHAUSTED: ") and said.count("RESOURCE_EXHAUSTED: ") == 1, said
         assert [vmstash.tag_stats(t)["state"] for t in (kept, dropped)] == ["active", "paused"]
         assert sim.holds(p, n, 0x3a)
     finally:
