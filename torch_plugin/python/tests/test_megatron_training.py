@@ -253,6 +253,17 @@ def _failing_or_hanging_rank(rank, world, port, switch, cycles, steps, out):
     demo._rank_main(rank, world, port, switch, cycles, steps, out)
 
 
+def _rank_that_hangs_after_its_record(rank, world, port, switch, cycles, steps, out):
+    """A rank that wrote its record and then never ends (an interpreter teardown waiting)."""
+    import json
+    import os
+    import time
+    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "losses": []}, f)
+    while True:
+        time.sleep(1)
+
+
 def test_the_megatron_demo_kills_the_other_ranks_once_one_failed(monkeypatch):
     """run_job: a rank that fails does not leave the others waiting for the whole timeout;
     each record says what happened (the failure, or why the rank was killed)."""
@@ -267,3 +278,8 @@ def test_the_megatron_demo_kills_the_other_ranks_once_one_failed(monkeypatch):
     assert records[0]["error"] == records[2]["error"] == "killed 1 s after another rank failed"
     records = demo.run_job(1, True, 1, 1, timeout=2, grace=1)  # one rank that only waits
     assert records == [{"rank": 0, "error": "killed after the 2 s timeout"}]
+    monkeypatch.setattr(demo, "_rank_main", _rank_that_hangs_after_its_record)
+    t0 = time.monotonic()
+    assert demo.run_job(2, True, 1, 1, timeout=120, grace=1) == [{"rank": 0, "losses": []},
+                                                                 {"rank": 1, "losses": []}]
+    assert time.monotonic() - t0 < 60  # done once every record was written, not at the timeout

@@ -239,17 +239,19 @@ def _die_with_parent():
 
 
 def _rank_main(rank, world, port, switch, cycles, steps, out):
-    """A rank's process: its record (or the error) into out/<rank>.json; exit status 0 or 1."""
+    """A rank's process: its record (or the error) into out/<rank>.json; exit status 0 or 1.
+    The record is written before the process ends: run_job takes a rank with a record as
+    done (should the interpreter's teardown wait on NCCL, the rank is killed, record kept)."""
     _die_with_parent()
     try:
         record, code = scenario(rank, world, port, switch, cycles, steps), 0
-    except BaseException:  # the record says what failed
+    except Exception:  # the record says what failed
         record, code = {"rank": rank, "error": traceback.format_exc()[-3000:]}, 1
     with open(os.path.join(out, f"{rank}.json.tmp"), "w") as f:
         json.dump(record, f)
     os.replace(os.path.join(out, f"{rank}.json.tmp"), os.path.join(out, f"{rank}.json"))
     sys.stdout.flush()
-    os._exit(code)  # no interpreter teardown after NCCL (a rank left waiting would hang it)
+    raise SystemExit(code)  # multiprocessing makes it the exit status
 
 
 def _free_port():
@@ -271,13 +273,18 @@ def run_job(world, switch, cycles, steps, timeout=300, grace=20):
                  for r in range(world)]
         for p in procs:
             p.start()
-        start, failed_at, why = time.monotonic(), None, {}
+        paths = [os.path.join(out, f"{r}.json") for r in range(world)]
+        start, settled_at, why = time.monotonic(), None, {}
         while any(p.is_alive() for p in procs):
             now = time.monotonic()
-            if failed_at is None and any(p.exitcode not in (None, 0) for p in procs):
-                failed_at = now
+            # Settled: a rank failed (the others may wait for it in a collective), or every
+            # rank wrote its record (a rank still alive is only ending).
+            failed = any(p.exitcode not in (None, 0) for p in procs) or any(
+                os.path.exists(path) and "error" in _read(path) for path in paths)
+            if settled_at is None and (failed or all(os.path.exists(path) for path in paths)):
+                settled_at = now
             late = now - start > timeout
-            if late or (failed_at is not None and now - failed_at > grace):
+            if late or (settled_at is not None and now - settled_at > grace):
                 for r, p in enumerate(procs):
                     if p.is_alive():
                         p.kill()
@@ -288,10 +295,14 @@ def run_job(world, switch, cycles, steps, timeout=300, grace=20):
         records = []
         for r, p in enumerate(procs):
             p.join()
-            path = os.path.join(out, f"{r}.json")
-            records.append(json.load(open(path)) if os.path.exists(path) else
+            records.append(_read(paths[r]) if os.path.exists(paths[r]) else
                            {"rank": r, "error": why.get(r, f"exited with {p.exitcode} and no record")})
         return records
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def judge(ours, twin):
