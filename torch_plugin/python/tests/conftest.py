@@ -94,6 +94,32 @@ def sim():
     return SimDevice()
 
 
+@pytest.fixture
+def gloo_pair():
+    """run(prefix, body): two ranks of vmstash.distributed's gloo all-gather group, in two
+    threads over one of torch's HashStores, body(group, rank) for each; their results, by
+    rank (torch needed)."""
+    return _gloo_pair
+
+
+def _gloo_pair(prefix, body):
+    import datetime
+    import threading
+    import torch.distributed as dist
+    import vmstash.distributed as vd
+    store, out = dist.HashStore(), {}
+
+    def rank(r):
+        out[r] = body(vd._GlooGroup(store, prefix, r, 2, datetime.timedelta(seconds=30)), r)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
 # --- GPU tests: each in a fresh process ---------------------------------------------------
 
 _devices = []

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -325,26 +324,12 @@ def test_torch_distributed_gloo_no_mixed_states(tmp_path, scenario):
         assert call["code"] == "DEADLINE_EXCEEDED" and call["seconds"] < 2.0 + 10.0, call
 
 
-def test_the_gloo_all_gather_carries_objects_larger_than_its_slots():
+def test_the_gloo_all_gather_carries_objects_larger_than_its_slots(gloo_pair):
     """vmstash.distributed's gloo all-gather: small objects in one all-gather, larger ones
     in a second (two ranks, threads, torch's own HashStore and gloo)."""
     pytest.importorskip("torch.distributed")
-    import datetime
-    import threading
-    import torch.distributed as dist
-    import vmstash.distributed as vd
-    store, out = dist.HashStore(), {}
-
-    def rank(r):
-        g = vd._GlooGroup(store, "t", r, 2, datetime.timedelta(seconds=30))
-        out[r] = (g.all_gather(("small", r)), g.all_gather(["tag%d" % i for i in range(400 + r)]),
-                  g.all_gather(r))
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    out = gloo_pair("t", lambda g, r: (g.all_gather(("small", r)),
+                                       g.all_gather(["tag%d" % i for i in range(400 + r)]), g.all_gather(r)))
     for r in range(2):
         small, large, again = out[r]
         assert small == [("small", 0), ("small", 1)]

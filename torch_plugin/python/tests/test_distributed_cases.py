@@ -223,12 +223,9 @@ def test_two_timeouts_have_two_keys():
     assert a._key != b._key, a._key
 
 
-def test_the_gloo_all_gather_at_its_slot_boundary_and_non_ascii_text():
+def test_the_gloo_all_gather_at_its_slot_boundary_and_non_ascii_text(gloo_pair):
     pytest.importorskip("torch.distributed")
     import pickle
-    import torch.distributed as dist
-    import vmstash.distributed as vd
-    store, out = dist.HashStore(), {}
     # pickles of exactly 1016 and 1017 bytes (the slot's body), non-ASCII text
     objs = {}
     for target in (1015, 1016, 1017):
@@ -236,18 +233,9 @@ def test_the_gloo_all_gather_at_its_slot_boundary_and_non_ascii_text():
         assert len(pickle.dumps(s)) == target
         objs[target] = s
     text = "échec: mémoire épuisée ✗"
-
-    def rank(r):
-        g = vd._GlooGroup(store, "b", r, 2, datetime.timedelta(seconds=30))
-        out[r] = [g.all_gather(objs[1016] if r == 0 else objs[1017]),
-                  g.all_gather(objs[1016]), g.all_gather(objs[1015] if r else objs[1017]),
-                  g.all_gather((False, text * r))]
-
-    ts = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+    out = gloo_pair("b", lambda g, r: [g.all_gather(objs[1016] if r == 0 else objs[1017]),
+                                       g.all_gather(objs[1016]), g.all_gather(objs[1015] if r else objs[1017]),
+                                       g.all_gather((False, text * r))])
     for r in range(2):
         assert out[r][0] == [objs[1016], objs[1017]]
         assert out[r][1] == [objs[1016]] * 2
