@@ -336,18 +336,13 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
   // Waits for a transition, preparation or backup read of the tag (which may still use the
   // arena); only trying the lock would leave the arena behind for good, as no later free
   // asks again.
-  AnnounceTransition();  // Note [Background Steps Yield]
-  transition_mu_.Lock();
-  WithdrawTransition();
+  ForegroundLock t(this);  // Note [Background Steps Yield]
   {
     MutexLock lock(owner_mu);
     const bool orphaned = retention_.release_with_blocks && arena_ != nullptr &&
                           (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_)
                                                        : state_ == TagState::kActive && retained_extents_.empty());
-    if (!orphaned) {
-      transition_mu_.Unlock();
-      return;
-    }
+    if (!orphaned) return;
   }
   ++arena_epoch_;
   absl::Status s = arena_->Release();
@@ -359,7 +354,6 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
     auto_prepare_.requested_bytes = 0;
     auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
   }
-  transition_mu_.Unlock();
 }
 
 std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
