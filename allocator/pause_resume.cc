@@ -225,6 +225,7 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     const std::size_t first_piece = restore ? host_->options().resume_first_piece_bytes : 0;
     made = MapBack(pool_->large(), large.get(), restore, first_piece, &restored);
   }
+  const double queued_ms = Ms(Clock::now() - start);
   if (made.ok() && restore) made = host_->driver()->SynchronizeStream(host_->device(), pool_->copy_stream());
   if (!made.ok()) {
     // Wait for the copies queued into pieces already mapped, then the transactions'
@@ -234,11 +235,18 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     large.reset();
     return fail(made);
   }
+  std::size_t pieces = 0;
+  for (const Heap::ResumeTxn* txn : {small.get(), large.get()}) {
+    for (const Heap::ResumeTxn::Cover& c : txn->covers) pieces += c.pieces.size();
+  }
+  const double copied_ms = Ms(Clock::now() - start);
   pool_->small()->CommitResume(std::move(small));
   pool_->large()->CommitResume(std::move(large));
   // Pages given back, unless retained (Note [Retained Backups]).
   pool_->ArenaAfterResume(host_->GivesBackInBackground(), host_->mu());
   const double ms = Ms(Clock::now() - start);
+  VMSTASH_LOG(kDebug, "vmstash: resume of tag '{}': {:.1f} ms, {} bytes restored; {} pieces mapped and copies queued at "
+              "{:.1f} ms, copies done at {:.1f} ms", pool_->name(), ms, restored, pieces, queued_ms, copied_ms);
   MutexLock lock(host_->mu());
   VMSTASH_RETURN_IF_ERROR(pool_->NoteResumed(restored, ms));
   host_->NoteReservedLocked(pool_);  // may ask for a background preparation, now that the tag is active

@@ -31,7 +31,11 @@ MemAvailable counts memory handed back lazily (MADV_FREE) as available, and keep
 it when it is reused until the kernel next scans it; RSS counts it until the kernel takes
 it. --gap seconds pass between cycles (a training step). The
 pinned link of the same run (a 2 GiB pinned copy each way) bounds every pause and resume:
-bytes backed up / link rate. Prints a table and the ratios; --json writes everything.
+bytes backed up / link rate. A resume here follows its pause at once, right after the device
+released every tag's bytes; the driver's work after such a release slows the copies queued
+in the next ~50-100 ms, so the same run also times the backed-up bytes copied in right after
+the device released as much (torch's cudaFree): the ceiling of such a resume. Prints a table
+and the ratios; --json writes everything.
 """
 import argparse
 import json
@@ -165,6 +169,30 @@ def child(args):
     os._exit(0)  # no teardown: torch_memory_saver's torch mode refuses frees outside a region
 
 
+def h2d_after_release(torch, dev, nbytes, released):
+    """Best of 3: seconds of an H2D pinned copy of `nbytes` queued right after the device
+    released `released` bytes (torch's cudaFree). The driver's work after a release slows copies
+    queued in the next ~50-100 ms (about 2 ms per GiB released on an H200), so this bounds a
+    resume that follows its pause at once, as every cycle here does."""
+    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    d = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    best = 1e9
+    for _ in range(3):
+        chunks = [torch.empty(min(GiB, released - k), dtype=torch.uint8, device=dev) for k in range(0, released, GiB)]
+        torch.cuda.synchronize()
+        time.sleep(0.3)  # a settled start, as the pause's tags
+        del chunks
+        torch.cuda.empty_cache()
+        t = time.perf_counter()
+        d.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t)
+        time.sleep(0.3)
+    del host, d
+    torch.cuda.empty_cache()
+    return best
+
+
 def run_peer(peer, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--cycles", str(args.cycles),
            "--settle", str(args.settle), "--tensors", str(args.tensors), "--weights-gib", str(args.weights_gib),
@@ -207,7 +235,8 @@ def peer_rows(results, lines, width, bytes_key, d2h, h2d):
             yield r, row, out, into
 
 
-def table(results, d2h, h2d):
+def table(results, d2h, h2d, after=None):
+    """`after`: (released bytes, copied bytes, seconds) of h2d_after_release, or None."""
     lines = [link_line(d2h, h2d),
              "MemAvailable and held (vmstash's arenas) in GiB, MemAvailable relative to the process's start;",
              "'after': once the drop-in's background thread gave the memory back (-: not waited for)",
@@ -225,6 +254,14 @@ def table(results, d2h, h2d):
     if ok:
         lines.append(f"bound: the backed-up bytes ({ok[0]['backed_up'] / GiB:.2f} GiB) at the link's rate: "
                      f"{ok[0]['backed_up'] / d2h * 1e3:.1f} ms out, {ok[0]['backed_up'] / h2d * 1e3:.1f} ms in")
+    if ok and after is not None:
+        released, copied, seconds = after
+        lines.append(f"ceiling of a resume that follows its pause at once: {copied / GiB:.2f} GiB copied in right "
+                     f"after the device released {released / GiB:.2f} GiB took {seconds * 1e3:.1f} ms "
+                     f"({copied / seconds / 1e9:.1f} GB/s, {copied / h2d / seconds * 100:.0f}% of the link)")
+        for r in ok:
+            lines.append(f"{r['peer']:<14} resume / that ceiling per cycle: "
+                         + " ".join(f"{row['resume_ms'] / (seconds * 1e3):.2f}x" for row in r["rows"]))
     by = {r["peer"]: r for r in ok}
     for ref, peers in (("tms", ("native", "dropin", "dropin_retain")), ("tms_mmap", ("dropin_mmap",))):
         for peer in peers:
@@ -262,8 +299,13 @@ def main():
     import torch
     dev = torch.device("cuda", 0)
     d2h, h2d = pinned_link(torch, dev)
+    # The same bytes as every peer's resume, right after the release of every tag's bytes.
+    copied = int(args.weights_gib * GiB) // args.tensors // 8 * 8 * args.tensors + int(args.opt_gib * GiB) // 64 // 8 * 8 * 32
+    released = int((args.weights_gib + args.discard_gib + args.opt_gib) * GiB)
+    after = (released, copied, h2d_after_release(torch, dev, copied, released))
     results = run_peers(args.peers, PEERS, lambda peer: run_peer(peer, args))
-    return report(torch, results, table(results, d2h, h2d), args.json, d2h, h2d)
+    return report(torch, results, table(results, d2h, h2d, after), args.json, d2h, h2d,
+                  extra=dict(after_release=dict(released=after[0], copied=after[1], seconds=after[2])))
 
 
 def run_peers(names, known, run):
@@ -277,12 +319,14 @@ def run_peers(names, known, run):
     return results
 
 
-def report(torch, results, lines, json_path, d2h, h2d):
-    """Prints the table, writes the JSON; the exit status: 1 when a peer failed or a byte differed."""
+def report(torch, results, lines, json_path, d2h, h2d, extra=None):
+    """Prints the table, writes the JSON (with `extra`'s keys); the exit status: 1 when a peer
+    failed or a byte differed."""
     print("\n".join(lines))
     if json_path:
         with open(json_path, "w") as f:
-            json.dump(dict(gpu=torch.cuda.get_device_name(0), d2h=d2h, h2d=h2d, results=results), f, indent=1)
+            json.dump(dict(gpu=torch.cuda.get_device_name(0), d2h=d2h, h2d=h2d, results=results, **(extra or {})), f,
+                      indent=1)
     return 1 if any("error" in r or any(row["mismatches"] for row in r["rows"]) for r in results) else 0
 
 

@@ -316,9 +316,14 @@ std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
 // (a switch creates and maps every incoming piece before its first copy; a resume overlaps
 // them), and pausing again what a failed resume had resumed is not safe (another thread may
 // have used those tags meanwhile, or paused them on one device itself). Pauses gained less:
-// 237.9-285.1 ms as one switch against 244.3-321.0 ms one by one. Not understood yet: in
-// the report's run (bench/README.md), resumes one by one after a pause as one switch took
-// 253.2-264.0 ms, vmstash's own resumes 228.5-237.5 ms.
+// 237.9-285.1 ms as one switch against 244.3-321.0 ms one by one. A resume that follows a
+// pause at once is slower after one switch than after pauses one by one (H200: the 8 GiB
+// tag 204-216 ms against 178-180 ms; both 163-168 ms with 300 ms between them): the driver's
+// work after releasing device memory slows the copies queued in the next 50-100 ms, about
+// 2 ms per GiB released (a torch-only copy of 8 GiB: 155.6 ms, 171 ms right after 8 GiB
+// released, 209-215 ms after 28 GiB), and one switch releases every tag at its end, where
+// one by one the first tags' memory went earlier. bench/tms_backup_bench.py measures that
+// ceiling beside the resumes (bench/HISTORY.md).
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
