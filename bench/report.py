@@ -55,6 +55,13 @@ def benchmarks(build, torch_ok):
          [py, "bench/tms_backup_bench.py", "--json", "bench/results/tms_backup.json"]
          + ([] if _importable("torch_memory_saver") else ["--peers", "native,dropin,dropin_retain"]), {},
          [r"."], True),
+        ("tms_suite", "torch_memory_saver's own test suite (test/test_examples.py of its repository at 4a43c97, "
+         "unmodified, in third_party/tms_suite: scripts/export_tms_suite.sh), through the drop-in built from "
+         "this build, then through torch_memory_saver 0.0.10's own wheel (third_party/wheels: "
+         "scripts/fetch_wheels.sh), each needing at least 19 passed (the tests that apply on one GPU).",
+         ["scripts/run_tms_suite.sh", "third_party/tms_suite", "--build-tree", "--min-passed", "19",
+          "--beside-tms", "third_party/wheels"], {},
+         [r"^tms_suite", r"^  (failure|error)", r"^run_tms_suite: (exit|no|expected)"], True),
         ("vllm_sleep_bench", "vLLM's sleep mode (bench/vllm_sleep_bench.py): vmstash's sleep-mode backend "
          "and vLLM 0.33's CuMemAllocator (its own files), each in its own process; 8 GiB of weights in 512 "
          "tensors kept, a 16 GiB KV cache dropped, 4 GiB of runtime state of which 2 GiB live kept; the first "

@@ -63,6 +63,8 @@ class ReportTest(unittest.TestCase):
                 module = os.path.join(report.ROOT, "torch_plugin", "python", *argv[2].split(".")) + ".py"
                 self.assertTrue(os.path.exists(module), argv[2])
                 self.assertTrue(needs_torch, name)
+            elif argv[0].startswith("scripts/"):  # a script of this repository
+                self.assertTrue(os.access(os.path.join(report.ROOT, argv[0]), os.X_OK), argv[0])
             elif argv[0] == "python3":
                 self.assertTrue(os.path.exists(os.path.join(report.ROOT, argv[1])), argv[1])
                 self.assertTrue(needs_torch, name)

@@ -80,6 +80,24 @@ vmstash_ensure_megatron() {
   python3 -c "import megatron.core" || { echo "error: megatron.core still not importable" >&2; return 1; }
 }
 
+# torch_memory_saver 0.0.10 itself, the peer the benchmarks run beside vmstash: nothing when
+# python3 imports it; else its wheel of scripts/fetch_wheels.sh from third_party/wheels,
+# unpacked into $build/peers, which goes first on PYTHONPATH. Without the wheel, a note: the
+# benchmarks then leave it out.
+vmstash_tms_peer() {
+  python3 -c "import torch_memory_saver" 2>/dev/null && return 0
+  local wheels=${VMSTASH_WHEELS:-$root/third_party/wheels} wheel
+  for wheel in "$wheels"/torch_memory_saver-0.0.10-*.whl; do
+    [ -f "$wheel" ] || continue
+    python3 -m zipfile -e "$wheel" "$build/peers" || return 1
+    export PYTHONPATH="$build/peers${PYTHONPATH:+:$PYTHONPATH}"
+    python3 -c "import torch_memory_saver" || { echo "error: torch_memory_saver not importable from $build/peers" >&2; return 1; }
+    return 0
+  done
+  echo "note: $(command -v python3) cannot import torch_memory_saver and $wheels has no torch_memory_saver-0.0.10" \
+       "wheel (scripts/fetch_wheels.sh): the benchmarks run without it" >&2
+}
+
 # The Python package from the build tree, for the scripts that run it.
 vmstash_python_env() {
   export VMSTASH_LIBRARY="$build/torch_plugin/libvmstash.so"

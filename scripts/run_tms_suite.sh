@@ -17,6 +17,9 @@
 #     --tms-wheel W torch_memory_saver's own wheel instead of vmstash
 #     --min-passed N  fail unless at least N tests passed (19 on one GPU: the suite's 30
 #                   tests less its multi-device and XPU ones)
+#     --beside-tms W  then the same suite, same N, against torch_memory_saver's own wheel W
+#                   (or the one torch_memory_saver-*.whl without "+vmstash" in folder W):
+#                   both counts in one run; the exit status fails when either run does
 # Prints the counts ("tms_suite (<what>): P passed, F failed, E errors, S skipped") and the
 # tests that did not pass. Exit status: 0 when none failed; 1 when some did (or too few
 # passed); 77 (a skip for CTest) when DIR has no suite or no CUDA device is visible,
@@ -28,6 +31,7 @@ mode=wheels
 wheels=$root/dist
 tms_wheel=
 min_passed=0
+beside=
 pytest_args=()
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -36,6 +40,7 @@ while [ $# -gt 0 ]; do
     --build-tree) mode=build-tree; shift ;;
     --tms-wheel) mode=tms; tms_wheel=${2:?--tms-wheel needs a wheel}; shift 2 ;;
     --min-passed) min_passed=${2:?--min-passed needs a number}; shift 2 ;;
+    --beside-tms) beside=${2:?--beside-tms needs a wheel or a folder}; shift 2 ;;
     --) shift; pytest_args=("$@"); break ;;
     -h|--help) usage ;;
     -*) echo "run_tms_suite: unknown option $1" >&2; usage ;;
@@ -52,6 +57,32 @@ unable() {
   fi
   exit 77
 }
+if [ -n "$beside" ]; then  # this run, then torch_memory_saver's own: both counts, one status
+  if [ -d "$beside" ]; then
+    found=()
+    for w in "$beside"/torch_memory_saver-*.whl; do
+      case "$w" in *+vmstash*) ;; *) [ -f "$w" ] && found+=("$w") ;; esac
+    done
+    if [ ${#found[@]} -ne 1 ]; then
+      echo "run_tms_suite: --beside-tms: expected one torch_memory_saver wheel (not vmstash's) in $beside, found ${#found[@]}" >&2
+      exit 1
+    fi
+    beside=${found[0]}
+  fi
+  [ -f "$beside" ] || { echo "run_tms_suite: --beside-tms: no such wheel: $beside" >&2; exit 1; }
+  mine=(--wheels "$wheels")
+  [ "$mode" = build-tree ] && mine=(--build-tree)
+  [ "$mode" = tms ] && mine=(--tms-wheel "$tms_wheel")
+  set +e
+  "$0" "$dir" "${mine[@]}" --min-passed "$min_passed" -- "${pytest_args[@]}"
+  first=$?
+  "$0" "$dir" --tms-wheel "$beside" --min-passed "$min_passed" -- "${pytest_args[@]}"
+  second=$?
+  set -e
+  echo "run_tms_suite: exit status $first (${mine[*]}), $second (torch_memory_saver's own wheel)"
+  for rc in "$first" "$second"; do [ "$rc" -ne 0 ] && exit "$rc"; done
+  exit 0
+fi
 given=$dir
 dir=$(cd "$dir" 2>/dev/null && pwd) || true
 if [ -z "$dir" ] || [ ! -f "$dir/test/test_examples.py" ]; then
