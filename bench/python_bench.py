@@ -48,6 +48,7 @@ def main():
     subprocess.run([sys.executable, os.path.abspath(__file__), "--segments-only"], env=env, check=False)
     try:
         from torch_memory_saver import torch_memory_saver as tms
+        tms.hook_mode = "torch"  # in process: its preload mode needs LD_PRELOAD set at start
         with tms.region(tag="bench_tms"):
             t = per_segment(new)
         print(f"new 64 MiB segment: torch_memory_saver {t * 1e6:.1f} us")
