@@ -228,7 +228,10 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
     }
     epoch = arena_epoch_;
   }
+  const auto start = std::chrono::steady_clock::now();
   for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, owner_mu, &done));
+  VMSTASH_LOG(kDebug, "vmstash: tag '{}': background preparation of {} bytes ended after {:.1f} ms", name_, pin_to,
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
 }
 
