@@ -331,6 +331,14 @@ absl::Status BackupArena::Pin(std::size_t end) {
   return s;
 }
 
+absl::Status BackupArena::Warm(std::size_t end, const std::function<bool()>& stop) {
+  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  VMSTASH_RETURN_IF_ERROR(ChargePinned(end));
+  absl::Status s = pinned_.Warm(end, stop);
+  RefundPinned();  // charged: what is resident (all of [0, end) unless it ended early or failed)
+  return s;
+}
+
 std::size_t BackupArena::PinnedPrefixBytes() const {
   return store_.kind == BackupStore::Kind::kPinned ? pinned_.pinned_prefix_bytes() : capacity_bytes_;
 }

@@ -229,7 +229,8 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
     epoch = arena_epoch_;
   }
   const auto start = std::chrono::steady_clock::now();
-  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, owner_mu, &done));
+  bool warmed = false;
+  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, owner_mu, &warmed, &done));
   VMSTASH_LOG(kDebug, "vmstash: tag '{}': background preparation of {} bytes ended after {:.1f} ms", name_, pin_to,
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
@@ -241,7 +242,7 @@ void TagPool::YieldToTransitions() const {
   }
 }
 
-absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* done) {
+absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* warmed, bool* done) {
   YieldToTransitions();
   MutexLock t(&transition_mu_);
   *done = true;
@@ -254,6 +255,20 @@ absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* ow
   }
   const std::size_t from = arena_->PinnedPrefixBytes();
   if (from >= pin_to) return absl::OkStatus();
+  if (!*warmed) {  // all of it faulted in first, then registered step by step (BackupArena::Warm)
+    *warmed = true;
+    auto announced = [this] { return transitions_waiting_.load(std::memory_order_acquire) > 0; };
+    absl::Status w = arena_->Warm(pin_to, announced);
+    {
+      MutexLock lock(owner_mu);
+      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+    }
+    if (!w.ok()) return w;
+    if (announced()) {  // a pause waits: it goes first (a later step pins what is still cold)
+      *done = false;
+      return absl::OkStatus();
+    }
+  }
   absl::Status pinned = arena_->Pin(std::min(pin_to, from + kPrepareStepBytes));
   *done = !pinned.ok() || arena_->PinnedPrefixBytes() >= pin_to;
   MutexLock lock(owner_mu);

@@ -252,7 +252,9 @@ class TagPool {
   //   before it waits for it (AnnounceTransition, WithdrawTransition once it holds it; in
   //   ForegroundLock), and the loops take no next step while one is
   //   announced (YieldToTransitions); after it they find the arena moved on (arena_epoch_,
-  //   give_back_pending_) and stop, or go on.
+  //   give_back_pending_) and stop, or go on. A preparation faults in all of the arena
+  //   before its first registration (many threads: BackupArena::Warm), the threads
+  //   checking for an announced transition before each unit of PinnedPieces::kWarmUnitBytes.
   static constexpr std::size_t kPrepareStepBytes = std::size_t{512} << 20;
   void AnnounceTransition() { transitions_waiting_.fetch_add(1, std::memory_order_acq_rel); }
   void WithdrawTransition() { transitions_waiting_.fetch_sub(1, std::memory_order_acq_rel); }
@@ -286,8 +288,10 @@ class TagPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A background preparation's later steps: pins up to kPrepareStepBytes more of
   // [0, pin_to) unless the tag stopped wanting it or the arena changed since step one (a
-  // pause, a new store, a release: arena_epoch_ moved); *done when nothing is left.
-  absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* done)
+  // pause, a new store, a release: arena_epoch_ moved); *done when nothing is left. The
+  // first of them (*warmed false) faults in all of [0, pin_to) first (BackupArena::Warm),
+  // ending early when a foreground transition announces itself.
+  absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* warmed, bool* done)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
  public:
   // After DropBackupOf returned true: releases the arena if it still holds no backed-up

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -102,7 +103,7 @@ absl::Status PinnedPieces::CheckRange(std::size_t offset, std::size_t size_bytes
   return absl::OkStatus();
 }
 
-absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
+absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last, const std::function<bool()>& stop) {
   // The cold pieces' bytes in units of kWarmUnitBytes, shared out among the threads.
   struct Unit {
     std::size_t piece, begin, size;
@@ -117,10 +118,17 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   if (units.empty()) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
   std::atomic<std::size_t> next{0};
+  std::atomic<bool> stopped{false};
+  std::vector<char> reached(units.size(), 0);  // each written by the one thread that took the unit
   std::mutex mu;
   absl::Status first_error;
   auto work = [&] {
-    for (std::size_t i; (i = next.fetch_add(1)) < units.size();) {
+    for (std::size_t i; !stopped.load(std::memory_order_relaxed) && (i = next.fetch_add(1)) < units.size();) {
+      if (stop && stop()) {
+        stopped.store(true, std::memory_order_relaxed);
+        break;
+      }
+      reached[i] = 1;
       absl::Status s = FaultIn(data_ + units[i].begin, units[i].size);
       if (s.ok()) continue;
       std::lock_guard<std::mutex> lock(mu);
@@ -142,15 +150,17 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last) {
   // Every piece touched is warm, a failed one too: its other units (and part of the failed
   // one) may be resident, and a warm piece is counted, charged and handed back; a cold one
   // would hold pages nobody accounts for. Registering faults in what is missing.
-  for (const Unit& u : units) pieces_[u.piece].state = State::kWarm;
+  for (std::size_t i = 0; i < units.size(); ++i) {
+    if (reached[i]) pieces_[units[i].piece].state = State::kWarm;
+  }
   timing_.warm_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   return first_error;
 }
 
-absl::Status PinnedPieces::Warm(std::size_t end) {
+absl::Status PinnedPieces::Warm(std::size_t end, const std::function<bool()>& stop) {
   VMSTASH_RETURN_IF_ERROR(CheckRange(0, end, "warming"));
   if (end == 0) return absl::OkStatus();
-  return WarmPieces(0, (end - 1) / kPieceBytes);
+  return WarmPieces(0, (end - 1) / kPieceBytes, stop);
 }
 
 absl::Status PinnedPieces::PinPiece(std::size_t k) {

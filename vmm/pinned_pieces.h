@@ -24,6 +24,9 @@
 //                      refuses a copy across two registrations (invalid argument).
 //                      Neither registering nor faulting in waits for queued copies, so a
 //                      pause pins piece k+1 while the copy engine fills piece k.
+//                      With `stop`, the threads check it before each unit and end early
+//                      once it returns true (a background preparation yielding to a
+//                      pause): only the pieces a unit of which was faulted in are warm.
 //     WarmAheadWithin(end)  a CopyIn that meets a cold piece warms it and every cold
 //                      piece after it within [0, end), in one Warm (the owner names the
 //                      bytes it has charged for: Note [Host Budget]). A pause into an
@@ -69,6 +72,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -100,7 +104,7 @@ class PinnedPieces {
   // failure the memory stays (an error).
   absl::Status Release();
 
-  absl::Status Warm(std::size_t end);
+  absl::Status Warm(std::size_t end, const std::function<bool()>& stop = nullptr);
   void WarmAheadWithin(std::size_t end) { warm_ahead_end_ = std::min(end, capacity_bytes_); }
   absl::Status Pin(std::size_t offset, std::size_t size_bytes);
   absl::Status CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream);
@@ -139,7 +143,7 @@ class PinnedPieces {
   // Checks [offset, offset + size) lies in the mapping.
   absl::Status CheckRange(std::size_t offset, std::size_t size_bytes, const char* what) const;
   // Faults in pieces [first, last] that are cold, with up to threads_ threads.
-  absl::Status WarmPieces(std::size_t first, std::size_t last);
+  absl::Status WarmPieces(std::size_t first, std::size_t last, const std::function<bool()>& stop = nullptr);
   absl::Status PinPiece(std::size_t k);
   absl::Status UnpinPiece(std::size_t k);
 

@@ -163,6 +163,31 @@ TEST_F(PinnedPiecesTest, PinAndWarmCoverWholePieces) {
   EXPECT_EQ(p.Warm(p.capacity_bytes() + 4096).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST_F(PinnedPiecesTest, AStoppedWarmLeavesThePiecesItDidNotReachCold) {
+  PinnedPieces p(&sim_, 0, 1);  // one thread: the units go in order
+  ASSERT_TRUE(p.Reserve(size_).ok());
+  // Stop asked before the first unit: nothing is touched.
+  ASSERT_TRUE(p.Warm(p.capacity_bytes(), [] { return true; }).ok());
+  EXPECT_EQ(p.resident_bytes(), 0u);
+  // Stopped after the units of one piece and one unit of the next: both are warm (the
+  // second partly resident, counted whole), the third cold.
+  const std::size_t units_per_piece = kPiece / PinnedPieces::kWarmUnitBytes;
+  std::size_t asked = 0;
+  ASSERT_TRUE(p.Warm(p.capacity_bytes(), [&] { return ++asked > units_per_piece + 1; }).ok());
+  EXPECT_EQ(p.resident_bytes(), 2 * kPiece);
+  EXPECT_EQ(p.resident_bytes_with(p.capacity_bytes()), p.capacity_bytes());
+  EXPECT_EQ(Registered(), 0u);
+  // The rest warms and everything pins and round-trips as usual.
+  ASSERT_TRUE(p.Warm(p.capacity_bytes(), [] { return false; }).ok());
+  EXPECT_EQ(p.resident_bytes(), p.capacity_bytes());
+  ASSERT_TRUE(p.CopyIn(0, va_, size_, stream_).ok());
+  ASSERT_TRUE(sim_.SynchronizeStream(0, stream_).ok());
+  ZeroDevice();
+  ASSERT_TRUE(p.CopyOut(va_, 0, size_, stream_).ok());
+  EXPECT_EQ(Device(0, size_), pattern_);
+  EXPECT_EQ(p.pinned_bytes(), p.capacity_bytes());
+}
+
 TEST_F(PinnedPiecesTest, FailedRegistrationKeepsWhatWasPinnedAndReleaseCleansUp) {
   PinnedPieces p(&sim_, 0);
   ASSERT_TRUE(p.Reserve(size_).ok());
