@@ -292,6 +292,26 @@ TEST_F(BackgroundStepsYieldTest, APauseWaitsForOneHandBackStepNotForAll) {
   ASSERT_TRUE(alloc_->Free(p).ok());
 }
 
+// A preparation charges the whole arena for its first step (fault in all of it, then
+// register step by step): under a host cap that refuses it, the steps pin what fits, as
+// they did alone (found by review: the preparation pinned nothing).
+TEST_F(BackgroundStepsYieldTest, UnderAHostCapAPreparationPinsTheStepsThatFit) {
+  const std::size_t base = HostBudget::Process().held();
+  HostBudget::Process().SetLimit(base + TagPool::kPrepareStepBytes + 16 * kMiB);
+  DevicePtr p = *alloc_->Allocate(kSize, nullptr, tag_);
+  alloc_->WaitForBackgroundPrepare();
+  const std::size_t arena = static_cast<std::size_t>(TagStatsOf(*alloc_, tag_).backup_arena_bytes);
+  const std::size_t charged = HostBudget::Process().held() - base;
+  HostBudget::Process().SetLimit(0);
+  EXPECT_EQ(arena, TagPool::kPrepareStepBytes);
+  EXPECT_EQ(charged, arena);
+  FillPattern(p, kMiB, 1);
+  ASSERT_TRUE(alloc_->Pause(tag_).ok());
+  ASSERT_TRUE(alloc_->Resume(tag_).ok());
+  EXPECT_EQ(WrongBytes(p, kMiB, 1), 0u);
+  ASSERT_TRUE(alloc_->Free(p).ok());
+}
+
 // The other foreground callers of the transition lock announce themselves too (found by
 // review: ReleaseBackup and SetBackupStore meeting a preparation waited for it to pin
 // everything, then released it all; the race failed 10 of 10 runs before the fix).

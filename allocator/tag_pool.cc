@@ -263,7 +263,9 @@ absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* ow
       MutexLock lock(owner_mu);
       stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
     }
-    if (!w.ok()) return w;
+    // Over the host cap (Note [Host Budget]: all of it is charged at once), or short of
+    // memory: the steps below pin what fits, step by step, as they did alone.
+    if (!w.ok() && !absl::IsResourceExhausted(w)) return w;
     if (announced()) {  // a pause waits: it goes first (a later step pins what is still cold)
       *done = false;
       return absl::OkStatus();

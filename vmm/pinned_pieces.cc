@@ -131,6 +131,7 @@ absl::Status PinnedPieces::WarmPieces(std::size_t first, std::size_t last, const
       reached[i] = 1;
       absl::Status s = FaultIn(data_ + units[i].begin, units[i].size);
       if (s.ok()) continue;
+      stopped.store(true, std::memory_order_relaxed);  // the host refuses: no more of it
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = s;
     }

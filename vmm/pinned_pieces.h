@@ -18,15 +18,16 @@
 //                      A faulted page is dirty, so after MADV_FREE the kernel may no
 //                      longer discard it silently. On a failure every piece it touched is
 //                      warm all the same (partly resident: counted and handed back).
+//                      With `stop`, the threads check it before each unit and end early
+//                      once it returns true (a background preparation yielding to a
+//                      pause): only the pieces a unit of which was faulted in are warm. The
+//                      threads also end at the first unit the host refuses.
 //     Pin(off, n)      the pieces holding [off, off+n) are warmed (if cold) and registered.
 //     CopyIn/CopyOut   queue copies between a device range and [off, off+n), pinning
 //                      what they need first and split at piece bounds: the CUDA driver
 //                      refuses a copy across two registrations (invalid argument).
 //                      Neither registering nor faulting in waits for queued copies, so a
 //                      pause pins piece k+1 while the copy engine fills piece k.
-//                      With `stop`, the threads check it before each unit and end early
-//                      once it returns true (a background preparation yielding to a
-//                      pause): only the pieces a unit of which was faulted in are warm.
 //     WarmAheadWithin(end)  a CopyIn that meets a cold piece warms it and every cold
 //                      piece after it within [0, end), in one Warm (the owner names the
 //                      bytes it has charged for: Note [Host Budget]). A pause into an
