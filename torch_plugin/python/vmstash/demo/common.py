@@ -32,8 +32,7 @@ def pinned_bandwidth(device):
 
 def reregister_bandwidth(nbytes=1 << 30):
     """Bytes/s of registering (cudaHostRegister) huge-page host memory that was registered,
-    unregistered and handed back lazily (MADV_FREE) and then written again (a byte per
-    page, as bench/host_ceiling_bench.cc's "lazy" rows do), best of 3: the
+    unregistered and handed back lazily (MADV_FREE) and then written again, best of 3: the
     host's fastest way back to pinned memory for a backup whose memory goes back to the OS
     after every resume (torch_memory_saver's default mode), measured in this process.
     Linux only; None where it cannot be measured (then the link alone bounds)."""
@@ -58,8 +57,6 @@ def reregister_bandwidth(nbytes=1 << 30):
         cudart = torch.cuda.cudart()
         libc.madvise(addr, nbytes, 14)  # MADV_HUGEPAGE (advice only)
         ctypes.memset(addr, 1, nbytes)
-        import numpy
-        pages = numpy.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
         for i in range(4):
             t0 = time.perf_counter()
             if int(cudart.cudaHostRegister(addr, nbytes, 0)) != 0:
@@ -69,8 +66,8 @@ def reregister_bandwidth(nbytes=1 << 30):
             if i > 0:  # the first registration is of freshly touched memory
                 best = seconds if best is None else min(best, seconds)
             libc.madvise(addr, nbytes, 8)  # MADV_FREE: handed back lazily, as a resume does
-            pages[::4096] = 2  # each page written again, as the next pause's faulting in does
-    except (RuntimeError, AttributeError, TypeError, ImportError):  # no CUDA runtime (or numpy) here
+            ctypes.memset(addr, 2, nbytes)  # written again, as the next pause's copies do
+    except (RuntimeError, AttributeError, TypeError):  # no CUDA runtime here
         return None
     finally:
         libc.munmap(addr, nbytes)
