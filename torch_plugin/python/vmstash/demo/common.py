@@ -30,50 +30,6 @@ def pinned_bandwidth(device):
     return (1 << 30) / best[0], (1 << 30) / best[1]
 
 
-def reregister_bandwidth(nbytes=1 << 30):
-    """Bytes/s of registering (cudaHostRegister) huge-page host memory that was registered,
-    unregistered and handed back lazily (MADV_FREE) and then written again, best of 3: the
-    host's fastest way back to pinned memory for a backup whose memory goes back to the OS
-    after every resume (torch_memory_saver's default mode), measured in this process.
-    Linux only; None where it cannot be measured (then the link alone bounds)."""
-    import ctypes
-    import mmap
-    import torch
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        addr = libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                         -1, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-    except (OSError, AttributeError):
-        return None
-    best = None
-    try:
-        cudart = torch.cuda.cudart()
-        libc.madvise(addr, nbytes, 14)  # MADV_HUGEPAGE (advice only)
-        ctypes.memset(addr, 1, nbytes)
-        for i in range(4):
-            t0 = time.perf_counter()
-            if int(cudart.cudaHostRegister(addr, nbytes, 0)) != 0:
-                return None
-            seconds = time.perf_counter() - t0
-            cudart.cudaHostUnregister(addr)
-            if i > 0:  # the first registration is of freshly touched memory
-                best = seconds if best is None else min(best, seconds)
-            libc.madvise(addr, nbytes, 8)  # MADV_FREE: handed back lazily, as a resume does
-            ctypes.memset(addr, 2, nbytes)  # written again, as the next pause's copies do
-    except (RuntimeError, AttributeError, TypeError):  # no CUDA runtime here
-        return None
-    finally:
-        libc.munmap(addr, nbytes)
-    return nbytes / best if best else None
-
-
 # A direction fails on speed only when its median switch is over this multiple of its
 # bound: one slow switch on a shared machine is named, not failed on.
 SPEED_MARGIN = 1.5
@@ -86,8 +42,7 @@ def switch_record(label, paused, resumed, reserved, freed, backed, restored, d2h
     """One phase switch. `time_s` is its whole time; `pause_s` and `resume_s` are given
     only where the two sides ran one after the other (a switch() moves both directions in
     one transaction, so it has no separate sides). `bound`: backed-up bytes / same-run D2H
-    + restored bytes / same-run H2D + 10 ms; for a backup that must be pinned again at every
-    pause, `d2h` is the lower of the D2H rate and reregister_bandwidth()'s."""
+    + restored bytes / same-run H2D + 10 ms."""
     return {"label": label, "paused": list(paused), "resumed": list(resumed), "reserved": reserved,
             "freed": freed, "time": time_s, "pause": pause_s, "resume": resume_s, "backed": backed,
             "restored": restored, "bound": backed / d2h + restored / h2d + 0.010, "sync": sync_s}
