@@ -8,6 +8,7 @@
 // (Runtime::AllocatorInUse) inside the Call's two plain stores.
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -204,6 +205,21 @@ absl::Status ParseSwitch(const char* const* pause_tags, size_t n_pause, const ch
   return absl::OkStatus();
 }
 
+// A backup read on `device`, or (device < 0) on the device whose allocator holds the bytes:
+// addresses are unique across devices, so at most one answers other than NOT_FOUND.
+int WithBackupOf(Runtime& rt, int device, const std::function<absl::Status(CachingAllocator*)>& read) {
+  if (device >= 0) {
+    CachingAllocator* a = nullptr;
+    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+    return Code(read(a));
+  }
+  absl::Status last = absl::NotFoundError("no device's allocator is in use");
+  for (CachingAllocator* a : rt.AllocatorsInUse()) {
+    last = read(a);
+    if (!absl::IsNotFound(last)) return Code(last);
+  }
+  return Fail(last);
+}
 
 }  // namespace
 }  // namespace c_abi
@@ -409,9 +425,9 @@ int vmstash_switch_agreed(const char* const* pause_tags, size_t n_pause, const c
 
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) noexcept {
   return WithRuntime([&](Runtime& rt) {
-    CachingAllocator* a = nullptr;
-    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
-    return Code(a->ReadBackup(reinterpret_cast<DevicePtr>(ptr), size, dst));
+    return WithBackupOf(rt, device, [&](CachingAllocator* a) {
+      return a->ReadBackup(reinterpret_cast<DevicePtr>(ptr), size, dst);
+    });
   });
 }
 
@@ -419,12 +435,11 @@ int vmstash_backup_address(const void* ptr, size_t size, int device, const void*
   if (address == nullptr) return Fail(absl::InvalidArgumentError("vmstash_backup_address: null output"));
   *address = nullptr;
   return WithRuntime([&](Runtime& rt) {
-    CachingAllocator* a = nullptr;
-    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
-    absl::StatusOr<const void*> found = a->BackupAddress(reinterpret_cast<DevicePtr>(ptr), size);
-    if (!found.ok()) return Fail(found.status());
-    *address = *found;
-    return 0;
+    return WithBackupOf(rt, device, [&](CachingAllocator* a) -> absl::Status {
+      absl::StatusOr<const void*> found = a->BackupAddress(reinterpret_cast<DevicePtr>(ptr), size);
+      if (found.ok()) *address = *found;
+      return found.status();
+    });
   });
 }
 

@@ -201,8 +201,9 @@ int vmstash_switch_agreed(const char* const* pause_tags, size_t n_pause, const c
                           size_t n_resume, int device, const vmstash_live_ranges* live, size_t n_live,
                           vmstash_agree_fn agree, void* ctx) VMSTASH_NOEXCEPT;
 /* Copies `size` bytes at device address `ptr` from the backup of a paused "backup" tag
- * into host memory `dst` (what a pause saved there). VMSTASH_INVALID_ARGUMENT when the
- * range wraps the address space; VMSTASH_NOT_FOUND when no paused backup holds it. */
+ * into host memory `dst` (what a pause saved there); `device` -1: the device whose
+ * allocator holds those bytes. VMSTASH_INVALID_ARGUMENT when the range wraps the address
+ * space; VMSTASH_NOT_FOUND when no paused backup holds it. */
 int vmstash_read_backup(const void* ptr, size_t size, int device, void* dst) VMSTASH_NOEXCEPT;
 /* Sets *address to the host address where the backup of those `size` bytes lies (no
  * copy); same errors as vmstash_read_backup. Valid until the tag is resumed or its backup

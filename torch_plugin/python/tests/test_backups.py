@@ -11,6 +11,33 @@ from vmstash import _lib
 MiB = 1 << 20
 
 
+def test_read_backup_finds_the_device_of_the_address(sim):
+    vmstash.create_tag("cpu_rb_dev1", "backup")
+    vmstash.set_current_tag("cpu_rb_dev1")
+    try:
+        p = _lib.lib().vmstash_malloc(2 * MiB, 1, None)  # on the second simulated device
+    finally:
+        vmstash.set_current_tag("default")
+    assert p, _lib.last_error()
+    sim.fill(p, 2 * MiB, 0x5A)
+    assert vmstash.pause("cpu_rb_dev1")
+    buf = ctypes.create_string_buffer(4096)
+    vmstash.read_backup(p + MiB, 4096, ctypes.addressof(buf))  # no device named: found on 1
+    assert buf.raw == bytes([0x5A]) * 4096
+    vmstash.read_backup(p, 16, ctypes.addressof(buf), device=1)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.read_backup(p, 16, ctypes.addressof(buf), device=0)  # named: that device only
+    assert e.value.code_name == "NOT_FOUND"
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.read_backup(p + 4 * MiB, 16, ctypes.addressof(buf))  # held by no backup
+    assert e.value.code_name == "NOT_FOUND"
+    out = ctypes.c_void_p()
+    assert _lib.lib().vmstash_backup_address(p, 16, -1, ctypes.byref(out)) == 0
+    assert out.value and ctypes.string_at(out.value, 16) == bytes([0x5A]) * 16
+    assert vmstash.resume("cpu_rb_dev1")
+    _lib.lib().vmstash_free(p, 2 * MiB, 1, None)
+
+
 def test_read_backup_while_paused_and_memory_margin(sim):
     vmstash.create_tag("cpu_rb", "backup")
     p = sim.malloc("cpu_rb", 2 * MiB)

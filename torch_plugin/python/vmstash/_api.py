@@ -298,10 +298,11 @@ def tag_stats(tag, device=None):
     return (holding or found or [None])[0]
 
 
-def read_backup(address, nbytes, dst_address, device=0):
+def read_backup(address, nbytes, dst_address, device=None):
     """Copies `nbytes` at device `address` from the backup of a paused `backup` tag into
-    host memory at `dst_address`. Raises vmstash.Error (NOT_FOUND) when no paused backup
-    holds those bytes; ValueError for a negative size or address or a null destination."""
+    host memory at `dst_address` (`device` None: the device whose tag holds the address).
+    Raises vmstash.Error (NOT_FOUND) when no paused backup holds those bytes; ValueError for
+    a negative size or address or a null destination."""
     for name, value in (("address", address), ("nbytes", nbytes), ("dst_address", dst_address)):
         if not isinstance(value, int) or isinstance(value, bool):
             raise TypeError(f"read_backup: {name} must be an int, got {type(value).__name__}")
