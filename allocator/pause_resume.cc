@@ -235,9 +235,11 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     large.reset();
     return fail(made);
   }
-  std::size_t pieces = 0;
-  for (const Heap::ResumeTxn* txn : {small.get(), large.get()}) {
-    for (const Heap::ResumeTxn::Cover& c : txn->covers) pieces += c.pieces.size();
+  std::size_t pieces = 0;  // for the debug line only
+  if (LogEnabled(LogLevel::kDebug)) {
+    for (const Heap::ResumeTxn* txn : {small.get(), large.get()}) {
+      for (const Heap::ResumeTxn::Cover& c : txn->covers) pieces += c.pieces.size();
+    }
   }
   const double copied_ms = Ms(Clock::now() - start);
   pool_->small()->CommitResume(std::move(small));
