@@ -307,23 +307,14 @@ std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
 // A pause of several tags moves them in one vmstash_switch: all or nothing without a
 // rollback that could itself fail (a switch keeps the outgoing chunks until it commits;
 // pausing the tags one by one released each tag's memory at once, so undoing them after a
-// later tag's failure had to create it again, and another process may have taken it), one
-// synchronization and one copy pipeline. A pause of one tag goes through vmstash's pause.
-// A resume moves the tags one after another, each through its own resume, and stops at
-// the first that fails (its error names the tags resumed before it): measured on an H200
-// (bench/tms_backup_bench.py, default mode, 10 GiB in two tags), one run, the ways
-// alternately, resumes took 247.0-256.4 ms as one switch against 203.0-233.2 ms one by one
-// (a switch creates and maps every incoming piece before its first copy; a resume overlaps
-// them), and pausing again what a failed resume had resumed is not safe (another thread may
-// have used those tags meanwhile, or paused them on one device itself). Pauses gained less:
-// 237.9-285.1 ms as one switch against 244.3-321.0 ms one by one. A resume that follows a
-// pause at once is slower after one switch than after pauses one by one (H200: the 8 GiB
-// tag 204-216 ms against 178-180 ms; both 163-168 ms with 300 ms between them): the driver's
-// work after releasing device memory slows the copies queued in the next 50-100 ms, about
-// 2 ms per GiB released (a torch-only copy of 8 GiB: 155.6 ms, 171 ms right after 8 GiB
-// released, 209-215 ms after 28 GiB), and one switch releases every tag at its end, where
-// one by one the first tags' memory went earlier. bench/tms_backup_bench.py measures that
-// ceiling beside the resumes (bench/HISTORY.md).
+// later tag's failure had to create it again, and another process may have taken it). A
+// pause of one tag goes through vmstash's pause. A resume moves the tags one after
+// another, each through its own resume (faster than one switch, which maps every incoming
+// piece before its first copy), and stops at the first that fails, its error naming the
+// tags resumed before it: pausing those again is not safe (another thread may have used
+// them meanwhile, or paused them on one device itself). The measurements behind both
+// choices, and why a resume right after a multi-tag pause runs slower (the driver's work
+// after a release): bench/HISTORY.md, "torch_memory_saver's pause and resume of several tags".
 int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
     return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
