@@ -83,6 +83,21 @@ def pinned_link(torch, dev, nbytes=2 * GiB):
     return rates
 
 
+OPT_TENSORS = 64  # of which every other one is freed before the first pause
+
+
+def elements(args):
+    """int64 elements per weights tensor and per opt tensor: the one place the workload's
+    sizes are derived from the arguments (the child allocates them, the parent's ceiling
+    copies as many bytes)."""
+    return int(args.weights_gib * GiB) // args.tensors // 8, int(args.opt_gib * GiB) // OPT_TENSORS // 8
+
+
+def backed_up_bytes(args):
+    n_w, n_o = elements(args)
+    return 8 * (n_w * args.tensors + n_o * (OPT_TENSORS // 2))
+
+
 def child(args):
     import torch
     dev = torch.device("cuda", 0)
@@ -122,15 +137,14 @@ def child(args):
 
     baseline = meminfo("MemAvailable")
     weights, opt = [], []
-    n_w = int(args.weights_gib * GiB) // args.tensors // 8
+    n_w, n_o = elements(args)
     with region("weights", True):
         for i in range(args.tensors):
             weights.append(pattern(n_w, i))
     with region("kv", False):
         kv = [torch.empty(int(args.discard_gib * GiB) // 4 // 8, dtype=torch.int64, device=dev) for _ in range(4)]
-    n_o = int(args.opt_gib * GiB) // 64 // 8
     with region("opt", True):
-        for i in range(64):
+        for i in range(OPT_TENSORS):
             opt.append(pattern(n_o, 10_000 + i))
         del opt[1::2]  # half of it freed: 2 GiB live
     torch.cuda.synchronize()
@@ -300,7 +314,7 @@ def main():
     dev = torch.device("cuda", 0)
     d2h, h2d = pinned_link(torch, dev)
     # The same bytes as every peer's resume, right after the release of every tag's bytes.
-    copied = int(args.weights_gib * GiB) // args.tensors // 8 * 8 * args.tensors + int(args.opt_gib * GiB) // 64 // 8 * 8 * 32
+    copied = backed_up_bytes(args)
     released = int((args.weights_gib + args.discard_gib + args.opt_gib) * GiB)
     after = (released, copied, h2d_after_release(torch, dev, copied, released))
     results = run_peers(args.peers, PEERS, lambda peer: run_peer(peer, args))
