@@ -21,7 +21,14 @@
 //                 use: 64 MiB pieces registered by R threads running ahead of the copies,
 //                 and every S-th piece staged through the ring on a second stream instead
 //                 of registered (what a pause into returned memory could do beyond
-//                 `pipeline`); then H2D of it the same way
+//                 `pipeline`); then H2D of it the same way. Copies queued from this thread wait
+//                 while another registers: see `reuse`, "thread"
+//   reuse         the memory as a later pause finds it (registered, written by the device,
+//                 unregistered; then given back with MADV_FREE or MADV_DONTNEED, kept, or
+//                 mapped anew), made resident again (MADV_POPULATE_WRITE / a byte written per
+//                 page / nothing), then D2H into it registered piece by piece: inline (register
+//                 a piece, queue its copy), by a thread running ahead, or all before the copies
+//                 (the time excludes making it resident)
 //
 // Usage: host_ceiling_bench [SIZE_GIB=8] [THREADS=hardware threads] [SECTIONS=all, e.g. link,lazy]. Prints one line per
 // figure, GB = 1e9 bytes.
@@ -515,6 +522,93 @@ int main(int argc, char** argv) {
     for (cudaEvent_t& e : ev) CHECK_CUDA(cudaEventDestroy(e));
     CHECK_CUDA(cudaStreamDestroy(staged_stream));
     CHECK_CUDA(cudaFreeHost(ring));
+    munmap(p, size);
+  }
+  // reuse: what a pause into memory handed back by the resume before it can do
+  if (on("reuse")) {
+    bool huge = true;
+    char* p = MapFresh(size, huge);
+    Fault(p, size, threads);
+    // back: how the last cycle left it; rewarm: how it is made resident again; issue: who
+    // registers (inline: register piece k, queue its copy, next; thread: one thread registers
+    // ahead of the copies; serial: every piece registered, then the copies)
+    enum Back { kFree, kDontneed, kKeep, kNewMap };
+    enum Rewarm { kPopulate, kByte, kNone };
+    enum Issue { kInline, kThread, kSerial, kBatch };
+    struct Shape { Back back; Rewarm rewarm; Issue issue; std::size_t piece_mib; int batch = 1; bool huge = true; };
+    static const char* const kBack[] = {"FREE", "DONTNEED", "kept", "new map"};
+    static const char* const kRewarm[] = {"populate", "byte/page", "none"};
+    static const char* const kIssue[] = {"inline", "thread", "serial", "batch"};
+    const Shape shapes[] = {{kKeep, kNone, kInline, 64},       {kNewMap, kPopulate, kInline, 64},
+                            {kFree, kPopulate, kInline, 64},   {kFree, kNone, kInline, 64},
+                            {kFree, kByte, kInline, 64},       {kDontneed, kPopulate, kInline, 64},
+                            {kKeep, kNone, kThread, 64},       {kFree, kPopulate, kThread, 64},
+                            {kFree, kPopulate, kSerial, 64},   {kKeep, kNone, kSerial, 64},
+                            {kFree, kPopulate, kInline, 256},  {kFree, kPopulate, kInline, 1024},
+                            {kFree, kPopulate, kBatch, 64, 2},  {kFree, kPopulate, kBatch, 64, 4},
+                            {kFree, kPopulate, kBatch, 64, 8},  {kFree, kPopulate, kInline, 64, 1, false},
+                            {kFree, kPopulate, kBatch, 64, 2, false}, {kFree, kPopulate, kBatch, 64, 4, false},
+                            {kFree, kPopulate, kBatch, 64, 8, false}, {kFree, kPopulate, kBatch, 64, 16, false}};
+    for (const Shape& sh : shapes) {
+      const std::size_t piece = sh.piece_mib << 20;
+      const std::size_t pieces = (size + piece - 1) / piece;
+      auto bytes = [&](std::size_t k) { return std::min(piece, size - k * piece); };
+      auto reg = [&](std::size_t k) { CHECK_CUDA(cudaHostRegister(p + k * piece, bytes(k), cudaHostRegisterPortable)); };
+      auto copy = [&](std::size_t k) {
+        CHECK_CUDA(cudaMemcpyAsync(p + k * piece, static_cast<char*>(dev) + k * piece, bytes(k),
+                                   cudaMemcpyDeviceToHost, stream));
+      };
+      // the cycle before: registered, written by the device, unregistered, given back
+      for (std::size_t k = 0; k < pieces; ++k) reg(k), copy(k);
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      for (std::size_t k = 0; k < pieces; ++k) CHECK_CUDA(cudaHostUnregister(p + k * piece));
+      if (sh.back == kFree || sh.back == kDontneed) madvise(p, size, sh.back == kFree ? MADV_FREE : MADV_DONTNEED);
+      if (sh.back == kNewMap || sh.huge != huge) munmap(p, size), p = MapFresh(size, huge = sh.huge);
+      auto t = Clock::now();
+      if (sh.rewarm == kPopulate) Fault(p, size, threads);
+      if (sh.rewarm == kByte) {
+        Parallel(size, threads, [&](std::size_t b, std::size_t e) {
+          for (std::size_t i = b; i < e; i += 4096) p[i] = 1;
+        });
+      }
+      const double rewarm = Since(t);
+      t = Clock::now();
+      double registered = 0;
+      if (sh.issue == kInline) {
+        for (std::size_t k = 0; k < pieces; ++k) reg(k), copy(k);
+      } else if (sh.issue == kBatch) {  // `batch` threads register a batch while the last one's copies run
+        for (std::size_t k0 = 0; k0 < pieces; k0 += sh.batch) {
+          std::vector<std::thread> regs;
+          for (std::size_t k = k0; k < std::min(pieces, k0 + sh.batch); ++k) regs.emplace_back(reg, k);
+          for (std::thread& r : regs) r.join();
+          for (std::size_t k = k0; k < std::min(pieces, k0 + sh.batch); ++k) copy(k);
+        }
+      } else if (sh.issue == kSerial) {
+        for (std::size_t k = 0; k < pieces; ++k) reg(k);
+        registered = Since(t);
+        for (std::size_t k = 0; k < pieces; ++k) copy(k);
+      } else {
+        std::vector<std::atomic<int>> ready(pieces);
+        for (auto& r : ready) r.store(0);
+        std::thread ahead([&] {
+          for (std::size_t k = 0; k < pieces; ++k) reg(k), ready[k].store(1, std::memory_order_release);
+        });
+        for (std::size_t k = 0; k < pieces; ++k) {
+          while (ready[k].load(std::memory_order_acquire) == 0) std::this_thread::yield();
+          copy(k);
+        }
+        ahead.join();
+      }
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      const double s = Since(t);
+      for (std::size_t k = 0; k < pieces; ++k) CHECK_CUDA(cudaHostUnregister(p + k * piece));
+      char how[96];
+      std::snprintf(how, sizeof(how), "%s, %s, %s x%d, %zu MiB %s", kBack[sh.back], kRewarm[sh.rewarm],
+                    kIssue[sh.issue], sh.batch, sh.piece_mib, sh.huge ? "THP" : "4K");
+      std::printf("reuse      %-44s %7.3f s  %6.1f GB/s  (rewarm %.3f s; register %.3f s)\n", how, s, GBps(size, s),
+                  rewarm, registered);
+      std::fflush(stdout);
+    }
     munmap(p, size);
   }
   // staged: through a pinned ring into touched pageable (THP) memory

@@ -39,6 +39,23 @@ def test_bound_is_bytes_over_bandwidth_plus_10_ms():
     assert record()["bound"] == approx(0.13)
 
 
+def test_reregister_bandwidth_is_none_where_it_cannot_be_measured(monkeypatch):
+    # torch without CUDA (cudart() asserts) and a driver refusing the registration: the peer's
+    # pause bound then falls back to the link alone, nothing raises.
+    def fake_torch(cudart):
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(cudart=cudart, synchronize=lambda d: None,
+                                                                empty_cache=lambda: None),
+                                     frombuffer=lambda buf, dtype: buf, full=lambda *a, **k: None, uint8=None)
+
+    def no_cuda():
+        raise AssertionError("Torch not compiled with CUDA enabled")
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(no_cuda))
+    assert c.reregister_bandwidth("cuda:0", nbytes=4 << 20, piece=2 << 20) is None
+    refusing = types.SimpleNamespace(cudaHostRegister=lambda *a: 1, cudaHostUnregister=lambda *a: 0)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(lambda: refusing))
+    assert c.reregister_bandwidth("cuda:0", nbytes=4 << 20, piece=2 << 20) is None
+
+
 def test_memory_released_edge():
     assert c.memory_failures(record(freed=0.95 * 10 * GiB)) == []
     failures = c.memory_failures(record(freed=0.94 * 10 * GiB))
