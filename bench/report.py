@@ -45,7 +45,8 @@ def benchmarks(build, torch_ok):
          "(bench/host_ceiling_bench.cc): the pinned link, cudaHostAlloc/cudaFreeHost, first touch of fresh "
          "memory (1 and 16 threads, 4 KiB and huge pages), memcpy into fresh and touched memory, "
          "cudaHostRegister/Unregister (one call, 64 MiB pieces), registering pipelined with the copies, "
-         "whether (un)registering waits for queued copies, and memory handed back with MADV_FREE.",
+         "whether (un)registering waits for queued copies, memory handed back with MADV_FREE, and a D2H into "
+         "memory handed back and registered again several ways (`reuse`).",
          [os.path.join(build, "bench/host_ceiling_bench"), "8", "16"], {}, [r"."], False),
         ("tms_backup_bench", "Backups through torch_memory_saver's API (bench/tms_backup_bench.py): 8 GiB "
          "backed up in 512 tensors, 16 GiB discarded, 4 GiB of which 2 GiB live backed up; 5 cycles of pause "
