@@ -558,12 +558,13 @@ int main(int argc, char** argv) {
         CHECK_CUDA(cudaMemcpyAsync(p + k * piece, static_cast<char*>(dev) + k * piece, bytes(k),
                                    cudaMemcpyDeviceToHost, stream));
       };
+      if (sh.huge != huge) munmap(p, size), p = MapFresh(size, huge = sh.huge), Fault(p, size, threads);
       // the cycle before: registered, written by the device, unregistered, given back
       for (std::size_t k = 0; k < pieces; ++k) reg(k), copy(k);
       CHECK_CUDA(cudaStreamSynchronize(stream));
       for (std::size_t k = 0; k < pieces; ++k) CHECK_CUDA(cudaHostUnregister(p + k * piece));
       if (sh.back == kFree || sh.back == kDontneed) madvise(p, size, sh.back == kFree ? MADV_FREE : MADV_DONTNEED);
-      if (sh.back == kNewMap || sh.huge != huge) munmap(p, size), p = MapFresh(size, huge = sh.huge);
+      if (sh.back == kNewMap) munmap(p, size), p = MapFresh(size, huge);
       auto t = Clock::now();
       if (sh.rewarm == kPopulate) Fault(p, size, threads);
       if (sh.rewarm == kByte) {

@@ -12,8 +12,10 @@
 #include <thread>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "torch_plugin/c_abi/shim.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 #include "torch_plugin/include/vmstash/vmstash_stash.h"
 
@@ -424,6 +426,20 @@ TEST(CAbiStatusCodesTest, TheTableIsEveryAbslStatusCodeByNameAndNumber) {
 }
 
 int VetoAlways(const char*, int, void*) { return 1; }
+
+// A saved error made a status again (a caller adding context and failing anew, as
+// tms_resume does): the same code, the text once, and the code's name once in the message.
+TEST(CAbiSavedErrorTest, ASavedErrorIsItsStatusAgainWithoutTheCodeNamedTwice) {
+  const absl::Status original = absl::FailedPreconditionError("tag 'kv' is paused: resume it first");
+  vmstash::c_abi::Fail(original);
+  EXPECT_EQ(vmstash::c_abi::SaveError().ToStatus(), original);
+  vmstash::c_abi::Fail(absl::Status(original.code(),
+                                    absl::StrCat(vmstash::c_abi::SaveError().ToStatus().message(), " (more)")));
+  EXPECT_STREQ(vmstash_last_error(), "FAILED_PRECONDITION: tag 'kv' is paused: resume it first (more)");
+  // A message that does not start with the code's name is kept whole.
+  vmstash::c_abi::SavedError odd{"no code name here", static_cast<int>(absl::StatusCode::kInternal), false};
+  EXPECT_EQ(odd.ToStatus(), absl::InternalError("no code name here"));
+}
 
 // A hook's veto is VMSTASH_ABORTED, and calls that return NULL or -1 leave their code in
 // vmstash_last_error_code() (the code of the last failed call, kept across successes).

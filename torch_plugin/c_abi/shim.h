@@ -24,9 +24,14 @@ inline int Code(const absl::Status& status) { return status.ok() ? 0 : Fail(stat
 // This thread's last error, kept across calls that would replace it (a rollback's), and
 // put back as it was.
 struct SavedError {
-  std::string message;
+  std::string message;  // as Fail wrote it: "CODE_NAME: text"
   int code = 0;
   bool done = false;
+  // The error as a status again: its code, and the text without the code's name Fail put
+  // in front (so a caller adding context to it and failing again does not name it twice).
+  // `done` is not carried (it is a payload mark of the original status): Fail on the result
+  // records the error as not done.
+  absl::Status ToStatus() const;
 };
 SavedError SaveError();
 int RestoreError(const SavedError& saved);  // returns saved.code

@@ -40,7 +40,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/stats.h"
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "runtime/runtime.h"
@@ -279,8 +280,25 @@ int SetRetention(const std::string& name, bool keep_after_resume) {
   });
 }
 
+// Whether pausing `name` backs up nothing: on every device it is paused already (a
+// no-op, as torch_memory_saver's pause of a paused tag is) or holds no live block.
+bool PauseBacksUpNothing(const std::string& name) {
+  bool nothing = true;
+  const int rc = c_abi::WithRuntime([&](Runtime& rt) {
+    for (CachingAllocator* a : rt.AllocatorsInUse()) {
+      for (const TagStats& t : a->Stats().tags) {
+        if (t.name == name && t.state != "paused" && t.allocated_bytes.current > 0) nothing = false;
+      }
+    }
+    return 0;
+  });
+  return rc == 0 && nothing;
+}
+
 // A backup tag about to pause: its disk store follows the present directory, its backup
-// goes with its blocks (Note [Retained Backups]).
+// goes with its blocks (Note [Retained Backups]). A tag whose pause backs up nothing keeps
+// its store when the new one is refused (a paused tag refuses any; the directory may be
+// gone meanwhile), as torch_memory_saver writes no file for it either.
 int BeforePause(const TagEntry& t) {
   if (t.setting == Setting::kDiscard) return 0;
   if (t.setting == Setting::kDisk) {
@@ -288,7 +306,10 @@ int BeforePause(const TagEntry& t) {
     if (dir != t.disk_dir) {
       const int rc = SetStore(t.name, t.setting, dir);
       if (rc == 0) Tags().NoteDiskDir(t.name, dir);
-      if (rc != 0 && rc != VMSTASH_FAILED_PRECONDITION) return rc;  // paused already: the pause is a no-op
+      if (rc != 0) {
+        const c_abi::SavedError refused = c_abi::SaveError();
+        if (!PauseBacksUpNothing(t.name)) return c_abi::RestoreError(refused);
+      }
     }
   }
   return SetRetention(t.name, Retain());
@@ -355,13 +376,10 @@ int Resume(const char* tms_tag) {
     }
     if (rc != 0) {
       if (resumed.empty()) return rc;
-      const c_abi::SavedError error = c_abi::SaveError();
-      const auto code = static_cast<absl::StatusCode>(error.code);
-      absl::string_view message = error.message;  // "CODE: text": Fail writes the code again
-      absl::ConsumePrefix(&message, absl::StrCat(absl::StatusCodeToString(code), ": "));
-      return c_abi::Fail(absl::Status(code, absl::StrCat(message, " (tms resume: resumed before it: '",
-                                                         absl::StrJoin(resumed, "', '"),
-                                                         "'; the others stay paused)")));
+      const absl::Status error = c_abi::SaveError().ToStatus();
+      return c_abi::Fail(absl::Status(error.code(), absl::StrCat(error.message(), " (tms resume: resumed before it: '",
+                                                                 absl::StrJoin(resumed, "', '"),
+                                                                 "'; the others stay paused)")));
     }
     resumed.push_back(t.name);
   }

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "base/log.h"
@@ -53,6 +54,13 @@ int Fail(const absl::Status& status) {
 }
 
 SavedError SaveError() { return SavedError{last_error, last_error_code, last_error_done}; }
+
+absl::Status SavedError::ToStatus() const {
+  const auto status_code = static_cast<absl::StatusCode>(code);
+  absl::string_view text = message;
+  absl::ConsumePrefix(&text, absl::StrCat(absl::StatusCodeToString(status_code), ": "));  // Fail's format
+  return absl::Status(status_code, text);
+}
 
 int RestoreError(const SavedError& saved) {
   last_error = saved.message;

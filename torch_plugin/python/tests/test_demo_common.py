@@ -39,21 +39,39 @@ def test_bound_is_bytes_over_bandwidth_plus_10_ms():
     assert record()["bound"] == approx(0.13)
 
 
-def test_reregister_bandwidth_is_none_where_it_cannot_be_measured(monkeypatch):
-    # torch without CUDA (cudart() asserts) and a driver refusing the registration: the peer's
-    # pause bound then falls back to the link alone, nothing raises.
-    def fake_torch(cudart):
-        return types.SimpleNamespace(cuda=types.SimpleNamespace(cudart=cudart, synchronize=lambda d: None,
-                                                                empty_cache=lambda: None),
-                                     frombuffer=lambda buf, dtype: buf, full=lambda *a, **k: None, uint8=None)
+def test_host_rate_is_an_error_not_an_exception_where_it_cannot_be_measured(monkeypatch):
+    # The measuring process cannot run here (no torch, or torch without CUDA): its reason
+    # comes back, the peer's bound falls back to the link, nothing raises.
+    monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libvmstash_preload.so")  # dropped for the child
+    out = c.host_rate(0, gib=0.0625, timeout=120)
+    assert set(out) == {"error"}, out
+    assert "torch" in out["error"].lower() or "cuda" in out["error"].lower(), out
 
-    def no_cuda():
-        raise AssertionError("Torch not compiled with CUDA enabled")
-    monkeypatch.setitem(sys.modules, "torch", fake_torch(no_cuda))
-    assert c.reregister_bandwidth("cuda:0", nbytes=4 << 20, piece=2 << 20) is None
-    refusing = types.SimpleNamespace(cudaHostRegister=lambda *a: 1, cudaHostUnregister=lambda *a: 0)
-    monkeypatch.setitem(sys.modules, "torch", fake_torch(lambda: refusing))
-    assert c.reregister_bandwidth("cuda:0", nbytes=4 << 20, piece=2 << 20) is None
+
+def test_host_rate_reads_the_childs_line_and_names_what_it_printed_otherwise(monkeypatch):
+    import subprocess
+    seen = {}
+
+    def fake(stdout, stderr="", rc=0):
+        def run(cmd, env=None, **kw):
+            seen.update(cmd=cmd, env=env)
+            return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
+        return run
+    monkeypatch.setenv("LD_PRELOAD", "/x/libvmstash_preload.so")
+    monkeypatch.setattr(subprocess, "run", fake('noise\n{"inline": 3.0, "staged": 4.0, "rate": 4.0}\n'))
+    assert c.host_rate(1) == {"inline": 3.0, "staged": 4.0, "rate": 4.0}
+    assert "LD_PRELOAD" not in seen["env"] and seen["cmd"][-4:] == ["--device", "1", "--gib", "4"]
+    monkeypatch.setattr(subprocess, "run", fake("", "Segmentation fault", rc=-11))
+    assert c.host_rate() == {"error": "vmstash.demo.host_rate printed no result: Segmentation fault"}
+    monkeypatch.setattr(subprocess, "run", fake('{"something": 1}'))
+    assert "printed no result" in c.host_rate()["error"]
+
+
+def test_host_rate_refuses_sizes_it_cannot_measure(capsys):
+    from vmstash.demo import host_rate
+    assert host_rate.main(["--gib", "0.01"]) == 1
+    assert "at least 64 MiB" in json.loads(capsys.readouterr().out)["error"]
 
 
 def test_memory_released_edge():

@@ -327,6 +327,37 @@ def test_disk_files_sweep_the_stale_files_of_dead_processes(sim):
         sim.free(p, MiB)
 
 
+def test_a_paused_disk_tag_keeps_its_store_when_the_directory_is_gone(sim):
+    """A pause of a torch_memory_saver tag whose disk part is paused already, after the disk
+    directory changed to one that does not exist: that part's pause is a no-op (as
+    torch_memory_saver's is), the tag's pinned part pauses; once the disk part is active
+    again, the missing directory is refused and nothing pauses."""
+    with tempfile.TemporaryDirectory() as d:
+        disk = _disk_tag("gone_dir", d)
+        p = sim.malloc(disk, MiB)
+        sim.fill(p, MiB, 0x41)
+        cdll = _cdll()
+        assert cdll.tms_pause(b"gone_dir") == 0
+        pinned = _tag("gone_dir", "pinned")
+        assert pinned == "gone_dir:pinned"
+        q = sim.malloc(pinned, MiB)
+        sim.fill(q, MiB, 0x42)
+        missing = os.path.join(d, "missing")
+        cdll.tms_set_disk_backup_dir(missing.encode())
+        try:
+            assert cdll.tms_pause(b"gone_dir") == 0, _lib.last_error()
+            assert vmstash.tag_stats(disk)["state"] == "paused" and vmstash.tag_stats(pinned)["state"] == "paused"
+            assert cdll.tms_resume(b"gone_dir") == 0, _lib.last_error()
+            assert sim.holds(p, MiB, 0x41) and sim.holds(q, MiB, 0x42)
+            assert cdll.tms_pause(b"gone_dir") == _lib.NOT_FOUND
+            assert missing in _lib.last_error()
+            assert vmstash.tag_stats(disk)["state"] == "active" and vmstash.tag_stats(pinned)["state"] == "active"
+        finally:
+            cdll.tms_set_disk_backup_dir(d.encode())
+        sim.free(p, MiB)
+        sim.free(q, MiB)
+
+
 def _disk_prelude(d):
     """The start of a child script: torch_memory_saver's C entry points as `c`, the
     library as `l`, disk backups into `d`."""

@@ -8,6 +8,7 @@ it (tests/test_demo_common.py)."""
 import json
 import math
 import statistics
+import sys
 import time
 
 GiB = float(1 << 30)
@@ -30,88 +31,27 @@ def pinned_bandwidth(device):
     return (1 << 30) / best[0], (1 << 30) / best[1]
 
 
-def reregister_bandwidth(device, nbytes=4 << 30, piece=64 << 20, rounds=3):
-    """Bytes/s of the faster of two ways to copy device bytes into host memory that went
-    back to the OS after its last use (torch_memory_saver's default mode: a backup's memory
-    is unregistered and handed back lazily, MADV_FREE, after every resume, and the next
-    pause must register it again), best of `rounds`, measured in this process. Each round
-    first gives `nbytes` of huge-page memory the life of such a backup (registered in
-    pieces of `piece` bytes, written by D2H copies, unregistered, handed back, faulted in
-    again), then times a D2H of `nbytes` into it: (a) each piece registered, then its copy
-    queued (the copy runs while the next piece registers: what vmstash's pause does), and
-    (b) the whole range registered in one call, then the copies. The other ways measured
-    by bench/host_ceiling_bench.cc ("reuse": larger pieces, registering on other threads)
-    were slower. Linux only; None where it cannot be measured (then the link alone bounds)."""
-    import ctypes
-    import mmap
-    import torch
+def host_rate(device_index=0, gib=4, timeout=300):
+    """What the host allows a pause into backup memory handed back to the OS after the last
+    resume (vmstash.demo.host_rate, in a process of its own without vmstash's preload
+    library): {"inline", "staged", "rate"} in bytes/s, or {"error": why}. Never raises."""
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    cmd = [sys.executable, "-m", "vmstash.demo.host_rate", "--device", str(device_index), "--gib", str(gib)]
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                              ctypes.c_long]
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        addr = libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
-                         -1, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-    except (OSError, AttributeError):
-        return None
-    MADV_FREE, MADV_HUGEPAGE, MADV_POPULATE_WRITE = 8, 14, 23
-    starts = range(0, nbytes, piece)
-    best = None
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    lines = p.stdout.strip().splitlines()
     try:
-        cudart = torch.cuda.cudart()
-        host = torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(addr), dtype=torch.uint8)
-        src = torch.full((nbytes,), 7, dtype=torch.uint8, device=device)
-
-        def register(at, n):
-            if int(cudart.cudaHostRegister(addr + at, n, 0)) != 0:
-                raise RuntimeError("cudaHostRegister failed")
-
-        def copy(at):
-            host[at:at + piece].copy_(src[at:at + piece], non_blocking=True)
-
-        def fault_in():
-            if libc.madvise(addr, nbytes, MADV_POPULATE_WRITE) != 0:  # kernels before 5.14
-                host[::4096] = 1
-
-        libc.madvise(addr, nbytes, MADV_HUGEPAGE)  # advice only, as vmstash's arenas are
-        fault_in()
-        for r in range(2 * rounds):
-            for at in starts:  # the cycle before: registered, written, unregistered, handed back
-                register(at, min(piece, nbytes - at))
-                copy(at)
-            torch.cuda.synchronize(device)
-            for at in starts:
-                cudart.cudaHostUnregister(addr + at)
-            libc.madvise(addr, nbytes, MADV_FREE)
-            fault_in()
-            t0 = time.perf_counter()
-            if r % 2 == 0:
-                for at in starts:
-                    register(at, min(piece, nbytes - at))
-                    copy(at)
-            else:
-                register(0, nbytes)
-                for at in starts:
-                    copy(at)
-            torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - t0
-            if r % 2 == 0:
-                for at in starts:
-                    cudart.cudaHostUnregister(addr + at)
-            else:
-                cudart.cudaHostUnregister(addr)
-            best = seconds if best is None else min(best, seconds)
-        del src, host
-        torch.cuda.empty_cache()
-    except (RuntimeError, AssertionError, AttributeError, TypeError, ValueError):  # no CUDA here, or a refusal
-        return None
-    finally:
-        libc.munmap(addr, nbytes)
-    return nbytes / best if best else None
+        out = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        out = None
+    if not isinstance(out, dict) or ("rate" not in out and "error" not in out):
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit status {p.returncode}"]
+        return {"error": f"vmstash.demo.host_rate printed no result: {tail[0]}"}
+    return out
 
 
 # A direction fails on speed only when its median switch is over this multiple of its
@@ -126,8 +66,8 @@ def switch_record(label, paused, resumed, reserved, freed, backed, restored, d2h
     """One phase switch. `time_s` is its whole time; `pause_s` and `resume_s` are given
     only where the two sides ran one after the other (a switch() moves both directions in
     one transaction, so it has no separate sides). `bound`: backed-up bytes / same-run D2H
-    + restored bytes / same-run H2D + 10 ms; for a backup that must be pinned again at every
-    pause, `d2h` is the lower of the D2H rate and reregister_bandwidth()'s."""
+    + restored bytes / same-run H2D + 10 ms; for a backup whose memory goes back to the OS
+    after every resume, `d2h` is the lower of the D2H rate and host_rate()'s."""
     return {"label": label, "paused": list(paused), "resumed": list(resumed), "reserved": reserved,
             "freed": freed, "time": time_s, "pause": pause_s, "resume": resume_s, "backed": backed,
             "restored": restored, "bound": backed / d2h + restored / h2d + 0.010, "sync": sync_s}

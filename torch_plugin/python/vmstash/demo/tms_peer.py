@@ -21,7 +21,8 @@ over 1.1x is named, not failed on; --speed-not-judged: speed reported, not judge
 torch_memory_saver's default mode (retain_cpu_backup off) the backup's host memory goes
 back to the OS after every resume and must be pinned again by the next pause, so the pause's
 rate in the bound is the lower of the D2H link and what the host allows for that (same run:
-common.reregister_bandwidth(), a D2H into memory handed back lazily, registered again). Exit
+vmstash.demo.host_rate, the faster of registering that memory again and staging through a
+pinned ring; where it cannot be measured, the link alone, said so). Exit
 status 0 when it meets them, 1 when it misses them.
 Whether that fails the demo is the demo's call (rl_phase_switch.py, --judge-peer).
 """
@@ -33,8 +34,8 @@ import time
 
 import torch
 
-from vmstash.demo.common import (PEER_CHECKS, SPEED_MARGIN, GiB, judge, pinned_bandwidth, reregister_bandwidth,
-                                 summarize, switch_line, switch_record, verdict_line, write_json)
+from vmstash.demo.common import (PEER_CHECKS, SPEED_MARGIN, GiB, host_rate, judge, pinned_bandwidth, summarize,
+                                 switch_line, switch_record, verdict_line, write_json)
 
 PIECE = 256 << 20
 
@@ -61,13 +62,18 @@ def main():
     d2h, h2d = pinned_bandwidth(dev)
     print(f"{args.module} on {torch.cuda.get_device_name(0)}: pinned copy D2H {d2h / GiB:.1f} GiB/s, "
           f"H2D {h2d / GiB:.1f} GiB/s (same run)", flush=True)
-    out_rate, reregister = d2h, None
+    out_rate, host = d2h, None
     if not getattr(tms, "retain_cpu_backup", False):
-        reregister = reregister_bandwidth(dev)
-        if reregister is not None:
-            out_rate = min(d2h, reregister)
-            print(f"  default mode (retain_cpu_backup off): D2H into host memory handed back, registered again "
-                  f"{reregister / GiB:.1f} GiB/s (same run); a pause's bound uses {out_rate / GiB:.1f} GiB/s", flush=True)
+        host = host_rate(dev.index or 0)
+        if "rate" in host:
+            out_rate = min(d2h, host["rate"])
+            print(f"  default mode (retain_cpu_backup off): a D2H into memory handed back after the last resume "
+                  f"{host['rate'] / GiB:.1f} GiB/s (registered again {host['inline'] / GiB:.1f}, staged "
+                  f"{host['staged'] / GiB:.1f}; same run, vmstash.demo.host_rate); a pause's bound uses "
+                  f"{out_rate / GiB:.1f} GiB/s", flush=True)
+        else:
+            print(f"  default mode (retain_cpu_backup off): the host's rate into memory handed back could not be "
+                  f"measured ({host['error']}); a pause's bound uses the link", flush=True)
 
     free, total = torch.cuda.mem_get_info()
     baseline = total - free  # the context and whatever else runs on the GPU; not counted below
@@ -137,7 +143,7 @@ def main():
     head = (f"{args.module} (same tag bytes, no compute, tags one after another): {len(failures)} data mismatches, "
             f"{len(verdict['memory'])} switches releasing < 95%, {len(verdict['speed'])} directions with a median "
             f"over {SPEED_MARGIN:g}x their bound")
-    summary.update(lines=[head] + lines, d2h=d2h, h2d=h2d, reregister=reregister, failures=failures,
+    summary.update(lines=[head] + lines, d2h=d2h, h2d=h2d, host_rate=host, failures=failures,
                    switch_log=switches, verdict=verdict)
     if args.json:
         write_json(args.json, summary)
