@@ -185,7 +185,7 @@ std::string DescribeBackupStore(const BackupStore& store) {
   return absl::StrCat(BackupStoreKindName(store.kind), ":", store.directory);
 }
 
-absl::Status CheckBackupStore(const BackupStore& store) {
+absl::Status CheckBackupStore(const BackupStore& store, bool directory_must_exist) {
   if (!store.on_disk()) {
     if (store.directory.empty()) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("backup store ", BackupStoreKindName(store.kind),
@@ -195,6 +195,7 @@ absl::Status CheckBackupStore(const BackupStore& store) {
     return absl::InvalidArgumentError(absl::StrCat("backup store ", BackupStoreKindName(store.kind),
                                                    " needs a directory"));
   }
+  if (!directory_must_exist) return absl::OkStatus();
   struct stat st;
   if (stat(store.directory.c_str(), &st) != 0) {
     return absl::NotFoundError(absl::StrCat("disk backup directory '", store.directory, "': ", Errno(errno)));

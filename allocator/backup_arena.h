@@ -161,8 +161,9 @@ absl::string_view BackupStoreKindName(BackupStore::Kind kind);
 // "disk_files:<directory>".
 std::string DescribeBackupStore(const BackupStore& store);
 // OK, or InvalidArgument (a directory given for a host store, or none for disk) / NotFound
-// (the directory does not exist or is not a directory).
-absl::Status CheckBackupStore(const BackupStore& store);
+// (the directory does not exist or is not a directory; only with `directory_must_exist`:
+// a store set ahead of its pauses, whose directory the pause that writes there checks).
+absl::Status CheckBackupStore(const BackupStore& store, bool directory_must_exist = true);
 
 class BackupArena {
  public:

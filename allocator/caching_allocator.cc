@@ -690,8 +690,8 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
   return pool->ReleaseBackup(&mu_);
 }
 
-absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store) {
-  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store));
+absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store, directory_must_exist));
   TagPool* pool;
   {
     MutexLock lock(&mu_);

@@ -205,9 +205,10 @@ class CachingAllocator : private TransitionHost {
   // Where the `backup` tag's later pauses put its bytes (backup_arena.h; default
   // AllocatorOptions::backup_store). A different store drops the tag's present arena.
   // FailedPrecondition for a discard tag or one that is not active (a paused tag's arena
-  // holds its bytes); NotFound when the tag has no pool here or a disk directory is
-  // missing; InvalidArgument for a malformed store.
-  absl::Status SetBackupStore(TagId tag, const BackupStore& store);
+  // holds its bytes); NotFound when the tag has no pool here or (with
+  // `directory_must_exist`; else the pause checks) a disk directory is missing;
+  // InvalidArgument for a malformed store.
+  absl::Status SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist = true);
   absl::StatusOr<BackupStore> TagBackupStore(TagId tag) const;
   // What the tag's arena does after a resume (Note [Retained Backups] in tag_pool.h).
   // NotFound when the tag has no pool here.

@@ -43,7 +43,11 @@ absl::StatusOr<CachingAllocator*> Runtime::Allocator(int device) {
     VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> a,
                              CachingAllocator::Create(driver_.get(), device, options_));
     for (const auto& [tag, policy] : registry_.Declared()) VMSTASH_RETURN_IF_ERROR(a->CreateTag(tag, policy));
-    for (const auto& [tag, store] : registry_.Stores()) VMSTASH_RETURN_IF_ERROR(a->SetBackupStore(tag, store));
+    // Checked when it was set (or set ahead of its pauses); a directory gone since fails
+    // the pause that writes there, not the device's first use.
+    for (const auto& [tag, store] : registry_.Stores()) {
+      VMSTASH_RETURN_IF_ERROR(a->SetBackupStore(tag, store, /*directory_must_exist=*/false));
+    }
     for (const TagHooks& h : registry_.Hooks()) {
       VMSTASH_RETURN_IF_ERROR(a->AddHooks(h.tag, h.before_pause, h.after_resume));
     }
@@ -116,8 +120,8 @@ std::vector<std::pair<TagId, Policy>> Runtime::Tags() const {
   return registry_.Declared();
 }
 
-absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store) {
-  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store));
+absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {
+  VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store, directory_must_exist));
   MutexLock lock(&mu_);
   const std::optional<Policy> policy = registry_.PolicyOf(tag);
   if (!policy) {
@@ -134,9 +138,9 @@ absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store) {
     if (a == nullptr) continue;
     absl::StatusOr<BackupStore> before = a->TagBackupStore(tag);
     if (!before.ok()) continue;  // declared tags exist on every allocator; defensive
-    if (absl::Status s = a->SetBackupStore(tag, store); !s.ok()) {
+    if (absl::Status s = a->SetBackupStore(tag, store, directory_must_exist); !s.ok()) {
       for (auto& [c, previous] : changed) {
-        if (absl::Status undo = c->SetBackupStore(tag, previous); !undo.ok()) {
+        if (absl::Status undo = c->SetBackupStore(tag, previous, /*directory_must_exist=*/false); !undo.ok()) {
           return absl::Status(s.code(), absl::StrCat(s.message(), "; putting back the store on device ", c->device(),
                                                      " failed too: ", undo.message()));
         }

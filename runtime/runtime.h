@@ -119,8 +119,10 @@ class Runtime {
   std::vector<std::pair<TagId, Policy>> Tags() const;
   // Where the declared `backup` tag's later pauses put its bytes, on every allocator,
   // present and future (CachingAllocator::SetBackupStore); all or nothing. NotFound for an
-  // undeclared tag, FailedPrecondition for a discard tag or one paused on some device.
-  absl::Status SetBackupStore(TagId tag, const BackupStore& store);
+  // undeclared tag or (with `directory_must_exist`) a disk directory that does not exist;
+  // without it the pause that writes there checks (torch_memory_saver's directory, read at
+  // each pause). FailedPrecondition for a discard tag or one paused on some device.
+  absl::Status SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist = true);
   // The tag's store: its choice, else the allocator options' default.
   BackupStore TagBackupStore(TagId tag) const;
   absl::StatusOr<int> BindSlot(TagId tag);

@@ -219,6 +219,44 @@ TEST(RuntimeTest, ABackupStoreReachesEveryAllocatorOrNone) {
   ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
 }
 
+// A disk store set ahead of its pauses (torch_memory_saver's directory, read at each
+// pause): a directory that does not exist is taken; a device used for the first time
+// afterwards gets the store; the pause that has bytes to write there fails (NotFound,
+// naming it, nothing paused), one with none pauses.
+TEST(RuntimeTest, ADiskStoreSetAheadIsCheckedByThePauseThatWrites) {
+  Fixture f = Make(2);
+  const TagId tag = Tag("rt_ahead"), empty = Tag("rt_ahead_empty");
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(empty, Policy::kBackup).ok());
+  const BackupStore missing{BackupStore::Kind::kDisk, "/nonexistent/vmstash_rt_ahead"};
+  EXPECT_EQ(f.rt->SetBackupStore(tag, missing).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(f.rt->SetBackupStore(tag, BackupStore{BackupStore::Kind::kDisk, ""}, false).code(),
+            absl::StatusCode::kInvalidArgument)
+      << "the store's shape is checked all the same";
+  const DevicePtr p0 = Filled(*f.rt, 0, tag, 5);
+  ASSERT_TRUE(f.rt->SetBackupStore(tag, missing, /*directory_must_exist=*/false).ok());
+  ASSERT_TRUE(f.rt->SetBackupStore(empty, missing, /*directory_must_exist=*/false).ok());
+  const DevicePtr p1 = Filled(*f.rt, 1, tag, 6);  // device 1's allocator is made now, with the store
+  EXPECT_EQ(f.rt->AllocatorInUse(1)->TagBackupStore(tag).value(), missing);
+  absl::StatusOr<bool> refused = f.rt->Pause(tag, Runtime::kAllDevices);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kNotFound) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr(missing.directory));
+  for (int d = 0; d < 2; ++d) {
+    for (const TagStats& t : f.rt->AllocatorInUse(d)->Stats().tags) {
+      if (t.name == "rt_ahead") EXPECT_EQ(t.state, "active") << "device " << d;
+    }
+  }
+  EXPECT_TRUE(Holds(p0, 5) && Holds(p1, 6));
+  EXPECT_TRUE(f.rt->Pause(empty, Runtime::kAllDevices).ok()) << "no bytes to write there";
+  ASSERT_TRUE(f.rt->Resume(empty, Runtime::kAllDevices).ok());
+  ASSERT_TRUE(f.rt->SetBackupStore(tag, BackupStore{}).ok());
+  ASSERT_TRUE(f.rt->Pause(tag, Runtime::kAllDevices).value());
+  ASSERT_TRUE(f.rt->Resume(tag, Runtime::kAllDevices).value());
+  EXPECT_TRUE(Holds(p0, 5) && Holds(p1, 6));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
+  ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
+}
+
 TEST(RuntimeTest, HooksAndTheMarginReachAllocatorsCreatedLater) {
   Fixture f = Make(2);
   const TagId tag = Tag("rt_hooked");

@@ -40,8 +40,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "allocator/caching_allocator.h"
-#include "allocator/stats.h"
+#include "allocator/backup_arena.h"
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "runtime/runtime.h"
@@ -199,10 +198,18 @@ struct TagEntry {
   bool process = false;     // the preload library's process tag (created by it, not here)
 };
 
-// The vmstash store of a backup setting, set on `name` (disk: in `dir`).
+// The vmstash store of a backup setting, set on `name` (disk: in `dir`, torch_memory_saver's
+// directory, read at each pause: not checked here; the pause that writes there fails with
+// NOT_FOUND, nothing paused, where it does not exist).
 int SetStore(const std::string& name, Setting setting, const std::string& dir) {
-  const char* store = setting == Setting::kPinned ? "pinned" : setting == Setting::kMmap ? "pageable" : "disk_files";
-  return vmstash_set_backup_store(name.c_str(), store, setting == Setting::kDisk ? dir.c_str() : nullptr);
+  const BackupStore store = setting == Setting::kPinned ? BackupStore{}
+                            : setting == Setting::kMmap ? BackupStore{BackupStore::Kind::kPageable, ""}
+                                                        : BackupStore{BackupStore::Kind::kDiskFiles, dir};
+  return c_abi::WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<TagId> id = FindTag(name);
+    if (!id.ok()) return c_abi::Fail(id.status());
+    return c_abi::Code(rt.SetBackupStore(*id, store, /*directory_must_exist=*/false));
+  });
 }
 
 class Registry {
@@ -280,25 +287,9 @@ int SetRetention(const std::string& name, bool keep_after_resume) {
   });
 }
 
-// Whether pausing `name` backs up nothing: on every device it is paused already (a
-// no-op, as torch_memory_saver's pause of a paused tag is) or holds no live block.
-bool PauseBacksUpNothing(const std::string& name) {
-  bool nothing = true;
-  const int rc = c_abi::WithRuntime([&](Runtime& rt) {
-    for (CachingAllocator* a : rt.AllocatorsInUse()) {
-      for (const TagStats& t : a->Stats().tags) {
-        if (t.name == name && t.state != "paused" && t.allocated_bytes.current > 0) nothing = false;
-      }
-    }
-    return 0;
-  });
-  return rc == 0 && nothing;
-}
-
-// A backup tag about to pause: its disk store follows the present directory, its backup
-// goes with its blocks (Note [Retained Backups]). A tag whose pause backs up nothing keeps
-// its store when the new one is refused (a paused tag refuses any; the directory may be
-// gone meanwhile), as torch_memory_saver writes no file for it either.
+// A backup tag about to pause: its disk store follows the present directory (SetStore),
+// its backup goes with its blocks (Note [Retained Backups]). A tag paused already refuses
+// a new store: its pause is a no-op.
 int BeforePause(const TagEntry& t) {
   if (t.setting == Setting::kDiscard) return 0;
   if (t.setting == Setting::kDisk) {
@@ -306,10 +297,7 @@ int BeforePause(const TagEntry& t) {
     if (dir != t.disk_dir) {
       const int rc = SetStore(t.name, t.setting, dir);
       if (rc == 0) Tags().NoteDiskDir(t.name, dir);
-      if (rc != 0) {
-        const c_abi::SavedError refused = c_abi::SaveError();
-        if (!PauseBacksUpNothing(t.name)) return c_abi::RestoreError(refused);
-      }
+      if (rc != 0 && rc != VMSTASH_FAILED_PRECONDITION) return rc;  // paused already: the pause is a no-op
     }
   }
   return SetRetention(t.name, Retain());

@@ -44,6 +44,7 @@ def test_host_rate_is_an_error_not_an_exception_where_it_cannot_be_measured(monk
     # comes back, the peer's bound falls back to the link, nothing raises.
     monkeypatch.setenv("PYTHONPATH", os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     monkeypatch.setenv("LD_PRELOAD", "/nonexistent/libvmstash_preload.so")  # dropped for the child
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU for it, also on a GPU machine
     out = c.host_rate(0, gib=0.0625, timeout=120)
     assert set(out) == {"error"}, out
     assert "torch" in out["error"].lower() or "cuda" in out["error"].lower(), out

@@ -331,7 +331,8 @@ def test_a_paused_disk_tag_keeps_its_store_when_the_directory_is_gone(sim):
     """A pause of a torch_memory_saver tag whose disk part is paused already, after the disk
     directory changed to one that does not exist: that part's pause is a no-op (as
     torch_memory_saver's is), the tag's pinned part pauses; once the disk part is active
-    again, the missing directory is refused and nothing pauses."""
+    again, its pause fails on the missing directory and nothing pauses; a disk tag with no
+    live block pauses there (nothing to write)."""
     with tempfile.TemporaryDirectory() as d:
         disk = _disk_tag("gone_dir", d)
         p = sim.malloc(disk, MiB)
@@ -352,6 +353,11 @@ def test_a_paused_disk_tag_keeps_its_store_when_the_directory_is_gone(sim):
             assert cdll.tms_pause(b"gone_dir") == _lib.NOT_FOUND
             assert missing in _lib.last_error()
             assert vmstash.tag_stats(disk)["state"] == "active" and vmstash.tag_stats(pinned)["state"] == "active"
+            # A disk tag without live blocks has nothing to write there: it pauses.
+            empty = _disk_tag("gone_dir_empty", missing)
+            sim.free(sim.malloc(empty, MiB), MiB)
+            assert cdll.tms_pause(b"gone_dir_empty") == 0, _lib.last_error()
+            assert cdll.tms_resume(b"gone_dir_empty") == 0, _lib.last_error()
         finally:
             cdll.tms_set_disk_backup_dir(d.encode())
         sim.free(p, MiB)

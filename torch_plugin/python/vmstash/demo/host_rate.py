@@ -34,8 +34,11 @@ def measure(device, nbytes, rounds):
     torch.cuda.set_device(device)
     cudart = torch.cuda.cudart()
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    m.madvise(mmap.MADV_HUGEPAGE)  # advice only, as vmstash's arenas are
-    host = torch.frombuffer(m, dtype=torch.uint8)  # m cannot close while this views it
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)  # advice only, as for vmstash's arenas
+    except OSError:  # no transparent huge pages here
+        pass
+    host = torch.frombuffer(m, dtype=torch.uint8)  # a view of m (which stays open to the end)
     base = host.data_ptr()
     src = torch.zeros(nbytes, dtype=torch.uint8, device=device)
     ring = torch.empty(SLOT * SLOTS, dtype=torch.uint8, pin_memory=True)
@@ -103,7 +106,7 @@ def measure(device, nbytes, rounds):
     for r in range(rounds):
         for k, (name, way) in enumerate((("inline", inline), ("staged", staged))):
             handed_back()
-            value = 2 * r + k + 1  # bytes the memory did not hold: the copy's arrival is checked
+            value = (2 * r + k) % 253 + 2  # not 0 or 1 (a fresh or faulted-in page) nor the last value
             src.fill_(value)
             torch.cuda.synchronize(device)
             t0 = time.perf_counter()
