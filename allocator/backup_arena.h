@@ -147,7 +147,7 @@ namespace vmstash {
 struct BackupStore {
   enum class Kind { kPinned, kPageable, kDisk, kDiskFiles };
   Kind kind = Kind::kPinned;
-  std::string directory;  // kDisk and kDiskFiles only: an existing directory
+  std::string directory;  // kDisk and kDiskFiles only: a directory (CheckBackupStore)
 
   bool on_disk() const { return kind == Kind::kDisk || kind == Kind::kDiskFiles; }
 
