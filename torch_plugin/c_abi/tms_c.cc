@@ -198,6 +198,16 @@ struct TagEntry {
   bool process = false;     // the preload library's process tag (created by it, not here)
 };
 
+// fn(Runtime&, TagId) -> absl::Status on the existing vmstash tag `name`, as a C code.
+template <typename Fn>
+int OnTag(const std::string& name, Fn fn) {
+  return c_abi::WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<TagId> id = FindTag(name);
+    if (!id.ok()) return c_abi::Fail(id.status());
+    return c_abi::Code(fn(rt, *id));
+  });
+}
+
 // The vmstash store of a backup setting, set on `name` (disk: in `dir`, torch_memory_saver's
 // directory, read at each pause: not checked here; the pause that writes there fails with
 // NOT_FOUND, nothing paused, where it does not exist).
@@ -205,10 +215,8 @@ int SetStore(const std::string& name, Setting setting, const std::string& dir) {
   const BackupStore store = setting == Setting::kPinned ? BackupStore{}
                             : setting == Setting::kMmap ? BackupStore{BackupStore::Kind::kPageable, ""}
                                                         : BackupStore{BackupStore::Kind::kDiskFiles, dir};
-  return c_abi::WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = FindTag(name);
-    if (!id.ok()) return c_abi::Fail(id.status());
-    return c_abi::Code(rt.SetBackupStore(*id, store, /*directory_must_exist=*/false));
+  return OnTag(name, [&](Runtime& rt, TagId id) {
+    return rt.SetBackupStore(id, store, /*directory_must_exist=*/false);
   });
 }
 
@@ -279,11 +287,9 @@ Registry& Tags() {
 bool Exists(const std::string& name) { return vmstash_tag_policy(name.c_str()) != nullptr; }
 
 int SetRetention(const std::string& name, bool keep_after_resume) {
-  return c_abi::WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = FindTag(name);
-    if (!id.ok()) return c_abi::Fail(id.status());
-    // retain_cpu_backup off: the pinned memory goes back to the OS after each resume.
-    return c_abi::Code(rt.SetBackupRetention(*id, BackupRetention{keep_after_resume, true, !keep_after_resume}));
+  // retain_cpu_backup off: the pinned memory goes back to the OS after each resume.
+  return OnTag(name, [&](Runtime& rt, TagId id) {
+    return rt.SetBackupRetention(id, BackupRetention{keep_after_resume, true, !keep_after_resume});
   });
 }
 

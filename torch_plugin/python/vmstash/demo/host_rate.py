@@ -29,6 +29,31 @@ SLOT, SLOTS = 16 << 20, 8
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14
 
 
+def copy_staged(src, host, ring, events, stream):
+    """src (device) into host (pageable) through the pinned ring's SLOTS slots: the link
+    fills a slot while torch's CPU threads copy an earlier one out; a slot is refilled only
+    after its copy out."""
+    import torch
+    nbytes = src.numel()
+    chunks = (nbytes + SLOT - 1) // SLOT
+
+    def view(t, i, at):
+        return t[at:at + min(SLOT, nbytes - i * SLOT)]
+
+    def fill(i):
+        with torch.cuda.stream(stream):
+            view(ring, i, (i % SLOTS) * SLOT).copy_(view(src, i, i * SLOT), non_blocking=True)
+            events[i % SLOTS].record(stream)
+    for i in range(min(chunks, SLOTS)):
+        fill(i)
+    for i in range(chunks):
+        events[i % SLOTS].synchronize()
+        view(host, i, i * SLOT).copy_(view(ring, i, (i % SLOTS) * SLOT))
+        if i + SLOTS < chunks:
+            fill(i + SLOTS)
+    stream.synchronize()
+
+
 def measure(device, nbytes, rounds):
     import torch
     torch.cuda.set_device(device)
@@ -67,39 +92,21 @@ def measure(device, nbytes, rounds):
         except OSError:  # kernels before 5.14
             host[::4096] = 1
 
-    def handed_back():
-        """The life of a backup up to the next pause."""
+    def inline():  # each piece registered, then its copy queued (it runs while the next registers)
         for at in starts:
             register(at)
             copy(at)
         stream.synchronize()
+
+    def handed_back():
+        """The life of a backup up to the next pause."""
+        inline()
         unregister_all()
         m.madvise(mmap.MADV_FREE)
         fault_in()
 
-    def inline():
-        for at in starts:
-            register(at)
-            copy(at)
-        stream.synchronize()
-
     def staged():
-        chunks = (nbytes + SLOT - 1) // SLOT
-
-        def fill(i):
-            with torch.cuda.stream(stream):
-                n = min(SLOT, nbytes - i * SLOT)
-                ring[(i % SLOTS) * SLOT:(i % SLOTS) * SLOT + n].copy_(src[i * SLOT:i * SLOT + n], non_blocking=True)
-                events[i % SLOTS].record(stream)
-        for i in range(min(chunks, SLOTS)):
-            fill(i)
-        for i in range(chunks):
-            events[i % SLOTS].synchronize()
-            n = min(SLOT, nbytes - i * SLOT)
-            host[i * SLOT:i * SLOT + n].copy_(ring[(i % SLOTS) * SLOT:(i % SLOTS) * SLOT + n])
-            if i + SLOTS < chunks:
-                fill(i + SLOTS)
-        stream.synchronize()
+        copy_staged(src, host, ring, events, stream)
 
     fault_in()
     best = {}
