@@ -459,13 +459,20 @@ absl::Status BackupArena::ReleaseStore() {
 
 absl::Status BackupArena::Seal() {
   if (ring_ != nullptr) VMSTASH_RETURN_IF_ERROR(ring_->Finish());  // Note [Staging Ring]
-  if (!store_.on_disk() || mapped_ == nullptr) return absl::OkStatus();
-  if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
-    const int err = errno;
-    std::string what = absl::StrCat(FileWhat(), ": writing ", capacity_bytes_, " bytes back failed: ", Errno(err));
-    return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
+  if (store_.on_disk() && mapped_ != nullptr) {
+    if (msync(mapped_, capacity_bytes_, MS_SYNC) != 0) {
+      const int err = errno;
+      std::string what = absl::StrCat(FileWhat(), ": writing ", capacity_bytes_, " bytes back failed: ", Errno(err));
+      return IsNoRoom(err) ? absl::ResourceExhaustedError(what) : absl::DataLossError(what);
+    }
+    DropPages();
   }
-  DropPages();
+  // Note [Host Budget]: a paused tag holds no ring (every slot is empty after Finish); the
+  // resume's first CopyOut makes one again. A free the driver refuses keeps it, charged.
+  if (absl::Status s = ReleaseRing(); !s.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: {}: freeing its staging ring after the pause: {}", owner_, s.ToString());
+  }
+  ring_refused_ = false;
   return absl::OkStatus();
 }
 

@@ -95,9 +95,12 @@
 //   tag moves to the disk store in spill_dir (TagPool::ReserveBackup). Arenas kept pinned
 //   between cycles (vmstash's default retention) and prepared ahead of a pause are charged
 //   as long as they hold their memory. The staging ring of a pageable or disk arena (its
-//   pinned slots, StagingRing::kSlots x kSlotBytes) is charged when the ring is made
-//   (ReserveLayout) and refunded when the arena is released; a refusal only means no ring
-//   (the copies go through the driver directly), never a failed pause.
+//   pinned slots, StagingRing::kSlots x kSlotBytes) is charged as a staging ring
+//   (HostUse::kStagingRing) when the ring is made (a pause's ReserveLayout, a resume's first
+//   CopyOut) and refunded when it is freed: at the end of the pause's Seal (a paused tag
+//   holds no ring) or when the arena is released (an active tag keeps the ring its resume
+//   made, for its next pause, until the cap takes its arena back); a refusal only means no
+//   ring (the copies go through the driver directly), never a failed pause.
 //   Refunds follow what really went back: a release or hand-back the driver or the kernel
 //   refuses (an unregistering, the ring's free, an munmap or madvise) keeps the charge of
 //   what it left held, and an arena destroyed after a failed release leaves its charge in
@@ -177,7 +180,7 @@ class BackupArena {
         owner_(std::move(owner)),
         pinned_(driver, device),
         charge_(budget),
-        ring_charge_(budget) {}
+        ring_charge_(budget, HostUse::kStagingRing) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
@@ -219,7 +222,8 @@ class BackupArena {
   // After the pause's copies completed: the bytes still in a pageable or disk arena's
   // staging ring are moved into it (Note [Staging Ring]), then a disk arena is written
   // back and its pages dropped (Note [Disk Backup]); an error leaves the bytes in the
-  // mapping. No-op for a pinned arena.
+  // mapping. Then the ring is freed (Note [Host Budget]: a paused tag holds none; the
+  // resume makes one again). No-op for a pinned arena.
   absl::Status Seal();
   // Before reading bytes [offset, offset + size_bytes) out of data() (a resume's copies, a
   // backup read): a disk arena reads those pages of its file in, so that a read error is

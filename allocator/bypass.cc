@@ -64,6 +64,12 @@ std::size_t BypassAllocations::BytesOf(TagId tag) const {
   return bytes;
 }
 
+std::size_t BypassAllocations::CountOf(TagId tag) const {
+  std::size_t count = 0;
+  for (const auto& [ptr, a] : live_) count += a->record.tag == tag ? 1 : 0;
+  return count;
+}
+
 void BypassAllocations::AppendSnapshot(Snapshot* snap) const {
   for (const auto& [ptr, a] : live_) {
     const Record& r = a->record;

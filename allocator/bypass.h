@@ -56,6 +56,7 @@ class BypassAllocations {
   bool Contains(DevicePtr ptr) const { return live_.contains(ptr); }
   std::size_t size() const { return live_.size(); }
   std::size_t BytesOf(TagId tag) const;
+  std::size_t CountOf(TagId tag) const;
   void AppendSnapshot(Snapshot* snap) const;
   void Clear() { live_.clear(); }
 

@@ -654,6 +654,15 @@ std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagP
   return reclaimed;
 }
 
+absl::Status CachingAllocator::CheckPausableLocked(const TagPool* pool) const {
+  const std::size_t count = bypass_.CountOf(pool->id());
+  if (count == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pause of tag '", pool->name(), "' on device ", device_, ": it holds ", count, " allocation(s) of ",
+      bypass_.BytesOf(pool->id()), " bytes made under VMSTASH_CONF bypass:1, which go straight to the driver and "
+      "which no pause copies or releases; free them first, or run without bypass:1 to pause this tag"));
+}
+
 absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {
   MutexLock lock(&mu_);
   VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, PoolLocked(tag, Policy::kDiscard, "add_hooks"));

@@ -335,6 +335,41 @@ TEST_F(CachingAllocatorTest, BypassGivesEachAllocationItsOwnChunk) {
   EXPECT_TRUE(alloc_->Validate().ok());
 }
 
+// A tag holding bypass allocations (each its own chunk, outside the tag's heaps) refuses a
+// pause and a switch pausing it, naming the option: nothing is copied or released, the
+// statistics stay right and Validate (run after every operation here) keeps passing. Once
+// they are freed, the tag pauses and resumes; an empty tag pauses under bypass:1 too.
+TEST_F(CachingAllocatorTest, APauseOfATagHoldingBypassAllocationsIsRefusedNamingTheOption) {
+  AllocatorOptions options;
+  options.bypass = true;
+  Make(SimDriverOptions{1, 1 * kGiB, 2 * kMiB, {}}, options);
+  const TagId kv = *InternTag("bypass_kv"), other = *InternTag("bypass_other");
+  ASSERT_TRUE(alloc_->CreateTag(kv, Policy::kBackup).ok());
+  ASSERT_TRUE(alloc_->CreateTag(other, Policy::kDiscard).ok());
+  DevicePtr a = Alloc(3 * kMiB, nullptr, kv);
+  DevicePtr b = Alloc(4096, nullptr, other);
+  const std::int64_t reserved = Tag(alloc_->Stats(), "bypass_kv").reserved_bytes.current;
+  ASSERT_EQ(reserved, 4 * kMiB);
+  absl::StatusOr<CachingAllocator::Transition> paused = alloc_->Pause(kv);
+  ASSERT_EQ(paused.status().code(), absl::StatusCode::kFailedPrecondition) << paused.status();
+  EXPECT_THAT(std::string(paused.status().message()), HasSubstr("bypass:1"));
+  EXPECT_THAT(std::string(paused.status().message()), HasSubstr("1 allocation(s)"));
+  absl::StatusOr<CachingAllocator::Transition> switched = alloc_->Switch({other}, {});
+  ASSERT_EQ(switched.status().code(), absl::StatusCode::kFailedPrecondition) << switched.status();
+  EXPECT_THAT(std::string(switched.status().message()), HasSubstr("bypass_other"));
+  const AllocatorStats stats = alloc_->Stats();
+  EXPECT_EQ(Tag(stats, "bypass_kv").reserved_bytes.current, reserved);
+  EXPECT_EQ(Tag(stats, "bypass_kv").state, "active");
+  EXPECT_EQ(sim_->UsedBytes(0), 6 * kMiB);
+  EXPECT_TRUE(alloc_->Validate().ok()) << alloc_->Validate();
+  Free(b);  // an unrelated free after the refusal (validated after the operation)
+  Free(a);
+  ASSERT_TRUE(alloc_->Pause(kv).ok());
+  ASSERT_TRUE(alloc_->Switch({other}, {kv}).ok());
+  EXPECT_TRUE(alloc_->Validate().ok()) << alloc_->Validate();
+  EXPECT_EQ(sim_->UsedBytes(0), 0u);
+}
+
 TEST_F(CachingAllocatorTest, DestroyingWithLiveBlocksReleasesEverything) {
   Alloc(4096);
   Alloc(50 * kMiB);

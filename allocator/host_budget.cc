@@ -24,7 +24,7 @@ HostBudget& HostBudget::Process() {
 
 void HostBudget::SetLimit(std::size_t bytes) { limit_bytes_.store(bytes, std::memory_order_release); }
 
-absl::Status HostBudget::Charge(std::size_t bytes, absl::string_view what) {
+absl::Status HostBudget::Charge(std::size_t bytes, absl::string_view what, HostUse use) {
   if (bytes == 0) return absl::OkStatus();
   std::size_t held = held_bytes_.load(std::memory_order_acquire);
   std::size_t limit = 0;
@@ -33,6 +33,7 @@ absl::Status HostBudget::Charge(std::size_t bytes, absl::string_view what) {
     const bool overflows = bytes > std::numeric_limits<std::size_t>::max() - held;
     if (overflows || (limit != 0 && held + bytes > limit)) break;
     if (held_bytes_.compare_exchange_weak(held, held + bytes, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      use_bytes_[Index(use)].fetch_add(bytes, std::memory_order_acq_rel);
       return absl::OkStatus();
     }
   }
@@ -42,13 +43,19 @@ absl::Status HostBudget::Charge(std::size_t bytes, absl::string_view what) {
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "host memory cap host_max:", SizeToString(limit), " (VMSTASH_CONF) would be passed: ", what, " needs ", Bytes(bytes),
-      " of host memory, and backups already hold ", Bytes(held), " of the ", Bytes(limit),
-      " allowed in this process; raise host_max, or set spill_dir:<directory> so backups beyond the cap go to a disk "
+      " of host memory, and ", Bytes(held), " of the ", Bytes(limit), " allowed are held already (backups ",
+      Bytes(held_for(HostUse::kBackup)), ", staging rings of pageable and disk stores ",
+      Bytes(held_for(HostUse::kStagingRing)), ") in this process; raise host_max, or set spill_dir:<directory> so backups beyond the cap go to a disk "
       "store there"));
 }
 
-void HostBudget::Refund(std::size_t bytes) {
+void HostBudget::Refund(std::size_t bytes, HostUse use) {
   if (bytes == 0) return;
+  std::atomic<std::size_t>& part = use_bytes_[Index(use)];
+  std::size_t in_use = part.load(std::memory_order_acquire);
+  while (!part.compare_exchange_weak(in_use, in_use >= bytes ? in_use - bytes : 0, std::memory_order_acq_rel,
+                                     std::memory_order_acquire)) {
+  }
   std::size_t held = held_bytes_.load(std::memory_order_acquire);
   while (!held_bytes_.compare_exchange_weak(held, held >= bytes ? held - bytes : 0, std::memory_order_acq_rel,
                                             std::memory_order_acquire)) {
@@ -60,12 +67,13 @@ void HostBudget::Refund(std::size_t bytes) {
 }
 
 HostCharge::HostCharge(HostCharge&& other) noexcept
-    : budget_(other.budget_), bytes_(std::exchange(other.bytes_, 0)) {}
+    : budget_(other.budget_), use_(other.use_), bytes_(std::exchange(other.bytes_, 0)) {}
 
 HostCharge& HostCharge::operator=(HostCharge&& other) noexcept {
   if (this != &other) {
     Reset();
     budget_ = other.budget_;
+    use_ = other.use_;
     bytes_ = std::exchange(other.bytes_, 0);
   }
   return *this;
@@ -73,17 +81,17 @@ HostCharge& HostCharge::operator=(HostCharge&& other) noexcept {
 
 absl::Status HostCharge::Resize(std::size_t bytes, absl::string_view what) {
   if (bytes > bytes_) {
-    absl::Status s = budget_->Charge(bytes - bytes_, what);
+    absl::Status s = budget_->Charge(bytes - bytes_, what, use_);
     if (!s.ok()) return s;
   } else if (bytes < bytes_) {
-    budget_->Refund(bytes_ - bytes);
+    budget_->Refund(bytes_ - bytes, use_);
   }
   bytes_ = bytes;
   return absl::OkStatus();
 }
 
 void HostCharge::Reset() {
-  if (bytes_ != 0) budget_->Refund(std::exchange(bytes_, 0));
+  if (bytes_ != 0) budget_->Refund(std::exchange(bytes_, 0), use_);
 }
 
 }  // namespace vmstash

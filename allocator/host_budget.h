@@ -11,6 +11,10 @@
 // failed release or hand-back leaves held stays charged (HostCharge::Abandon for memory no
 // owner tracks any more).
 //
+// Two uses are counted apart, for messages only (the cap is on their sum): backups (the
+// arenas' own pages) and staging rings (the pinned slots that pageable and disk stores
+// copy through, held during and between their transitions but never by a paused tag).
+//
 // Scope: one account per process (Process()), across every device and tag: the cap says
 // how much host memory vmstash may take in this process, whoever's backup it is. Tests
 // construct their own instances.
@@ -46,6 +50,9 @@
 
 namespace vmstash {
 
+// What a charge holds host memory for (HostBudget's messages tell them apart).
+enum class HostUse { kBackup, kStagingRing };
+
 class HostBudget {
  public:
   // No cap.
@@ -61,18 +68,23 @@ class HostBudget {
   std::size_t limit() const { return limit_bytes_.load(std::memory_order_acquire); }
   // Bytes charged and not refunded.
   std::size_t held() const { return held_bytes_.load(std::memory_order_acquire); }
+  // The part of held() charged for `use` (read apart from held(): a snapshot, not a sum).
+  std::size_t held_for(HostUse use) const { return use_bytes_[Index(use)].load(std::memory_order_acquire); }
 
   // Adds `bytes` to held, or nothing. ResourceExhausted when held + bytes would pass the
-  // limit (or overflow), naming host_max, `bytes`, held and `what` (e.g. "the backup of
-  // tag 'kv' on device 0"), and saying what to do: raise host_max, or set spill_dir.
-  // Charging 0 bytes is OK and changes nothing.
-  absl::Status Charge(std::size_t bytes, absl::string_view what);
-  // Subtracts `bytes` from held; see "Refunds" above.
-  void Refund(std::size_t bytes);
+  // limit (or overflow), naming host_max, `bytes`, what backups and staging rings hold
+  // and `what` (e.g. "the backup of tag 'kv' on device 0"), and saying what to do: raise
+  // host_max, or set spill_dir. Charging 0 bytes is OK and changes nothing.
+  absl::Status Charge(std::size_t bytes, absl::string_view what, HostUse use = HostUse::kBackup);
+  // Subtracts `bytes` from held (and from `use`'s part); see "Refunds" above.
+  void Refund(std::size_t bytes, HostUse use = HostUse::kBackup);
 
  private:
+  static std::size_t Index(HostUse use) { return use == HostUse::kBackup ? 0 : 1; }
+
   std::atomic<std::size_t> limit_bytes_{0};
   std::atomic<std::size_t> held_bytes_{0};
+  std::atomic<std::size_t> use_bytes_[2] = {};  // by Index(use); clamped at zero as held_bytes_
 };
 
 // The bytes one owner (e.g. one backup arena) has charged to a budget, refunded when the
@@ -84,7 +96,8 @@ class HostBudget {
 //   ... give the pages back ... ; charge_.Reset();
 class HostCharge {
  public:
-  explicit HostCharge(HostBudget* budget = &HostBudget::Process()) : budget_(budget) {}
+  explicit HostCharge(HostBudget* budget = &HostBudget::Process(), HostUse use = HostUse::kBackup)
+      : budget_(budget), use_(use) {}
   ~HostCharge() { Reset(); }
   HostCharge(HostCharge&& other) noexcept;
   HostCharge& operator=(HostCharge&& other) noexcept;
@@ -106,6 +119,7 @@ class HostCharge {
 
  private:
   HostBudget* budget_;
+  HostUse use_;
   std::size_t bytes_ = 0;
 };
 

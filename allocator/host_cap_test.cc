@@ -24,6 +24,7 @@
 #include "base/byte_pattern.h"
 #include "gtest/gtest.h"
 #include "vmm/sim_driver.h"
+#include "vmm/staging_ring.h"
 
 namespace vmstash {
 namespace {
@@ -401,6 +402,48 @@ TEST_F(HostCapTest, PausesOverTheCapTakingBackEachOthersArenasNeverDeadlock) {
   EXPECT_EQ(Held(), base + Arena(tag_) + Arena(other) + Arena(third));
   EXPECT_LE(Held(), base + 110 * kMiB);
   FreeAll();
+}
+
+// --- Staging rings --------------------------------------------------------------------
+
+// A paused pageable tag holds no staging ring: the two 60 MiB pauses fit a 200 MiB cap
+// (each ring, 128 MiB, is freed once its pause is sealed); a resume makes its ring again,
+// and a refusal counts rings apart from backups in its message.
+TEST_F(HostCapTest, APausedPageableTagHoldsNoStagingRing) {
+  MakeAllocator(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}}, testing::TestOptions());
+  const TagId a = AddTag("pageable_a", {60 * kMiB}), b = AddTag("pageable_b", {60 * kMiB});
+  for (TagId t : {a, b}) ASSERT_TRUE(alloc_->SetBackupStore(t, BackupStore{BackupStore::Kind::kPageable, ""}).ok());
+  HostBudget& budget = HostBudget::Process();
+  const std::size_t base = Held(), rings = budget.held_for(HostUse::kStagingRing);
+  budget.SetLimit(base + 200 * kMiB);
+  ASSERT_TRUE(alloc_->Pause(a).ok());
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings) << "a paused tag keeps no ring";
+  EXPECT_LE(Held(), base + 64 * kMiB);
+  absl::StatusOr<CachingAllocator::Transition> second = alloc_->Pause(b);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings);
+  ASSERT_TRUE(alloc_->Resume(a).ok());  // no room for a ring beside both backups: direct copies
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings);
+  budget.SetLimit(0);
+  ASSERT_TRUE(alloc_->Resume(b).ok());  // its ring again, kept while b is active
+  const std::size_t ring = StagingRing::kSlots * StagingRing::kSlotBytes;
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings + ring);
+  EXPECT_TRUE(Intact());
+  EXPECT_TRUE(alloc_->Validate().ok());
+  // b holds its ring while active, and a cap below what b's pause needs names both parts.
+  budget.SetLimit(Held() + 10 * kMiB);
+  absl::StatusOr<CachingAllocator::Transition> refused = alloc_->Pause(b);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("staging rings of pageable and disk stores 128"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("(backups "), std::string::npos) << refused.status();
+  EXPECT_EQ(State(b), "active");
+  EXPECT_TRUE(Intact());
+  budget.SetLimit(0);
+  FreeAll();
+  for (TagId t : {a, b}) ASSERT_TRUE(alloc_->ReleaseBackup(t).ok());
+  EXPECT_EQ(Held(), base);
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings);
 }
 
 // --- A release the driver refuses keeps its charge -------------------------------------

@@ -28,6 +28,7 @@ absl::StatusOr<TransitionResult> PauseExecutor::Run() {
     MutexLock lock(host_->mu());
     if (pool_->state() == TagState::kBroken) return absl::FailedPreconditionError(pool_->broken_reason());
     if (pool_->state() == TagState::kPaused) return TransitionResult::kAlreadyInState;
+    VMSTASH_RETURN_IF_ERROR(host_->CheckPausableLocked(pool_));  // again in Transact: a hook may allocate
     hooks = pool_->hooks();
   }
   // Before-pause hooks: the tag is still active and no vmstash lock but the control lock
@@ -44,6 +45,7 @@ absl::StatusOr<TransitionResult> PauseExecutor::Transact() {
   std::uint64_t synced_before;
   {
     MutexLock lock(host_->mu());
+    VMSTASH_RETURN_IF_ERROR(host_->CheckPausableLocked(pool_));
     VMSTASH_RETURN_IF_ERROR(pool_->MoveTo(TagState::kPausing));
     // Note [Pending Frees and Synchronization]: frees made pending after this point are
     // not completed by the synchronize below.

@@ -203,13 +203,19 @@ TEST_F(RingBudgetTest, APauseThatFitsInHostMemoryDoesNotSpillBecauseOfTheRing) {
   rmdir(dir.c_str());
 }
 
-// Held: with room for arena + ring both are charged, and the pause round-trips.
+// Held: with room for arena + ring both are charged while the pause copies (the ring is
+// made: one pinned allocation), the ring is freed once the pause is sealed (a paused tag
+// holds none), and the pause round-trips.
 TEST_F(RingBudgetTest, RoomForArenaAndRingChargesBoth) {
   Make();
   const std::size_t base = Held();
   HostBudget::Process().SetLimit(base + 80 * kMiB + 128 * kMiB);
+  const std::uint64_t allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+  const std::size_t rings = HostBudget::Process().held_for(HostUse::kStagingRing);
   ASSERT_TRUE(alloc_->Pause(tag_).ok());
-  EXPECT_EQ(Held(), base + 80 * kMiB + 128 * kMiB);
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), allocs + 1) << "the pause copied through a ring";
+  EXPECT_EQ(Held(), base + 80 * kMiB);
+  EXPECT_EQ(HostBudget::Process().held_for(HostUse::kStagingRing), rings);
   ASSERT_TRUE(alloc_->Resume(tag_).ok());
   EXPECT_EQ(Wrong(blocks_), 0u);
   FreeAll();

@@ -80,6 +80,7 @@ absl::Status SwitchExecutor::Choose() {
   }
   for (TagPool* p : out_) {
     if (p->state() == TagState::kPaused) continue;  // already in its requested state
+    VMSTASH_RETURN_IF_ERROR(host_->CheckPausableLocked(p));  // again at Begin: a hook may allocate
     moving_out_.push_back(p);
     out_hooks_.push_back(p->hooks());
     tags_.push_back(p->id());

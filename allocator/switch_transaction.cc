@@ -45,6 +45,7 @@ absl::Status SwitchTransaction::Begin() {
   MutexLock lock(host_->mu());
   // The caller holds the control locks: no other transition moved these pools since it
   // chose them. A resuming pool's backup extents no longer change (its frees wait).
+  for (const Out& o : out_) VMSTASH_RETURN_IF_ERROR(host_->CheckPausableLocked(o.pool));
   for (Out& o : out_) VMSTASH_RETURN_IF_ERROR(o.pool->MoveTo(TagState::kPausing));
   for (In& i : in_) {
     VMSTASH_RETURN_IF_ERROR(i.pool->MoveTo(TagState::kResuming));

@@ -5,8 +5,9 @@
 // every pool's state and stats (Note [Allocator Locking] in caching_allocator.h); and
 // three services of the directory: the pending frees a synchronization completes (Note
 // [Pending Frees and Synchronization]), the reserved-bytes accounting of a pool that comes
-// back (which may start a background preparation), the switch counters, and the arenas
-// other tags hold prepared, taken back for a pause over the host cap.
+// back (which may start a background preparation), the switch counters, the arenas
+// other tags hold prepared, taken back for a pause over the host cap, and whether a pool
+// holds what no pause can move (bypass allocations).
 //
 // Layering: the CachingAllocator derives from this class (privately) and hands `this` to
 // the executors it runs; the executors see this interface and the TagPools, never the
@@ -69,6 +70,11 @@ class TransitionHost {
   // busy elsewhere is skipped. The caller holds no mu. The bytes refunded.
   virtual std::size_t ReclaimPreparedArenas(const std::vector<const TagPool*>& transition, std::size_t wanted)
       ABSL_LOCKS_EXCLUDED(mu_) = 0;
+  // Whether `pool` may start pausing: FailedPrecondition (naming the option) while it holds
+  // allocations of AllocatorOptions::bypass, which live outside its heaps (bypass.h) and
+  // which no pause copies or releases. Checked under mu_ with the move to kPausing, so no
+  // allocation slips in between (a pool that is not active allocates nothing).
+  virtual absl::Status CheckPausableLocked(const TagPool* pool) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) = 0;
 
  protected:
   TransitionHost(Driver* driver, int device, AllocatorOptions options, std::size_t granularity_bytes)

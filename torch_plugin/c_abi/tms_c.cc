@@ -233,7 +233,8 @@ class Registry {
       if (e.setting == setting) return &e;
       taken = true;
     }
-    TagEntry e{tms_tag, setting, taken ? absl::StrCat(tms_tag, ":", SettingName(setting)) : tms_tag, "", false};
+    TagEntry e{tms_tag, setting, FreeNameLocked(taken ? absl::StrCat(tms_tag, ":", SettingName(setting)) : tms_tag),
+               "", false};
     if (vmstash_create_tag(e.name.c_str(), setting == Setting::kDiscard ? "discard" : "backup") != 0) return nullptr;
     if (setting != Setting::kDiscard) {
       if (setting == Setting::kDisk) e.disk_dir = CurrentDiskDir();
@@ -263,6 +264,18 @@ class Registry {
   }
 
  private:
+  // `wanted`, or where an entry has that vmstash tag already (a torch_memory_saver tag named
+  // like another's second setting, "kv:pinned", or the process tag's name), the first of
+  // `wanted`:2, `wanted`:3, ... that none has: two entries never share a vmstash tag.
+  std::string FreeNameLocked(const std::string& wanted) const {
+    auto used = [&](const std::string& name) {
+      return std::any_of(entries_.begin(), entries_.end(), [&](const TagEntry& e) { return e.name == name; });
+    };
+    std::string name = wanted;
+    for (int n = 2; used(name); ++n) name = absl::StrCat(wanted, ":", n);
+    return name;
+  }
+
   void AddProcessEntryLocked() {
     const char* process = process_tag.load();
     if (process == nullptr || has_process_) return;

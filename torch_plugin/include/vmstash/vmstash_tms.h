@@ -49,7 +49,10 @@
  *   "mmap" (vmstash store "pageable") or "disk" (store "disk_files", in the disk backup
  *   directory: one file per backed-up allocation while paused, backup_arena.h, Note [Disk
  *   Backup Files]) — is one vmstash tag: the first setting seen for a name keeps the name,
- *   the others get ":<setting>" appended ("kv", "kv:pinned"). In whole-process mode
+ *   the others get ":<setting>" appended ("kv", "kv:pinned"); where another entry has that
+ *   vmstash tag already (a torch_memory_saver tag itself named "kv:pinned", or the preload
+ *   library's process tag), ":2", ":3", ... follows, so no two entries share a vmstash tag
+ *   and pausing one torch_memory_saver tag never touches another's memory. In whole-process mode
  *   (under the preload library) the setting of TMS_INIT_ENABLE_CPU_BACKUP /
  *   TMS_INIT_ENABLE_DISK_BACKUP / TMS_INIT_CPU_BACKUP_BACKEND of tag "default" is the
  *   preload library's process tag. Pausing or resuming a torch_memory_saver tag acts on

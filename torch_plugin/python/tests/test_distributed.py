@@ -22,6 +22,11 @@ WORKER = textwrap.dedent(r'''
 
     MiB = 1 << 20
     folder, rank, size, scenario = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    # storefail "<rank>:<op>:<count>": in the first call, that rank's store fails from its
+    # first <op> (read: the generation read at the request; open: the decision marked open;
+    # decide: the decision's compare-and-set after the vote; abandon: giving the generation
+    # up) on, every operation, <count> times (a connection lost for a moment, or for good).
+    storefail = sys.argv[5] if len(sys.argv) > 5 else ""
     TIMEOUT = 2.0
     # scenario: "ok", or "<what>:<rank>[@<exchange>]" (the first call's exchange 1 is the
     # request, 2 the outcome): die, hang (TIMEOUT + 0.5 s), dieafter (dies once the exchange
@@ -81,6 +86,34 @@ WORKER = textwrap.dedent(r'''
             return self._read(key)
         def prefixed(self, prefix):
             return FileStore(self.root, self.prefix + prefix + "/")
+
+    class FailingStore(FileStore):
+        """storefail's store: ConnectionError for this rank's operations as the spec says."""
+        armed, left = True, 0
+        def __init__(self, root, prefix="", op="", count=0):
+            super().__init__(root, prefix)
+            self.op, FailingStore.left = op, count
+        def _fail(self, op):
+            if FailingStore.armed and op == self.op and FailingStore.left > 0:
+                FailingStore.armed = "failing"
+            if FailingStore.armed == "failing" and FailingStore.left > 0:
+                FailingStore.left -= 1
+                raise ConnectionError(f"store connection lost (storefail at {op})")
+        def add(self, key, n):
+            if key.endswith("/generation") and n == 0:
+                self._fail("read")
+            else:
+                self._fail("other")
+            return super().add(key, n)
+        def set(self, key, value):
+            self._fail("open" if key.endswith("/decision") else "other")
+            return super().set(key, value)
+        def compare_set(self, key, expected, desired):
+            self._fail("decide" if key.endswith("/decision") else "abandon")
+            return super().compare_set(key, expected, desired)
+        def wait(self, keys, timeout):
+            self._fail("other")
+            return super().wait(keys, timeout)
 
     exchanges = [0]  # this rank's all-gathers so far, over every generation
 
@@ -146,7 +179,10 @@ WORKER = textwrap.dedent(r'''
         vd._GlooGroup.all_gather = failing(vd._GlooGroup.all_gather)
         ex = None
     else:
-        store = FileStore(folder)
+        fail_rank, _, fail = storefail.partition(":")
+        fail_op, _, fail_count = fail.partition(":")
+        store = (FailingStore(folder, op=fail_op, count=int(fail_count)) if storefail and int(fail_rank) == rank
+                 else FileStore(folder))
         ex = vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=TIMEOUT), connect=FileGroup)
     pause, resume = ["train"], ["roll"]
     if what == "differ" and mine:
@@ -159,7 +195,9 @@ WORKER = textwrap.dedent(r'''
         ex2 = None if torch else vd.Generations(store, list(range(size)), rank, datetime.timedelta(seconds=5),
                                                 connect=FileGroup)
         result["other_timeout"] = vd.switch(["extra"], [], timeout=5.0, exchange=ex2)
-    for attempt in range(2):
+    for attempt in range(3 if storefail else 2):
+        if attempt == 1:
+            FailingStore.armed = False  # the store is back for the retries
         t0 = time.monotonic()
         try:
             changed = vd.switch(pause, resume, timeout=timeout, exchange=ex)
@@ -188,11 +226,11 @@ WORKER = textwrap.dedent(r'''
 ''')
 
 
-def run_ranks(tmp_path, scenario, size=2):
-    folder = tmp_path / scenario.replace(":", "_").replace("@", "_").replace("+", "_")
+def run_ranks(tmp_path, scenario, size=2, storefail=""):
+    folder = tmp_path / (scenario + storefail).replace(":", "_").replace("@", "_").replace("+", "_")
     folder.mkdir()
     env = dict(os.environ, VMSTASH_CONF="driver:sim,sim_devices:1,sim_capacity:512M,auto_prepare:0")
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(folder), str(r), str(size), scenario],
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(folder), str(r), str(size), scenario, storefail],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for r in range(size)]
     results = []
@@ -294,6 +332,48 @@ def test_sweep_no_mixed_states(tmp_path, what, victim, at):
         for r in survivors:
             retry = r["calls"][1]
             assert retry["ok"] and states(retry) == AFTER and retry["train_bytes"] and retry["roll_bytes"], retry
+
+
+# Note [Switch Decision]: one rank's store fails at each step of the first call, for a
+# moment (2 operations) or for good (every operation of that call): a rank that voted yes
+# never decides alone. Each call ends with every rank in one state, except a rank that
+# says it does not know the job's decision (UNKNOWN), which is as before the switch; the
+# retries never act on the first call's vote and converge (a rank that could not move the
+# generation on costs at most one more retry: the others may meet in the old group first).
+STORE_SWEEP = [(victim, op, count, hang) for victim in (0, 1) for op, count, hang in
+               (("read", 2, ""), ("open", 2, ""), ("decide", 2, ""), ("decide", 1000, ""),
+                ("abandon", 1000, "hang:{other}@2"))]
+
+
+@pytest.mark.parametrize("victim,op,count,hang", STORE_SWEEP,
+                         ids=[f"{op}x{count}:{v}{'+hang' if h else ''}" for v, op, count, h in STORE_SWEEP])
+def test_store_failures_at_each_step_never_decide_alone(tmp_path, victim, op, count, hang):
+    other = 1 - victim
+    scenario = hang.format(other=other) or "none"  # no other failure (and no first switch of "ok")
+    ranks = run_ranks(tmp_path, scenario, storefail=f"{victim}:{op}:{count}")
+    for r in ranks:
+        assert r["returncode"] == 0 and len(r["calls"]) == 3, r
+    for attempt in range(3):
+        calls = [r["calls"][attempt] for r in ranks]
+        unknown = [c for c in calls if c.get("code") == "UNKNOWN"]
+        for c in unknown:
+            assert states(c) == BEFORE and "outcome unknown" in c["message"], c
+            assert "rolled back: its tags are as before the switch" in c["message"], c
+        known = [c for c in calls if c.get("code") != "UNKNOWN"]
+        assert len({states(c) for c in known}) == 1, (attempt, calls)
+        for c in known:
+            assert c["ok"] == (states(c) == AFTER), (attempt, c)
+        assert all(c["train_bytes"] and c["roll_bytes"] for c in calls), calls
+    last = [r["calls"][2] for r in ranks]
+    assert all(c["ok"] and states(c) == AFTER for c in last), last
+    first = [r["calls"][0] for r in ranks]
+    if op == "decide" and count == 2:  # a moment's loss after the vote: asked again, every rank commits
+        assert all(c["ok"] and c["changed"] and states(c) == AFTER for c in first), first
+    if op == "decide" and count == 1000:  # lost for good after the vote: the victim says it does not know
+        assert first[victim]["code"] == "UNKNOWN", first
+        assert first[other]["ok"] and states(first[other]) == AFTER, first
+    if op in ("read", "open"):  # before anything moved: nothing changed anywhere
+        assert all(not c["ok"] and states(c) == BEFORE for c in first), first
 
 
 TORCH = ["ok", "oom:1", "hang:1@1", "hang:0@2", "die:1@2", "dieafter:0@2"]

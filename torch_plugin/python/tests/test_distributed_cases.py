@@ -170,7 +170,7 @@ def test_a_vote_that_is_not_a_vote_rolls_back(sim):
 
     def odd(obj):  # rank 1's answer to the vote: a request
         stamp, body = obj
-        return [obj, (stamp, (["rv_c"], []) if stamp[1] == 2 else body)]
+        return [obj, (stamp, (["rv_c"], []) if stamp[-1] == 2 else body)]
 
     ex = rank_zero_of_two(odd)
     try:

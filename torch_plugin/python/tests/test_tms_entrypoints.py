@@ -177,19 +177,59 @@ def test_a_failed_tms_resume_names_the_tags_it_resumed_and_a_retry_resumes_the_r
     sim.free(q, n)
 
 
-def test_two_tms_tags_naming_one_vmstash_tag_pause_it_once(sim):
-    """A TMS tag named "nm:pinned" and a pinned TMS tag "nm" (after a discard one) resolve
-    to one vmstash tag: a pause of every tag moves it once (a switch refuses a tag listed
-    twice)."""
+SEPARATORS = "".join(chr(c) for c in range(0x21, 0x7f) if not chr(c).isalnum())
+
+
+@pytest.mark.parametrize("order", ["second_setting_first", "named_tag_first"])
+@pytest.mark.parametrize("sep", list(SEPARATORS), ids=[f"0x{ord(c):02x}" for c in SEPARATORS])
+def test_a_tms_tag_named_like_another_tags_second_setting_is_a_tag_of_its_own(sim, sep, order):
+    """torch_memory_saver tags "<base>" (discard, then pinned: a second setting) and
+    "<base><sep>pinned" (pinned), resolved in either order, for every separator a tag can
+    hold: three vmstash tags, and pausing one torch_memory_saver tag pauses only its own
+    memory, the other's stays active with its bytes (before the fix, with ":", both
+    resolved to one vmstash tag, or the backed-up allocations of one were refused)."""
     cdll = _cdll()
-    a, b = _tag("nm:pinned", "pinned"), _tag("nm", "discard")
-    assert _tag("nm", "pinned") == a
-    p, q = sim.malloc(a, 4 * MiB), sim.malloc(b, 4 * MiB)
+    base = f"coll{ord(sep):02x}{order[0]}"
+    named = f"{base}{sep}pinned"
+    if order == "named_tag_first":
+        own = _tag(named, "pinned")
+        first, second = _tag(base, "discard"), _tag(base, "pinned")
+    else:
+        first, second = _tag(base, "discard"), _tag(base, "pinned")
+        own = _tag(named, "pinned")
+    assert len({first, second, own}) == 3, (first, second, own)
+    assert [vmstash.tags()[t] for t in (first, second, own)] == ["discard", "backup", "backup"]
+    assert _tag(base, "pinned") == second and _tag(named, "pinned") == own  # stable names
+    n = 4 * MiB
+    p, q, r = sim.malloc(first, n), sim.malloc(second, n), sim.malloc(own, n)
+    sim.fill(q, n, 0x21)
+    sim.fill(r, n, 0x42)
+    assert cdll.tms_pause(base.encode()) == 0, _lib.last_error()
+    assert [vmstash.tag_stats(t)["state"] for t in (first, second, own)] == ["paused", "paused", "active"]
+    assert sim.holds(r, n, 0x42)  # the other tag's memory is still mapped and its own
+    assert cdll.tms_pause(named.encode()) == 0, _lib.last_error()
+    assert cdll.tms_resume(base.encode()) == 0, _lib.last_error()
+    assert [vmstash.tag_stats(t)["state"] for t in (first, second, own)] == ["active", "active", "paused"]
+    assert sim.holds(q, n, 0x21)
+    assert cdll.tms_resume(named.encode()) == 0, _lib.last_error()
+    assert sim.holds(r, n, 0x42)
+    for ptr in (p, q, r):
+        sim.free(ptr, n)
+
+
+def test_every_tms_tag_pauses_each_of_its_vmstash_tags_once(sim):
+    """A pause of every torch_memory_saver tag (NULL) with a tag named like another's
+    second setting moves each vmstash tag once (a switch refuses a tag listed twice)."""
+    cdll = _cdll()
+    a, b, c = _tag("nm:pinned", "pinned"), _tag("nm", "discard"), _tag("nm", "pinned")
+    assert len({a, b, c}) == 3 and c == "nm:pinned:2"
+    p, q = sim.malloc(a, 4 * MiB), sim.malloc(c, 4 * MiB)
     sim.fill(p, 4 * MiB, 0x44)
+    sim.fill(q, 4 * MiB, 0x45)
     assert cdll.tms_pause(None) == 0, _lib.last_error()
-    assert [vmstash.tag_stats(t)["state"] for t in (a, b)] == ["paused", "paused"]
+    assert [vmstash.tag_stats(t)["state"] for t in (a, c)] == ["paused", "paused"]
     assert cdll.tms_resume(None) == 0, _lib.last_error()
-    assert sim.holds(p, 4 * MiB, 0x44)
+    assert sim.holds(p, 4 * MiB, 0x44) and sim.holds(q, 4 * MiB, 0x45)
     sim.free(p, 4 * MiB)
     sim.free(q, 4 * MiB)
 

@@ -205,6 +205,44 @@ def test_register_is_idempotent_and_registers_the_backend(fake_vllm):
     assert f.da.get_mem_allocator_instance() is f.theirs  # nothing selected
 
 
+def test_the_plugin_changes_nothing_and_never_raises_on_a_vllm_without_a_backend_registry(fake_vllm, monkeypatch,
+                                                                                         caplog):
+    """vLLM 0.24's layout: vllm.device_allocator without sleep_mode_backend. vLLM calls
+    general plugins without a try, so register() raising took every such process down at
+    startup; now it logs one debug line and changes nothing (select(True), an explicit
+    request, says why it cannot)."""
+    import logging
+    f = fake_vllm
+    monkeypatch.delitem(sys.modules, "vllm.device_allocator.sleep_mode_backend")
+    before = f.da.get_mem_allocator_instance
+    init = f.WorkerBase.__init__
+    with caplog.at_level(logging.DEBUG, logger="vmstash.compat.vllm"):
+        f.plugin.register()
+        f.plugin.register()
+    assert f.da.get_mem_allocator_instance is before and f.WorkerBase.__init__ is init
+    assert not f.Factory._registry
+    said = [r for r in caplog.records if r.name == "vmstash.compat.vllm"]
+    assert len(said) == 2 and all(r.levelno == logging.DEBUG for r in said), said
+    assert "no sleep-mode backend registry" in said[0].getMessage()
+    with pytest.raises(ImportError, match="sleep-mode backend registry"):
+        f.plugin.select(True)
+
+
+def test_a_plugin_step_that_fails_is_a_warning_not_a_crash(fake_vllm, monkeypatch, caplog):
+    """Any other failure inside register() (a vLLM whose names moved) is logged as a warning;
+    vLLM goes on without the backend."""
+    import logging
+    f = fake_vllm
+
+    def broken(*a):
+        raise AttributeError("register_backend moved")
+
+    monkeypatch.setattr(f.Factory, "register_backend", classmethod(broken))
+    with caplog.at_level(logging.WARNING, logger="vmstash.compat.vllm"):
+        f.plugin.register()
+    assert any("not registered" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+
+
 def test_routing_follows_the_config_then_the_workers_then_select(fake_vllm):
     from vmstash.compat.vllm.allocator import VmstashMemAllocator
     f = fake_vllm

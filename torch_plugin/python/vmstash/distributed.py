@@ -31,22 +31,38 @@ gloo group of its own for a generation it has not joined yet. Any failed exchang
 its generation (compare-and-set to the next), so every later call, on every rank, meets in a
 fresh group: a retry converges once the ranks call together again, and a late rank's call
 meets the others' retry or fails, but never acts on a stale message (every message carries
-its generation and step, and a vote that completes after a rank gave up its generation
-fails: the generation is read again after it; a stale request needs no such check, as the
-vote after it cannot complete). Joining a generation is a count in the store: the rank that
+its generation, switch and step; what a completed vote means is Note [Switch Decision]).
+Joining a generation is a count in the store: the rank that
 brings it to the group's size says "joined", a rank that gives up first cancels it
 (atomically: a large add), so no rank waits for a peer that has left. Each exchange is one
 all-gather of the group (1 KiB slots; a second one for larger objects).
-A limit no timeout-based vote escapes: when the outcome exchange completes on one rank and
-times out on another at the same instant, the first commits and the second rolls back. The
-second raises DEADLINE_EXCEEDED; the job's retry converges (the first votes yes at once).
+
+Note [Switch Decision]
+The vote alone cannot decide: its exchange may complete on one rank and fail on another at
+the same instant (a timeout, a peer or a store connection lost). So the decision is recorded
+once in the store, and every rank that voted yes learns it there rather than deciding
+alone: each rank marks the switch's decision key "open" before it sends its request (so
+every mark precedes every decision: no vote completes before every request was sent); a
+rank that saw every vote yes proposes "commit", a rank whose vote exchange failed (having
+voted yes) proposes "abort", each by compare-and-set from "open", and each does what the
+store then holds — the first proposal wins, for every rank. A rank that saw a no vote (or
+voted no) rolls back without the store: no rank can have seen every vote yes. A store that
+cannot be reached is asked again until `timeout`; still unreachable, the rank does not know
+the job's decision: it rolls back and raises vmstash.Error (UNKNOWN) saying so and that its
+tags are as before the switch (other ranks may have committed; a retry by every rank
+converges, as a rank in the requested state moves nothing). A rank never rejoins a
+generation it gave up, even when the store refused to move the counter on (its next call
+moves it first), so a retry never acts on an old vote. Every decision is per (generation,
+switch of the generation), which every message's stamp also carries.
 
 The group: `group` (None: torch.distributed's default group); a rank's index in it is its
 rank in the exchange. Every rank of a switch passes the same `timeout` (each timeout has its
 own generations and gloo groups: ranks with different ones never meet, and time out). Ray: call it from each actor's rank with its group (docs/usage.md).
 `exchange` replaces torch.distributed (tests, another collective engine): an object with
 `rank`, `size` and all_gather(obj) -> list that raises on a failure or timeout; `begin()`
-(optional) is called at the start of every switch. Threads of one rank switch one at a time
+(optional) is called at the start of every switch; `decide(proposal, timeout)` (optional,
+Note [Switch Decision]) returns the job's decision, "commit" or "abort" (without it, a vote
+that completed decides). Threads of one rank switch one at a time
 through its Generations (Generations.one_switch): each switch's request and vote are
 consecutive in the group; a vote must be one (a (bool, str) pair) to count.
 """
@@ -54,14 +70,19 @@ import contextlib
 import datetime
 import pickle
 import threading
+import time
 
 from . import _api, _lib
-from ._codes import DEADLINE_EXCEEDED
+from ._codes import DEADLINE_EXCEEDED, UNKNOWN
 
 DEFAULT_TIMEOUT = datetime.timedelta(seconds=60)
 _exchanges = {}  # (ranks, this rank, timeout) -> Generations (made anew with a new store)
 _exchanges_lock = threading.Lock()
 _CANCEL = 1 << 30  # added to a generation's join count by the rank that gives up on it
+
+
+class UnknownDecision(Exception):
+    """The store could not tell this rank the job's decision (Note [Switch Decision])."""
 
 
 class Generations:
@@ -82,6 +103,8 @@ class Generations:
         self._lock, self._holder = threading.Lock(), None
         self._connect = connect if connect is not None else _GlooGroup
         self._generation, self._group, self._step = None, None, 0
+        self._switch = 0  # this switch's number in the generation (every rank counts alike)
+        self._left = None  # the last generation this rank gave up: never joined again
 
     @contextlib.contextmanager
     def one_switch(self, timeout):
@@ -101,20 +124,64 @@ class Generations:
             self._lock.release()
 
     def begin(self):
-        """Joins the current generation (a new one: a fresh group). Raises when the others
-        do not join within the timeout; the generation is then abandoned."""
+        """Joins the current generation (a new one: a fresh group), never one this rank gave
+        up, and marks this switch's decision open (Note [Switch Decision]). Raises when the
+        others do not join within the timeout; the generation is then abandoned."""
         self._step = 0
-        g = int(self._store.add(self._key + "/generation", 0))
+        key = self._key + "/generation"
+        g = int(self._store.add(key, 0))
+        if self._left is not None and g <= self._left:  # given up while the store refused the move
+            self._store.compare_set(key, str(g), str(self._left + 1))
+            g = int(self._store.add(key, 0))
+            if g <= self._left:
+                raise RuntimeError(f"generation {self._left} was given up, and the store's counter stays at {g}")
         if g == self._generation and self._group is not None:
-            return
-        self._generation, self._group = g, None
-        prefix = f"{self._key}/{g}"
+            self._switch += 1
+        else:
+            self._generation, self._group, self._switch = g, None, 0
+            prefix = f"{self._key}/{g}"
+            try:
+                self._join(prefix)
+                self._group = self._connect(self._store, prefix + "/group", self.rank, self.size, self._timeout)
+            except Exception:
+                self.abandon()
+                raise
         try:
-            self._join(prefix)
-            self._group = self._connect(self._store, prefix + "/group", self.rank, self.size, self._timeout)
+            self._store.set(self._decision_key(), "open")
         except Exception:
             self.abandon()
             raise
+
+    def _decision_key(self):
+        return f"{self._key}/{self._generation}/{self._switch}/decision"
+
+    def decide(self, proposal, timeout=None):
+        """The job's decision on this switch, "commit" or "abort" (Note [Switch Decision]):
+        `proposal`, recorded unless a rank recorded one first, or that one. The store is
+        asked again until `timeout` (default: the exchange's) passes; then UnknownDecision.
+        A decision to abort gives the generation up."""
+        if proposal not in ("commit", "abort"):
+            raise ValueError(f"decide: proposal is 'commit' or 'abort', got {proposal!r}")
+        timeout = self._timeout if timeout is None else timeout
+        until, pause, last = time.monotonic() + timeout.total_seconds(), 0.01, None
+        while True:
+            try:
+                got = self._store.compare_set(self._decision_key(), "open", proposal)
+                got = got.decode() if isinstance(got, (bytes, bytearray)) else str(got)
+                if got not in ("commit", "abort"):
+                    raise RuntimeError(f"the decision key holds {got!r}")
+                break
+            except Exception as e:  # noqa: BLE001 - asked again until the timeout
+                last = e
+            if time.monotonic() + pause > until:
+                self._leave()
+                raise UnknownDecision(f"the store did not answer within {timeout.total_seconds():g} s "
+                                      f"({type(last).__name__}: {last})") from last
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+        if got == "abort":
+            self.abandon()
+        return got
 
     def _join(self, prefix):
         count, done = prefix + "/joined", prefix + "/done"
@@ -144,34 +211,33 @@ class Generations:
         if self._group is None:
             raise RuntimeError("vmstash.distributed: all_gather before begin()")
         self._step += 1
-        stamp = (self._generation, self._step)
+        stamp = (self._generation, self._switch, self._step)
         try:
             out = self._group.all_gather((stamp, obj))
             strays = [r for r, (s, _) in enumerate(out) if s != stamp]
             if strays:
-                raise RuntimeError(f"ranks {strays} sent messages of another exchange (generation, step "
+                raise RuntimeError(f"ranks {strays} sent messages of another exchange (generation, switch, step "
                                    f"{[out[r][0] for r in strays]}, expected {stamp})")
         except Exception:
             self.abandon()
             raise
-        if self._step > 1:
-            try:
-                now = int(self._store.add(self._key + "/generation", 0))
-            except Exception:
-                self.abandon()
-                raise
-            if now != self._generation:
-                self.abandon()
-                raise RuntimeError(f"the exchange came too late: another rank gave up generation {self._generation}")
         return [o for _, o in out]
 
+    def _leave(self):
+        """This rank is done with its generation: its later calls join a newer one."""
+        self._group = None
+        if self._generation is not None:
+            self._left = self._generation if self._left is None else max(self._left, self._generation)
+
     def abandon(self):
-        """Moves every later call on to a fresh generation (idempotent)."""
-        g, self._group = self._generation, None
+        """Moves every later call on to a fresh generation (idempotent). Where the store
+        cannot be reached, this rank's next begin() moves the counter on first."""
+        self._leave()
+        g = self._generation
         if g is not None:
             try:
                 self._store.compare_set(self._key + "/generation", str(g), str(g + 1))
-            except Exception:  # noqa: BLE001 - a store that is gone: the next begin() fails
+            except Exception:  # noqa: BLE001 - a store that is gone: begin() tries again
                 pass
 
 
@@ -258,7 +324,19 @@ def _switch(ex, pause, resume, timeout, device):
                          f"({listed})")
     outcomes = []
     unanswered = []  # the exchange of outcomes failed (a dead or hung rank)
+    unknown = []  # the job's decision could not be learned (Note [Switch Decision])
     voted = []
+    decide = getattr(ex, "decide", None)
+
+    def learn(proposal):
+        """The job's decision where the exchange records one, else `proposal`."""
+        if decide is None:
+            return proposal
+        try:
+            return decide(proposal, timeout)
+        except UnknownDecision as e:
+            unknown.append(e)
+            return "unknown"
 
     def agree(local):
         voted.append(True)
@@ -270,22 +348,46 @@ def _switch(ex, pause, resume, timeout, device):
             if bad:
                 raise RuntimeError(f"ranks {bad} sent something else than a vote: {[outcomes[r] for r in bad]}")
         except Exception as e:  # noqa: BLE001 - a dead or hung rank, or a broken group
+            # A rank that voted yes never decides alone: another may have seen every vote.
+            decision = learn("abort") if local is None else "abort"
+            if decision == "commit":
+                return None
+            if decision == "unknown":
+                return _unknown_reason(unknown[0], e)
             unanswered.append(e)
             return (f"no agreement: the ranks did not all answer within {timeout.total_seconds():g} s "
                     f"({type(e).__name__}: {e}); every rank rolls back")
         failed = [(r, m) for r, (ok, m) in enumerate(outcomes) if not ok]
-        if not failed:
+        if failed:
+            return "; ".join(f"rank {r} of {ex.size} failed: {m}" for r, m in failed) + "; every rank rolls back"
+        decision = learn("commit")
+        if decision == "commit":
             return None
-        return "; ".join(f"rank {r} of {ex.size} failed: {m}" for r, m in failed) + "; every rank rolls back"
+        if decision == "unknown":
+            return _unknown_reason(unknown[0], None)
+        unanswered.append(RuntimeError("a rank gave the vote up first"))
+        return ("no agreement: every rank voted yes, but a rank gave the vote up before it learned every vote "
+                f"(within {timeout.total_seconds():g} s); every rank rolls back")
 
     try:
         return _api.switch(pause, resume, device, agree=agree)
     except Exception as e:
         if not voted:  # failed before the library could vote (bad arguments): vote no, so no rank waits
             agree(e)
+        if isinstance(e, _lib.Error) and e.code == _lib.ABORTED and unknown:
+            raise _lib.error(str(e), UNKNOWN) from e  # this rank rolled back without knowing the job's decision
         if isinstance(e, _lib.Error) and unanswered and e.code == _lib.ABORTED:
             raise _lib.error(str(e), DEADLINE_EXCEEDED) from e  # this rank was ready; the others did not answer
         raise
+
+
+def _unknown_reason(cause, exchange_error):
+    """The message of a switch whose job-wide decision this rank could not learn."""
+    lost = "" if exchange_error is None else (f"its vote exchange failed ({type(exchange_error).__name__}: "
+                                              f"{exchange_error}), and ")
+    return (f"outcome unknown: {lost}the job's decision could not be read from the store ({cause}); other ranks "
+            "may have committed. This rank rolled back: its tags are as before the switch. Call the switch again "
+            "on every rank: ranks already in the requested state move nothing, so the retry converges")
 
 
 def pause(tag, group=None, timeout=DEFAULT_TIMEOUT, device=None, *, exchange=None):

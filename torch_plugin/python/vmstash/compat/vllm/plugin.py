@@ -34,7 +34,7 @@ def select(on=True):
     if on is not None and not isinstance(on, bool):
         raise TypeError(f"select: on is True, False or None, got {on!r}")
     if on:
-        register()  # the routing, where vLLM did not load the plugin (VLLM_PLUGINS)
+        _register(strict=True)  # the routing, where vLLM did not load the plugin (VLLM_PLUGINS)
     _choice["forced"] = on
 
 
@@ -61,18 +61,48 @@ def _note_config(vllm_config):
 
 
 def register():
-    """The entry point (vllm.general_plugins): see the module's docstring."""
+    """The entry point (vllm.general_plugins): see the module's docstring. It never raises:
+    vLLM calls general plugins without a try, in every process it starts, so a plugin that
+    raises takes its host down. On a vLLM without a sleep-mode backend registry (no
+    vllm.device_allocator.sleep_mode_backend: vLLM 0.24 and earlier) it changes nothing and
+    logs one line at debug level; anything else that fails is logged as a warning, and vLLM
+    runs as it would without vmstash."""
+    try:
+        _register(strict=False)
+    except Exception:  # noqa: BLE001 - a plugin must never take down its host
+        logger.warning("vmstash vLLM plugin: not registered; vLLM runs without the vmstash backend", exc_info=True)
+
+
+def _register(strict):
     with _lock:
-        _register_backend()
+        factory = _backend_factory(strict)
+        if factory is None:
+            return False
+        _register_backend(factory)
         _route_allocator()
         _wrap_worker_init()
         _extend_cudagraph_pool()
+        return True
 
 
-def _register_backend():
-    from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+def _backend_factory(strict):
+    """vLLM's SleepModeBackendFactory, or None (strict: ImportError) where this vLLM has none."""
     try:
-        SleepModeBackendFactory.register_backend(BACKEND_NAME, "vmstash.compat.vllm.backend", "VmstashSleepBackend")
+        from vllm.device_allocator.sleep_mode_backend import SleepModeBackendFactory
+        return SleepModeBackendFactory
+    except ImportError as e:
+        version = getattr(sys.modules.get("vllm"), "__version__", "of unknown version")
+        why = (f"vLLM {version} has no sleep-mode backend registry "
+               f"(vllm.device_allocator.sleep_mode_backend: {e}); the vmstash backend needs one (vLLM 0.25 or later)")
+        if strict:
+            raise ImportError(f"vmstash.compat.vllm: {why}") from e
+        logger.debug("vmstash vLLM plugin: nothing registered: %s", why)
+        return None
+
+
+def _register_backend(factory):
+    try:
+        factory.register_backend(BACKEND_NAME, "vmstash.compat.vllm.backend", "VmstashSleepBackend")
     except ValueError:  # registered by an earlier load of the plugins
         pass
 
