@@ -131,7 +131,12 @@ bool CachingAllocator::DropEmptyTag(TagId tag) {
   MutexLock lock(&mu_);
   TagPool* pool = PoolOrNullLocked(tag);
   if (pool == nullptr || !pool->Empty()) return false;
-  pools_[tag].reset();
+  // Retired, not freed: a call that looked the pool up before (a background preparation
+  // between its lookup and its Prepare, a foreground Prepare, ReleaseBackup or transition)
+  // may still use it after the lock is released. A queued background request finds
+  // nothing to do.
+  pool->auto_prepare().requested_bytes = 0;
+  retired_pools_.push_back(std::move(pools_[tag]));
   return true;
 }
 

@@ -141,7 +141,9 @@ class CachingAllocator : private TransitionHost {
   // transition); false for a tag that does not exist here.
   bool TagHoldsMemory(TagId tag) const;
   // Undoes CreateTag (a caller's rollback): removes the tag's pool if it holds nothing —
-  // no mapped memory, no live block, no hooks, no backup arena. True when removed.
+  // no mapped memory, no live block, no hooks, no backup arena. True when removed. The
+  // pool object stays alive (retired) until the allocator is destroyed: a call that found
+  // it before the removal may still be using it.
   bool DropEmptyTag(TagId tag);
 
   // Synchronizes the device and unmaps/releases every chunk lying entirely in free
@@ -316,6 +318,9 @@ class CachingAllocator : private TransitionHost {
   const std::size_t device_total_bytes_;
 
   std::vector<std::unique_ptr<TagPool>> pools_ ABSL_GUARDED_BY(mu_);  // by TagId
+  // Pools DropEmptyTag took out of pools_: kept (empty) until the allocator goes, as calls
+  // that looked them up before may still be using them.
+  std::vector<std::unique_ptr<TagPool>> retired_pools_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DevicePtr, Block*> live_ ABSL_GUARDED_BY(mu_);
   BypassAllocations bypass_ ABSL_GUARDED_BY(mu_);  // options_.bypass: every allocation is here
   std::vector<Event> idle_events_ ABSL_GUARDED_BY(mu_);

@@ -152,3 +152,43 @@ TEST(CachingAllocatorStressTest, ThreadsWithCookiesAndCrossThreadFrees) {
 
 }  // namespace
 }  // namespace vmstash
+
+namespace vmstash {
+namespace {
+
+// A tag's pool dropped (a CreateTag rollback) while other threads are between looking it
+// up and using it (Prepare, ReleaseBackup, a pause): the pool is retired, never freed
+// under them (use-after-free under ASAN before), and a new CreateTag makes a fresh one.
+TEST(CachingAllocatorStressTest, DroppingAnEmptyTagWhileOthersUseItIsSafe) {
+  SimDriver sim(SimDriverOptions{1, std::size_t{1} << 30, 2 * kMiB, {}});
+  AllocatorOptions options;
+  options.auto_prepare = false;
+  auto alloc = *CachingAllocator::Create(&sim, 0, options);
+  const TagId tag = *InternTag("stress_dropped");
+  std::atomic<bool> stop{false};
+  std::atomic<int> used{0};
+  std::vector<std::thread> users;
+  for (int t = 0; t < 3; ++t) {
+    users.emplace_back([&, t] {
+      while (!stop.load()) {
+        absl::Status s = t == 0 ? alloc->Prepare(tag, 0)
+                         : t == 1 ? alloc->ReleaseBackup(tag)
+                                  : alloc->Pause(tag).status();
+        if (s.ok()) used.fetch_add(1);
+      }
+    });
+  }
+  int dropped = 0;
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_TRUE(alloc->CreateTag(tag, Policy::kBackup).ok());
+    if (alloc->DropEmptyTag(tag)) ++dropped;
+    (void)alloc->Resume(tag);
+  }
+  stop.store(true);
+  for (std::thread& u : users) u.join();
+  EXPECT_GT(dropped, 0);
+  EXPECT_TRUE(alloc->Validate().ok());
+}
+
+}  // namespace
+}  // namespace vmstash

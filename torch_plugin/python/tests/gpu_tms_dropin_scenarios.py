@@ -341,7 +341,10 @@ def test_backends():
             else:
                 assert row["avail_paused"] >= 900, row  # in host memory
             if tag == "mmap":
-                assert row["rss_paused"] >= 900, row
+                # The 1 GiB backup in RSS, less the staging ring the last resume made (128 MiB
+                # pinned, counted in rss0), freed once the pause is sealed (a paused tag holds
+                # none: allocator/backup_arena.h, Note [Host Budget]).
+                assert row["rss_paused"] >= 900 - 128, row
                 if retain:
                     assert row["rss_resumed"] >= 900, row  # kept, readable after the resume
                 else:
