@@ -122,35 +122,56 @@ std::vector<std::pair<TagId, Policy>> Runtime::Tags() const {
 
 absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {
   VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store, directory_must_exist));
-  MutexLock lock(&mu_);
-  const std::optional<Policy> policy = registry_.PolicyOf(tag);
-  if (!policy) {
-    return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' was never declared; declare it with policy "
-                                            "backup before choosing its backup store"));
-  }
-  if (*policy != Policy::kBackup) {
-    return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' has policy discard: its pauses keep "
-                                                      "no bytes, so it has no backup store"));
+  // Each allocator waits for the tag's transition (a pause, a switch waiting for its
+  // agreement, a background preparation step) before it changes the store: that wait is
+  // made without mu_, so every other runtime call goes on meanwhile. store_mu_ keeps two
+  // of these calls from interleaving.
+  MutexLock serial(&store_mu_);
+  BackupStore previous;
+  std::vector<CachingAllocator*> present;
+  {
+    MutexLock lock(&mu_);
+    const std::optional<Policy> policy = registry_.PolicyOf(tag);
+    if (!policy) {
+      return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' was never declared; declare it with policy "
+                                              "backup before choosing its backup store"));
+    }
+    if (*policy != Policy::kBackup) {
+      return absl::FailedPreconditionError(absl::StrCat("tag '", TagName(tag), "' has policy discard: its pauses keep "
+                                                        "no bytes, so it has no backup store"));
+    }
+    previous = registry_.StoreOf(tag).value_or(options_.backup_store);
+    registry_.SetStore(tag, store);  // a device used for the first time from here on gets it
+    for (auto& a : owned_) {
+      if (a != nullptr) present.push_back(a.get());
+    }
   }
   // All or nothing: a device that refuses (the tag is paused there) puts back the others.
   std::vector<std::pair<CachingAllocator*, BackupStore>> changed;
-  for (auto& a : owned_) {
-    if (a == nullptr) continue;
+  absl::Status failed;
+  for (CachingAllocator* a : present) {
     absl::StatusOr<BackupStore> before = a->TagBackupStore(tag);
     if (!before.ok()) continue;  // declared tags exist on every allocator; defensive
-    if (absl::Status s = a->SetBackupStore(tag, store, directory_must_exist); !s.ok()) {
-      for (auto& [c, previous] : changed) {
-        if (absl::Status undo = c->SetBackupStore(tag, previous, /*directory_must_exist=*/false); !undo.ok()) {
-          return absl::Status(s.code(), absl::StrCat(s.message(), "; putting back the store on device ", c->device(),
-                                                     " failed too: ", undo.message()));
-        }
-      }
-      return s;
-    }
-    changed.emplace_back(a.get(), *before);
+    if (failed = a->SetBackupStore(tag, store, directory_must_exist); !failed.ok()) break;
+    changed.emplace_back(a, *before);
   }
-  registry_.SetStore(tag, store);
-  return absl::OkStatus();
+  if (failed.ok()) return absl::OkStatus();
+  {
+    MutexLock lock(&mu_);
+    registry_.SetStore(tag, previous);
+    for (auto& a : owned_) {  // made meanwhile, with the store now taken back
+      if (a != nullptr && std::find(present.begin(), present.end(), a.get()) == present.end()) {
+        changed.emplace_back(a.get(), previous);
+      }
+    }
+  }
+  for (auto& [c, before] : changed) {
+    if (absl::Status undo = c->SetBackupStore(tag, before, /*directory_must_exist=*/false); !undo.ok()) {
+      return absl::Status(failed.code(), absl::StrCat(failed.message(), "; putting back the store on device ",
+                                                      c->device(), " failed too: ", undo.message()));
+    }
+  }
+  return failed;
 }
 
 BackupStore Runtime::TagBackupStore(TagId tag) const {

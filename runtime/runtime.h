@@ -57,7 +57,8 @@
 // Thread-safety: every method is thread-safe except the destructor, which needs that no
 // other call is in flight (the process runtime's gate ensures it). AllocatorInUse and
 // SlotTag are lock-free; creation, declarations and hooks take mu_, which is never held
-// while an allocator runs a pause, a resume or a hook. Lock order: mu_, then an
+// while an allocator runs a pause, a resume or a hook, nor while SetBackupStore waits for
+// a tag's transition (it holds store_mu_ then). Lock order: store_mu_, mu_, then an
 // allocator's locks.
 #ifndef VMSTASH_RUNTIME_RUNTIME_H_
 #define VMSTASH_RUNTIME_RUNTIME_H_
@@ -207,6 +208,7 @@ class Runtime {
   const int device_count_;
   const AllocatorOptions options_;
   mutable Mutex mu_;
+  Mutex store_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one SetBackupStore at a time (it waits for transitions without mu_)
   std::unique_ptr<CachingAllocator> owned_[kMaxDevices] ABSL_GUARDED_BY(mu_);
   std::atomic<CachingAllocator*> allocators_[kMaxDevices] = {};
   TagRegistry registry_;  // mutators and lists under mu_, SlotTag lock-free

@@ -5,9 +5,12 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -217,6 +220,46 @@ TEST(RuntimeTest, ABackupStoreReachesEveryAllocatorOrNone) {
   EXPECT_TRUE(Holds(p1, 2));
   ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p0).ok());
   ASSERT_TRUE(f.rt->AllocatorInUse(1)->Free(p1).ok());
+}
+
+// SetBackupStore waits for the tag's transition (an agreed switch waiting for its
+// agreement) without the runtime's lock: another thread's runtime calls are answered
+// meanwhile (before, they waited for the whole transition), and the store is set once the
+// transition ends.
+TEST(RuntimeTest, ASetBackupStoreWaitingForATransitionBlocksNoOtherCall) {
+  Fixture f = Make(1);
+  const TagId tag = Tag("rt_waited"), other = Tag("rt_waited_other");
+  const BackupStore pageable{BackupStore::Kind::kPageable, ""};
+  ASSERT_TRUE(f.rt->CreateTag(tag, Policy::kBackup).ok());
+  ASSERT_TRUE(f.rt->CreateTag(other, Policy::kBackup).ok());
+  const DevicePtr p = Filled(*f.rt, 0, tag, 7);
+  std::promise<void> entered, release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread switcher([&] {
+    absl::StatusOr<bool> r = f.rt->AgreedSwitch({tag}, {}, 0, nullptr, [&](const absl::Status&) {
+      entered.set_value();
+      released.wait();
+      return absl::AbortedError("the test rolls it back");
+    });
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kAborted) << r.status();
+  });
+  entered.get_future().wait();  // the switch holds the tag's transition lock from here on
+  absl::Status set;
+  std::thread setter([&] { set = f.rt->SetBackupStore(tag, pageable); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the setter is waiting (or about to)
+  std::future<std::optional<Policy>> answered =
+      std::async(std::launch::async, [&] { return f.rt->TagPolicy(other); });
+  const bool in_time = answered.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  EXPECT_TRUE(in_time) << "a runtime call waited for another tag's transition";
+  release.set_value();
+  switcher.join();
+  setter.join();
+  if (in_time) EXPECT_EQ(answered.get(), Policy::kBackup);
+  EXPECT_TRUE(set.ok()) << set;
+  EXPECT_EQ(f.rt->TagBackupStore(tag), pageable);
+  EXPECT_EQ(f.rt->AllocatorInUse(0)->TagBackupStore(tag).value(), pageable);
+  EXPECT_TRUE(Holds(p, 7));
+  ASSERT_TRUE(f.rt->AllocatorInUse(0)->Free(p).ok());
 }
 
 // A disk store set ahead of its pauses (torch_memory_saver's directory, read at each
