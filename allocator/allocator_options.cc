@@ -57,4 +57,10 @@ void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
   if (!options.spill_dir.empty()) absl::StrAppend(out, ",spill_dir:", options.spill_dir);
 }
 
+absl::Status CheckChunkBounds(const AllocatorOptions& options) {
+  if (options.min_chunk_bytes != 0 && options.max_chunk_bytes >= options.min_chunk_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: need 0 < min_chunk <= max_chunk, got ",
+                                                 options.min_chunk_bytes, " and ", options.max_chunk_bytes));
+}
+
 }  // namespace vmstash

@@ -86,6 +86,8 @@ inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",      "min_c
 // Sets `key` (one of kAllocatorConfKeys) from `value`; InvalidArgument naming both on a
 // bad value, NotFound naming both for a spill_dir that is missing or not a directory.
 absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options);
+// InvalidArgument unless 0 < min_chunk_bytes <= max_chunk_bytes (CachingAllocator::Create).
+absl::Status CheckChunkBounds(const AllocatorOptions& options);
 // Appends the canonical "key:value" items of the VMSTASH_CONF keys (comma-separated;
 // spill_dir only when set).
 void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out);

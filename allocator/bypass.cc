@@ -70,6 +70,15 @@ std::size_t BypassAllocations::CountOf(TagId tag) const {
   return count;
 }
 
+absl::Status BypassAllocations::CheckNoneOf(TagId tag, const std::string& name) const {
+  const std::size_t count = CountOf(tag);
+  if (count == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "pause of tag '", name, "' on device ", device_, ": it holds ", count, " allocation(s) of ", BytesOf(tag),
+      " bytes made under VMSTASH_CONF bypass:1, which go straight to the driver and which no pause copies or "
+      "releases; free them first, or run without bypass:1 to pause this tag"));
+}
+
 void BypassAllocations::AppendSnapshot(Snapshot* snap) const {
   for (const auto& [ptr, a] : live_) {
     const Record& r = a->record;

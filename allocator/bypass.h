@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -57,6 +58,10 @@ class BypassAllocations {
   std::size_t size() const { return live_.size(); }
   std::size_t BytesOf(TagId tag) const;
   std::size_t CountOf(TagId tag) const;
+  // OK when `tag` (named `name`) holds none of these allocations; else FailedPrecondition
+  // naming the option: a pause neither copies nor releases them (TransitionHost::
+  // CheckPausableLocked).
+  absl::Status CheckNoneOf(TagId tag, const std::string& name) const;
   void AppendSnapshot(Snapshot* snap) const;
   void Clear() { live_.clear(); }
 

@@ -24,10 +24,7 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Drive
     return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: device ", device, " does not exist (", count,
                                                    " device(s) with driver ", driver->Name(), ")"));
   }
-  if (options.min_chunk_bytes == 0 || options.max_chunk_bytes < options.min_chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("CachingAllocator: need 0 < min_chunk <= max_chunk, got ",
-                                                   options.min_chunk_bytes, " and ", options.max_chunk_bytes));
-  }
+  VMSTASH_RETURN_IF_ERROR(CheckChunkBounds(options));
   VMSTASH_ASSIGN_OR_RETURN(std::size_t gran, driver->Granularity(device, GranularityKind::kMinimum, ChunkOptions{}));
   VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo info, driver->MemoryInfo(device));
   return std::unique_ptr<CachingAllocator>(new CachingAllocator(driver, device, options, gran, info.total_bytes));
@@ -131,10 +128,7 @@ bool CachingAllocator::DropEmptyTag(TagId tag) {
   MutexLock lock(&mu_);
   TagPool* pool = PoolOrNullLocked(tag);
   if (pool == nullptr || !pool->Empty()) return false;
-  // Retired, not freed: a call that looked the pool up before (a background preparation
-  // between its lookup and its Prepare, a foreground Prepare, ReleaseBackup or transition)
-  // may still use it after the lock is released. A queued background request finds
-  // nothing to do.
+  // Retired, not freed (caching_allocator.h); a queued background request does nothing.
   pool->auto_prepare().requested_bytes = 0;
   retired_pools_.push_back(std::move(pools_[tag]));
   return true;
@@ -657,15 +651,6 @@ std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagP
     reclaimed += pool->ReclaimPrepared(&mu_);  // releases the transition lock
   }
   return reclaimed;
-}
-
-absl::Status CachingAllocator::CheckPausableLocked(const TagPool* pool) const {
-  const std::size_t count = bypass_.CountOf(pool->id());
-  if (count == 0) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "pause of tag '", pool->name(), "' on device ", device_, ": it holds ", count, " allocation(s) of ",
-      bypass_.BytesOf(pool->id()), " bytes made under VMSTASH_CONF bypass:1, which go straight to the driver and "
-      "which no pause copies or releases; free them first, or run without bypass:1 to pause this tag"));
 }
 
 absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume) {

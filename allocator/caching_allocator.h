@@ -306,7 +306,9 @@ class CachingAllocator : private TransitionHost {
   std::size_t ReclaimPreparedArenas(const std::vector<const TagPool*>& transition, std::size_t wanted) override
       ABSL_LOCKS_EXCLUDED(mu_);
   // (TransitionHost.) Refused while the pool holds bypass allocations.
-  absl::Status CheckPausableLocked(const TagPool* pool) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckPausableLocked(const TagPool* pool) const override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return bypass_.CheckNoneOf(pool->id(), pool->name());
+  }
   absl::StatusOr<Event> TakeEventLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ValidateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AfterOpLocked(absl::Status status) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
