@@ -563,6 +563,13 @@ bool BackupArena::DropPages() {
   return dropped;
 }
 
+void BackupArena::FreeRingAfterResume() {
+  if (absl::Status s = ReleaseRing(); !s.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: {}: freeing its staging ring after the resume: {}", owner_, s.ToString());
+  }
+  ring_refused_ = false;
+}
+
 void BackupArena::DropContents(bool give_back) {
   if (ring_ != nullptr) ring_->Abandon();  // a failed pause's bytes still in the ring
   if (store_.kind == BackupStore::Kind::kPinned) {

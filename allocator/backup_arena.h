@@ -97,10 +97,11 @@
 //   as long as they hold their memory. The staging ring of a pageable or disk arena (its
 //   pinned slots, StagingRing::kSlots x kSlotBytes) is charged as a staging ring
 //   (HostUse::kStagingRing) when the ring is made (a pause's ReserveLayout, a resume's first
-//   CopyOut) and refunded when it is freed: at the end of the pause's Seal (a paused tag
-//   holds no ring) or when the arena is released (an active tag keeps the ring its resume
-//   made, for its next pause, until the cap takes its arena back); a refusal only means no
-//   ring (the copies go through the driver directly), never a failed pause.
+//   CopyOut) and refunded when it is freed: at the end of the transition that made it (the
+//   pause's Seal, the resume's FreeRingAfterResume) or when the arena is released. So a tag
+//   holds a ring only during its own transitions, paused or active (a process's memory
+//   tracks its backups, as torch_memory_saver's pageable backups do); a refusal only means
+//   no ring (the copies go through the driver directly), never a failed pause.
 //   Refunds follow what really went back: a release or hand-back the driver or the kernel
 //   refuses (an unregistering, the ring's free, an munmap or madvise) keeps the charge of
 //   what it left held, and an arena destroyed after a failed release leaves its charge in
@@ -239,6 +240,10 @@ class BackupArena {
   // memory pinned, or with `give_back` unpins it and hands it back lazily (Note [Pinned
   // Pieces]; contents lost). Errors are logged.
   void DropContents(bool give_back = false);
+  // After a resume's copies, whatever the retention: the staging ring of a pageable or
+  // disk arena is freed and refunded (Note [Host Budget]: a ring lives for one transition
+  // only). A free the driver refuses keeps it, charged (logged). No-op without a ring.
+  void FreeRingAfterResume();
   // What the arena holds, as a pause found it (TagPool::ArenaForPause), so that a failed
   // pause gives back what it added (AfterFailedPause).
   struct Holding {

@@ -508,9 +508,9 @@ TEST_F(BackupStoreTest, DriverFaultsDuringADiskTransitionRollBack) {
   }
 }
 
-// The pageable and disk stores copy through a staging ring: made by the first pause, freed
-// once the pause is sealed (a paused tag holds none: Note [Host Budget]), made again by the
-// resume and kept for the next pause (one pinned allocation per cycle); a ring the host
+// The pageable and disk stores copy through a staging ring: made by each transition and
+// freed at its end (the pause's Seal, the end of the resume: a tag holds none between its
+// transitions, Note [Host Budget]), one pinned allocation per transition; a ring the host
 // refuses (its pinned memory, or the host budget) means copies through the driver
 // directly, not a failed pause.
 TEST_F(BackupStoreTest, PageableAndDiskStoresStageTheirCopiesAndDoWithoutARing) {
@@ -518,8 +518,10 @@ TEST_F(BackupStoreTest, PageableAndDiskStoresStageTheirCopiesAndDoWithoutARing) 
     SCOPED_TRACE(DescribeBackupStore(store));
     ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());
     const std::uint64_t allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    const std::uint64_t frees = sim_->Counters().Calls(DriverOp::kHostFree);
     for (int cycle = 0; cycle < 3; ++cycle) RoundTrip();
-    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), allocs + 1 + 3) << "the first pause's, one per resume";
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), allocs + 2 * 3) << "one per pause, one per resume";
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostFree) - frees, 2u * 3u) << "each freed at its transition's end";
     // The ring is refused: a new store (a new arena) whose ring allocation fails.
     ASSERT_TRUE(alloc_->SetBackupStore(weights_, BackupStore{}).ok());
     ASSERT_TRUE(alloc_->SetBackupStore(weights_, store).ok());

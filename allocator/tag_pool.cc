@@ -418,6 +418,7 @@ void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
 
 void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) {
   if (arena_ == nullptr) return;
+  arena_->FreeRingAfterResume();  // a ring lives for one transition (backup_arena.h, Note [Host Budget])
   if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) return;  // kept readable
   if (later && retention_.give_back && store_.kind == BackupStore::Kind::kPinned) {
     MutexLock lock(owner_mu);

@@ -20,6 +20,11 @@ unchanged, each in a fresh process, the way the frameworks start them:
                    retain_cpu_backup False and True: device memory, host memory (RSS,
                    MemAvailable) and disk space measured at each step; the disk backup as
                    torch_memory_saver lays it out (a file per allocation while paused)
+  backups_under_pressure  the pinned and mmap backends' bytes when another process takes
+                   the host's memory: after a resume handed the pinned backup back lazily
+                   (MADV_FREE: the kernel takes those pages), and again while paused (a
+                   page the copy engine wrote that the kernel could drop unseen would come
+                   back as zeros)
 Marker gpu, ctest label gpu; each test in a fresh process (conftest.py) with its
 environment from child_env below.
 
@@ -362,6 +367,104 @@ def test_backends():
         tms.resume(tag)
     os.rmdir(disk_dir)
     print("backends: OK")
+
+
+def _host_room():
+    """Bytes another process can still take: MemAvailable, or less under a cgroup limit."""
+    room = _available()
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read())
+        if limit != "max":
+            room = min(room, int(limit) - used)
+    except OSError:
+        pass
+    return room
+
+
+_TAKER = """
+import mmap, sys
+open("/proc/self/oom_score_adj", "w").write("1000")  # the one to go if anything must
+left, held = int(sys.argv[1]), []
+while left > 0:
+    m = mmap.mmap(-1, min(left, 1 << 30), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m.madvise(23)  # MADV_POPULATE_WRITE: every page faulted in, written
+    except (OSError, ValueError):
+        for off in range(0, len(m), 4096):
+            m[off] = 1
+    held.append(m)
+    left -= len(m)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _take_host_memory(nbytes, procs=8):
+    """Has `procs` processes fault in `nbytes` of anonymous memory between them and hold it
+    until they are told to go; returns a function that tells them. The kernel reclaims
+    what it can first (pages given back with MADV_FREE among them)."""
+    share = max(nbytes // procs, 1)
+    takers = [subprocess.Popen([sys.executable, "-c", _TAKER, str(share)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    held = [t.stdout.readline().strip() == "held" for t in takers]
+
+    def release():
+        for t in takers:
+            try:
+                t.stdin.write("\n")
+                t.stdin.flush()
+            except OSError:
+                pass
+            t.wait(120)
+    if not all(held):
+        release()
+        raise RuntimeError(f"the memory takers did not all get their share ({held})")
+    return release
+
+
+def test_backups_under_pressure():
+    # Note [Pinned Pieces] (vmm/pinned_pieces.h): a pause faults the handed-back pages in
+    # writable before registering them, so every page the copy engine then writes is dirty
+    # for the kernel and never dropped silently. Here the kernel is made to reclaim.
+    import torch
+    from torch_memory_saver import torch_memory_saver as tms
+    tms.hook_mode = "torch"
+    size = 4096 * MiB
+    tensors, refs = {}, {}
+    for i, backend in enumerate(("pinned", "mmap")):
+        with tms.region(tag=f"pressure_{backend}", enable_cpu_backup=True, cpu_backup_backend=backend):
+            tensors[backend] = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda",
+                                             generator=torch.Generator("cuda").manual_seed(10 + i))
+        refs[backend] = tensors[backend].clone()
+    with open("/proc/meminfo") as f:
+        swap = [line.split()[1] for line in f if line.startswith("SwapTotal:")]
+    print(f"pressure: host room {_host_room() / MiB:.0f} MiB, swap {swap} kB")
+    for backend in tensors:
+        tag = f"pressure_{backend}"
+        tms.pause(tag)
+        tms.resume(tag)  # the pinned backup is handed back lazily after this (background)
+        deadline = time.monotonic() + 30
+        while _held(tag) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rss0 = _rss()
+        release = _take_host_memory(_host_room() - 2048 * MiB)  # the kernel takes the lazily freed pages
+        release()
+        rss1 = _rss()
+        tms.pause(tag)  # into pages faulted in anew
+        release = _take_host_memory(_host_room() - 2048 * MiB)  # while paused: nothing may be dropped
+        release()
+        tms.resume(tag)
+        equal = torch.equal(tensors[backend], refs[backend])
+        print(f"pressure: {backend}: RSS {rss0 / MiB:.0f} MiB before the first taking, {rss1 / MiB:.0f} after; "
+              f"bytes equal after the resume: {equal}")
+        assert equal, f"{backend}: the backup lost bytes under memory pressure"
+        if backend == "pinned":
+            # The first taking did reclaim the lazily given-back backup (else this tested nothing).
+            assert rss0 - rss1 >= size // 2, (rss0, rss1)
+    print("pressure: OK")
 
 
 def install_dropin(folder):

@@ -336,10 +336,11 @@ def test_sweep_no_mixed_states(tmp_path, what, victim, at):
 
 # Note [Switch Decision]: one rank's store fails at each step of the first call, for a
 # moment (2 operations) or for good (every operation of that call): a rank that voted yes
-# never decides alone. Each call ends with every rank in one state, except a rank that
-# says it does not know the job's decision (UNKNOWN), which is as before the switch; the
-# retries never act on the first call's vote and converge (a rank that could not move the
-# generation on costs at most one more retry: the others may meet in the old group first).
+# never decides alone. In each call a rank that fails is as before the call (one that says
+# it does not know the job's decision, UNKNOWN, included), and where a rank commits a change
+# every rank that knows the decision commits; the retries never act on the first call's vote and converge (a rank that could not move the
+# generation on costs at most one more retry: the others may meet in the old group first,
+# and that retry fails everywhere with nothing changed, the ranks still apart).
 STORE_SWEEP = [(victim, op, count, hang) for victim in (0, 1) for op, count, hang in
                (("read", 2, ""), ("open", 2, ""), ("decide", 2, ""), ("decide", 1000, ""),
                 ("abandon", 1000, "hang:{other}@2"))]
@@ -353,17 +354,24 @@ def test_store_failures_at_each_step_never_decide_alone(tmp_path, victim, op, co
     ranks = run_ranks(tmp_path, scenario, storefail=f"{victim}:{op}:{count}")
     for r in ranks:
         assert r["returncode"] == 0 and len(r["calls"]) == 3, r
+    before = [BEFORE] * len(ranks)  # each rank's state before the call
     for attempt in range(3):
         calls = [r["calls"][attempt] for r in ranks]
-        unknown = [c for c in calls if c.get("code") == "UNKNOWN"]
-        for c in unknown:
-            assert states(c) == BEFORE and "outcome unknown" in c["message"], c
-            assert "rolled back: its tags are as before the switch" in c["message"], c
+        for c, was in zip(calls, before):
+            if c.get("code") == "UNKNOWN":
+                assert "outcome unknown" in c["message"], c
+                assert "rolled back: its tags are as before the switch" in c["message"], c
+            if c["ok"]:
+                assert states(c) == AFTER, (attempt, c)
+            else:  # failed: as before the call (an earlier UNKNOWN may have left the ranks apart)
+                assert states(c) == was, (attempt, c)
+        # No rank moved alone: where one committed a change, every rank that knows the
+        # decision committed (or was in the requested state already).
         known = [c for c in calls if c.get("code") != "UNKNOWN"]
-        assert len({states(c) for c in known}) == 1, (attempt, calls)
-        for c in known:
-            assert c["ok"] == (states(c) == AFTER), (attempt, c)
+        if any(c["ok"] and c["changed"] for c in known):
+            assert all(c["ok"] for c in known), (attempt, calls)
         assert all(c["train_bytes"] and c["roll_bytes"] for c in calls), calls
+        before = [states(c) for c in calls]
     last = [r["calls"][2] for r in ranks]
     assert all(c["ok"] and states(c) == AFTER for c in last), last
     first = [r["calls"][0] for r in ranks]

@@ -11,6 +11,7 @@ Run with pytest (or `python3 test_pause_hints.py`). Needs libvmstash.so: VMSTASH
 import ctypes
 import os
 import sys
+import threading
 
 os.environ.setdefault("VMSTASH_CONF", "driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0")
 
@@ -225,7 +226,8 @@ def test_a_discard_tag_and_a_tag_without_pools_pause_without_hints():
             assert vmstash.pause("hint_discard")
             assert vmstash.pause("hint_nopool")
         assert calls.counts["vmstash_pause_live_devices"] == 2
-        assert _api._live_array([("hint_discard", b"hint_discard")], -1)[1] == 0  # no hint entries
+        with _api._hinted([("hint_discard", b"hint_discard")], -1) as (_, n_live):
+            assert n_live == 0  # no hint entries
     finally:
         remove()
     assert vmstash.tag_stats("hint_nopool", 0)["backed_up_bytes"] == 3 * MiB  # every live block, whole
@@ -267,6 +269,163 @@ def test_a_failed_pause_over_two_devices_leaves_both_active_with_their_bytes():
     result = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "all or nothing ok" in result.stdout
+
+
+# --- Another thread routing into the pool (_torch.py, Note [Hints and Routing]) -----------
+
+class Racing:
+    """Replaces a C entry point by one that first runs `before()` (what another thread does
+    after the hint was taken, before the library pauses), then calls the library's."""
+
+    def __init__(self, name, before):
+        self.name, self.before = name, before
+
+    def __enter__(self):
+        l = _lib.lib()
+        self.real = getattr(l, self.name)
+        setattr(l, self.name, lambda *args: (self.before(), self.real(*args))[1])
+        return self
+
+    def __exit__(self, *exc):
+        setattr(_lib.lib(), self.name, self.real)
+
+
+def routing_in_thread(tag, device=0, all_threads=False):
+    """Opens a routing into `tag`'s pool in another thread (as a region there would) and
+    returns a function that closes it."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def body():
+        with _torch.routing(tag, device, all_threads=all_threads):
+            inside.set()
+            leave.wait(60)
+    thread = threading.Thread(target=body)
+    thread.start()
+    assert inside.wait(60)
+
+    def close():
+        leave.set()
+        thread.join(60)
+    return close
+
+
+def pool_of_one_active_mib(tag, fill):
+    p = malloc(tag, 4 * MiB)
+    ctypes.memset(p, fill, 4 * MiB)
+    pool = FakePool([segment(p, 4 * MiB, [(0, MiB, "active_allocated"), (MiB, 3 * MiB, "inactive")])])
+    return p, pool, with_pools({(tag, 0): pool})
+
+
+def hand_out_second_mib(p, pool, byte):
+    """Another thread's allocation: PyTorch hands out a cached block of the pool, and the
+    thread writes into it."""
+    def run():
+        pool.segments = [segment(p, 4 * MiB, [(0, MiB, "active_allocated"), (MiB, MiB, "active_allocated"),
+                                              (2 * MiB, 2 * MiB, "inactive")])]
+        ctypes.memset(p + MiB, byte, MiB)
+    return run
+
+
+PAUSES = {
+    "pause": ("vmstash_pause_live_devices", lambda tag: vmstash.pause(tag)),
+    "switch": ("vmstash_switch", lambda tag: vmstash.switch(pause=[tag])),
+    "agreed switch": ("vmstash_switch_agreed", lambda tag: vmstash.switch(pause=[tag], agree=lambda local: None)),
+}
+
+
+def test_a_block_another_threads_region_takes_while_the_pause_runs_is_kept():
+    # The hint would leave the block out: its bytes, written before the library paused,
+    # were lost. With another thread routing into the pool the pause copies every live
+    # block whole.
+    for i, (kind, (entry, pause)) in enumerate(PAUSES.items()):
+        tag = f"hint_race{i}"
+        vmstash.create_tag(tag, "backup")
+        p, pool, remove = pool_of_one_active_mib(tag, 0x11)
+        close = routing_in_thread(tag)
+        try:
+            with Racing(entry, hand_out_second_mib(p, pool, 0x22)):
+                assert pause(tag)
+        finally:
+            close()
+            remove()
+        assert vmstash.tag_stats(tag, 0)["backed_up_bytes"] == 4 * MiB, kind  # no hint: the block whole
+        assert vmstash.resume(tag)
+        assert holds(p, MiB, 0x11) and holds(p + MiB, MiB, 0x22), kind
+        _lib.lib().vmstash_free(p, 4 * MiB, 0, None)
+
+
+def test_a_region_another_thread_opens_while_a_hinted_pause_runs_waits_for_its_end():
+    for i, (kind, (entry, pause)) in enumerate(PAUSES.items()):
+        tag = f"hint_wait{i}"
+        vmstash.create_tag(tag, "backup")
+        p, pool, remove = pool_of_one_active_mib(tag, 0x33)
+        entered, opened = threading.Event(), []
+
+        def open_region():
+            with _torch.routing(tag, 0):
+                entered.set()
+
+        def another_thread_opens():
+            thread = threading.Thread(target=open_region)
+            thread.start()
+            opened.append(thread)
+            # It waits for the pause's end (a thread slower than this would pass unseen,
+            # never fail this check).
+            assert not entered.wait(0.3), f"{kind}: a region opened inside a hinted pause"
+        try:
+            with Racing(entry, another_thread_opens):
+                assert pause(tag)
+        finally:
+            remove()
+        opened[0].join(60)
+        assert entered.is_set(), kind  # and then it went in
+        assert vmstash.tag_stats(tag, 0)["backed_up_bytes"] == MiB, kind  # the hint: the active block
+        assert vmstash.resume(tag)
+        assert holds(p, MiB, 0x33), kind
+        assert not _torch._routes and not _torch._hinting, (_torch._routes, _torch._hinting)
+        _lib.lib().vmstash_free(p, 4 * MiB, 0, None)
+
+
+def test_the_pausing_threads_own_region_keeps_the_hint_and_an_all_threads_one_does_not():
+    vmstash.create_tag("hint_own", "backup")
+    vmstash.create_tag("hint_all", "backup")
+    p, _, remove = pool_of_one_active_mib("hint_own", 0x44)
+    q, _, remove_q = pool_of_one_active_mib("hint_all", 0x55)
+    try:
+        with _torch.routing("hint_own", 0):  # this thread's region: it does not allocate meanwhile
+            assert vmstash.pause("hint_own")
+        with _torch.routing("hint_all", 0, all_threads=True):  # every thread allocates into the pool
+            assert vmstash.pause("hint_all")
+    finally:
+        remove()
+        remove_q()
+    assert vmstash.tag_stats("hint_own", 0)["backed_up_bytes"] == MiB
+    assert vmstash.tag_stats("hint_all", 0)["backed_up_bytes"] == 4 * MiB
+    assert vmstash.resume("hint_own") and vmstash.resume("hint_all")
+    assert holds(p, MiB, 0x44) and holds(q, 4 * MiB, 0x55)
+    assert not _torch._routes and not _torch._hinting
+    for x in (p, q):
+        _lib.lib().vmstash_free(x, 4 * MiB, 0, None)
+
+
+def test_a_failed_hinted_pause_lets_waiting_regions_in():
+    vmstash.create_tag("hint_refused", "backup")
+    p, _, remove = pool_of_one_active_mib("hint_refused", 0x66)
+    saved = _api.live_ranges_provider
+    _api.live_ranges_provider = lambda tag, device: [(0, 1 << 64)]  # refused before the C call
+    try:
+        try:
+            vmstash.pause("hint_refused")
+            raise AssertionError("the pause did not fail")
+        except vmstash.Error as e:
+            assert e.code == _lib.INVALID_ARGUMENT
+    finally:
+        _api.live_ranges_provider = saved
+        remove()
+    assert not _torch._hinting
+    close = routing_in_thread("hint_refused")  # would wait for good if the hint were still held
+    close()
+    _lib.lib().vmstash_free(p, 4 * MiB, 0, None)
 
 
 if __name__ == "__main__":

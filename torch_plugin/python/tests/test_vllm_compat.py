@@ -543,6 +543,135 @@ def test_review_failed_level2_sleep_costs_the_weights_backup_only(review_alloc, 
     assert sim.holds(w, 8 * MiB, 0x44)
 
 
+# -- vLLM's per-tag hooks (allocator.py, Note [vLLM Tag Hooks]) -------------------------------------
+
+@pytest.fixture
+def tag_hooks(monkeypatch):
+    """A vllm.device_allocator with per-tag hooks, as newer vLLMs have (register_tag_hooks,
+    run_before_unmap_hooks, run_after_map_hooks; written here from their documented
+    behaviour). Yields register(tag, before_unmap, after_map)."""
+    hooks = {}
+
+    def register(tag, before_unmap, after_map):
+        hooks.setdefault(tag, []).append((before_unmap, after_map))
+
+    def run_before_unmap_hooks(allocations, tags=None):
+        mapped = {d.tag for d in allocations if not d.is_asleep and (tags is None or d.tag in tags)}
+        for tag in sorted(mapped & hooks.keys()):
+            for before_unmap, _ in hooks[tag]:
+                before_unmap()
+
+    def run_after_map_hooks(allocations):
+        asleep = {d.tag for d in allocations if d.is_asleep}
+        for tag in sorted(hooks.keys() - asleep):
+            for _, after_map in hooks[tag]:
+                after_map()
+
+    module = types.ModuleType("vllm.device_allocator")
+    module.register_tag_hooks = register
+    module.run_before_unmap_hooks = run_before_unmap_hooks
+    module.run_after_map_hooks = run_after_map_hooks
+    monkeypatch.setitem(sys.modules, "vllm.device_allocator", module)
+    return register
+
+
+def test_vllms_tag_hooks_run_before_each_unmap_and_after_each_wake(review_alloc, tag_hooks, sim):
+    import vmstash
+    a = review_alloc
+    w = a.made("weights", "backup", 4 * MiB, 0x31)
+    a.made("kv_cache", "discard", 2 * MiB, 0)
+    events = []
+
+    def hook(kind, tag):
+        def run():
+            state = vmstash.tag_stats("vllm." + tag)["state"]
+            events.append((kind, tag, state))  # the state the tag is in when the hook runs
+        return run
+    for tag in ("weights", "kv_cache"):
+        tag_hooks(tag, hook("before_unmap", tag), hook("after_map", tag))
+    a.sleep(offload_tags=("weights",))
+    assert events == [("before_unmap", "kv_cache", "active"), ("before_unmap", "weights", "active")]
+    events.clear()
+    a.wake_up(["weights"])  # kv_cache stays asleep (deferrable): only th_weights is all mapped
+    assert events == [("after_map", "weights", "active")]
+    events.clear()
+    a.wake_up()
+    assert events == [("after_map", "kv_cache", "active"), ("after_map", "weights", "active")]
+    events.clear()
+    a.discard(["kv_cache"])
+    assert events == [("before_unmap", "kv_cache", "active")]
+    events.clear()
+    a.discard(["kv_cache"])  # asleep already: nothing unmapped, no hook
+    a.sleep(offload_tags=("weights",))  # only th_weights is mapped
+    assert events == [("before_unmap", "weights", "active")]
+    a.wake_up()
+    assert sim.holds(w, 4 * MiB, 0x31)
+
+
+def test_a_failed_sleep_after_the_before_unmap_hooks_runs_the_after_map_hooks(review_alloc, tag_hooks, sim):
+    """Nothing was unmapped: what the before_unmap hooks took down comes back, whether a hook
+    raised or the switch failed; the failure raised is the first one."""
+    import vmstash
+    a = review_alloc
+    w = a.made("thf_weights", "backup", 4 * MiB, 0x32)
+    a.made("thf_kv", "discard", 2 * MiB, 0)
+    registered = {"thf_weights": True, "thf_kv": True}
+
+    def take_down(tag):
+        def run():
+            registered[tag] = False
+        return run
+
+    def bring_up(tag):
+        def run():
+            registered[tag] = True
+        return run
+    tag_hooks("thf_weights", take_down("thf_weights"), bring_up("thf_weights"))
+
+    def refuses():
+        raise RuntimeError("transport busy")
+    tag_hooks("thf_kv", take_down("thf_kv"), bring_up("thf_kv"))
+    tag_hooks("thf_weights", refuses, lambda: None)  # runs after thf_kv's and thf_weights' first hook
+    with pytest.raises(RuntimeError, match="transport busy"):
+        a.sleep(offload_tags=("thf_weights",))
+    assert a.asleep_tags() == [] and vmstash.tag_stats("vllm.thf_weights")["state"] == "active"
+    assert registered == {"thf_weights": True, "thf_kv": True}
+
+    # The switch fails (a vmstash before-pause hook vetoes it) after every before_unmap ran.
+    tag_hooks("thf_kv", lambda: None, lambda: None)
+    hooks = sys.modules["vllm.device_allocator"]
+    saved = hooks.run_before_unmap_hooks
+
+    def only_take_down(allocations, tags=None):  # the refusing hook out of the way
+        for d in allocations:
+            registered[d.tag] = False
+    hooks.run_before_unmap_hooks = only_take_down
+    _set_hooks("vllm.thf_kv", before=lambda tag, dev, user: 1)
+    try:
+        with pytest.raises(vmstash.Error):
+            a.sleep(offload_tags=("thf_weights",))
+    finally:
+        _set_hooks("vllm.thf_kv")
+        hooks.run_before_unmap_hooks = saved
+    assert a.asleep_tags() == [] and registered == {"thf_weights": True, "thf_kv": True}
+    assert sim.holds(w, 4 * MiB, 0x32)
+
+
+def test_a_vllm_without_tag_hooks_gets_none_run(review_alloc, monkeypatch, sim):
+    """vLLM 0.33's vllm.device_allocator (no hook functions), or none imported: the allocator
+    sleeps and wakes as before."""
+    a = review_alloc
+    w = a.made("thn_weights", "backup", 2 * MiB, 0x33)
+    for module in (types.ModuleType("vllm.device_allocator"), None):
+        if module is None:
+            monkeypatch.delitem(sys.modules, "vllm.device_allocator", raising=False)
+        else:
+            monkeypatch.setitem(sys.modules, "vllm.device_allocator", module)
+        a.sleep(offload_tags=("thn_weights",))
+        a.wake_up()
+        assert sim.holds(w, 2 * MiB, 0x33)
+
+
 # -- review: the plugin's routing ------------------------------------------------------------------
 
 def test_review_select_without_the_plugin_loaded_routes_nothing(fake_vllm):

@@ -7,6 +7,7 @@ cache tensors inside our segments (vmstash.region), pause asks PyTorch which of 
 blocks are in use so that free cached blocks are not copied (see _torch.live_ranges), and
 hands every device's hint to the library in one call (vmstash.h, Note [Liveness Hints]).
 """
+import contextlib
 import ctypes
 import os
 
@@ -19,6 +20,10 @@ _POLICIES = ("discard", "backup")
 live_ranges_provider = None
 # Set by vmstash._torch: devices that have a MemPool of `tag`.
 pool_devices_provider = None
+# Set by vmstash._torch: a context manager over (tag, device) pairs inside which a pause
+# takes their hints and makes its C call; it yields the pairs whose hints may be taken
+# (_torch.py, Note [Hints and Routing]).
+hint_session_provider = None
 
 
 def init(options=None):
@@ -108,18 +113,23 @@ def pause(tag=None, device=None):
     return changed
 
 
-def _live_hints(tag, dev):
-    """(device, starts, sizes, n) for each device (`dev`, or all: -1) where `tag` has a
-    PyTorch MemPool: the tag's liveness hint there (live_ranges_provider, computed from the
-    pool's own segments by _torch.live_ranges), as ctypes arrays; n == 0 keeps nothing on
-    that device. Nothing for a tag without a MemPool, a discard tag (only a backup pause
-    copies) or without torch: those devices pause without a hint."""
+def _hint_keys(tag, dev):
+    """The (tag, device) pairs, on `dev` or all (-1), where `tag` has a PyTorch MemPool that
+    gives it a hint: none for a discard tag (only a backup pause copies) or without torch."""
     if live_ranges_provider is None or pool_devices_provider is None:
-        return
+        return []
     devices = [d for d in pool_devices_provider(tag) if dev == -1 or d == dev]
     if not devices or policy_of(tag) != "backup":
-        return
-    for d in devices:
+        return []
+    return [(tag, d) for d in devices]
+
+
+def _live_hints(held):
+    """(tag, device, starts, sizes, n) for each pair of `held`: the tag's liveness hint there
+    (live_ranges_provider, computed from the pool's own segments by _torch.live_ranges), as
+    ctypes arrays; n == 0 keeps nothing on that device. Devices without a hint pause
+    without one."""
+    for tag, d in held:
         ranges = live_ranges_provider(tag, d)
         if ranges is None:  # the pool went away meanwhile: no hint
             continue
@@ -130,22 +140,29 @@ def _live_hints(tag, dev):
                              "address space", _lib.INVALID_ARGUMENT)
         starts = (ctypes.c_uint64 * max(n, 1))(*[a for a, _ in ranges])
         sizes = (ctypes.c_uint64 * max(n, 1))(*[s for _, s in ranges])
-        yield d, starts, sizes, n
+        yield tag, d, starts, sizes, n
 
 
-def _live_array(tags_and_names, dev, empty=()):
-    """The liveness hints of every (tag, encoded name) on `dev`, and an empty hint for each
-    (encoded name, device) of `empty`, as a ctypes array of vmstash_live_ranges, its length,
-    and the arrays it points into (keep them alive until the C call returns)."""
-    live, keep = [], []
-    for t, name in tags_and_names:
-        for d, starts, sizes, n in _live_hints(t, dev):
+@contextlib.contextmanager
+def _hinted(tags_and_names, dev, empty=()):
+    """Yields (live, n_live) for a C call made inside: the liveness hints of every (tag,
+    encoded name) on `dev` (-1: all devices), and an empty hint for each (encoded name,
+    device) of `empty`, as a ctypes array of vmstash_live_ranges and its length. The hints
+    are taken and the call made in one hint session (_torch.py, Note [Hints and Routing]):
+    no other thread's region can take a block of a hinted pool in between."""
+    names = dict(tags_and_names)
+    keys = [k for t, _ in tags_and_names for k in _hint_keys(t, dev)]
+    session = hint_session_provider(keys) if hint_session_provider else contextlib.nullcontext(keys)
+    with session as held:
+        live, keep = [], []
+        for t, d, starts, sizes, n in _live_hints(held):
             keep += [starts, sizes]
-            live.append(_lib.LiveRanges(name, d, starts, sizes, n))
-    for name, d in empty:
-        live.append(_lib.LiveRanges(name, d, None, None, 0))
-    keep.append([name for name, _ in empty])
-    return (_lib.LiveRanges * max(len(live), 1))(*live), len(live), keep
+            live.append(_lib.LiveRanges(names[t], d, starts, sizes, n))
+        for name, d in empty:
+            live.append(_lib.LiveRanges(name, d, None, None, 0))
+        keep.append([name for name, _ in empty])
+        yield (_lib.LiveRanges * max(len(live), 1))(*live), len(live)
+        del keep
 
 
 def _pause_one(tag, dev):
@@ -153,11 +170,9 @@ def _pause_one(tag, dev):
     # (Note [All-or-Nothing Transitions]); devices without a MemPool of the tag (global
     # mode, C++ users) pause without a hint.
     name = _lib.encode(tag)
-    live_arr, n_live, keep = _live_array([(tag, name)], dev)
-    done = _lib.raise_for(_lib.lib().vmstash_pause_live_devices(name, dev, live_arr, n_live),
-                          f"pause({tag!r})" if dev == -1 else f"pause({tag!r}, device={dev})")
-    del keep
-    return done
+    with _hinted([(tag, name)], dev) as (live_arr, n_live):
+        return _lib.raise_for(_lib.lib().vmstash_pause_live_devices(name, dev, live_arr, n_live),
+                              f"pause({tag!r})" if dev == -1 else f"pause({tag!r}, device={dev})")
 
 
 def resume(tag=None, device=None):
@@ -200,13 +215,13 @@ def switch(pause=(), resume=(), device=None, *, keep_nothing=(), agree=None):
     p_arr = (ctypes.c_char_p * max(len(pause), 1))(*names[:len(pause)])
     r_arr = (ctypes.c_char_p * max(len(resume), 1))(*names[len(pause):])
     dropped = {t for t, _ in keep_nothing}
-    live_arr, n_live, keep = _live_array([(t, n) for t, n in zip(pause, names) if t not in dropped], dev,
-                                         [(_lib.encode(t), d) for t, d in keep_nothing])
+    hinted = _hinted([(t, n) for t, n in zip(pause, names) if t not in dropped], dev,
+                     [(_lib.encode(t), d) for t, d in keep_nothing])
     what = f"switch(pause={pause!r}, resume={resume!r})"
     if agree is None:
-        done = _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live), what)
-        del keep
-        return done
+        with hinted as (live_arr, n_live):
+            return _lib.raise_for(l.vmstash_switch(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live),
+                                  what)
     raised = []
 
     def vote(_ctx, code, message, reason, size):
@@ -223,8 +238,8 @@ def switch(pause=(), resume=(), device=None, *, keep_nothing=(), agree=None):
         return 1
 
     callback = _lib.AGREE_FN(vote)
-    code = l.vmstash_switch_agreed(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live, callback, None)
-    del keep
+    with hinted as (live_arr, n_live):
+        code = l.vmstash_switch_agreed(p_arr, len(pause), r_arr, len(resume), dev, live_arr, n_live, callback, None)
     try:
         return _lib.raise_for(code, what)
     except _lib.Error as e:

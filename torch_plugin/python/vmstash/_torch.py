@@ -10,12 +10,14 @@ Pools and their allocator objects live until interpreter exit, where the pools a
 dropped first (PyTorch documents crashes when an allocator wrapper dies before its pools).
 """
 import atexit
+import collections
 import contextlib
 import threading
 
 from . import _api, _lib
 
 _lock = threading.RLock()
+_routes_changed = threading.Condition(_lock)
 _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
 
@@ -96,19 +98,83 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
         _open_regions += 1
     try:
         if all_threads:
-            torch._C._cuda_beginAllocateToPool(dev, mp.id)
-            try:
-                yield mp
-            finally:
-                torch._C._cuda_endAllocateToPool(dev, mp.id)
-                torch._C._cuda_releasePool(dev, mp.id)
+            with routing(tag, dev, all_threads=True):
+                torch._C._cuda_beginAllocateToPool(dev, mp.id)
+                try:
+                    yield mp
+                finally:
+                    torch._C._cuda_endAllocateToPool(dev, mp.id)
+                    torch._C._cuda_releasePool(dev, mp.id)
         else:
-            with torch.cuda.use_mem_pool(mp, device=dev):
+            with routing(tag, dev), torch.cuda.use_mem_pool(mp, device=dev):
                 yield mp
     finally:
         _api.set_current_tag(previous)
         with _lock:
             _open_regions -= 1
+
+
+# Note [Hints and Routing]
+#   A pause's liveness hint (live_ranges) is PyTorch's view of the tag's pool when the hint
+#   is taken. A block PyTorch hands out after that, before the library's copy, would be
+#   written and not kept. PyTorch hands a pool's blocks out only to allocations routed to
+#   the pool: a region, a graph capture into it. So the routings are counted per
+#   (tag, device) and thread (all_threads: every thread), and a pause (hint_session) takes
+#   the hint of a tag on a device only when no other thread has a routing into the pool
+#   open there; else that device pauses without a hint (every live block copied whole:
+#   slower, nothing written lost). A routing opened by another thread while a pause holds
+#   the pool's hint waits for the pause's C call to return. A pool context the program
+#   enters itself (torch.cuda.use_mem_pool(vmstash.pool(tag))) is not seen: pause such a
+#   tag only while no other thread allocates into it.
+_ALL_THREADS = "all threads"  # the owner of an all_threads routing: never a pausing thread
+_routes = {}  # (tag, device) -> Counter of open routings by thread ident (or _ALL_THREADS)
+_hinting = {}  # (tag, device) -> Counter of the hint sessions holding its hint, by thread
+
+
+@contextlib.contextmanager
+def routing(tag, device, all_threads=False):
+    """Counts a routing of allocations into the MemPool of `tag` on `device` while inside
+    (Note [Hints and Routing]); waits first while another thread's pause holds its hint."""
+    key, me = (tag, device), threading.get_ident()
+    owner = _ALL_THREADS if all_threads else me
+    with _routes_changed:
+        while any(t != me for t in _hinting.get(key, ())):
+            _routes_changed.wait()
+        _routes.setdefault(key, collections.Counter())[owner] += 1
+    try:
+        yield
+    finally:
+        with _routes_changed:
+            _uncount(_routes, key, owner)
+            _routes_changed.notify_all()
+
+
+def _uncount(table, key, owner):
+    counts = table[key]
+    counts[owner] -= 1
+    if counts[owner] == 0:
+        del counts[owner]
+        if not counts:
+            del table[key]
+
+
+@contextlib.contextmanager
+def hint_session(keys):
+    """Inside, a pause takes the hints of the pools `keys` ((tag, device) pairs) and makes
+    its C call (Note [Hints and Routing]). Yields those of `keys` whose hints may be taken:
+    no other thread routes into them, and they keep their hints until the end."""
+    me = threading.get_ident()
+    with _routes_changed:
+        held = [key for key in dict.fromkeys(keys) if all(t == me for t in _routes.get(key, ()))]
+        for key in held:
+            _hinting.setdefault(key, collections.Counter())[me] += 1
+    try:
+        yield held
+    finally:
+        with _routes_changed:
+            for key in held:
+                _uncount(_hinting, key, me)
+            _routes_changed.notify_all()
 
 
 # Note [Library Workspaces]
@@ -166,7 +232,9 @@ def cuda_graph(graph, tag="cuda_graph", policy="backup", *, device=None, **graph
         # workspace living in the first tag's pool, and replaying one while the other tag is
         # paused would read unmapped memory.
         graph_kwargs["stream"] = _capture_stream(torch, tag, _device_index(torch, device))
-    with torch.cuda.graph(graph, pool=mp.id, **graph_kwargs):
+    # A capture routes the allocations of its stream, whichever thread makes them.
+    with routing(tag, _device_index(torch, device), all_threads=True), \
+            torch.cuda.graph(graph, pool=mp.id, **graph_kwargs):
         yield graph
 
 
@@ -274,3 +342,4 @@ def _release_pools():
 atexit.register(_release_pools)
 _api.live_ranges_provider = live_ranges
 _api.pool_devices_provider = pool_devices
+_api.hint_session_provider = hint_session

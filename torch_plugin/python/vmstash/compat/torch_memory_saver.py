@@ -377,9 +377,8 @@ class TorchMemorySaver:
         MemPools as liveness hints; on failure every tag is as it was."""
         self._ensure_initialized()
         targets = [(name, name.encode()) for name, _ in self._targets(tag)]
-        live, n_live, keep = _api._live_array(targets, -1)
-        _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
-        del keep
+        with _api._hinted(targets, -1) as (live, n_live):
+            _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
 
     def resume(self, tag=None):
         self._ensure_initialized()

@@ -8,7 +8,8 @@
     allocator.wake_up(["weights"])                       # same addresses: graphs replay
 
 What vLLM's worker calls (use_memory_pool, sleep, discard, wake_up, get_current_usage,
-cudagraph_pool) with vLLM's semantics (plan.py, Note [vLLM Sleep Semantics]). Each vLLM tag
+cudagraph_pool) with vLLM's semantics (plan.py, Note [vLLM Sleep Semantics]), and vLLM's
+per-tag hooks where the installed vLLM has them (Note [vLLM Tag Hooks] below). Each vLLM tag
 is the vmstash tag "vllm.<tag>" with one MemPool per entry of use_memory_pool, as vLLM has
 (region(), _torch.py): a pool entered again leaves its predecessor, whose free cached
 segments go back (after a device synchronize) once no region is open. Tags named in
@@ -33,6 +34,7 @@ only unreachable reference cycles hold is freed at Python's next automatic colle
 import contextlib
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -70,6 +72,25 @@ class AllocationView:
     tag: str
     is_asleep: bool
     cpu_backup_tensor: object = None
+
+
+# Note [vLLM Tag Hooks]
+#   A vLLM whose vllm.device_allocator has register_tag_hooks lets a subscriber (the KV
+#   cache's transport registrations, say) tie state to a tag's mapping, and expects the
+#   sleep-mode allocator to run the hooks: before_unmap before a sleep or discard unmaps a
+#   tag that is mapped, and the idempotent after_map after every wake_up, for every tag with
+#   nothing asleep. This allocator runs them through that module's run_before_unmap_hooks
+#   and run_after_map_hooks, with one record per tag (tag, is_asleep), when the installed
+#   vLLM has them (0.33 has not: then nothing runs). The module is looked up among the
+#   imported ones only: a subscriber imported it to register. A transition that fails with
+#   nothing changed after the before_unmap hooks ran (a hook raised, the switch failed) runs
+#   the after_map hooks, so that what a hook took down comes back.
+def _tag_hooks():
+    """(run_before_unmap_hooks, run_after_map_hooks) of the installed vLLM, or None."""
+    module = sys.modules.get("vllm.device_allocator")
+    before = getattr(module, "run_before_unmap_hooks", None)
+    after = getattr(module, "run_after_map_hooks", None)
+    return (before, after) if callable(before) and callable(after) else None
 
 
 def _discard_tags_from_env():
@@ -150,7 +171,9 @@ class VmstashMemAllocator:
         old_tag = self.current_tag
         self.current_tag = "cudagraph"
         try:
-            yield mp.id
+            # The captures inside route into the pool (_torch.py, Note [Hints and Routing]).
+            with _torch.routing(t.name, dev, all_threads=True):
+                yield mp.id
         finally:
             self.current_tag = old_tag
 
@@ -269,6 +292,7 @@ class VmstashMemAllocator:
         _torch._torch().accelerator.empty_cache()  # PyTorch's cached memory first: the wake needs room
         with self._lock:
             self._run(_plan.plan_wake(self._states(), names, self._exchange), "wake_up")
+            self._run_after_map_hooks()
 
     def _run(self, step, what):
         """Executes `step` as one vmstash switch, then records the new states."""
@@ -292,13 +316,32 @@ class VmstashMemAllocator:
                 self._release_backup(self._tags[t].name)
         dropped = [(self._tags[t].name, d) for t in step.drop if self._tags[t].policy == "backup"
                    for d in sorted(self._tags[t].devices)]
+        hooks = _tag_hooks() if step.keep + step.drop else None
         try:
+            if hooks:  # Note [vLLM Tag Hooks]
+                hooks[0]([AllocationView(None, t, False) for t in step.keep + step.drop], None)
             _api.switch(pause, resume, keep_nothing=dropped)
-        except _lib.Error as e:
-            if e.done:  # done on every device; only after-resume hooks failed: record it, then say so
-                self._record(step)
+        except BaseException as e:
+            if isinstance(e, _lib.Error) and e.done:  # done on every device; only after-resume hooks
+                self._record(step)                    # failed: record it, then say so
+            elif hooks:
+                self._run_after_map_hooks(after=e)
             raise
         self._record(step)
+
+    def _run_after_map_hooks(self, after=None):
+        """vLLM's after_map hooks of every tag with nothing asleep (Note [vLLM Tag Hooks]).
+        `after`: the failure this follows, which stays the one raised (a hook's failure is
+        logged then)."""
+        hooks = _tag_hooks()
+        if not hooks:
+            return
+        try:
+            hooks[1]([AllocationView(None, t, s.asleep) for t, s in self._tags.items()])
+        except Exception as e:  # noqa: BLE001 - the first failure is the one raised
+            if after is None:
+                raise
+            logger.warning("vmstash vLLM allocator: an after_map hook failed after %s: %s", after, e)
 
     def _record(self, step):
         for tag, s in _plan.state_after(self._states(), step).items():
