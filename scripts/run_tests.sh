@@ -34,10 +34,12 @@ if [[ $# -eq 0 ]]; then
   bazel test --config=asan //control/... //tools/cli:cli_e2e_test
   scripts/run_fuzzer.sh
   # The architecture's checks: the layer order (query and visibility), clang's
-  # thread-safety analysis of the annotated code, and Bazel/CMake build parity.
+  # thread-safety analysis of the annotated code, Bazel/CMake build parity, and the table
+  # of Notes (docs/architecture.md §11).
   scripts/check_layering.sh
   scripts/check_thread_safety.sh
   scripts/check_build_parity.py
+  scripts/check_note_index.py
   # The wheels (the whole product and the torch_memory_saver drop-in), built as a user
   # would and checked: NEEDED entries, glibc tag, the paged stash kernels.
   scripts/build_wheel.sh build/ci-dist
