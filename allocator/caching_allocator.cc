@@ -753,8 +753,18 @@ absl::StatusOr<const void*> CachingAllocator::BackupAddress(DevicePtr ptr, std::
 }
 
 absl::Status CachingAllocator::Validate() const {
-  MutexLock lock(&mu_);
-  return ValidateLocked();
+  std::vector<TagPool*> pools;
+  {
+    MutexLock lock(&mu_);
+    VMSTASH_RETURN_IF_ERROR(ValidateLocked());
+    for (const auto& pool : pools_) {
+      if (pool != nullptr) pools.push_back(pool.get());
+    }
+  }
+  // Each backup with its arena, under the tag's transition lock (taken before mu_): a pool
+  // dropped meanwhile is retired, not freed (DropEmptyTag).
+  for (TagPool* pool : pools) VMSTASH_RETURN_IF_ERROR(pool->ValidateBackup(&mu_));
+  return absl::OkStatus();
 }
 
 absl::Status CachingAllocator::AfterOpLocked(absl::Status status) const {

@@ -448,6 +448,56 @@ TEST_F(HostCapTest, APausedPageableTagHoldsNoStagingRing) {
   EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings);
 }
 
+// A failed resume leaves the tag paused and holding no ring: one out of device memory after
+// its first piece's copies went through the ring, and one whose wait for its copies fails.
+TEST_F(HostCapTest, AFailedResumeLeavesNoRing) {
+  MakeAllocator(SimDriverOptions{1, 1024 * kMiB, 2 * kMiB, {}}, testing::TestOptions());
+  const TagId t = AddTag("pageable_big", {300 * kMiB});
+  ASSERT_TRUE(alloc_->SetBackupStore(t, BackupStore{BackupStore::Kind::kPageable, ""}).ok());
+  HostBudget& budget = HostBudget::Process();
+  const std::size_t rings = budget.held_for(HostUse::kStagingRing);
+  for (const FaultRule& fault : {FaultRule{DriverOp::kCreateChunk, 2, 1, absl::StatusCode::kResourceExhausted},
+                                 FaultRule{DriverOp::kSynchronizeStream, 1, 1, absl::StatusCode::kInternal}}) {
+    ASSERT_TRUE(alloc_->Pause(t).ok());
+    const std::uint64_t allocs = sim_->Counters().Calls(DriverOp::kHostAlloc);
+    sim_->InjectFault(fault);
+    absl::StatusOr<CachingAllocator::Transition> resumed = alloc_->Resume(t);
+    sim_->ClearFaults();
+    ASSERT_FALSE(resumed.ok());
+    EXPECT_EQ(State(t), "paused");
+    EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostAlloc), allocs + 1) << "the failed resume made a ring";
+    EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings) << resumed.status();
+    EXPECT_TRUE(alloc_->Validate().ok()) << alloc_->Validate();
+    ASSERT_TRUE(alloc_->Resume(t).ok());
+    EXPECT_TRUE(Intact());
+  }
+  FreeAll();
+  ASSERT_TRUE(alloc_->ReleaseBackup(t).ok());
+}
+
+// A switch that resumes a pageable tag and is rolled back (its agreement says no): the
+// incoming tag is paused again, holding no ring.
+TEST_F(HostCapTest, ARolledBackSwitchLeavesNoRingOnItsIncomingTag) {
+  MakeAllocator(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}}, testing::TestOptions());
+  const TagId in = AddTag("pageable_in", {30 * kMiB, 50 * kMiB});
+  const TagId out = AddTag("pinned_out", {20 * kMiB});
+  ASSERT_TRUE(alloc_->SetBackupStore(in, BackupStore{BackupStore::Kind::kPageable, ""}).ok());
+  HostBudget& budget = HostBudget::Process();
+  const std::size_t rings = budget.held_for(HostUse::kStagingRing);
+  ASSERT_TRUE(alloc_->Pause(in).ok());
+  const CachingAllocator::SwitchAgree no = [](const absl::Status&) { return absl::AbortedError("a peer said no"); };
+  absl::StatusOr<CachingAllocator::Transition> switched = alloc_->Switch({out}, {in}, nullptr, nullptr, &no);
+  ASSERT_FALSE(switched.ok());
+  EXPECT_EQ(State(in), "paused");
+  EXPECT_EQ(State(out), "active");
+  EXPECT_EQ(budget.held_for(HostUse::kStagingRing), rings);
+  EXPECT_TRUE(alloc_->Validate().ok()) << alloc_->Validate();
+  ASSERT_TRUE(alloc_->Resume(in).ok());
+  EXPECT_TRUE(Intact());
+  FreeAll();
+  ASSERT_TRUE(alloc_->ReleaseBackup(in).ok());
+}
+
 // --- A release the driver refuses keeps its charge -------------------------------------
 
 // A pageable arena's staging ring whose pinned slots the driver does not free at the end

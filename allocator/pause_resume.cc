@@ -202,6 +202,8 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
     VMSTASH_RETURN_IF_ERROR(pool_->MoveTo(TagState::kResuming));
   }
   auto fail = [&](const absl::Status& status) {
+    pool_->AssertTransitionHeld();
+    pool_->ArenaAfterFailedResume();  // its ring goes (backup_arena.h, Note [Host Budget])
     MutexLock lock(host_->mu());
     VMSTASH_RETURN_IF_ERROR(pool_->MoveTo(TagState::kPaused));
     return status;

@@ -324,6 +324,10 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
                       "and use another tag");
     }
   }
+  for (In& i : in_) {
+    i.pool->AssertTransitionHeld();
+    i.pool->ArenaAfterFailedResume();  // its ring goes (backup_arena.h, Note [Host Budget])
+  }
   MutexLock lock(host_->mu());
   for (In& i : in_) {
     if (i.pool->state() == TagState::kPaused) continue;  // not moved (the switch failed before)

@@ -13,43 +13,6 @@
 #include "base/status_macros.h"
 
 namespace vmstash {
-namespace {
-
-struct Move {
-  TagState from;
-  TagState to;
-};
-// The state machine of tag_pool.h: every allowed (from, to) pair, and only those.
-constexpr Move kAllowedTransitions[] = {
-    {TagState::kActive, TagState::kPausing},    // Pause, Switch (outgoing)
-    {TagState::kPausing, TagState::kPaused},    // its commit
-    {TagState::kPausing, TagState::kActive},    // its rollback
-    {TagState::kPausing, TagState::kBroken},    // a rollback that could not map the memory back
-    {TagState::kPaused, TagState::kResuming},   // Resume, Switch (incoming)
-    {TagState::kResuming, TagState::kActive},   // its commit
-    {TagState::kResuming, TagState::kPaused},   // its rollback
-};
-
-}  // namespace
-
-const char* TagStateName(TagState state) {
-  switch (state) {
-    case TagState::kActive: return "active";
-    case TagState::kPausing: return "pausing";
-    case TagState::kPaused: return "paused";
-    case TagState::kResuming: return "resuming";
-    case TagState::kBroken: return "broken";
-  }
-  return "active";
-}
-
-bool TagTransitionAllowed(TagState from, TagState to) {
-  for (const Move& m : kAllowedTransitions) {
-    if (m.from == from && m.to == to) return true;
-  }
-  return false;
-}
-
 TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
                  HeapConfig large)
     : id_(id),
@@ -59,7 +22,7 @@ TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int
       device_(device),
       small_(std::make_unique<Heap>(std::move(small), blocks_.get())),
       large_(std::make_unique<Heap>(std::move(large), blocks_.get())),
-      store_(std::move(store)) {}
+      backup_(driver, device, name_, std::move(store)) {}
 
 TagPool::~TagPool() {
   for (Event e : copy_events_) {
@@ -116,85 +79,19 @@ absl::Status TagPool::UnmapHeaps(absl::Status* undo_error) {
   return unmapped;
 }
 
-BackupArena* TagPool::EnsureArena() {
-  if (arena_ == nullptr) {
-    arena_ = std::make_unique<BackupArena>(driver_, device_, store_,
-                                           absl::StrCat("the backup of tag '", name_, "' on device ", device_));
-  }
-  return arena_.get();
-}
+void TagPool::SyncArenaBytesLocked() { stats_.backup_arena_bytes = static_cast<std::int64_t>(backup_.held_bytes()); }
 
 absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces,
                                     const std::string& spill_dir, Mutex* owner_mu, const Reclaim& reclaim) {
-  absl::Status s = ArenaForPause(owner_mu)->ReserveLayout(bytes, pieces);
-  if (!absl::IsResourceExhausted(s) || store_.on_disk()) return s;
-  // Note [Host Budget]: other active tags' prepared arenas go first, then one more try.
-  if (reclaim && reclaim(bytes) > 0) {
-    s = arena_->ReserveLayout(bytes, pieces);
-    if (!absl::IsResourceExhausted(s)) return s;
-  }
-  if (spill_dir.empty()) return s;
-  if (absl::Status released = arena_->Release(); !released.ok()) {
-    VMSTASH_LOG(kError, "vmstash: tag '{}': releasing its host backup before spilling to disk: {}", name_,
-                released.ToString());
-    return s;
-  }
-  const BackupStore host = store_;
-  std::unique_ptr<BackupArena> dropped;
-  MoveStore(BackupStore{BackupStore::Kind::kDisk, spill_dir}, owner_mu, &dropped);
-  absl::Status on_disk = EnsureArena()->ReserveLayout(bytes, pieces);
-  if (!on_disk.ok()) {
-    MoveStore(host, owner_mu, &dropped);  // a failed pause changes nothing
-    return absl::Status(on_disk.code(), absl::StrCat(s.message(), "; spilling to spill_dir '", spill_dir,
-                                                     "' failed too: ", on_disk.message()));
-  }
-  spilled_from_ = host;
-  return absl::OkStatus();
-}
-
-void TagPool::MoveStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
-  *dropped = std::move(arena_);
-  ++arena_epoch_;
-  MutexLock lock(owner_mu);
-  store_ = store;
-  stats_.backup_arena_bytes = 0;
-  auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
-  give_back_pending_ = false;
-}
-
-BackupArena* TagPool::ArenaForPause(Mutex* owner_mu) {
-  {
-    MutexLock lock(owner_mu);
-    retained_extents_.clear();  // the arena is written over from here on (Note [Retained Backups])
-    give_back_pending_ = false;  // what is still pinned is used as it is
-  }
-  ++arena_epoch_;
-  pause_found_ = arena_ != nullptr ? arena_->holding() : BackupArena::Holding{};
-  return EnsureArena();
+  return backup_.Reserve(bytes, pieces, spill_dir, owner_mu, reclaim);
 }
 
 void TagPool::ArenaAfterFailedPause(Mutex* owner_mu) {
-  if (spilled_from_.has_value()) {  // the spill of this pause is undone (ReserveBackup)
-    std::unique_ptr<BackupArena> disk;
-    MoveStore(*spilled_from_, owner_mu, &disk);
-    spilled_from_.reset();
-    return;  // the disk arena (its file) goes with `disk`
-  }
-  if (arena_ == nullptr) return;
-  if (retention_.release_with_blocks) {
-    ++arena_epoch_;
-    absl::Status s = arena_->Release();  // nothing retained: the backup goes (Note [Retained Backups])
-    if (s.ok()) return;
-    VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of a failed pause: {}", name_, s.ToString());
-  }
-  // What the pause added goes back: the tag holds what it held before (Note [Host Budget]).
-  arena_->AfterFailedPause(pause_found_, retention_.give_back);
+  backup_.AfterFailedPause(owner_mu);  // the statistic follows at FailPause
 }
 
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
-  // The retained extents, if any, are still the arena's: ArenaForPause dropped them before
-  // the first write into it (Note [Retained Backups]).
-  stats_.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;
+  SyncArenaBytesLocked();
   if (undo_error.ok()) {
     VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
     return cause;
@@ -221,12 +118,12 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
     VMSTASH_RETURN_IF_ERROR(ReserveForPrepare(bytes, background, owner_mu, &pin_to));
     if (pin_to == 0) return absl::OkStatus();
     if (!background) {  // the caller waits for all of it
-      absl::Status pinned = arena_->Pin(pin_to);
+      absl::Status pinned = backup_.Pin(pin_to);
       MutexLock lock(owner_mu);
-      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+      SyncArenaBytesLocked();
       return pinned;
     }
-    epoch = arena_epoch_;
+    epoch = backup_.epoch();
   }
   const auto start = std::chrono::steady_clock::now();
   bool warmed = false;
@@ -246,36 +143,16 @@ absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* ow
   YieldToTransitions();
   MutexLock t(&transition_mu_);
   *done = true;
-  // Paused meanwhile (its pause pinned what it needed; a resume may have given it back),
-  // released, or replaced.
-  if (arena_ == nullptr || arena_epoch_ != epoch) return absl::OkStatus();
   {
     MutexLock lock(owner_mu);
-    if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0) return absl::OkStatus();
+    if (state_ != TagState::kActive || backup_.auto_prepare().requested_bytes == 0) return absl::OkStatus();
   }
-  const std::size_t from = arena_->PinnedPrefixBytes();
-  if (from >= pin_to) return absl::OkStatus();
-  if (!*warmed) {  // all of it faulted in first, then registered step by step (BackupArena::Warm)
-    *warmed = true;
-    auto announced = [this] { return transitions_waiting_.load(std::memory_order_acquire) > 0; };
-    absl::Status w = arena_->Warm(pin_to, announced);
-    {
-      MutexLock lock(owner_mu);
-      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
-    }
-    // Over the host cap (Note [Host Budget]: all of it is charged at once), or short of
-    // memory: the steps below pin what fits, step by step, as they did alone.
-    if (!w.ok() && !absl::IsResourceExhausted(w)) return w;
-    if (announced()) {  // a pause waits: it goes first (a later step pins what is still cold)
-      *done = false;
-      return absl::OkStatus();
-    }
-  }
-  absl::Status pinned = arena_->Pin(std::min(pin_to, from + kPrepareStepBytes));
-  *done = !pinned.ok() || arena_->PinnedPrefixBytes() >= pin_to;
+  auto announced = [this] { return transitions_waiting_.load(std::memory_order_acquire) > 0; };
+  bool yield = false;
+  absl::Status s = backup_.PinStep(epoch, pin_to, kPrepareStepBytes, announced, warmed, done, &yield);
   MutexLock lock(owner_mu);
-  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
-  return pinned;
+  SyncArenaBytesLocked();
+  return s;
 }
 
 absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to) {
@@ -284,7 +161,7 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
     MutexLock lock(owner_mu);
     if (background) {
       // Paused, broken, or released since the request (which reset the target).
-      if (state_ != TagState::kActive || auto_prepare_.requested_bytes == 0) return absl::OkStatus();
+      if (state_ != TagState::kActive || backup_.auto_prepare().requested_bytes == 0) return absl::OkStatus();
     } else if (policy_ != Policy::kBackup) {
       return absl::FailedPreconditionError(
           absl::StrCat("tag '", name_, "' has policy discard: it has no backup arena to prepare"));
@@ -293,27 +170,14 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
           absl::StrCat("prepare of tag '", name_, "' on device ", device_, ": the tag is ", TagStateName(state_),
                        " and its backup arena holds its bytes; prepare before pausing or after resuming"));
     }
-    if (background && !retained_extents_.empty()) return absl::OkStatus();  // Note [Retained Backups]
-    if (!background) give_back_pending_ = false;  // the caller wants it pinned
     if (want == 0) want = static_cast<std::size_t>(stats_.requested_bytes.current);
   }
   if (want > std::numeric_limits<std::size_t>::max() / 2) {
     return absl::InvalidArgumentError(absl::StrCat("prepare of tag '", name_, "': ", want, " bytes is not a size"));
   }
-  // Every live block rounds up to a page in the arena; leave room for that.
-  const std::size_t need = want + want / 64 + kBackupAlignBytes;
-  const bool grows = arena_ == nullptr || need > arena_->capacity_bytes();
-  if (arena_ != nullptr && grows) {
-    MutexLock lock(owner_mu);
-    retained_extents_.clear();  // the arena is replaced: what it retained is gone
-  }
-  if (grows) ++arena_epoch_;
-  VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(need));
-  // Note [Retained Backups], give_back: a background preparation does not pin again what a
-  // resume gave back.
-  if (!background || grows || !retention_.give_back) *pin_to = arena_->capacity_bytes();
+  VMSTASH_RETURN_IF_ERROR(backup_.ReserveForPrepare(want, background, owner_mu, pin_to));
   MutexLock lock(owner_mu);
-  stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
+  SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
@@ -327,19 +191,19 @@ absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
                                                         "its bytes; resume it first"));
     }
   }
-  ++arena_epoch_;
-  if (arena_ != nullptr) VMSTASH_RETURN_IF_ERROR(arena_->Release());
+  VMSTASH_RETURN_IF_ERROR(backup_.Release(owner_mu, ReservedBytes(owner_mu)));
   MutexLock lock(owner_mu);
-  give_back_pending_ = false;
-  retained_extents_.clear();
-  stats_.backup_arena_bytes = 0;
-  auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
-  auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+  SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
+std::size_t TagPool::ReservedBytes(Mutex* owner_mu) const {
+  MutexLock lock(owner_mu);
+  return static_cast<std::size_t>(stats_.reserved_bytes.current);
+}
+
 bool TagPool::DropBackupOf(const Block* block) {
-  BackupExtents& extents = state_ == TagState::kPaused ? backup_extents_ : retained_extents_;
+  BackupExtents& extents = state_ == TagState::kPaused ? backup_extents_ : backup_.retained();
   auto found = extents.find(block);
   if (found == extents.end()) return false;
   const bool had_bytes = !found->second.empty();
@@ -348,8 +212,8 @@ bool TagPool::DropBackupOf(const Block* block) {
   }
   extents.erase(found);
   if (!had_bytes || HasBackedUpBytes(extents)) return false;
-  if (state_ != TagState::kPaused) retained_extents_.clear();
-  return retention_.release_with_blocks;
+  if (state_ != TagState::kPaused) backup_.retained().clear();
+  return backup_.retention().release_with_blocks;
 }
 
 void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
@@ -359,40 +223,37 @@ void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
   ForegroundLock t(this);  // Note [Background Steps Yield]
   {
     MutexLock lock(owner_mu);
-    const bool orphaned = retention_.release_with_blocks && arena_ != nullptr &&
+    const bool orphaned = backup_.retention().release_with_blocks && backup_.has_arena() &&
                           (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_)
-                                                       : state_ == TagState::kActive && retained_extents_.empty());
+                                                       : state_ == TagState::kActive && backup_.retained().empty());
     if (!orphaned) return;
   }
-  ++arena_epoch_;
-  absl::Status s = arena_->Release();
+  absl::Status s = backup_.Release(owner_mu, ReservedBytes(owner_mu));
   if (!s.ok()) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of its freed blocks: {}", name_, s.ToString());
-  } else {
-    MutexLock lock(owner_mu);
-    stats_.backup_arena_bytes = 0;
-    auto_prepare_.requested_bytes = 0;
-    auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+    return;
   }
+  MutexLock lock(owner_mu);
+  SyncArenaBytesLocked();
 }
 
 std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
   {
     MutexLock lock(owner_mu);
     // Never a paused tag's arena (its backup), nor bytes a resume kept readable.
-    if (state_ != TagState::kActive || !retained_extents_.empty() || arena_ == nullptr) {
+    if (state_ != TagState::kActive || !backup_.retained().empty() || !backup_.has_arena()) {
       transition_mu_.Unlock();
       return 0;
     }
   }
-  const std::size_t charged = arena_->charged_bytes();
+  const std::size_t charged = backup_.arena()->charged_bytes();
   if (charged == 0) {
     transition_mu_.Unlock();
     return 0;
   }
-  ++arena_epoch_;  // a background preparation's next step finds the arena moved
-  absl::Status s = arena_->Release();
-  const std::size_t given = charged - std::min(charged, arena_->charged_bytes());
+  const std::size_t floor = ReservedBytes(owner_mu);
+  absl::Status s = backup_.Release(owner_mu, floor);
+  const std::size_t given = charged - std::min(charged, backup_.arena()->charged_bytes());
   if (s.ok()) {
     VMSTASH_LOG(kInfo, "vmstash: tag '{}' on device {}: its prepared backup arena ({} bytes) was given back for "
                 "another tag's pause over host_max", name_, device_, given);
@@ -401,10 +262,9 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
   }
   {
     MutexLock lock(owner_mu);
-    stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
-    if (s.ok()) give_back_pending_ = false;
-    auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
-    auto_prepare_.floor_bytes = static_cast<std::size_t>(stats_.reserved_bytes.current);
+    SyncArenaBytesLocked();
+    backup_.auto_prepare().requested_bytes = 0;  // a queued background request finds this and does nothing
+    backup_.auto_prepare().floor_bytes = floor;
   }
   transition_mu_.Unlock();
   return given;
@@ -412,40 +272,29 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
 
 void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
   ForegroundLock t(this);
-  MutexLock lock(owner_mu);
-  retention_ = retention;
+  backup_.SetRetention(retention, owner_mu);
 }
 
-void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) {
-  if (arena_ == nullptr) return;
-  arena_->FreeRingAfterResume();  // a ring lives for one transition (backup_arena.h, Note [Host Budget])
-  if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) return;  // kept readable
-  if (later && retention_.give_back && store_.kind == BackupStore::Kind::kPinned) {
-    MutexLock lock(owner_mu);
-    give_back_pending_ = true;  // NoteReservedLocked asks the background thread
-    return;
-  }
-  arena_->DropContents(retention_.give_back);
-}
+void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) { backup_.AfterResume(later, owner_mu); }
 
 absl::Status TagPool::GiveBack(Mutex* owner_mu) {
   for (;;) {
     YieldToTransitions();
     MutexLock t(&transition_mu_);
+    bool gone = false;
     {
       MutexLock lock(owner_mu);
-      if (!give_back_pending_) return absl::OkStatus();
-      if (state_ != TagState::kActive || arena_ == nullptr) {
-        give_back_pending_ = false;
-        return absl::OkStatus();
-      }
+      if (!backup_.give_back_pending()) return absl::OkStatus();
+      gone = state_ != TagState::kActive || !backup_.has_arena();
     }
-    bool more = false;
-    absl::Status s = arena_->GiveBackSome(kPrepareStepBytes, &more);
+    if (gone) {
+      backup_.CancelGiveBack(owner_mu);
+      return absl::OkStatus();
+    }
+    absl::Status s = backup_.GiveBackStep(kPrepareStepBytes, owner_mu);
     MutexLock lock(owner_mu);
-    if (!s.ok() || !more) give_back_pending_ = false;
-    stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
-    if (!s.ok() || !more) return s;
+    SyncArenaBytesLocked();
+    if (!s.ok() || !backup_.give_back_pending()) return s;
   }
 }
 
@@ -457,35 +306,28 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
       return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' has policy discard: its pauses "
                                                         "keep no bytes, so it has no backup store"));
     }
-    if (store_ == store) return absl::OkStatus();
+    if (backup_.store() == store) return absl::OkStatus();
     if (state_ != TagState::kActive) {
       return absl::FailedPreconditionError(absl::StrCat("backup store of tag '", name_, "' on device ", device_,
                                                         ": the tag is ", TagStateName(state_), " and its ",
-                                                        DescribeBackupStore(store_), " backup holds its bytes; change "
-                                                        "the store while the tag is active"));
+                                                        DescribeBackupStore(backup_.store()), " backup holds its "
+                                                        "bytes; change the store while the tag is active"));
     }
   }
   // The arena is touched only under the transition lock, which is held: no pause can be
   // using it or start (the tag stays active). Released here, without the owner's mu, so
   // that a release the driver refuses changes nothing but what went back (the rest stays
   // charged: Note [Host Budget]) rather than fail unseen in a destructor.
-  if (arena_ != nullptr) {
-    if (absl::Status released = arena_->Release(); !released.ok()) {
-      MutexLock lock(owner_mu);
-      stats_.backup_arena_bytes = static_cast<std::int64_t>(arena_->held_bytes());
-      return absl::Status(released.code(), absl::StrCat("backup store of tag '", name_, "' on device ", device_,
-                                                        " unchanged: releasing its ", DescribeBackupStore(store_),
-                                                        " arena failed: ", released.message()));
-    }
+  if (absl::Status released = backup_.Release(owner_mu, std::nullopt); !released.ok()) {
+    MutexLock lock(owner_mu);
+    SyncArenaBytesLocked();
+    return absl::Status(released.code(), absl::StrCat("backup store of tag '", name_, "' on device ", device_,
+                                                      " unchanged: releasing its ", DescribeBackupStore(backup_.store()),
+                                                      " arena failed: ", released.message()));
   }
-  *dropped = std::move(arena_);
-  ++arena_epoch_;
+  backup_.MoveStore(store, owner_mu, dropped);
   MutexLock lock(owner_mu);
-  give_back_pending_ = false;
-  retained_extents_.clear();
-  store_ = store;
-  stats_.backup_arena_bytes = 0;
-  auto_prepare_.requested_bytes = 0;
+  SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
@@ -497,7 +339,7 @@ absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, 
     MutexLock lock(owner_mu);
     // Paused: what the pause saved; active: what a resume retained (Note [Retained Backups]).
     const BackupExtents* held = state_ == TagState::kPaused   ? &backup_extents_
-                                : state_ == TagState::kActive ? &retained_extents_
+                                : state_ == TagState::kActive ? &backup_.retained()
                                                               : nullptr;
     if (held == nullptr) return false;
     for (const auto& [block, extents] : *held) {
@@ -513,10 +355,8 @@ absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, 
     }
   }
   if (!offset.has_value()) return false;
-  // Without the owner's mu (a disk read may take long; nobody else waits for it): Note
-  // [Disk Backup], a read error rather than a SIGBUS, and only these bytes are read.
-  VMSTASH_RETURN_IF_ERROR(arena_->Load(*offset, size_bytes));
-  use(arena_->data() + *offset);
+  // Without the owner's mu (a disk read may take long; nobody else waits for it).
+  VMSTASH_RETURN_IF_ERROR(backup_.Read(*offset, size_bytes, use));
   return true;
 }
 
@@ -550,7 +390,7 @@ bool TagPool::Empty() {
   if (!control_mu_.TryLock()) return false;
   bool empty = false;
   if (transition_mu_.TryLock()) {
-    empty = arena_ == nullptr && copy_stream_ == nullptr;
+    empty = !backup_.has_arena() && copy_stream_ == nullptr;
     transition_mu_.Unlock();
   }
   control_mu_.Unlock();
@@ -566,7 +406,7 @@ void TagPool::FillStats(TagStats* out) const {
   *out = stats_;
   out->name = name_;
   out->policy = policy_;
-  out->backup_store = DescribeBackupStore(store_);
+  out->backup_store = DescribeBackupStore(backup_.store());
   out->state = TagStateName(state_);
   // A pool in transition is being changed by its pauser/resumer without the owner's mu: not read.
   out->cached_bytes = frozen() ? 0 : static_cast<std::int64_t>(free_bytes());
@@ -607,20 +447,14 @@ void TagPool::AppendSnapshot(Snapshot* snap) const {
 
 absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
-  if (spilled_from_.has_value()) {
-    VMSTASH_LOG(kWarning, "vmstash: tag '{}' on device {}: its backup did not fit under host_max (or the host refused "
-                "it): it now goes to {} (spill_dir), for this pause and the later ones", name_, device_,
-                DescribeBackupStore(store_));
-    spilled_from_.reset();
-  }
+  backup_.AfterPause();  // the arena now holds this pause's bytes
   backup_extents_ = std::move(extents);
-  retained_extents_.clear();  // the arena now holds this pause's bytes
   TagStats& s = stats_;
   s.reserved_bytes.Add(-s.reserved_bytes.current);
   s.chunks = 0;
   s.paused_bytes = static_cast<std::int64_t>(released);
   s.backed_up_bytes = static_cast<std::int64_t>(backed_up);
-  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;
+  SyncArenaBytesLocked();
   ++s.pauses;
   s.last_pause_ms = ms;
   s.last_pause_gib_per_s = ms > 0 ? backed_up / (ms / 1000.0) / (1 << 30) : 0;
@@ -630,20 +464,23 @@ absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, st
 absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
   // Note [Retained Backups]: what ArenaAfterResume kept stays readable.
-  retained_extents_.clear();
-  if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles && HasBackedUpBytes(backup_extents_)) {
-    retained_extents_ = std::move(backup_extents_);
-  }
+  backup_.KeepReadable(&backup_extents_);
   backup_extents_.clear();
   NoteReserved();
   TagStats& s = stats_;
-  s.backup_arena_bytes = arena_ ? static_cast<std::int64_t>(arena_->held_bytes()) : 0;  // a disk-files arena is gone
+  SyncArenaBytesLocked();  // a disk-files arena is gone
   s.paused_bytes = 0;
   s.backed_up_bytes = 0;
   ++s.resumes;
   s.last_resume_ms = ms;
   s.last_resume_gib_per_s = ms > 0 ? restored / (ms / 1000.0) / (1 << 30) : 0;
   return absl::OkStatus();
+}
+
+absl::Status TagPool::ValidateBackup(Mutex* owner_mu) {
+  ForegroundLock t(this);
+  MutexLock lock(owner_mu);
+  return backup_.Validate(state_, /*arena_checked=*/true, stats_.backup_arena_bytes);
 }
 
 absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes,
@@ -668,7 +505,7 @@ absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_
       return fail(absl::StrCat("backed-up stat ", stats_.backed_up_bytes, " but its extents hold ", backed_up));
     }
   }
-  if (state_ == TagState::kPaused && !retained_extents_.empty()) return fail("it holds retained backup extents");
+  VMSTASH_RETURN_IF_ERROR(backup_.Validate(state_, /*arena_checked=*/false, 0));
   if (state_ == TagState::kActive) {
     if (small_->paused() || large_->paused()) return fail("a heap is paused");
     if (!backup_extents_.empty()) return fail("it holds backup extents");

@@ -3,7 +3,8 @@
 //
 // What: a pool owns its tag's identity (id, name, policy: read here, never from its
 // stats), its two heaps (small: requests up to kSmallMaxBytes; large: geometric growth,
-// heap.h) and their block records, its backup arena and backup store, the copy stream and
+// heap.h) and their block records, its backup (tag_backup.h: store, retention, arena and
+// the arena's own state machine, told the tag's state by the pool), the copy stream and
 // events of its transitions, its hooks and its statistics, and the two locks of its
 // transitions. The CachingAllocator keeps one pool per tag in use on its device (its
 // directory, indexed by TagId); the transition executors (pause_resume.h, switch.h,
@@ -68,19 +69,17 @@
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 #include "allocator/tag.h"
+#include "allocator/tag_backup.h"
+#include "allocator/tag_state.h"
 #include "allocator/transition_plan.h"
 #include "base/mutex.h"
 #include "vmm/driver.h"
 
 namespace vmstash {
 
-enum class TagState { kActive, kPausing, kPaused, kResuming, kBroken };
-const char* TagStateName(TagState state);
-// True when MoveTo(to) is allowed from `from` (the table in tag_pool.cc).
-bool TagTransitionAllowed(TagState from, TagState to);
-
 // Note [Retained Backups]
-//   What happens to a `backup` tag's arena after a resume (TagPool::SetRetention; the
+//   What happens to a `backup` tag's arena after a resume (BackupRetention in
+//   tag_backup.h, set by TagPool::SetRetention; the
 //   default keeps vmstash's own choice: the arena stays prepared for the next pause, its
 //   contents dropped, nothing readable). torch_memory_saver's drop-in sets both flags as
 //   its retain_cpu_backup asks (torch_plugin/c_abi/tms_c.cc):
@@ -109,12 +108,6 @@ bool TagTransitionAllowed(TagState from, TagState to);
 //                        it makes or grows; a foreground one, a new store or a release
 //                        cancels a pending hand-back. torch_memory_saver's default mode
 //                        (retain_cpu_backup off).
-struct BackupRetention {
-  bool keep_after_resume = false;
-  bool release_with_blocks = false;
-  bool give_back = false;
-};
-
 // Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
 using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
 using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>;  // (before pause, after resume)
@@ -137,7 +130,7 @@ class TagPool {
   bool backup() const { return policy_ == Policy::kBackup; }
   // Where a `backup` tag's pauses put their bytes: written holding both the transition
   // lock and the owner's mu, so read holding either.
-  const BackupStore& store() const { return store_; }
+  const BackupStore& store() const { return backup_.store(); }
 
   // --- State machine (owner's mu) -------------------------------------------------------
   TagState state() const { return state_; }
@@ -180,9 +173,9 @@ class TagPool {
   BackupExtents& backup_extents() { return backup_extents_; }
   const BackupExtents& backup_extents() const { return backup_extents_; }
   // Note [Retained Backups] (owner's mu): while active, the extents a resume kept readable.
-  bool has_retained() const { return !retained_extents_.empty(); }
+  bool has_retained() const { return !backup_.retained().empty(); }
   // Whether a free may have backup bytes to drop (DropBackupOf); false on the usual path.
-  bool holds_backup_records() const { return !backup_extents_.empty() || !retained_extents_.empty(); }
+  bool holds_backup_records() const { return !backup_extents_.empty() || !backup_.retained().empty(); }
   // A free (the owner's mu held) of `block`: drops its backup bytes (paused) or its
   // retained ones (active). True when that dropped the arena's last backed-up bytes and
   // the retention releases the arena with its blocks: the caller then calls
@@ -195,35 +188,16 @@ class TagPool {
   // For a caller that holds the lock through a lock set clang cannot follow (a switch's
   // OrderedLocks): states it, for the analysis only.
   void AssertTransitionHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(transition_mu_) {}
-  BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return arena_.get(); }
-  // The arena, made (empty, for the tag's store) on first use.
-  BackupArena* EnsureArena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  // A pause (or a switch pausing the tag) about to reserve and write the arena: what a
-  // resume retained is dropped from here on (Note [Retained Backups]), so that a pause
-  // failing before this point changes nothing and one failing after it never lets the
-  // old extents read bytes it wrote over. Takes the owner's mu for the extents.
-  BackupArena* ArenaForPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  // Takes back other tags' prepared arenas for a pause over the cap: called with the
-  // bytes wanted, returns the bytes refunded (TransitionHost::ReclaimPreparedArenas).
-  using Reclaim = std::function<std::size_t(std::size_t wanted)>;
-  // A pause's (or switch's) backup reservation: ArenaForPause, then ReserveLayout of
-  // `bytes` in `pieces` (BackupPieceBytes). When the host refuses a host store (the host
-  // budget, Note [Host Budget] in backup_arena.h, or the host itself: ResourceExhausted),
-  // `reclaim` (if set) takes back what other active tags hold prepared and, if it gave
-  // something back, the reservation is tried once more; if it is still refused and
-  // `spill_dir` is set, the tag moves to the disk store there, logged, for this pause and
-  // the later ones (the move is undone if the pause fails later: ArenaAfterFailedPause;
-  // logged when it commits: NotePaused); if the disk refuses too, the store stays as it
-  // was and both errors are returned.
+  BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return backup_.arena(); }
+  using Reclaim = TagBackup::Reclaim;
+  // A pause's (or switch's) backup reservation (TagBackup::Reserve: the arena from here on
+  // holds the pause's bytes; a store refused by the host cap or the host takes back other
+  // tags' prepared arenas through `reclaim`, then spills to `spill_dir`); the arena-bytes
+  // statistic follows.
   absl::Status ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces, const std::string& spill_dir,
                              Mutex* owner_mu, const Reclaim& reclaim = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
-  // A pause (or switch) failed after ArenaForPause: the arena gives its contents back
-  // (DropContents: a disk-files arena's files removed) and what the pause added to what it
-  // held when ArenaForPause found it (BackupArena::AfterFailedPause: the tag holds, and is
-  // charged, what it did before), or, when the retention releases the backup with the
-  // blocks, is released (its bytes are of no block any more).
-  // A pause that had moved the tag to spill_dir (ReserveBackup) moves it back first.
+  // A pause (or switch) failed after ReserveBackup (TagBackup::AfterFailedPause).
   void ArenaAfterFailedPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // Note [Host Budget] (backup_arena.h): another tag's pause over the cap takes back this
   // tag's arena if the tag is active and the arena is held only in readiness (no bytes
@@ -251,8 +225,8 @@ class TagPool {
   //   SetRetention, the last free's ReleaseOrphanedArena, a backup read) announces itself
   //   before it waits for it (AnnounceTransition, WithdrawTransition once it holds it; in
   //   ForegroundLock), and the loops take no next step while one is
-  //   announced (YieldToTransitions); after it they find the arena moved on (arena_epoch_,
-  //   give_back_pending_) and stop, or go on. A preparation faults in all of the arena
+  //   announced (YieldToTransitions); after it they find the arena moved on (the backup's
+  //   epoch and state) and stop, or go on. A preparation faults in all of the arena
   //   before its first registration (many threads: BackupArena::Warm), the threads
   //   checking for an announced transition before each unit of PinnedPieces::kWarmUnitBytes.
   static constexpr std::size_t kPrepareStepBytes = std::size_t{512} << 20;
@@ -277,10 +251,12 @@ class TagPool {
   absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
   absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
  private:
-  // The store becomes `store` (the owner's mu taken); the arena goes to *dropped, for the
-  // caller to free without the owner's mu; queued background preparations find nothing.
-  void MoveStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // The reserved-bytes statistic, read under `owner_mu` (a release's floor for background
+  // preparation).
+  std::size_t ReservedBytes(Mutex* owner_mu) const;
+  // The one sync of the arena-bytes statistic with what the arena holds (owner's mu and
+  // transition lock held).
+  void SyncArenaBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // Note [Background Steps Yield]: returns once no foreground transition is announced.
   void YieldToTransitions() const ABSL_LOCKS_EXCLUDED(transition_mu_);
   // Prepare's first step: sizes the arena; *pin_to: how far it is to be pinned (0: no pinning).
@@ -288,9 +264,9 @@ class TagPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   // A background preparation's later steps: pins up to kPrepareStepBytes more of
   // [0, pin_to) unless the tag stopped wanting it or the arena changed since step one (a
-  // pause, a new store, a release: arena_epoch_ moved); *done when nothing is left. The
-  // first of them (*warmed false) faults in all of [0, pin_to) first (BackupArena::Warm),
-  // ending early when a foreground transition announces itself.
+  // pause, a new store, a release: the backup's epoch moved); *done when nothing is left.
+  // The first of them (*warmed false) faults in all of [0, pin_to) first
+  // (BackupArena::Warm), ending early when a foreground transition announces itself.
   absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* warmed, bool* done)
       ABSL_LOCKS_EXCLUDED(transition_mu_);
  public:
@@ -302,15 +278,17 @@ class TagPool {
   // Note [Retained Backups]: set holding the transition lock and the owner's mu, so read
   // holding either.
   void SetRetention(BackupRetention retention, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  const BackupRetention& retention() const { return retention_; }
-  // A resume's (or switch-in's) end, its restore copies complete: the arena gives its
-  // pages back (DropContents), unless the retention keeps its bytes readable. A pinned
-  // arena whose retention gives its memory back does it now, or, with `later`, leaves it
-  // to GiveBack on a background thread (give_back_pending; takes `owner_mu` to mark it), so
-  // that the resume returns when the device has its bytes.
+  const BackupRetention& retention() const { return backup_.retention(); }
+  // A resume's (or switch-in's) end, its restore copies complete (TagBackup::AfterResume:
+  // the arena's contents dropped, kept readable, or its memory left to GiveBack on a
+  // background thread with `later`, so that the resume returns when the device has its
+  // bytes).
   void ArenaAfterResume(bool later, Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A resume (or switch-in) failed, its copies waited for: the tag stays paused, its arena
+  // holding its bytes; the staging ring the copies made goes (TagBackup::AfterFailedResume).
+  void ArenaAfterFailedResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { backup_.AfterFailedResume(); }
   // Owner's mu: a resumed arena's memory is still to be given back.
-  bool give_back_pending() const { return give_back_pending_; }
+  bool give_back_pending() const { return backup_.give_back_pending(); }
   // The background hand-back: steps of kPrepareStepBytes, each under the transition lock,
   // while the tag is active and the hand-back still pending (a pause cancels it and keeps
   // what is still pinned). Errors end it (logged by the caller), the rest stays pinned.
@@ -343,13 +321,8 @@ class TagPool {
   void AddHooks(TransitionHook before_pause, TransitionHook after_resume) {
     hooks_.emplace_back(std::move(before_pause), std::move(after_resume));
   }
-  struct AutoPrepare {
-    std::size_t requested_bytes = 0;  // the last background request
-    // ReleaseBackup's reserved bytes: background preparation waits until the tag grows
-    // past them, so a released arena is not pinned again at the next resume.
-    std::size_t floor_bytes = 0;
-  };
-  AutoPrepare& auto_prepare() { return auto_prepare_; }
+  using AutoPrepare = TagBackup::AutoPrepare;
+  AutoPrepare& auto_prepare() { return backup_.auto_prepare(); }
 
   // --- Statistics (owner's mu) -------------------------------------------------------------
   // The counters; their identity fields (name, policy, store, state) are filled by FillStats.
@@ -385,11 +358,15 @@ class TagPool {
   absl::Status NoteResumed(std::size_t restored, double ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
   // Invariant walker, in the style of Heap::Validate: Internal naming the first violation.
-  // The state machine's (last move in the table; parts agreeing with the state), then, for
-  // a pool that is not frozen, the heaps' and the stats'. `bypass_bytes`: bytes of this
+  // The state machine's (last move in the table; parts agreeing with the state), the
+  // backup's (TagBackup::Validate; its arena too when the transition lock is free), then,
+  // for a pool that is not frozen, the heaps' and the stats'. `bypass_bytes`: bytes of this
   // tag's bypass allocations (counted in its stats, not in its heaps). *allocated_bytes
   // and *pending_blocks accumulate as in Heap::Validate.
   absl::Status Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes, std::size_t* pending_blocks) const;
+  // The backup's invariants with its arena (TagBackup::Validate, arena_checked): waits for
+  // the transition lock, then takes `owner_mu`. Not from inside a transition of the tag.
+  absl::Status ValidateBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
 
  private:
   const TagId id_;
@@ -406,25 +383,17 @@ class TagPool {
   TagState state_ = TagState::kActive;
   TagState previous_ = TagState::kActive;  // before the last move (Validate)
   std::string broken_reason_;
-  BackupStore store_;
-  BackupRetention retention_;
-  bool give_back_pending_ = false;  // written holding the transition lock and the owner's mu
   BackupExtents backup_extents_;
-  BackupExtents retained_extents_;  // Note [Retained Backups]
   TransitionHooks hooks_;
-  AutoPrepare auto_prepare_;
   TagStats stats_;
 
   mutable Mutex control_mu_;
   mutable Mutex transition_mu_;
   std::atomic<int> transitions_waiting_{0};  // Note [Background Steps Yield]
-  std::unique_ptr<BackupArena> arena_ ABSL_GUARDED_BY(transition_mu_);
-  // Moves whenever the arena is written by a pause, replaced or released (PinStep).
-  std::uint64_t arena_epoch_ ABSL_GUARDED_BY(transition_mu_) = 0;
-  // What the arena held when the pause in progress found it (ArenaForPause).
-  BackupArena::Holding pause_found_ ABSL_GUARDED_BY(transition_mu_);
-  // The host store a pause in progress moved the tag from (ReserveBackup's spill).
-  std::optional<BackupStore> spilled_from_ ABSL_GUARDED_BY(transition_mu_);
+  // The backup's life (tag_backup.h: its locking): its arena under transition_mu_; its
+  // state, store, retention, retained extents and auto-prepare marks under the owner's mu
+  // as that header says.
+  TagBackup backup_;
   Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;
   std::vector<Event> copy_events_ ABSL_GUARDED_BY(transition_mu_);
 };

@@ -26,7 +26,8 @@ def main():
         except (UnicodeDecodeError, OSError):
             continue
         for name in NOTE.findall(text):
-            named.setdefault(WRAP.sub(" ", name), path)
+            if "{" not in name:  # a format string's placeholder, not a Note
+                named.setdefault(WRAP.sub(" ", name), path)
     with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
         doc = f.read()
     table = doc[doc.index("## 11. The Notes"):] if "## 11. The Notes" in doc else ""

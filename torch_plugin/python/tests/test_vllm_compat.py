@@ -657,6 +657,57 @@ def test_a_failed_sleep_after_the_before_unmap_hooks_runs_the_after_map_hooks(re
     assert sim.holds(w, 4 * MiB, 0x32)
 
 
+def test_a_wake_done_with_a_failed_vmstash_hook_still_runs_vllms_after_map_hooks(review_alloc, tag_hooks, sim):
+    """Every tag is mapped again (the switch is done; a vmstash after-resume hook failed):
+    vLLM's after_map hooks run before the error is raised."""
+    import vmstash
+    a = review_alloc
+    a.made("thd_weights", "backup", 2 * MiB, 0x21)
+    a.made("thd_kv", "discard", 2 * MiB, 0)
+    registered = {"thd_kv": True}
+    tag_hooks("thd_kv", lambda: registered.__setitem__("thd_kv", False),
+              lambda: registered.__setitem__("thd_kv", True))
+    a.sleep(offload_tags=("thd_weights",))
+    assert registered == {"thd_kv": False}
+    _set_hooks("vllm.thd_weights", after=lambda tag, dev, user: 1)
+    try:
+        with pytest.raises(vmstash.Error) as e:
+            a.wake_up()
+    finally:
+        _set_hooks("vllm.thd_weights")
+    assert e.value.done and a.asleep_tags() == []
+    assert registered == {"thd_kv": True}
+
+
+def test_dropping_retired_pools_and_a_discard_take_the_locks_in_one_order(review_alloc, sim, monkeypatch):
+    """_drop_retired paused inside both locks while another thread discards: the discard
+    waits for it, then runs (the opposite orders waited for each other for good)."""
+    import threading
+    from vmstash import _torch
+    a = review_alloc
+    a.made("lo_kv", "discard", 2 * MiB, 0)
+    a._retired = [(0, object())]
+    inside, go = threading.Event(), threading.Event()
+    real = _torch.open_regions
+
+    def held_here():  # the thread descheduled inside the locks
+        inside.set()
+        go.wait(60)
+        return real()
+    monkeypatch.setattr(_torch, "open_regions", held_here)
+    dropping = threading.Thread(target=a._drop_retired, daemon=True)
+    dropping.start()
+    assert inside.wait(60)
+    discarding = threading.Thread(target=a.discard, args=(["lo_kv"],), daemon=True)
+    discarding.start()
+    go.set()
+    dropping.join(60)
+    discarding.join(60)
+    assert not dropping.is_alive() and not discarding.is_alive()
+    assert a.asleep_tags() == ["lo_kv"]
+    a.wake_up()
+
+
 def test_a_vllm_without_tag_hooks_gets_none_run(review_alloc, monkeypatch, sim):
     """vLLM 0.33's vllm.device_allocator (no hook functions), or none imported: the allocator
     sleeps and wakes as before."""

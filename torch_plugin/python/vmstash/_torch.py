@@ -13,11 +13,11 @@ import atexit
 import collections
 import contextlib
 import threading
+import warnings
 
 from . import _api, _lib
 
 _lock = threading.RLock()
-_routes_changed = threading.Condition(_lock)
 _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
 
@@ -42,9 +42,12 @@ def _torch():
 
 
 def _device_index(torch, device):
+    """The index of `device` (None, "cuda" or a torch.device without one: the current device),
+    so that a pool and the routings into it are keyed alike (Note [Hints and Routing])."""
     if device is None:
         return torch.cuda.current_device()
-    return torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+    index = torch.device("cuda", device).index if isinstance(device, int) else torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
 
 
 def pool(tag, policy="discard", device=None):
@@ -122,31 +125,34 @@ def region(tag, policy="discard", *, all_threads=False, device=None):
 #   (tag, device) and thread (all_threads: every thread), and a pause (hint_session) takes
 #   the hint of a tag on a device only when no other thread has a routing into the pool
 #   open there; else that device pauses without a hint (every live block copied whole:
-#   slower, nothing written lost). A routing opened by another thread while a pause holds
-#   the pool's hint waits for the pause's C call to return. A pool context the program
-#   enters itself (torch.cuda.use_mem_pool(vmstash.pool(tag))) is not seen: pause such a
-#   tag only while no other thread allocates into it.
+#   slower, nothing written lost). A routing opened while a pause holds the pool's hint (by
+#   another thread, or by a before-pause hook on the pausing thread) is not made to wait —
+#   a hook may hand work to another thread and wait for it, and a wait would then never
+#   end — but the pause then warns (RuntimeWarning) that what was allocated there may not
+#   be kept: allocating in a tag while it pauses is the program's race. A pool context the
+#   program enters itself (torch.cuda.use_mem_pool(vmstash.pool(tag))) is not seen: pause
+#   such a tag only while no other thread allocates into it.
 _ALL_THREADS = "all threads"  # the owner of an all_threads routing: never a pausing thread
 _routes = {}  # (tag, device) -> Counter of open routings by thread ident (or _ALL_THREADS)
 _hinting = {}  # (tag, device) -> Counter of the hint sessions holding its hint, by thread
+_opened_while_hinted = collections.Counter()  # (tag, device) -> routings opened meanwhile
 
 
 @contextlib.contextmanager
 def routing(tag, device, all_threads=False):
     """Counts a routing of allocations into the MemPool of `tag` on `device` while inside
-    (Note [Hints and Routing]); waits first while another thread's pause holds its hint."""
-    key, me = (tag, device), threading.get_ident()
-    owner = _ALL_THREADS if all_threads else me
-    with _routes_changed:
-        while any(t != me for t in _hinting.get(key, ())):
-            _routes_changed.wait()
+    (Note [Hints and Routing])."""
+    key = (tag, device)
+    owner = _ALL_THREADS if all_threads else threading.get_ident()
+    with _lock:
+        if key in _hinting:
+            _opened_while_hinted[key] += 1
         _routes.setdefault(key, collections.Counter())[owner] += 1
     try:
         yield
     finally:
-        with _routes_changed:
+        with _lock:
             _uncount(_routes, key, owner)
-            _routes_changed.notify_all()
 
 
 def _uncount(table, key, owner):
@@ -161,20 +167,28 @@ def _uncount(table, key, owner):
 @contextlib.contextmanager
 def hint_session(keys):
     """Inside, a pause takes the hints of the pools `keys` ((tag, device) pairs) and makes
-    its C call (Note [Hints and Routing]). Yields those of `keys` whose hints may be taken:
-    no other thread routes into them, and they keep their hints until the end."""
+    its C call (Note [Hints and Routing]). Yields those of `keys` whose hints may be taken
+    (no other thread routes into them); at the end, warns for a routing opened into one of
+    them meanwhile."""
     me = threading.get_ident()
-    with _routes_changed:
+    with _lock:
         held = [key for key in dict.fromkeys(keys) if all(t == me for t in _routes.get(key, ()))]
         for key in held:
             _hinting.setdefault(key, collections.Counter())[me] += 1
     try:
         yield held
     finally:
-        with _routes_changed:
+        with _lock:
+            opened = []
             for key in held:
                 _uncount(_hinting, key, me)
-            _routes_changed.notify_all()
+                if key not in _hinting and _opened_while_hinted.pop(key, 0):
+                    opened.append(key)
+        for tag, device in opened:
+            warnings.warn(f"vmstash: a region or graph capture into tag {tag!r} on device {device} was opened "
+                          "while its pause ran (in another thread, or in a before-pause hook): what it allocated "
+                          "there may not have been kept, and it lies in paused memory "
+                          "(_torch.py, Note [Hints and Routing])", RuntimeWarning, stacklevel=4)
 
 
 # Note [Library Workspaces]

@@ -184,11 +184,12 @@ class VmstashMemAllocator:
         if not self._retired:
             return
         torch = _torch._torch()
-        with _torch._lock:  # a region entered meanwhile waits: its count is taken under this lock
+        # This allocator's lock, then _torch's (the order of sleep, discard, wake_up and
+        # use_memory_pool); a region entered meanwhile waits: its count is taken under it.
+        with self._lock, _torch._lock:
             if _torch.open_regions():
                 return
-            with self._lock:
-                retired, self._retired = self._retired, []
+            retired, self._retired = self._retired, []
             for dev in sorted({d for d, _ in retired}):
                 torch.accelerator.synchronize(dev)
             del retired  # the pools go with their last reference (no cycles hold them)
@@ -291,7 +292,12 @@ class VmstashMemAllocator:
         self._drop_retired()
         _torch._torch().accelerator.empty_cache()  # PyTorch's cached memory first: the wake needs room
         with self._lock:
-            self._run(_plan.plan_wake(self._states(), names, self._exchange), "wake_up")
+            try:
+                self._run(_plan.plan_wake(self._states(), names, self._exchange), "wake_up")
+            except _lib.Error as e:
+                if e.done:  # every tag is awake; only an after-resume hook failed (Note [vLLM Tag Hooks])
+                    self._run_after_map_hooks(after=e)
+                raise
             self._run_after_map_hooks()
 
     def _run(self, step, what):
