@@ -1,4 +1,4 @@
-// The fixture the host-budget tests share (host_cap_test, warm_ahead_yield_review2_test): a
+// The fixture the host-budget tests share (host_cap_test, backup_account_test): a
 // simulated allocator whose `backup` tags hold blocks filled with FillPattern (base/
 // byte_pattern.h), checked by Intact(); a temporary directory for spills; the process's
 // host budget limit reset after each test. Each test file makes its allocator (Make).

@@ -1,4 +1,4 @@
-// The switch scenario the switch tests share (switch_fault_test, staging_ring_review_test):
+// The switch scenario the switch tests share (switch_fault_test, ringed_backup_test):
 // outgoing `out_b` (backup) and `out_d` (discard), active; incoming `in_b` (backup) and
 // `in_d` (discard), paused. The sizes make a switch hand chunks over, create fresh pieces
 // and release leftovers, with several copy groups each way; out_b also holds a free cached

@@ -368,7 +368,7 @@ def test_allocator_validates_before_touching_anything(sim):
     assert a.asleep_tags() == [] and a.tag_names() == {}
 
 
-# -- review: the allocator's transitions on the simulated driver (torch faked) ------------------
+# -- the allocator's transitions on the simulated driver (torch faked) --------------------------
 
 import ctypes  # noqa: E402
 
@@ -387,7 +387,7 @@ def _set_hooks(tag, before=None, after=None):
 
 
 @pytest.fixture
-def review_alloc(sim, monkeypatch):
+def sim_alloc(sim, monkeypatch):
     """A VmstashMemAllocator whose torch is a fake (no MemPools: every backup pause copies
     whole); `made(tag, policy, size, byte)` gives it a vLLM tag with memory on device 0.
     `on_empty_cache` lists what PyTorch's empty_cache frees (stands for PyTorch's cache)."""
@@ -440,12 +440,12 @@ def review_alloc(sim, monkeypatch):
         sim.free(p, n)
 
 
-def test_review_after_resume_hook_failure_in_sleep_leaves_the_allocator_blind(review_alloc, sim):
+def test_a_sleep_done_with_a_failed_hook_records_vllms_tag_asleep(sim_alloc, sim):
     """A sleep whose switch is done but reports an after-resume hook failure of an exchanged
-    (trainer) tag (ABORTED, done=True): the vLLM tag IS paused, but the allocator records
-    nothing, so the next wake_up is a no-op and vLLM serves on unmapped memory."""
+    (trainer) tag (ABORTED, done=True): the vLLM tag is paused and recorded so, and the next
+    wake_up brings it back (it was once recorded awake: vLLM served on unmapped memory)."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     rt = a.made("rv1_rt", "backup", 4 * MiB, 0x5A)
     a.trainer("rv1_train", 4 * MiB)
     a.exchange_with(["rv1_train"], when_waking=None)
@@ -466,13 +466,12 @@ def test_review_after_resume_hook_failure_in_sleep_leaves_the_allocator_blind(re
         _set_hooks("rv1_train")
 
 
-def test_review_sleep_with_exchange_needs_pytorchs_cache_emptied_first(review_alloc, sim):
-    """sleep() empties PyTorch's cache only after its switch: with an exchange, the switch
-    brings the trainer's tags in and fails with out of memory where the cached memory (here
-    a 'hog' that empty_cache frees) would have made room. And then nothing gets out: the
-    exchange cannot be ended while out, and every sleep brings it in again."""
+def test_a_sleep_bringing_the_exchange_back_empties_pytorchs_cache_first(sim_alloc, sim):
+    """With an exchange, sleep()'s switch brings the trainer's tags in: PyTorch's cached
+    memory (here a 'hog' that empty_cache frees) goes first, so they fit (once emptied only
+    after the switch, it failed out of memory, and every later sleep with it)."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     a.made("rv2_w", "backup", 100 * MiB, 0x11)
     a.made("rv2_kv", "discard", 100 * MiB, 0x22)
     a.trainer("rv2_train", 500 * MiB)
@@ -499,11 +498,11 @@ def test_review_sleep_with_exchange_needs_pytorchs_cache_emptied_first(review_al
     assert vmstash.tag_stats("rv2_train")["state"] == "active"
 
 
-def test_review_exchange_with_a_repeated_tag_breaks_every_wake(review_alloc, sim):
-    """exchange_with accepts a tag twice; every wake that sends it out then fails
-    (vmstash_switch: INVALID_ARGUMENT, a tag listed twice) and vLLM cannot wake."""
+def test_exchange_with_a_repeated_tag_counts_it_once(sim_alloc, sim):
+    """exchange_with given a tag twice keeps it once, so the wakes that send it out work
+    (listed twice, vmstash_switch refused every one: INVALID_ARGUMENT)."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     a.made("rv3_rt", "backup", 2 * MiB, 0x33)
     a.trainer("rv3_train", 2 * MiB)
     a.sleep(offload_tags=("rv3_rt",))
@@ -517,13 +516,13 @@ def test_review_exchange_with_a_repeated_tag_breaks_every_wake(review_alloc, sim
         pytest.fail(f"exchange_with accepted a repeated tag and now vLLM cannot wake: {e}")
 
 
-def test_review_failed_level2_sleep_costs_the_weights_backup_only(review_alloc, sim):
+def test_a_failed_level2_sleep_costs_the_weights_backup_only(sim_alloc, sim):
     """_run gives a dropped backup tag's prepared host memory back before its switch (a
     paused tag's arena cannot be released); when the switch then fails (vetoed here), every
     tag is as it was, bytes included, and the next level-1 sleep backs the weights up (its
     arena made again): what the failure cost is that preparation, nothing else."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     w = a.made("rv4_weights", "backup", 8 * MiB, 0x44)
     a.made("rv4_rt", "backup", 2 * MiB, 0x55)
     vmstash.prepare("vllm.rv4_weights")
@@ -575,9 +574,9 @@ def tag_hooks(monkeypatch):
     return register
 
 
-def test_vllms_tag_hooks_run_before_each_unmap_and_after_each_wake(review_alloc, tag_hooks, sim):
+def test_vllms_tag_hooks_run_before_each_unmap_and_after_each_wake(sim_alloc, tag_hooks, sim):
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     w = a.made("weights", "backup", 4 * MiB, 0x31)
     a.made("kv_cache", "discard", 2 * MiB, 0)
     events = []
@@ -608,11 +607,11 @@ def test_vllms_tag_hooks_run_before_each_unmap_and_after_each_wake(review_alloc,
     assert sim.holds(w, 4 * MiB, 0x31)
 
 
-def test_a_failed_sleep_after_the_before_unmap_hooks_runs_the_after_map_hooks(review_alloc, tag_hooks, sim):
+def test_a_failed_sleep_after_the_before_unmap_hooks_runs_the_after_map_hooks(sim_alloc, tag_hooks, sim):
     """Nothing was unmapped: what the before_unmap hooks took down comes back, whether a hook
     raised or the switch failed; the failure raised is the first one."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     w = a.made("thf_weights", "backup", 4 * MiB, 0x32)
     a.made("thf_kv", "discard", 2 * MiB, 0)
     registered = {"thf_weights": True, "thf_kv": True}
@@ -657,11 +656,11 @@ def test_a_failed_sleep_after_the_before_unmap_hooks_runs_the_after_map_hooks(re
     assert sim.holds(w, 4 * MiB, 0x32)
 
 
-def test_a_wake_done_with_a_failed_vmstash_hook_still_runs_vllms_after_map_hooks(review_alloc, tag_hooks, sim):
+def test_a_wake_done_with_a_failed_vmstash_hook_still_runs_vllms_after_map_hooks(sim_alloc, tag_hooks, sim):
     """Every tag is mapped again (the switch is done; a vmstash after-resume hook failed):
     vLLM's after_map hooks run before the error is raised."""
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     a.made("thd_weights", "backup", 2 * MiB, 0x21)
     a.made("thd_kv", "discard", 2 * MiB, 0)
     registered = {"thd_kv": True}
@@ -679,12 +678,12 @@ def test_a_wake_done_with_a_failed_vmstash_hook_still_runs_vllms_after_map_hooks
     assert registered == {"thd_kv": True}
 
 
-def test_dropping_retired_pools_and_a_discard_take_the_locks_in_one_order(review_alloc, sim, monkeypatch):
+def test_dropping_retired_pools_and_a_discard_take_the_locks_in_one_order(sim_alloc, sim, monkeypatch):
     """_drop_retired paused inside both locks while another thread discards: the discard
     waits for it, then runs (the opposite orders waited for each other for good)."""
     import threading
     from vmstash import _torch
-    a = review_alloc
+    a = sim_alloc
     a.made("lo_kv", "discard", 2 * MiB, 0)
     a._retired = [(0, object())]
     inside, go = threading.Event(), threading.Event()
@@ -708,10 +707,10 @@ def test_dropping_retired_pools_and_a_discard_take_the_locks_in_one_order(review
     a.wake_up()
 
 
-def test_a_vllm_without_tag_hooks_gets_none_run(review_alloc, monkeypatch, sim):
+def test_a_vllm_without_tag_hooks_gets_none_run(sim_alloc, monkeypatch, sim):
     """vLLM 0.33's vllm.device_allocator (no hook functions), or none imported: the allocator
     sleeps and wakes as before."""
-    a = review_alloc
+    a = sim_alloc
     w = a.made("thn_weights", "backup", 2 * MiB, 0x33)
     for module in (types.ModuleType("vllm.device_allocator"), None):
         if module is None:
@@ -723,11 +722,11 @@ def test_a_vllm_without_tag_hooks_gets_none_run(review_alloc, monkeypatch, sim):
         assert sim.holds(w, 2 * MiB, 0x33)
 
 
-# -- review: the plugin's routing ------------------------------------------------------------------
+# -- the plugin's routing ------------------------------------------------------------------------
 
-def test_review_select_without_the_plugin_loaded_routes_nothing(fake_vllm):
-    """select(True) (documented: 'whatever the config says') is a silent no-op when register()
-    did not run in this process (VLLM_PLUGINS without 'vmstash')."""
+def test_select_routes_even_when_the_plugin_was_not_loaded(fake_vllm):
+    """select(True) (documented: 'whatever the config says') routes to vmstash also when
+    register() did not run in this process (VLLM_PLUGINS without 'vmstash')."""
     from vmstash.compat.vllm.allocator import VmstashMemAllocator
     f = fake_vllm
     f.plugin.select(True)
@@ -738,11 +737,11 @@ def test_review_select_without_the_plugin_loaded_routes_nothing(fake_vllm):
         f.plugin.select(None)
 
 
-def test_review_worker_made_after_a_register_that_ran_before_worker_base_was_imported(fake_vllm, monkeypatch):
+def test_a_worker_made_after_an_early_plugin_load_is_routed(fake_vllm, monkeypatch):
     """vLLM loads general plugins once per process (plugins_loaded). Where that first load
     runs before vllm.v1.worker.worker_base is imported (an in-process engine: LLM(...) in the
-    trainer's process), WorkerBase.__init__ is never wrapped: the worker's config is never
-    noted and load_model (outside set_current_vllm_config) gets CuMemAllocator."""
+    trainer's process), the worker made later is still noted, so load_model (outside
+    set_current_vllm_config) gets vmstash's allocator, not CuMemAllocator."""
     from vmstash.compat.vllm.allocator import VmstashMemAllocator
     f = fake_vllm
     import importlib.abc
@@ -767,10 +766,10 @@ def test_review_worker_made_after_a_register_that_ran_before_worker_base_was_imp
         "a worker made with sleep_mode_backend='vmstash' loads its model through CuMemAllocator"
 
 
-def test_review_suspend_guard_misses_a_partly_routed_worker(backend, monkeypatch):
-    """_check_routed raises only when vmstash made no tag at all: with the weights and KV cache
-    in CuMemAllocator and only the graph pool routed to vmstash (capture under the config,
-    load_model outside it), suspend frees nothing of them and reports success."""
+def test_suspend_refuses_a_partly_routed_worker(backend, monkeypatch):
+    """With the weights and KV cache in CuMemAllocator and only the graph pool routed to
+    vmstash (capture under the config, load_model outside it), suspend would free nothing of
+    them: it raises, naming CuMemAllocator (it once reported success)."""
     b, fake = backend
     fake.made = {"cudagraph": "vllm.cudagraph"}
     cumem = types.ModuleType("vllm.device_allocator.cumem")
@@ -799,7 +798,7 @@ def test_the_wheel_declares_the_plugin_as_pyproject_does():
     assert declared == [tuple(x.split(" = ")) for x in wheel] == [("vmstash", "vmstash.compat.vllm.plugin:register")]
 
 
-def test_threads_sleeping_waking_and_discarding_at_once(review_alloc, sim):
+def test_threads_sleeping_waking_and_discarding_at_once(sim_alloc, sim):
     """Four threads call sleep, wake_up (whole and selective), discard and the read-only
     views on one allocator at random: every call is one switch under the allocator's lock,
     so after each one the allocator's record of which tags sleep is vmstash's, and the kept
@@ -807,7 +806,7 @@ def test_threads_sleeping_waking_and_discarding_at_once(review_alloc, sim):
     import random
     import threading
     import vmstash
-    a = review_alloc
+    a = sim_alloc
     w = a.made("st_weights", "backup", 3 * MiB, 0x61)
     rt = a.made("st_runtime", "backup", 1 * MiB, 0x62)
     a.made("st_kv", "discard", 2 * MiB, 0x63)

@@ -1,5 +1,5 @@
-// Review of the staging ring (vmm/staging_ring.h, Note [Staging Ring]) as the pageable and
-// disk backup stores use it (allocator/backup_arena.h): the bytes of a pause reach the
+// Backups through a staging ring (vmm/staging_ring.h, Note [Staging Ring]) as the pageable
+// and disk backup stores use it (allocator/backup_arena.h): the bytes of a pause reach the
 // arena only at Seal() (or when a slot is reused), so every path that reads the arena
 // before Seal, or fails between the copies and Seal, must not read stale host memory;
 // and the ring's optional pinned memory must never make a pause fail that would fit
@@ -66,7 +66,7 @@ void FinishSwitch(SwitchFixture& f) { testing::FinishSwitchScenario(f); }
 // backup is still in the ring: the arena holds zeros (or a previous pause's bytes), so the
 // outgoing tag comes back "active, every tag as it was" with corrupted memory. A Seal
 // whose Finish fails forgets the slots, losing them for good.
-TEST(StagingRingReviewTest, AFailedSwitchRestoresTheOutgoingTagFromBytesStillInTheRing) {
+TEST(RingedSwitchTest, AFailedSwitchRestoresTheOutgoingTagFromBytesStillInTheRing) {
   const std::string dir = TempDir();
   ASSERT_FALSE(dir.empty());
   for (const BackupStore& store : {BackupStore{BackupStore::Kind::kPageable, ""},
@@ -115,7 +115,7 @@ TEST(StagingRingReviewTest, AFailedSwitchRestoresTheOutgoingTagFromBytesStillInT
 }
 
 // The narrowest case of the defect above: the switch's very last H2D copy fails.
-TEST(StagingRingReviewTest, ALastRestoreCopyFailingLeavesTheOutgoingPageableTagIntact) {
+TEST(RingedSwitchTest, ALastRestoreCopyFailingLeavesTheOutgoingPageableTagIntact) {
   DriverCounters clean;
   const BackupStore pageable{BackupStore::Kind::kPageable, ""};
   {

@@ -1,7 +1,6 @@
-// A review of the pinned backup in pieces (vmm/pinned_pieces.h, Note [Pinned Pieces]) and
-// the give_back retention (allocator/tag_pool.h, Note [Retained Backups]) on the
-// simulator: paths the change's own tests do not take. Switches whose every driver call
-// fails in turn; give_back without release_with_blocks (a failed pause hands the memory
+// The pinned backup in pieces (vmm/pinned_pieces.h, Note [Pinned Pieces]) and the
+// give_back retention (allocator/tag_pool.h, Note [Retained Backups]) on the simulator:
+// switches whose every driver call fails in turn; give_back without release_with_blocks (a failed pause hands the memory
 // back instead of releasing it); retention flipped between a pause and its resume; a
 // failed resume after the pieces were unpinned; the statistic in every state; the last
 // free of a paused tag; a store change while pieces are pinned; foreground and background
@@ -36,7 +35,7 @@ struct Blocks {
   std::uint8_t seed = 0;
 };
 
-class PinnedPiecesReviewTest : public testing::SimAllocatorTest {
+class PinnedBackupTest : public testing::SimAllocatorTest {
  protected:
   void Make(BackupRetention retention, std::size_t device_bytes = 512 * kMiB, bool auto_prepare = false) {
     blocks_.clear();
@@ -132,7 +131,7 @@ const DriverOp kTransitionOps[] = {
 // failed switch leaves A active with its bytes and B paused with its backup; the retry
 // succeeds; no bytes are lost, nothing stays pinned or held once both are resumed.
 
-TEST_F(PinnedPiecesReviewTest, EveryDriverCallOfASwitchFailsCleanlyWithGiveBack) {
+TEST_F(PinnedBackupTest, EveryDriverCallOfASwitchFailsCleanlyWithGiveBack) {
   for (BackupRetention retention : {kTms, kGiveBackOnly}) {
     SCOPED_TRACE(retention.release_with_blocks ? "tms" : "give_back only");
     auto setup = [&] {
@@ -195,7 +194,7 @@ TEST_F(PinnedPiecesReviewTest, EveryDriverCallOfASwitchFailsCleanlyWithGiveBack)
 // transition has succeeded (the device has its bytes), so the failure is logged and the
 // memory stays pinned and held until the tag's next cycle gives it back (Note [Retained
 // Backups], give_back); nothing leaks.
-TEST_F(PinnedPiecesReviewTest, AFailedHandBackKeepsThePiecesPinnedUntilTheNextCycle) {
+TEST_F(PinnedBackupTest, AFailedHandBackKeepsThePiecesPinnedUntilTheNextCycle) {
   for (bool by_switch : {true, false}) {
     SCOPED_TRACE(by_switch ? "switch" : "resume");
     Make(kTms);
@@ -218,7 +217,7 @@ TEST_F(PinnedPiecesReviewTest, AFailedHandBackKeepsThePiecesPinnedUntilTheNextCy
 // memory back (DropContents(give_back) -> HandBack), which no other test takes. Every call
 // of a pause and of a resume fails in turn; the bytes survive, nothing is held afterwards,
 // nothing leaks.
-TEST_F(PinnedPiecesReviewTest, GiveBackWithoutReleaseWithBlocksEveryCallFails) {
+TEST_F(PinnedBackupTest, GiveBackWithoutReleaseWithBlocksEveryCallFails) {
   DriverCounters clean;
   {
     Make(kGiveBackOnly);
@@ -275,7 +274,7 @@ TEST_F(PinnedPiecesReviewTest, GiveBackWithoutReleaseWithBlocksEveryCallFails) {
 
 // The drop-in sets the retention before every pause and every resume, so the flags a
 // pause ran with need not be those of its resume.
-TEST_F(PinnedPiecesReviewTest, RetentionFlippedBetweenPauseAndResumeLosesNoByte) {
+TEST_F(PinnedBackupTest, RetentionFlippedBetweenPauseAndResumeLosesNoByte) {
   Make(kTms);
   Fill(a_, {3 * kMiB, 70 * kMiB, 5 * kMiB});
   // Paused giving back, resumed retaining: kept pinned and readable.
@@ -319,7 +318,7 @@ TEST_F(PinnedPiecesReviewTest, RetentionFlippedBetweenPauseAndResumeLosesNoByte)
 // A resume whose final stream synchronize fails, after every restore copy was queued from
 // the pinned pieces: the tag is paused, its backup readable, and the retry restores every
 // byte and gives the memory back.
-TEST_F(PinnedPiecesReviewTest, FailedResumeAtItsLastSyncKeepsTheBackupAndTheRetryRestores) {
+TEST_F(PinnedBackupTest, FailedResumeAtItsLastSyncKeepsTheBackupAndTheRetryRestores) {
   Make(kTms);
   Fill(a_, {3 * kMiB, 70 * kMiB, 60 * kMiB});
   ASSERT_TRUE(alloc_->Pause(a_).ok());
@@ -348,7 +347,7 @@ TEST_F(PinnedPiecesReviewTest, FailedResumeAtItsLastSyncKeepsTheBackupAndTheRetr
 }
 
 // backup_arena_bytes (held_bytes) in every state of a pinned arena, and of a pageable one.
-TEST_F(PinnedPiecesReviewTest, TheStatisticInEveryState) {
+TEST_F(PinnedBackupTest, TheStatisticInEveryState) {
   Make(kTms);
   EXPECT_EQ(Held(a_), 0) << "no arena";
   Fill(a_, {3 * kMiB, 70 * kMiB});  // 73 MiB: two pieces
@@ -384,7 +383,7 @@ TEST_F(PinnedPiecesReviewTest, TheStatisticInEveryState) {
 
 // The last free of a paused tag's block releases a pinned arena (release_with_blocks):
 // no piece stays registered, nothing is held, and the resume has nothing to restore.
-TEST_F(PinnedPiecesReviewTest, LastFreeOfAPausedTagUnpinsAndReleasesItsPieces) {
+TEST_F(PinnedBackupTest, LastFreeOfAPausedTagUnpinsAndReleasesItsPieces) {
   Make(kTms);
   Fill(a_, {3 * kMiB, 70 * kMiB, 60 * kMiB});
   ASSERT_TRUE(alloc_->Pause(a_).ok());
@@ -413,7 +412,7 @@ TEST_F(PinnedPiecesReviewTest, LastFreeOfAPausedTagUnpinsAndReleasesItsPieces) {
 
 // A foreground preparation whose n-th registration fails: an error, the tag active, the
 // statistic what is held; the next pause pins the rest and every byte survives.
-TEST_F(PinnedPiecesReviewTest, ForegroundPrepareFailingHalfWay) {
+TEST_F(PinnedBackupTest, ForegroundPrepareFailingHalfWay) {
   for (int nth = 1; nth <= 3; ++nth) {
     SCOPED_TRACE(nth);
     Make(kTms);
@@ -434,7 +433,7 @@ TEST_F(PinnedPiecesReviewTest, ForegroundPrepareFailingHalfWay) {
 // Background preparations (auto_prepare, steps of kPrepareStepBytes) racing pauses,
 // resumes, switches, store changes, backup releases and frees of the same tag on other
 // threads: no byte lost, nothing left pinned or leaked at the end.
-TEST_F(PinnedPiecesReviewTest, BackgroundPreparationRacingEverything) {
+TEST_F(PinnedBackupTest, BackgroundPreparationRacingEverything) {
   Make(kTms, 2 * kGiB, /*auto_prepare=*/true);
   Fill(a_, {3 * kMiB, 520 * kMiB});  // the request rounds to 704 MiB: two steps
   Fill(b_, {8 * kMiB});
@@ -486,7 +485,7 @@ TEST_F(PinnedPiecesReviewTest, BackgroundPreparationRacingEverything) {
 
 // PinnedPieces' bounds: an arena smaller than a piece, a capacity not a multiple of the
 // piece, zero sizes, offsets at piece bounds and past the end, a size that overflows.
-TEST(PinnedPiecesReviewBounds, SmallOddAndEmptyArenas) {
+TEST(PinnedPiecesBoundsTest, SmallOddAndEmptyArenas) {
   SimDriver sim;
   constexpr std::size_t kPiece = PinnedPieces::kPieceBytes;
   const std::size_t dev = kPiece + 8 * kMiB;

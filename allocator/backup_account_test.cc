@@ -1,7 +1,7 @@
-// Review of bffea53 (Note [Pinned Pieces]'s WarmAheadWithin, Note [Background Steps
-// Yield]): the host budget after pauses that fail at every driver call, a pause the host
-// refuses to warm. (Its cases of foreground callers other than pause/resume/switch meeting
-// a background loop joined give_back_test's BackgroundStepsYieldTest.)
+// The host budget's account of backups (Note [Host Budget]; Note [Pinned Pieces]'s
+// WarmAheadWithin, Note [Background Steps Yield]): exact after pauses and switches that
+// fail at every driver call, and after a pause the host refuses to warm. (Foreground
+// callers meeting a background loop: give_back_test's BackgroundStepsYieldTest.)
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -34,7 +34,7 @@ using ::vmstash::testing::TagStatsOf;
 
 std::size_t Held() { return HostBudget::Process().held(); }
 
-class ReviewTest : public testing::BackupTagsTest {
+class WarmRefusedTest : public testing::BackupTagsTest {
  protected:
   void Make(std::string spill_dir = "", BackupRetention retention = {}) {
     AllocatorOptions options = testing::TestOptions();
@@ -59,7 +59,7 @@ class ReviewTest : public testing::BackupTagsTest {
 // ENOMEM is produced here by unmapping 2 MiB of the (handed back, cold) arena: madvise
 // reports ENOMEM for a range that is not mapped, exactly as for a host out of memory, and
 // FaultIn maps both to ResourceExhausted.
-TEST_F(ReviewTest, AHostRefusingToWarmTheArenaStillSpillsToDisk) {
+TEST_F(WarmRefusedTest, AHostRefusingToWarmTheArenaStillSpillsToDisk) {
   Make(MakeDir(), BackupRetention{false, false, true});  // give_back: the resume hands the pages back
   ASSERT_TRUE(alloc_->Pause(tag_).ok());
   char* base = nullptr;
@@ -123,7 +123,7 @@ std::size_t SmapsKiB(const void* p, const char* field) {
   return value;
 }
 
-TEST(ReviewArenaTest, AFailedWarmingLeavesNoUnaccountedPagesBehind) {
+TEST(WarmingArenaTest, AFailedWarmingLeavesNoUnaccountedPagesBehind) {
   SimDriver sim(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
   HostBudget budget;
   const std::size_t kArena = 4 * PinnedPieces::kPieceBytes;
@@ -181,7 +181,7 @@ TEST(ReviewArenaTest, AFailedWarmingLeavesNoUnaccountedPagesBehind) {
 // equal to what the arena holds. (These pass: what was checked and found right.)
 enum class Start { kNone, kPrepared, kHalfGivenBack, kCutShort };
 
-class ReviewSweepTest : public ReviewTest, public ::testing::WithParamInterface<Start> {
+class PauseAccountSweepTest : public WarmRefusedTest, public ::testing::WithParamInterface<Start> {
  protected:
   void Build(std::size_t base) {
     const Start start = GetParam();
@@ -226,7 +226,7 @@ class ReviewSweepTest : public ReviewTest, public ::testing::WithParamInterface<
   }
 };
 
-TEST_P(ReviewSweepTest, EveryDriverCallOfAPauseKeepsTheAccountExact) {
+TEST_P(PauseAccountSweepTest, EveryDriverCallOfAPauseKeepsTheAccountExact) {
   const std::size_t base = Held();
   // The calls a clean pause makes.
   Build(base);
@@ -268,7 +268,7 @@ TEST_P(ReviewSweepTest, EveryDriverCallOfAPauseKeepsTheAccountExact) {
   FreeAll();
 }
 
-INSTANTIATE_TEST_SUITE_P(Starts, ReviewSweepTest,
+INSTANTIATE_TEST_SUITE_P(Starts, PauseAccountSweepTest,
                          ::testing::Values(Start::kNone, Start::kPrepared, Start::kHalfGivenBack, Start::kCutShort),
                          [](const ::testing::TestParamInfo<Start>& info) {
                            switch (info.param) {
@@ -282,9 +282,9 @@ INSTANTIATE_TEST_SUITE_P(Starts, ReviewSweepTest,
 
 // The same for a switch pausing two tags (a failure after the first reservation included),
 // both arenas half handed back.
-class ReviewSwitchSweepTest : public ReviewTest {};
+class SwitchAccountSweepTest : public WarmRefusedTest {};
 
-TEST_F(ReviewSwitchSweepTest, EveryDriverCallOfATwoTagSwitchKeepsTheAccountExact) {
+TEST_F(SwitchAccountSweepTest, EveryDriverCallOfATwoTagSwitchKeepsTheAccountExact) {
   const std::size_t base = Held();
   TagId other = 0;
   auto build = [&] {
