@@ -526,21 +526,7 @@ AllocatorStats CachingAllocator::Stats() const {
       if (pool == nullptr) continue;
       TagStats t;
       pool->FillStats(&t);
-      TagStats& sum = out.total;
-      sum.allocated_bytes.current += t.allocated_bytes.current;
-      sum.allocated_bytes.peak += t.allocated_bytes.peak;  // sum of tag peaks (an upper bound)
-      sum.requested_bytes.current += t.requested_bytes.current;
-      sum.requested_bytes.peak += t.requested_bytes.peak;
-      sum.reserved_bytes.current += t.reserved_bytes.current;
-      sum.reserved_bytes.peak += t.reserved_bytes.peak;
-      sum.active_blocks.current += t.active_blocks.current;
-      sum.active_blocks.peak += t.active_blocks.peak;
-      sum.allocations += t.allocations;
-      sum.frees += t.frees;
-      sum.chunks += t.chunks;
-      sum.cached_bytes += t.cached_bytes;
-      sum.paused_bytes += t.paused_bytes;
-      sum.backed_up_bytes += t.backed_up_bytes;
+      AddToTotal(t, &out.total);
       out.tags.push_back(std::move(t));
     }
     out.pending_frees = pending_.size();

@@ -43,6 +43,23 @@ void WriteTag(JsonWriter& w, const TagStats& t) {
 
 }  // namespace
 
+void AddToTotal(const TagStats& t, TagStats* sum) {
+  sum->allocated_bytes.current += t.allocated_bytes.current;
+  sum->allocated_bytes.peak += t.allocated_bytes.peak;
+  sum->requested_bytes.current += t.requested_bytes.current;
+  sum->requested_bytes.peak += t.requested_bytes.peak;
+  sum->reserved_bytes.current += t.reserved_bytes.current;
+  sum->reserved_bytes.peak += t.reserved_bytes.peak;
+  sum->active_blocks.current += t.active_blocks.current;
+  sum->active_blocks.peak += t.active_blocks.peak;
+  sum->allocations += t.allocations;
+  sum->frees += t.frees;
+  sum->chunks += t.chunks;
+  sum->cached_bytes += t.cached_bytes;
+  sum->paused_bytes += t.paused_bytes;
+  sum->backed_up_bytes += t.backed_up_bytes;
+}
+
 std::string StatsToJson(const AllocatorStats& s) {
   JsonWriter w;
   w.BeginObject();

@@ -66,6 +66,10 @@ struct TagStats {
   }
 };
 
+// Adds one tag's counters into a total (the "total" of AllocatorStats): current values and
+// counts add up; a peak adds the tags' peaks (an upper bound of the total's peak).
+void AddToTotal(const TagStats& tag, TagStats* total);
+
 struct AllocatorStats {
   int device = 0;
   std::string driver;
