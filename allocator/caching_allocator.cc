@@ -110,7 +110,7 @@ absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy, 
   large.min_split_bytes = kSmallMaxBytes + 1;
   if (pools_.size() <= static_cast<std::size_t>(tag)) pools_.resize(tag + 1);
   pools_[tag] = std::make_unique<TagPool>(tag, policy, options_.backup_store, driver_, device_, std::move(small),
-                                          std::move(large));
+                                          std::move(large), &mu_);
   return pools_[tag].get();
 }
 
@@ -408,7 +408,7 @@ absl::Status CachingAllocator::Free(DevicePtr ptr) {
     if (wait_for == nullptr) {
       // Pools are never destroyed while they hold an arena (TagPool::Empty), so `orphaned`
       // outlives the owner's mu.
-      if (orphaned != nullptr) orphaned->ReleaseOrphanedArena(&mu_);
+      if (orphaned != nullptr) orphaned->ReleaseOrphanedArena();
       return freed_status;
     }
     MutexLock wait(wait_for);  // the pause or resume of the block's tag finishes first
@@ -634,7 +634,7 @@ std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagP
       // Tried, never waited for (Note [Host Budget]); once held, the pool stays (Empty).
       if (!pool->transition_mu()->TryLock()) continue;
     }
-    reclaimed += pool->ReclaimPrepared(&mu_);  // releases the transition lock
+    reclaimed += pool->ReclaimPrepared();  // releases the transition lock
   }
   return reclaimed;
 }
@@ -654,7 +654,7 @@ absl::Status CachingAllocator::GiveBackTag(TagId tag) {
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "give back"));
   }
-  return pool->GiveBack(&mu_);
+  return pool->GiveBack();
 }
 
 absl::Status CachingAllocator::PrepareTag(TagId tag, std::size_t bytes, bool background) {
@@ -663,7 +663,7 @@ absl::Status CachingAllocator::PrepareTag(TagId tag, std::size_t bytes, bool bac
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "prepare"));
   }
-  return pool->Prepare(bytes, background, &mu_);
+  return pool->Prepare(bytes, background);
 }
 
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
@@ -672,7 +672,7 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "release_backup"));
   }
-  return pool->ReleaseBackup(&mu_);
+  return pool->ReleaseBackup();
 }
 
 absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {
@@ -683,7 +683,7 @@ absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& stor
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_store"));
   }
   std::unique_ptr<BackupArena> dropped;  // freed after the locks are released
-  return pool->SetStore(store, &mu_, &dropped);
+  return pool->SetStore(store, &dropped);
 }
 
 absl::Status CachingAllocator::SetBackupRetention(TagId tag, BackupRetention retention) {
@@ -692,7 +692,7 @@ absl::Status CachingAllocator::SetBackupRetention(TagId tag, BackupRetention ret
     MutexLock lock(&mu_);
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_retention"));
   }
-  pool->SetRetention(retention, &mu_);
+  pool->SetRetention(retention);
   return absl::OkStatus();
 }
 
@@ -720,7 +720,7 @@ absl::Status CachingAllocator::WithBackup(DevicePtr ptr, std::size_t size_bytes,
     }
   }
   for (TagPool* pool : paused) {
-    VMSTASH_ASSIGN_OR_RETURN(bool found, pool->WithBackup(ptr, size_bytes, &mu_, use));
+    VMSTASH_ASSIGN_OR_RETURN(bool found, pool->WithBackup(ptr, size_bytes, use));
     if (found) return absl::OkStatus();
   }
   return absl::NotFoundError(
@@ -749,7 +749,7 @@ absl::Status CachingAllocator::Validate() const {
   }
   // Each backup with its arena, under the tag's transition lock (taken before mu_): a pool
   // dropped meanwhile is retired, not freed (DropEmptyTag).
-  for (TagPool* pool : pools) VMSTASH_RETURN_IF_ERROR(pool->ValidateBackup(&mu_));
+  for (TagPool* pool : pools) VMSTASH_RETURN_IF_ERROR(pool->ValidateBackup());
   return absl::OkStatus();
 }
 

@@ -115,13 +115,13 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
     return host_->ReclaimPreparedArenas({pool_}, wanted);
   };
   absl::Status reserved = pool_->ReserveBackup(layout.arena_bytes, BackupPieceBytes(layout),
-                                               host_->options().spill_dir, host_->mu(), reclaim);
+                                               host_->options().spill_dir, reclaim);
   BackupArena* const arena = pool_->arena();
   absl::StatusOr<Stream> made_stream = reserved.ok() ? pool_->CopyStream() : absl::StatusOr<Stream>(reserved);
   absl::StatusOr<std::vector<Event>*> made_events =
       made_stream.ok() ? pool_->CopyEvents(stages.size()) : absl::StatusOr<std::vector<Event>*>(made_stream.status());
   if (!made_events.ok()) {
-    pool_->ArenaAfterFailedPause(host_->mu());
+    pool_->ArenaAfterFailedPause();
     return made_events.status();
   }
   const Stream stream = *made_stream;
@@ -152,7 +152,7 @@ absl::Status PauseExecutor::BackupAndUnmap(const BackupLayout& layout, std::size
     pool_->DrainCopyStream();
     *undo_error = pool_->RemapHeaps();
     *backed_up = 0;
-    pool_->ArenaAfterFailedPause(host_->mu());  // a failed pause leaves nothing behind (Note [Disk Backup Files])
+    pool_->ArenaAfterFailedPause();  // a failed pause leaves nothing behind (Note [Disk Backup Files])
   }
   return status;
 }
@@ -249,7 +249,7 @@ absl::StatusOr<TransitionResult> ResumeExecutor::Transact() {
   pool_->small()->CommitResume(std::move(small));
   pool_->large()->CommitResume(std::move(large));
   // Pages given back, unless retained (Note [Retained Backups]).
-  pool_->ArenaAfterResume(host_->GivesBackInBackground(), host_->mu());
+  pool_->ArenaAfterResume(host_->GivesBackInBackground());
   const double ms = Ms(Clock::now() - start);
   VMSTASH_LOG(kDebug, "vmstash: resume of tag '{}': {:.1f} ms, {} bytes restored; {} pieces mapped and copies queued at "
               "{:.1f} ms, copies done at {:.1f} ms", pool_->name(), ms, restored, pieces, queued_ms, copied_ms);

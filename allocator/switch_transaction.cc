@@ -150,7 +150,7 @@ absl::Status SwitchTransaction::PrepareBackups() {
     o.pool->AssertTransitionHeld();
     o.arena_used = true;  // from here a failure gives back what the reservation added
     VMSTASH_RETURN_IF_ERROR(o.pool->ReserveBackup(o.layout.arena_bytes, BackupPieceBytes(o.layout),
-                                                  host_->options().spill_dir, host_->mu(), reclaim));
+                                                  host_->options().spill_dir, reclaim));
     if (d2h_pool == nullptr) d2h_pool = o.pool;
   }
   if (d2h_pool == nullptr) return absl::OkStatus();
@@ -313,7 +313,7 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
   for (Out& o : out_) {
     o.pool->AssertTransitionHeld();
     // An arena this switch did not touch keeps what it holds (a retained backup).
-    if (o.arena_used) o.pool->ArenaAfterFailedPause(host_->mu());
+    if (o.arena_used) o.pool->ArenaAfterFailedPause();
     {
       MutexLock lock(host_->mu());
       (void)o.pool->FailPause(cause, o.undo_error);
@@ -373,7 +373,7 @@ void SwitchTransaction::Commit() {
     i.pool->large()->CommitResume(std::move(i.txn[1]));
     i.pool->AssertTransitionHeld();
     // Pages given back, unless retained (Note [Retained Backups]).
-    i.pool->ArenaAfterResume(host_->GivesBackInBackground(), host_->mu());
+    i.pool->ArenaAfterResume(host_->GivesBackInBackground());
   }
   Mark(Step::kCommitted);
   // The incoming tags are still "resuming": nobody else allocates in them, frees their

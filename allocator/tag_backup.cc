@@ -55,8 +55,14 @@ bool ArenaMoveAllowed(ArenaState from, ArenaState to) {
   return false;
 }
 
-TagBackup::TagBackup(Driver* driver, int device, std::string tag_name, BackupStore store)
-    : driver_(driver), device_(device), tag_name_(std::move(tag_name)), store_(std::move(store)) {}
+TagBackup::TagBackup(Driver* driver, int device, std::string tag_name, BackupStore store, Mutex* transition_mu,
+                     Mutex* owner_mu)
+    : driver_(driver),
+      device_(device),
+      tag_name_(std::move(tag_name)),
+      transition_mu_(transition_mu),
+      owner_mu_(owner_mu),
+      store_(std::move(store)) {}
 
 std::string TagBackup::Owner() const { return absl::StrCat("tag '", tag_name_, "' on device ", device_); }
 
@@ -78,20 +84,25 @@ BackupArena* TagBackup::EnsureArena() {
   return arena_.get();
 }
 
-BackupArena* TagBackup::ForPause(Mutex* owner_mu) {
+BackupArena* TagBackup::ForPause() {
   ++epoch_;
   pause_found_ = arena_ != nullptr ? arena_->holding() : BackupArena::Holding{};
+  MutexLock lock(owner_mu_);
   BackupArena* arena = EnsureArena();
-  MutexLock lock(owner_mu);
   retained_.clear();  // the arena is written over from here on (Note [Retained Backups])
   MoveTo(ArenaState::kHolding);  // a pending hand-back is cancelled: what is still pinned is used
   return arena;
 }
 
 absl::Status TagBackup::Reserve(std::size_t bytes, const std::vector<std::size_t>& pieces,
-                                const std::string& spill_dir, Mutex* owner_mu, const Reclaim& reclaim) {
-  absl::Status s = ForPause(owner_mu)->ReserveLayout(bytes, pieces);
-  if (!absl::IsResourceExhausted(s) || store_.on_disk()) return s;
+                                const std::string& spill_dir, const Reclaim& reclaim) {
+  absl::Status s = ForPause()->ReserveLayout(bytes, pieces);
+  BackupStore host;
+  {
+    MutexLock lock(owner_mu_);
+    host = store_;
+  }
+  if (!absl::IsResourceExhausted(s) || host.on_disk()) return s;
   // Note [Host Budget]: other active tags' prepared arenas go first, then one more try.
   if (reclaim && reclaim(bytes) > 0) {
     s = arena_->ReserveLayout(bytes, pieces);
@@ -103,12 +114,11 @@ absl::Status TagBackup::Reserve(std::size_t bytes, const std::vector<std::size_t
                 released.ToString());
     return s;
   }
-  const BackupStore host = store_;
   std::unique_ptr<BackupArena> dropped;
-  MoveStore(BackupStore{BackupStore::Kind::kDisk, spill_dir}, owner_mu, &dropped);
-  absl::Status on_disk = ForPause(owner_mu)->ReserveLayout(bytes, pieces);
+  MoveStore(BackupStore{BackupStore::Kind::kDisk, spill_dir}, &dropped);
+  absl::Status on_disk = ForPause()->ReserveLayout(bytes, pieces);
   if (!on_disk.ok()) {
-    MoveStore(host, owner_mu, &dropped);  // a failed pause changes nothing
+    MoveStore(host, &dropped);  // a failed pause changes nothing
     return absl::Status(on_disk.code(), absl::StrCat(s.message(), "; spilling to spill_dir '", spill_dir,
                                                      "' failed too: ", on_disk.message()));
   }
@@ -127,39 +137,53 @@ void TagBackup::AfterPause() {
   spilled_from_.reset();
 }
 
-void TagBackup::AfterFailedPause(Mutex* owner_mu) {
+void TagBackup::AfterFailedPause() {
   if (spilled_from_.has_value()) {  // the spill of this pause is undone (Reserve)
     std::unique_ptr<BackupArena> disk;
-    MoveStore(*spilled_from_, owner_mu, &disk);
+    MoveStore(*spilled_from_, &disk);
     spilled_from_.reset();
     return;  // the disk arena (its file) goes with `disk`
   }
   if (arena_ == nullptr) return;
-  if (retention_.release_with_blocks) {  // nothing retained: the backup goes (Note [Retained Backups])
-    absl::Status s = Release(owner_mu, std::nullopt);
+  BackupRetention retention;
+  {
+    MutexLock lock(owner_mu_);
+    retention = retention_;
+  }
+  if (retention.release_with_blocks) {  // nothing retained: the backup goes (Note [Retained Backups])
+    absl::Status s = Release(std::nullopt);
     if (s.ok()) return;
     VMSTASH_LOG(kError, "vmstash: {}: releasing the backup of a failed pause: {}", Owner(), s.ToString());
   }
   // What the pause added goes back: the tag holds what it held before (Note [Host Budget]).
-  arena_->AfterFailedPause(pause_found_, retention_.give_back);
-  MutexLock lock(owner_mu);
+  arena_->AfterFailedPause(pause_found_, retention.give_back);
+  MutexLock lock(owner_mu_);
   MoveTo(arena_->capacity_bytes() > 0 ? ArenaState::kReady : ArenaState::kNone);
 }
 
-void TagBackup::AfterResume(bool later, Mutex* owner_mu) {
-  // No arena, or released while the tag was paused (its last backed-up block freed).
-  if (arena_ == nullptr || state_ == ArenaState::kNone) return;
+void TagBackup::AfterResume(bool later) {
+  if (arena_ == nullptr) return;
+  ArenaState state;
+  BackupRetention retention;
+  BackupStore::Kind kind;
+  {
+    MutexLock lock(owner_mu_);
+    state = state_;
+    retention = retention_;
+    kind = store_.kind;
+  }
+  if (state == ArenaState::kNone) return;  // released while the tag was paused (its last backed-up block freed)
   arena_->FreeRingAfterResume();  // a ring lives for one transition (backup_arena.h, Note [Host Budget])
   ArenaState next = ArenaState::kReady;
-  if (retention_.keep_after_resume && store_.kind != BackupStore::Kind::kDiskFiles) {
+  if (retention.keep_after_resume && kind != BackupStore::Kind::kDiskFiles) {
     next = ArenaState::kRetained;  // kept readable
-  } else if (later && retention_.give_back && store_.kind == BackupStore::Kind::kPinned) {
+  } else if (later && retention.give_back && kind == BackupStore::Kind::kPinned) {
     next = ArenaState::kGivingBack;  // the owner asks its background thread
   } else {
-    arena_->DropContents(retention_.give_back);
+    arena_->DropContents(retention.give_back);
     if (arena_->capacity_bytes() == 0) next = ArenaState::kNone;  // a disk-files arena: released
   }
-  MutexLock lock(owner_mu);
+  MutexLock lock(owner_mu_);
   MoveTo(next);
 }
 
@@ -172,12 +196,14 @@ void TagBackup::KeepReadable(BackupExtents* extents) {
   if (state_ == ArenaState::kRetained && HasBackedUpBytes(*extents)) retained_ = std::move(*extents);
 }
 
-absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, Mutex* owner_mu, std::size_t* pin_to) {
+absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, std::size_t* pin_to) {
   // Every live block rounds up to a page in the arena; leave room for that.
   const std::size_t need = want + want / 64 + kBackupAlignBytes;
   const bool grows = arena_ == nullptr || need > arena_->capacity_bytes();
+  bool give_back = false;
+  BackupArena* arena = nullptr;
   {
-    MutexLock lock(owner_mu);
+    MutexLock lock(owner_mu_);
     if (background && !retained_.empty()) return absl::OkStatus();  // Note [Retained Backups]
     // A foreground request wants it pinned: a pending hand-back is cancelled. A background
     // one leaves it pending.
@@ -187,12 +213,14 @@ absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, Mut
       if (state_ == ArenaState::kRetained) MoveTo(ArenaState::kReady);
     }
     if (state_ == ArenaState::kNone) MoveTo(ArenaState::kReady);
+    give_back = retention_.give_back;
+    arena = EnsureArena();
   }
   if (grows) ++epoch_;
-  VMSTASH_RETURN_IF_ERROR(EnsureArena()->Reserve(need));
+  VMSTASH_RETURN_IF_ERROR(arena->Reserve(need));
   // Note [Retained Backups], give_back: a background preparation does not pin again what a
   // resume gave back.
-  if (!background || grows || !retention_.give_back) *pin_to = arena_->capacity_bytes();
+  if (!background || grows || !give_back) *pin_to = arena_->capacity_bytes();
   return absl::OkStatus();
 }
 
@@ -222,25 +250,25 @@ absl::Status TagBackup::PinStep(std::uint64_t epoch, std::size_t pin_to, std::si
   return pinned;
 }
 
-absl::Status TagBackup::GiveBackStep(std::size_t step, Mutex* owner_mu) {
+absl::Status TagBackup::GiveBackStep(std::size_t step) {
   bool more = false;
   absl::Status s = arena_->GiveBackSome(step, &more);
   if (!s.ok() || !more) {
-    MutexLock lock(owner_mu);
+    MutexLock lock(owner_mu_);
     MoveTo(ArenaState::kReady);
   }
   return s;
 }
 
-void TagBackup::CancelGiveBack(Mutex* owner_mu) {
-  MutexLock lock(owner_mu);
+void TagBackup::CancelGiveBack() {
+  MutexLock lock(owner_mu_);
   if (state_ == ArenaState::kGivingBack) MoveTo(arena_ != nullptr ? ArenaState::kReady : ArenaState::kNone);
 }
 
-absl::Status TagBackup::Release(Mutex* owner_mu, std::optional<std::size_t> floor_bytes) {
+absl::Status TagBackup::Release(std::optional<std::size_t> floor_bytes) {
   ++epoch_;  // a background preparation's next step finds the arena moved
   absl::Status s = arena_ != nullptr ? arena_->Release() : absl::OkStatus();
-  MutexLock lock(owner_mu);
+  MutexLock lock(owner_mu_);
   if (!s.ok()) return s;  // what it could not give back stays held and charged
   retained_.clear();
   auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
@@ -249,18 +277,18 @@ absl::Status TagBackup::Release(Mutex* owner_mu, std::optional<std::size_t> floo
   return absl::OkStatus();
 }
 
-void TagBackup::MoveStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
+void TagBackup::MoveStore(const BackupStore& store, std::unique_ptr<BackupArena>* dropped) {
   *dropped = std::move(arena_);
   ++epoch_;
-  MutexLock lock(owner_mu);
+  MutexLock lock(owner_mu_);
   store_ = store;
   retained_.clear();
   auto_prepare_.requested_bytes = 0;  // a queued background request finds this and does nothing
   MoveTo(ArenaState::kNone);
 }
 
-void TagBackup::SetRetention(const BackupRetention& retention, Mutex* owner_mu) {
-  MutexLock lock(owner_mu);
+void TagBackup::SetRetention(const BackupRetention& retention) {
+  MutexLock lock(owner_mu_);
   retention_ = retention;
 }
 
@@ -272,30 +300,35 @@ absl::Status TagBackup::Read(std::size_t offset, std::size_t size_bytes,
   return absl::OkStatus();
 }
 
-absl::Status TagBackup::Validate(TagState tag, bool arena_checked, std::int64_t arena_bytes_stat) const {
-  auto fail = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("the backup of ", Owner(), " (", ArenaStateName(state_), ", the tag ",
-                                            TagStateName(tag), "): ", what));
-  };
+absl::Status TagBackup::Violation(TagState tag, const std::string& what) const {
+  return absl::InternalError(absl::StrCat("the backup of ", Owner(), " (", ArenaStateName(state_), ", the tag ",
+                                          TagStateName(tag), "): ", what));
+}
+
+absl::Status TagBackup::Validate(TagState tag) const {
   if (!ArenaMoveAllowed(previous_, state_)) {
-    return fail(absl::StrCat("its last move, from ", ArenaStateName(previous_), ", is not in the table"));
+    return Violation(tag, absl::StrCat("its last move, from ", ArenaStateName(previous_), ", is not in the table"));
   }
   const bool moving = tag == TagState::kPausing || tag == TagState::kResuming;
   if (state_ == ArenaState::kHolding && !moving && tag != TagState::kPaused) {
-    return fail("it holds a pause's bytes, and the tag is not pausing, paused or resuming");
+    return Violation(tag, "it holds a pause's bytes, and the tag is not pausing, paused or resuming");
   }
   if ((state_ == ArenaState::kGivingBack || state_ == ArenaState::kRetained) && tag != TagState::kActive) {
-    return fail("only an active tag's backup gives its memory back or keeps its bytes readable");
+    return Violation(tag, "only an active tag's backup gives its memory back or keeps its bytes readable");
   }
-  if (spilled_from_.has_value() && tag != TagState::kPausing) return fail("a spill outside a pause");
-  if (!retained_.empty() && state_ != ArenaState::kRetained) return fail("retained extents, and nothing retained");
-  if (!arena_checked) return absl::OkStatus();
+  if (!retained_.empty() && state_ != ArenaState::kRetained) return Violation(tag, "retained extents, and nothing retained");
+  return absl::OkStatus();
+}
+
+absl::Status TagBackup::ValidateWithArena(TagState tag, std::int64_t arena_bytes_stat) const {
+  VMSTASH_RETURN_IF_ERROR(Validate(tag));
+  if (spilled_from_.has_value() && tag != TagState::kPausing) return Violation(tag, "a spill outside a pause");
   if (state_ == ArenaState::kNone && held_bytes() != 0) {
-    return fail(absl::StrCat("it holds ", held_bytes(), " bytes of host memory"));
+    return Violation(tag, absl::StrCat("it holds ", held_bytes(), " bytes of host memory"));
   }
-  if (state_ != ArenaState::kNone && arena_ == nullptr) return fail("no arena");
+  if (state_ != ArenaState::kNone && arena_ == nullptr) return Violation(tag, "no arena");
   if (arena_bytes_stat != static_cast<std::int64_t>(held_bytes())) {
-    return fail(absl::StrCat("arena-bytes stat ", arena_bytes_stat, " but the arena holds ", held_bytes()));
+    return Violation(tag, absl::StrCat("arena-bytes stat ", arena_bytes_stat, " but the arena holds ", held_bytes()));
   }
   return absl::OkStatus();
 }

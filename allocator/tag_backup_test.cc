@@ -45,13 +45,17 @@ TEST(ArenaMovesTest, TheTableIsExactlyTheDrawing) {
 
 class TagBackupTest : public ::testing::Test {
  protected:
-  TagBackup backup_{&sim_, 0, "backup_test", BackupStore{}};
+  // The test is the tag's transition: it holds the transition lock throughout; the backup
+  // takes the owner's mu itself where it writes its state.
+  void SetUp() override { transition_mu_.Lock(); }
+  void TearDown() override { transition_mu_.Unlock(); }
   absl::Status Valid(TagState tag) {
-    return backup_.Validate(tag, /*arena_checked=*/true, static_cast<std::int64_t>(backup_.held_bytes()));
+    MutexLock lock(&mu_);
+    return backup_.ValidateWithArena(tag, static_cast<std::int64_t>(backup_.held_bytes()));
   }
   // A pause of `bytes` into the arena: the tag's state told as TagPool tells it.
   void Pause(std::size_t bytes) {
-    ASSERT_TRUE(backup_.Reserve(bytes, {bytes}, "", &mu_, nullptr).ok());
+    ASSERT_TRUE(backup_.Reserve(bytes, {bytes}, "", nullptr).ok());
     EXPECT_EQ(backup_.state(), ArenaState::kHolding);
     EXPECT_TRUE(Valid(TagState::kPausing).ok()) << Valid(TagState::kPausing);
     MutexLock lock(&mu_);
@@ -59,21 +63,27 @@ class TagBackupTest : public ::testing::Test {
   }
 
   SimDriver sim_{SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}}};
+  Mutex transition_mu_;
   Mutex mu_;  // the owner's mu
+  TagBackup backup_{&sim_, 0, "backup_test", BackupStore{}, &transition_mu_, &mu_};
 };
 
 TEST_F(TagBackupTest, APreparedArenaIsReadyAndItsStatisticIsWhatItHolds) {
   EXPECT_EQ(backup_.state(), ArenaState::kNone);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
   std::size_t pin_to = 0;
-  ASSERT_TRUE(backup_.ReserveForPrepare(8 * kMiB, /*background=*/false, &mu_, &pin_to).ok());
+  ASSERT_TRUE(backup_.ReserveForPrepare(8 * kMiB, /*background=*/false, &pin_to).ok());
   ASSERT_TRUE(backup_.Pin(pin_to).ok());
   EXPECT_EQ(backup_.state(), ArenaState::kReady);
   EXPECT_GE(backup_.held_bytes(), 8 * kMiB);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
-  absl::Status stale = backup_.Validate(TagState::kActive, true, 0);
+  absl::Status stale;
+  {
+    MutexLock lock(&mu_);
+    stale = backup_.ValidateWithArena(TagState::kActive, 0);
+  }
   EXPECT_THAT(stale.message(), HasSubstr("arena-bytes stat 0 but the arena holds"));
-  ASSERT_TRUE(backup_.Release(&mu_, std::nullopt).ok());
+  ASSERT_TRUE(backup_.Release(std::nullopt).ok());
   EXPECT_EQ(backup_.state(), ArenaState::kNone);
   EXPECT_EQ(backup_.held_bytes(), 0u);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
@@ -83,22 +93,22 @@ TEST_F(TagBackupTest, APausedTagsArenaHoldsItsBytesUntilTheResume) {
   Pause(4 * kMiB);
   EXPECT_TRUE(Valid(TagState::kPaused).ok());
   EXPECT_THAT(Valid(TagState::kActive).message(), HasSubstr("the tag is not pausing, paused or resuming"));
-  backup_.AfterResume(/*later=*/false, &mu_);
+  backup_.AfterResume(/*later=*/false);
   EXPECT_EQ(backup_.state(), ArenaState::kReady);  // kept for the next pause, contents dropped
   EXPECT_TRUE(Valid(TagState::kActive).ok());
 }
 
 TEST_F(TagBackupTest, AFailedPauseGivesBackWhatItAddedAndIsReady) {
-  ASSERT_TRUE(backup_.Reserve(4 * kMiB, {4 * kMiB}, "", &mu_, nullptr).ok());
-  backup_.AfterFailedPause(&mu_);
+  ASSERT_TRUE(backup_.Reserve(4 * kMiB, {4 * kMiB}, "", nullptr).ok());
+  backup_.AfterFailedPause();
   EXPECT_EQ(backup_.state(), ArenaState::kReady);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
 }
 
 TEST_F(TagBackupTest, AResumeKeepingTheBytesReadableIsRetainedForAnActiveTagOnly) {
-  backup_.SetRetention(BackupRetention{/*keep_after_resume=*/true, false, false}, &mu_);
+  backup_.SetRetention(BackupRetention{/*keep_after_resume=*/true, false, false});
   Pause(4 * kMiB);
-  backup_.AfterResume(false, &mu_);
+  backup_.AfterResume(false);
   EXPECT_EQ(backup_.state(), ArenaState::kRetained);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
   EXPECT_THAT(Valid(TagState::kPaused).message(), HasSubstr("only an active tag's backup"));
@@ -109,16 +119,16 @@ TEST_F(TagBackupTest, AResumeKeepingTheBytesReadableIsRetainedForAnActiveTagOnly
 }
 
 TEST_F(TagBackupTest, AHandBackLeftToTheBackgroundEndsReadyWithNothingHeld) {
-  backup_.SetRetention(BackupRetention{false, false, /*give_back=*/true}, &mu_);
+  backup_.SetRetention(BackupRetention{false, false, /*give_back=*/true});
   Pause(12 * kMiB);
-  backup_.AfterResume(/*later=*/true, &mu_);
+  backup_.AfterResume(/*later=*/true);
   EXPECT_EQ(backup_.state(), ArenaState::kGivingBack);
   EXPECT_TRUE(backup_.give_back_pending());
   EXPECT_GT(backup_.held_bytes(), 0u);
   EXPECT_TRUE(Valid(TagState::kActive).ok());
   int steps = 0;
   while (backup_.give_back_pending() && steps < 100) {
-    ASSERT_TRUE(backup_.GiveBackStep(2 * kMiB, &mu_).ok());
+    ASSERT_TRUE(backup_.GiveBackStep(2 * kMiB).ok());
     ++steps;
   }
   EXPECT_LT(steps, 100);
@@ -128,9 +138,9 @@ TEST_F(TagBackupTest, AHandBackLeftToTheBackgroundEndsReadyWithNothingHeld) {
 }
 
 TEST_F(TagBackupTest, APauseCancelsAPendingHandBackAndUsesWhatIsStillPinned) {
-  backup_.SetRetention(BackupRetention{false, false, true}, &mu_);
+  backup_.SetRetention(BackupRetention{false, false, true});
   Pause(8 * kMiB);
-  backup_.AfterResume(true, &mu_);
+  backup_.AfterResume(true);
   ASSERT_TRUE(backup_.give_back_pending());
   Pause(8 * kMiB);
   EXPECT_FALSE(backup_.give_back_pending());
@@ -139,9 +149,9 @@ TEST_F(TagBackupTest, APauseCancelsAPendingHandBackAndUsesWhatIsStillPinned) {
 
 TEST_F(TagBackupTest, AReleaseMovesTheEpochSoABackgroundStepStops) {
   std::size_t pin_to = 0;
-  ASSERT_TRUE(backup_.ReserveForPrepare(8 * kMiB, /*background=*/true, &mu_, &pin_to).ok());
+  ASSERT_TRUE(backup_.ReserveForPrepare(8 * kMiB, /*background=*/true, &pin_to).ok());
   const std::uint64_t epoch = backup_.epoch();
-  ASSERT_TRUE(backup_.Release(&mu_, 0).ok());
+  ASSERT_TRUE(backup_.Release(0).ok());
   bool warmed = false, done = false, yield = false;
   ASSERT_TRUE(backup_.PinStep(epoch, pin_to, 2 * kMiB, [] { return false; }, &warmed, &done, &yield).ok());
   EXPECT_TRUE(done);

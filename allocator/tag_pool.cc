@@ -14,7 +14,7 @@
 
 namespace vmstash {
 TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
-                 HeapConfig large)
+                 HeapConfig large, Mutex* owner_mu)
     : id_(id),
       name_(TagName(id)),
       policy_(policy),
@@ -22,7 +22,8 @@ TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int
       device_(device),
       small_(std::make_unique<Heap>(std::move(small), blocks_.get())),
       large_(std::make_unique<Heap>(std::move(large), blocks_.get())),
-      backup_(driver, device, name_, std::move(store)) {}
+      owner_mu_(owner_mu),
+      backup_(driver, device, name_, std::move(store), &transition_mu_, owner_mu) {}
 
 TagPool::~TagPool() {
   for (Event e : copy_events_) {
@@ -36,6 +37,7 @@ TagPool::~TagPool() {
 }
 
 absl::Status TagPool::MoveTo(TagState to, std::string broken_reason) {
+  AssertOwnerHeld();
   if (!TagTransitionAllowed(state_, to)) {
     return absl::InternalError(absl::StrCat("tag '", name_, "' on device ", device_, ": the move from ",
                                             TagStateName(state_), " to ", TagStateName(to), " is not allowed"));
@@ -51,6 +53,7 @@ absl::Status TagPool::MoveTo(TagState to, std::string broken_reason) {
 }
 
 absl::Status TagPool::NotActiveError(const char* before) const {
+  AssertOwnerHeld();
   if (state_ == TagState::kBroken) return absl::FailedPreconditionError(broken_reason_);
   return absl::FailedPreconditionError(
       absl::StrCat("tag '", name_, "' is ", TagStateName(state_), " on device ", device_, ": ", before));
@@ -79,18 +82,24 @@ absl::Status TagPool::UnmapHeaps(absl::Status* undo_error) {
   return unmapped;
 }
 
-void TagPool::SyncArenaBytesLocked() { stats_.backup_arena_bytes = static_cast<std::int64_t>(backup_.held_bytes()); }
-
-absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces,
-                                    const std::string& spill_dir, Mutex* owner_mu, const Reclaim& reclaim) {
-  return backup_.Reserve(bytes, pieces, spill_dir, owner_mu, reclaim);
+void TagPool::SyncArenaBytesLocked() {
+  backup_.AssertTransitionHeld();
+  stats_.backup_arena_bytes = static_cast<std::int64_t>(backup_.held_bytes());
 }
 
-void TagPool::ArenaAfterFailedPause(Mutex* owner_mu) {
-  backup_.AfterFailedPause(owner_mu);  // the statistic follows at FailPause
+absl::Status TagPool::ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces,
+                                    const std::string& spill_dir, const Reclaim& reclaim) {
+  backup_.AssertTransitionHeld();
+  return backup_.Reserve(bytes, pieces, spill_dir, reclaim);
+}
+
+void TagPool::ArenaAfterFailedPause() {
+  backup_.AssertTransitionHeld();
+  backup_.AfterFailedPause();  // the statistic follows at FailPause
 }
 
 absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& undo_error) {
+  AssertOwnerHeld();
   SyncArenaBytesLocked();
   if (undo_error.ok()) {
     VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
@@ -106,20 +115,20 @@ absl::Status TagPool::FailPause(const absl::Status& cause, const absl::Status& u
   return absl::Status(cause.code(), broken_reason_);
 }
 
-absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_mu) {
+absl::Status TagPool::Prepare(std::size_t bytes, bool background) {
   std::size_t pin_to = 0;
   std::uint64_t epoch = 0;
   {
     // The state is checked under the transition lock, and the arena is touched only while
     // it is held: no pause can start in between (see Note [Pause/Resume Protocol]).
     if (!background) AnnounceTransition();  // Note [Background Steps Yield]
-    MutexLock t(&transition_mu_);
+    BackgroundLock t(this);
     if (!background) WithdrawTransition();
-    VMSTASH_RETURN_IF_ERROR(ReserveForPrepare(bytes, background, owner_mu, &pin_to));
+    VMSTASH_RETURN_IF_ERROR(ReserveForPrepare(bytes, background, &pin_to));
     if (pin_to == 0) return absl::OkStatus();
     if (!background) {  // the caller waits for all of it
       absl::Status pinned = backup_.Pin(pin_to);
-      MutexLock lock(owner_mu);
+      OwnerLock lock(this);
       SyncArenaBytesLocked();
       return pinned;
     }
@@ -127,7 +136,7 @@ absl::Status TagPool::Prepare(std::size_t bytes, bool background, Mutex* owner_m
   }
   const auto start = std::chrono::steady_clock::now();
   bool warmed = false;
-  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, owner_mu, &warmed, &done));
+  for (bool done = false; !done;) VMSTASH_RETURN_IF_ERROR(PinStep(epoch, pin_to, &warmed, &done));
   VMSTASH_LOG(kDebug, "vmstash: tag '{}': background preparation of {} bytes ended after {:.1f} ms", name_, pin_to,
               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
   return absl::OkStatus();
@@ -139,26 +148,26 @@ void TagPool::YieldToTransitions() const {
   }
 }
 
-absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* warmed, bool* done) {
+absl::Status TagPool::PinStep(std::uint64_t epoch, std::size_t pin_to, bool* warmed, bool* done) {
   YieldToTransitions();
-  MutexLock t(&transition_mu_);
+  BackgroundLock t(this);
   *done = true;
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     if (state_ != TagState::kActive || backup_.auto_prepare().requested_bytes == 0) return absl::OkStatus();
   }
   auto announced = [this] { return transitions_waiting_.load(std::memory_order_acquire) > 0; };
   bool yield = false;
   absl::Status s = backup_.PinStep(epoch, pin_to, kPrepareStepBytes, announced, warmed, done, &yield);
-  MutexLock lock(owner_mu);
+  OwnerLock lock(this);
   SyncArenaBytesLocked();
   return s;
 }
 
-absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to) {
+absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, std::size_t* pin_to) {
   std::size_t want = bytes;
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     if (background) {
       // Paused, broken, or released since the request (which reset the target).
       if (state_ != TagState::kActive || backup_.auto_prepare().requested_bytes == 0) return absl::OkStatus();
@@ -175,34 +184,36 @@ absl::Status TagPool::ReserveForPrepare(std::size_t bytes, bool background, Mute
   if (want > std::numeric_limits<std::size_t>::max() / 2) {
     return absl::InvalidArgumentError(absl::StrCat("prepare of tag '", name_, "': ", want, " bytes is not a size"));
   }
-  VMSTASH_RETURN_IF_ERROR(backup_.ReserveForPrepare(want, background, owner_mu, pin_to));
-  MutexLock lock(owner_mu);
+  backup_.AssertTransitionHeld();
+  VMSTASH_RETURN_IF_ERROR(backup_.ReserveForPrepare(want, background, pin_to));
+  OwnerLock lock(this);
   SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
-absl::Status TagPool::ReleaseBackup(Mutex* owner_mu) {
+absl::Status TagPool::ReleaseBackup() {
   ForegroundLock t(this);
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     if (state_ == TagState::kPaused) {
       return absl::FailedPreconditionError(absl::StrCat("release of the backup of tag '", name_, "' on device ",
                                                         device_, ": the tag is paused and its backup arena holds "
                                                         "its bytes; resume it first"));
     }
   }
-  VMSTASH_RETURN_IF_ERROR(backup_.Release(owner_mu, ReservedBytes(owner_mu)));
-  MutexLock lock(owner_mu);
+  VMSTASH_RETURN_IF_ERROR(backup_.Release(ReservedBytes()));
+  OwnerLock lock(this);
   SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
-std::size_t TagPool::ReservedBytes(Mutex* owner_mu) const {
-  MutexLock lock(owner_mu);
+std::size_t TagPool::ReservedBytes() const {
+  OwnerLock lock(this);
   return static_cast<std::size_t>(stats_.reserved_bytes.current);
 }
 
 bool TagPool::DropBackupOf(const Block* block) {
+  AssertOwnerHeld();
   BackupExtents& extents = state_ == TagState::kPaused ? backup_extents_ : backup_.retained();
   auto found = extents.find(block);
   if (found == extents.end()) return false;
@@ -216,30 +227,31 @@ bool TagPool::DropBackupOf(const Block* block) {
   return backup_.retention().release_with_blocks;
 }
 
-void TagPool::ReleaseOrphanedArena(Mutex* owner_mu) {
+void TagPool::ReleaseOrphanedArena() {
   // Waits for a transition, preparation or backup read of the tag (which may still use the
   // arena); only trying the lock would leave the arena behind for good, as no later free
   // asks again.
   ForegroundLock t(this);  // Note [Background Steps Yield]
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     const bool orphaned = backup_.retention().release_with_blocks && backup_.has_arena() &&
                           (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_)
                                                        : state_ == TagState::kActive && backup_.retained().empty());
     if (!orphaned) return;
   }
-  absl::Status s = backup_.Release(owner_mu, ReservedBytes(owner_mu));
+  absl::Status s = backup_.Release(ReservedBytes());
   if (!s.ok()) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': releasing the backup of its freed blocks: {}", name_, s.ToString());
     return;
   }
-  MutexLock lock(owner_mu);
+  OwnerLock lock(this);
   SyncArenaBytesLocked();
 }
 
-std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
+std::size_t TagPool::ReclaimPrepared() {
+  backup_.AssertTransitionHeld();  // taken by the caller (TryLock)
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     // Never a paused tag's arena (its backup), nor bytes a resume kept readable.
     if (state_ != TagState::kActive || !backup_.retained().empty() || !backup_.has_arena()) {
       transition_mu_.Unlock();
@@ -251,8 +263,8 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
     transition_mu_.Unlock();
     return 0;
   }
-  const std::size_t floor = ReservedBytes(owner_mu);
-  absl::Status s = backup_.Release(owner_mu, floor);
+  const std::size_t floor = ReservedBytes();
+  absl::Status s = backup_.Release(floor);
   const std::size_t given = charged - std::min(charged, backup_.arena()->charged_bytes());
   if (s.ok()) {
     VMSTASH_LOG(kInfo, "vmstash: tag '{}' on device {}: its prepared backup arena ({} bytes) was given back for "
@@ -261,7 +273,7 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
     VMSTASH_LOG(kError, "vmstash: tag '{}': giving back its prepared backup arena: {}", name_, s.ToString());
   }
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     SyncArenaBytesLocked();
     backup_.auto_prepare().requested_bytes = 0;  // a queued background request finds this and does nothing
     backup_.auto_prepare().floor_bytes = floor;
@@ -270,38 +282,41 @@ std::size_t TagPool::ReclaimPrepared(Mutex* owner_mu) {
   return given;
 }
 
-void TagPool::SetRetention(BackupRetention retention, Mutex* owner_mu) {
+void TagPool::SetRetention(BackupRetention retention) {
   ForegroundLock t(this);
-  backup_.SetRetention(retention, owner_mu);
+  backup_.SetRetention(retention);
 }
 
-void TagPool::ArenaAfterResume(bool later, Mutex* owner_mu) { backup_.AfterResume(later, owner_mu); }
+void TagPool::ArenaAfterResume(bool later) {
+  backup_.AssertTransitionHeld();
+  backup_.AfterResume(later);
+}
 
-absl::Status TagPool::GiveBack(Mutex* owner_mu) {
+absl::Status TagPool::GiveBack() {
   for (;;) {
     YieldToTransitions();
-    MutexLock t(&transition_mu_);
+    BackgroundLock t(this);
     bool gone = false;
     {
-      MutexLock lock(owner_mu);
+      OwnerLock lock(this);
       if (!backup_.give_back_pending()) return absl::OkStatus();
       gone = state_ != TagState::kActive || !backup_.has_arena();
     }
     if (gone) {
-      backup_.CancelGiveBack(owner_mu);
+      backup_.CancelGiveBack();
       return absl::OkStatus();
     }
-    absl::Status s = backup_.GiveBackStep(kPrepareStepBytes, owner_mu);
-    MutexLock lock(owner_mu);
+    absl::Status s = backup_.GiveBackStep(kPrepareStepBytes);
+    OwnerLock lock(this);
     SyncArenaBytesLocked();
     if (!s.ok() || !backup_.give_back_pending()) return s;
   }
 }
 
-absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped) {
+absl::Status TagPool::SetStore(const BackupStore& store, std::unique_ptr<BackupArena>* dropped) {
   ForegroundLock t(this);
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     if (policy_ != Policy::kBackup) {
       return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' has policy discard: its pauses "
                                                         "keep no bytes, so it has no backup store"));
@@ -318,25 +333,25 @@ absl::Status TagPool::SetStore(const BackupStore& store, Mutex* owner_mu, std::u
   // using it or start (the tag stays active). Released here, without the owner's mu, so
   // that a release the driver refuses changes nothing but what went back (the rest stays
   // charged: Note [Host Budget]) rather than fail unseen in a destructor.
-  if (absl::Status released = backup_.Release(owner_mu, std::nullopt); !released.ok()) {
-    MutexLock lock(owner_mu);
+  if (absl::Status released = backup_.Release(std::nullopt); !released.ok()) {
+    OwnerLock lock(this);
     SyncArenaBytesLocked();
     return absl::Status(released.code(), absl::StrCat("backup store of tag '", name_, "' on device ", device_,
                                                       " unchanged: releasing its ", DescribeBackupStore(backup_.store()),
                                                       " arena failed: ", released.message()));
   }
-  backup_.MoveStore(store, owner_mu, dropped);
-  MutexLock lock(owner_mu);
+  backup_.MoveStore(store, dropped);
+  OwnerLock lock(this);
   SyncArenaBytesLocked();
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
+absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes,
                                          const std::function<void(const char*)>& use) {
   ForegroundLock t(this);  // no resume meanwhile: the arena stays
   std::optional<std::size_t> offset;
   {
-    MutexLock lock(owner_mu);
+    OwnerLock lock(this);
     // Paused: what the pause saved; active: what a resume retained (Note [Retained Backups]).
     const BackupExtents* held = state_ == TagState::kPaused   ? &backup_extents_
                                 : state_ == TagState::kActive ? &backup_.retained()
@@ -383,6 +398,7 @@ void TagPool::DrainCopyStream() {
 }
 
 bool TagPool::Empty() {
+  AssertOwnerHeld();
   if (state_ != TagState::kActive || chunk_count() != 0 || va_bytes() != 0 || !hooks_.empty()) return false;
   if (stats_.active_blocks.current != 0) return false;  // bypass allocations live outside the heaps
   // A pool named in a transition or a switch (moving or not) holds its control lock
@@ -390,6 +406,7 @@ bool TagPool::Empty() {
   if (!control_mu_.TryLock()) return false;
   bool empty = false;
   if (transition_mu_.TryLock()) {
+    backup_.AssertTransitionHeld();
     empty = !backup_.has_arena() && copy_stream_ == nullptr;
     transition_mu_.Unlock();
   }
@@ -398,11 +415,13 @@ bool TagPool::Empty() {
 }
 
 void TagPool::NoteReserved() {
+  AssertOwnerHeld();
   stats_.reserved_bytes.Add(static_cast<std::int64_t>(mapped_bytes()) - stats_.reserved_bytes.current);
   stats_.chunks = static_cast<std::int64_t>(chunk_count());
 }
 
 void TagPool::FillStats(TagStats* out) const {
+  AssertOwnerHeld();
   *out = stats_;
   out->name = name_;
   out->policy = policy_;
@@ -413,6 +432,7 @@ void TagPool::FillStats(TagStats* out) const {
 }
 
 void TagPool::AppendSnapshot(Snapshot* snap) const {
+  AssertOwnerHeld();
   snap->tags.push_back(TagSnapshot{name(), policy(), TagStateName(state())});
   if (frozen()) return;  // the heaps belong to their transition (Note [Heap Locking])
   for (const Heap* heap : heaps()) {
@@ -446,6 +466,8 @@ void TagPool::AppendSnapshot(Snapshot* snap) const {
 }
 
 absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms) {
+  backup_.AssertTransitionHeld();
+  AssertOwnerHeld();
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kPaused));
   backup_.AfterPause();  // the arena now holds this pause's bytes
   backup_extents_ = std::move(extents);
@@ -462,6 +484,8 @@ absl::Status TagPool::NotePaused(BackupExtents extents, std::size_t released, st
 }
 
 absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
+  backup_.AssertTransitionHeld();
+  AssertOwnerHeld();
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
   // Note [Retained Backups]: what ArenaAfterResume kept stays readable.
   backup_.KeepReadable(&backup_extents_);
@@ -477,16 +501,18 @@ absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
   return absl::OkStatus();
 }
 
-absl::Status TagPool::ValidateBackup(Mutex* owner_mu) {
+absl::Status TagPool::ValidateBackup() {
   ForegroundLock t(this);
-  MutexLock lock(owner_mu);
-  return backup_.Validate(state_, /*arena_checked=*/true, stats_.backup_arena_bytes);
+  OwnerLock lock(this);
+  return backup_.ValidateWithArena(state_, stats_.backup_arena_bytes);
 }
 
 absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes,
                                std::size_t* pending_blocks) const {
+  AssertOwnerHeld();
+  const char* const state = TagStateName(state_);
   auto fail = [&](const std::string& what) {
-    return absl::InternalError(absl::StrCat("tag ", name_, " (", TagStateName(state_), "): ", what));
+    return absl::InternalError(absl::StrCat("tag ", name_, " (", state, "): ", what));
   };
   // The state machine.
   const bool initial = previous_ == TagState::kActive && state_ == TagState::kActive;
@@ -505,7 +531,7 @@ absl::Status TagPool::Validate(std::size_t bypass_bytes, std::size_t* allocated_
       return fail(absl::StrCat("backed-up stat ", stats_.backed_up_bytes, " but its extents hold ", backed_up));
     }
   }
-  VMSTASH_RETURN_IF_ERROR(backup_.Validate(state_, /*arena_checked=*/false, 0));
+  VMSTASH_RETURN_IF_ERROR(backup_.Validate(state_));
   if (state_ == TagState::kActive) {
     if (small_->paused() || large_->paused()) return fail("a heap is paused");
     if (!backup_extents_.empty()) return fail("it holds backup extents");

@@ -31,12 +31,16 @@
 //   transition_mu  held for the transition itself, and for Prepare, ReleaseBackup,
 //                  SetBackupStore and backup reads; it guards the arena, the copy stream
 //                  and the copy events (annotated: clang checks every use);
-//   the owner's mu (the CachingAllocator's per-device mutex) guards the state, the stats,
-//                  the hooks, the backup extents, the auto-prepare marks and the broken
-//                  reason. The pool cannot name its owner's mutex in an annotation, so
-//                  clang checks this rule only for the owner's *Locked methods; the
-//                  executors' calls of state(), MoveTo(), NotePaused(), hooks() and
-//                  backup_extents() under TransitionHost::mu() are kept by hand.
+//   owner_mu       the owner's mu: the CachingAllocator's per-device mutex, given to the
+//                  pool at construction; it guards the state, the stats, the hooks, the
+//                  broken reason and the backup's marks (annotated: clang checks every use
+//                  inside the pool and the backup). The owner and the executors hold it
+//                  under their own names for it (CachingAllocator::mu_,
+//                  TransitionHost::mu()), which clang cannot equate with the pool's, so
+//                  the public functions that need it check it themselves
+//                  (AssertOwnerHeld: checked at run time in builds without NDEBUG, the
+//                  tests', and trusted by the analysis).
+//   The heaps and the backup extents: Note [Heap Locking] (by state; not annotated).
 //
 // Note [Heap Locking]
 //   Which lock guards a pool's heaps (and its backup extents) depends on its state, which
@@ -115,8 +119,9 @@ using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>; 
 class TagPool {
  public:
   // `small` and `large` configure the heaps (their owner_id is `id`).
+  // `owner_mu`: the owner's device lock (above), which outlives the pool.
   TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
-          HeapConfig large);
+          HeapConfig large, Mutex* owner_mu);
   // Destroys the copy events and stream (errors logged), then the heaps give back their
   // chunks and reservations.
   ~TagPool();
@@ -128,27 +133,50 @@ class TagPool {
   const std::string& name() const { return name_; }
   Policy policy() const { return policy_; }
   bool backup() const { return policy_ == Policy::kBackup; }
-  // Where a `backup` tag's pauses put their bytes: written holding both the transition
-  // lock and the owner's mu, so read holding either.
-  const BackupStore& store() const { return backup_.store(); }
+  // Where a `backup` tag's pauses put their bytes (the owner's mu).
+  const BackupStore& store() const {
+    AssertOwnerHeld();
+    return backup_.store();
+  }
+
+  // --- The owner's lock -----------------------------------------------------------------
+  Mutex* owner_mu() const ABSL_LOCK_RETURNED(owner_mu_) { return owner_mu_; }
+  // For a caller holding the owner's mu under the owner's name for it (the allocator's mu_,
+  // TransitionHost::mu()): states it to the analysis; checked at run time in builds
+  // without NDEBUG (Mutex::AssertHeld).
+  void AssertOwnerHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(owner_mu_, backup_.owner_mu()) {
+    owner_mu_->AssertHeld();
+  }
 
   // --- State machine (owner's mu) -------------------------------------------------------
-  TagState state() const { return state_; }
+  TagState state() const {
+    AssertOwnerHeld();
+    return state_;
+  }
   // Pausing or resuming: its heaps belong to the thread holding its transition lock.
-  bool busy() const { return state_ == TagState::kPausing || state_ == TagState::kResuming; }
+  bool busy() const {
+    AssertOwnerHeld();
+    return state_ == TagState::kPausing || state_ == TagState::kResuming;
+  }
   // Heaps not in a consistent mapped state: skipped by cache release, fence sharing,
   // snapshots and validation.
-  bool frozen() const { return busy() || state_ == TagState::kBroken; }
+  bool frozen() const {
+    AssertOwnerHeld();
+    return busy() || state_ == TagState::kBroken;
+  }
   // The one transition function: Internal (the state unchanged) for a move that is not in
   // the table. `broken_reason`: the message of a move to kBroken (required there).
   absl::Status MoveTo(TagState to, std::string broken_reason = {});
-  const std::string& broken_reason() const { return broken_reason_; }
+  const std::string& broken_reason() const {
+    AssertOwnerHeld();
+    return broken_reason_;
+  }
   // FailedPrecondition naming the tag and its state ("... is paused on device 0: resume
   // it before allocating"), or the broken reason.
   absl::Status NotActiveError(const char* before) const;
-  // A failed pause (the transition lock and the owner's mu held): back to active, or to broken when the rollback
-  // failed too (undo_error), with a message naming the tag and what to do. The status for
-  // the caller to return.
+  // A failed pause: back to active, or to broken when the rollback failed too
+  // (undo_error), with a message naming the tag and what to do. The status for the caller
+  // to return.
   absl::Status FailPause(const absl::Status& cause, const absl::Status& undo_error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
 
@@ -172,14 +200,20 @@ class TagPool {
   // While paused: where each live block's backed-up bytes are in the arena.
   BackupExtents& backup_extents() { return backup_extents_; }
   const BackupExtents& backup_extents() const { return backup_extents_; }
-  // Note [Retained Backups] (owner's mu): while active, the extents a resume kept readable.
-  bool has_retained() const { return !backup_.retained().empty(); }
+  // Note [Retained Backups]: while active, the extents a resume kept readable.
+  bool has_retained() const {
+    AssertOwnerHeld();
+    return !backup_.retained().empty();
+  }
   // Whether a free may have backup bytes to drop (DropBackupOf); false on the usual path.
-  bool holds_backup_records() const { return !backup_extents_.empty() || !backup_.retained().empty(); }
-  // A free (the owner's mu held) of `block`: drops its backup bytes (paused) or its
-  // retained ones (active). True when that dropped the arena's last backed-up bytes and
-  // the retention releases the arena with its blocks: the caller then calls
-  // ReleaseOrphanedArena once it has released the owner's mu.
+  bool holds_backup_records() const {
+    AssertOwnerHeld();
+    return !backup_extents_.empty() || !backup_.retained().empty();
+  }
+  // A free of `block`: drops its backup bytes (paused) or its retained ones (active). True
+  // when that dropped the arena's last backed-up bytes and the retention releases the
+  // arena with its blocks: the caller then calls ReleaseOrphanedArena once it has released
+  // the owner's mu.
   bool DropBackupOf(const Block* block);
 
   // --- Transition resources (transition lock) -----------------------------------------------
@@ -188,27 +222,30 @@ class TagPool {
   // For a caller that holds the lock through a lock set clang cannot follow (a switch's
   // OrderedLocks): states it, for the analysis only.
   void AssertTransitionHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(transition_mu_) {}
-  BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return backup_.arena(); }
+  BackupArena* arena() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) {
+    backup_.AssertTransitionHeld();
+    return backup_.arena();
+  }
   using Reclaim = TagBackup::Reclaim;
   // A pause's (or switch's) backup reservation (TagBackup::Reserve: the arena from here on
   // holds the pause's bytes; a store refused by the host cap or the host takes back other
   // tags' prepared arenas through `reclaim`, then spills to `spill_dir`); the arena-bytes
   // statistic follows.
   absl::Status ReserveBackup(std::size_t bytes, const std::vector<std::size_t>& pieces, const std::string& spill_dir,
-                             Mutex* owner_mu, const Reclaim& reclaim = nullptr)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+                             const Reclaim& reclaim = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // A pause (or switch) failed after ReserveBackup (TagBackup::AfterFailedPause).
-  void ArenaAfterFailedPause(Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  void ArenaAfterFailedPause() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // Note [Host Budget] (backup_arena.h): another tag's pause over the cap takes back this
   // tag's arena if the tag is active and the arena is held only in readiness (no bytes
   // retained for reading): released as ReleaseBackup does, not prepared again in the
   // background until the tag grows. The caller took the transition lock with TryLock,
   // holding the owner's mu (so that the pool stays alive), and released the owner's mu;
   // the transition lock is released here. The bytes refunded.
-  std::size_t ReclaimPrepared(Mutex* owner_mu) ABSL_UNLOCK_FUNCTION(transition_mu_);
+  std::size_t ReclaimPrepared() ABSL_UNLOCK_FUNCTION(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // The backup arena's requests (CachingAllocator::Prepare, ReleaseBackup, SetBackupStore,
-  // ReadBackup): each takes the transition lock, then `owner_mu` (the owner's mu: the
-  // lock order), so that no transition starts in between (Note [Pause/Resume Protocol]).
+  // ReadBackup): each takes the transition lock, then the owner's mu (the lock order), so
+  // that no transition starts in between (Note [Pause/Resume Protocol]).
   // Prepare: reserves `bytes` (0: the requested bytes) of arena; `background`: the
   // AutoPreparer's request, a quiet no-op unless the tag is active and still wants it.
   // A background preparation pins in steps of kPrepareStepBytes, taking the transition
@@ -236,7 +273,9 @@ class TagPool {
   // (a caller of several tags' locks announces each, then takes them in order).
   class ABSL_SCOPED_LOCKABLE ForegroundLock {
    public:
-    explicit ForegroundLock(TagPool* pool) ABSL_EXCLUSIVE_LOCK_FUNCTION(pool->transition_mu_) : pool_(pool) {
+    explicit ForegroundLock(TagPool* pool)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(pool->transition_mu_, pool->backup_.transition_mu())
+        : pool_(pool) {
       pool->AnnounceTransition();
       pool->transition_mu_.Lock();
       pool->WithdrawTransition();
@@ -248,61 +287,98 @@ class TagPool {
    private:
     TagPool* const pool_;
   };
-  absl::Status Prepare(std::size_t bytes, bool background, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  absl::Status ReleaseBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status Prepare(std::size_t bytes, bool background) ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
+  absl::Status ReleaseBackup() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
  private:
-  // The reserved-bytes statistic, read under `owner_mu` (a release's floor for background
-  // preparation).
-  std::size_t ReservedBytes(Mutex* owner_mu) const;
-  // The one sync of the arena-bytes statistic with what the arena holds (owner's mu and
-  // transition lock held).
-  void SyncArenaBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  // A background step's hold of the transition lock (not announced: Note [Background Steps
+  // Yield]), under both names clang knows it by (the pool's, the backup's).
+  class ABSL_SCOPED_LOCKABLE BackgroundLock {
+   public:
+    explicit BackgroundLock(TagPool* pool)
+        ABSL_EXCLUSIVE_LOCK_FUNCTION(pool->transition_mu_, pool->backup_.transition_mu())
+        : mu_(&pool->transition_mu_) {
+      mu_->Lock();
+    }
+    ~BackgroundLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+    BackgroundLock(const BackgroundLock&) = delete;
+    BackgroundLock& operator=(const BackgroundLock&) = delete;
+
+   private:
+    Mutex* const mu_;
+  };
+  // The pool's own hold of the owner's mu, under both names clang knows it by.
+  class ABSL_SCOPED_LOCKABLE OwnerLock {
+   public:
+    explicit OwnerLock(const TagPool* pool) ABSL_EXCLUSIVE_LOCK_FUNCTION(pool->owner_mu_, pool->backup_.owner_mu())
+        : mu_(pool->owner_mu_) {
+      mu_->Lock();
+    }
+    ~OwnerLock() ABSL_UNLOCK_FUNCTION() { mu_->Unlock(); }
+    OwnerLock(const OwnerLock&) = delete;
+    OwnerLock& operator=(const OwnerLock&) = delete;
+
+   private:
+    Mutex* const mu_;
+  };
+  // The reserved-bytes statistic, read under the owner's mu (a release's floor for
+  // background preparation).
+  std::size_t ReservedBytes() const ABSL_LOCKS_EXCLUDED(owner_mu_);
+  // The one sync of the arena-bytes statistic with what the arena holds.
+  void SyncArenaBytesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_, owner_mu_);
   // Note [Background Steps Yield]: returns once no foreground transition is announced.
   void YieldToTransitions() const ABSL_LOCKS_EXCLUDED(transition_mu_);
   // Prepare's first step: sizes the arena; *pin_to: how far it is to be pinned (0: no pinning).
-  absl::Status ReserveForPrepare(std::size_t bytes, bool background, Mutex* owner_mu, std::size_t* pin_to)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  absl::Status ReserveForPrepare(std::size_t bytes, bool background, std::size_t* pin_to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // A background preparation's later steps: pins up to kPrepareStepBytes more of
   // [0, pin_to) unless the tag stopped wanting it or the arena changed since step one (a
   // pause, a new store, a release: the backup's epoch moved); *done when nothing is left.
   // The first of them (*warmed false) faults in all of [0, pin_to) first
   // (BackupArena::Warm), ending early when a foreground transition announces itself.
-  absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, Mutex* owner_mu, bool* warmed, bool* done)
-      ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status PinStep(std::uint64_t epoch, std::size_t pin_to, bool* warmed, bool* done)
+      ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
  public:
   // After DropBackupOf returned true: releases the arena if it still holds no backed-up
   // bytes, once a transition (or a backup read) of the tag holding the transition lock is
   // done; the caller holds no allocator lock, as Free's wait for a busy tag. Errors are
   // logged.
-  void ReleaseOrphanedArena(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  // Note [Retained Backups]: set holding the transition lock and the owner's mu, so read
-  // holding either.
-  void SetRetention(BackupRetention retention, Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
-  const BackupRetention& retention() const { return backup_.retention(); }
+  void ReleaseOrphanedArena() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
+  // Note [Retained Backups].
+  void SetRetention(BackupRetention retention) ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
+  const BackupRetention& retention() const {
+    AssertOwnerHeld();
+    return backup_.retention();
+  }
   // A resume's (or switch-in's) end, its restore copies complete (TagBackup::AfterResume:
   // the arena's contents dropped, kept readable, or its memory left to GiveBack on a
   // background thread with `later`, so that the resume returns when the device has its
   // bytes).
-  void ArenaAfterResume(bool later, Mutex* owner_mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
+  void ArenaAfterResume(bool later) ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // A resume (or switch-in) failed, its copies waited for: the tag stays paused, its arena
   // holding its bytes; the staging ring the copies made goes (TagBackup::AfterFailedResume).
-  void ArenaAfterFailedResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { backup_.AfterFailedResume(); }
-  // Owner's mu: a resumed arena's memory is still to be given back.
-  bool give_back_pending() const { return backup_.give_back_pending(); }
+  void ArenaAfterFailedResume() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) {
+    backup_.AssertTransitionHeld();
+    backup_.AfterFailedResume();
+  }
+  // A resumed arena's memory is still to be given back.
+  bool give_back_pending() const {
+    AssertOwnerHeld();
+    return backup_.give_back_pending();
+  }
   // The background hand-back: steps of kPrepareStepBytes, each under the transition lock,
   // while the tag is active and the hand-back still pending (a pause cancels it and keeps
   // what is still pinned). Errors end it (logged by the caller), the rest stays pinned.
-  absl::Status GiveBack(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status GiveBack() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
   // A new store; the old arena is released first (a release the driver refuses is the
   // error, the store and the arena unchanged) and goes to *dropped.
-  absl::Status SetStore(const BackupStore& store, Mutex* owner_mu, std::unique_ptr<BackupArena>* dropped)
-      ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status SetStore(const BackupStore& store, std::unique_ptr<BackupArena>* dropped)
+      ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
   // When this paused pool backed up [ptr, ptr + size_bytes): calls `use` with their host
   // address, holding the transition lock (no resume meanwhile), and returns true; false
   // when those bytes are not its; NotFound when they lie in one of its live blocks but
   // outside what was backed up.
-  absl::StatusOr<bool> WithBackup(DevicePtr ptr, std::size_t size_bytes, Mutex* owner_mu,
-                                  const std::function<void(const char*)>& use) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::StatusOr<bool> WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use)
+      ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
   // The copy stream, created on first use.
   absl::StatusOr<Stream> CopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   Stream copy_stream() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return copy_stream_; }
@@ -317,28 +393,43 @@ class TagPool {
   bool Empty();
 
   // --- Hooks and auto-prepare marks (owner's mu) --------------------------------------------
-  const TransitionHooks& hooks() const { return hooks_; }
+  const TransitionHooks& hooks() const {
+    AssertOwnerHeld();
+    return hooks_;
+  }
   void AddHooks(TransitionHook before_pause, TransitionHook after_resume) {
+    AssertOwnerHeld();
     hooks_.emplace_back(std::move(before_pause), std::move(after_resume));
   }
   using AutoPrepare = TagBackup::AutoPrepare;
-  AutoPrepare& auto_prepare() { return backup_.auto_prepare(); }
+  AutoPrepare& auto_prepare() {
+    AssertOwnerHeld();
+    return backup_.auto_prepare();
+  }
 
   // --- Statistics (owner's mu) -------------------------------------------------------------
   // The counters; their identity fields (name, policy, store, state) are filled by FillStats.
-  TagStats& stats() { return stats_; }
-  const TagStats& stats() const { return stats_; }
+  TagStats& stats() {
+    AssertOwnerHeld();
+    return stats_;
+  }
+  const TagStats& stats() const {
+    AssertOwnerHeld();
+    return stats_;
+  }
   // The reserved bytes and chunk count from the heaps (not while busy).
   void NoteReserved();
   // A block (or bypass allocation) of size_bytes, of which requested_bytes were asked
   // for, was allocated / freed.
   void NoteAllocated(std::size_t size_bytes, std::size_t requested_bytes) {
+    AssertOwnerHeld();
     stats_.allocated_bytes.Add(static_cast<std::int64_t>(size_bytes));
     stats_.requested_bytes.Add(static_cast<std::int64_t>(requested_bytes));
     stats_.active_blocks.Add(1);
     ++stats_.allocations;
   }
   void NoteFreed(std::size_t size_bytes, std::size_t requested_bytes) {
+    AssertOwnerHeld();
     stats_.allocated_bytes.Add(-static_cast<std::int64_t>(size_bytes));
     stats_.requested_bytes.Add(-static_cast<std::int64_t>(requested_bytes));
     stats_.active_blocks.Add(-1);
@@ -363,10 +454,11 @@ class TagPool {
   // for a pool that is not frozen, the heaps' and the stats'. `bypass_bytes`: bytes of this
   // tag's bypass allocations (counted in its stats, not in its heaps). *allocated_bytes
   // and *pending_blocks accumulate as in Heap::Validate.
-  absl::Status Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes, std::size_t* pending_blocks) const;
-  // The backup's invariants with its arena (TagBackup::Validate, arena_checked): waits for
-  // the transition lock, then takes `owner_mu`. Not from inside a transition of the tag.
-  absl::Status ValidateBackup(Mutex* owner_mu) ABSL_LOCKS_EXCLUDED(transition_mu_);
+  absl::Status Validate(std::size_t bypass_bytes, std::size_t* allocated_bytes, std::size_t* pending_blocks) const
+     ;
+  // The backup's invariants with its arena (TagBackup::ValidateWithArena): waits for the
+  // transition lock, then takes the owner's mu. Not from inside a transition of the tag.
+  absl::Status ValidateBackup() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
 
  private:
   const TagId id_;
@@ -380,19 +472,20 @@ class TagPool {
   const std::unique_ptr<Heap> small_;
   const std::unique_ptr<Heap> large_;
 
-  TagState state_ = TagState::kActive;
-  TagState previous_ = TagState::kActive;  // before the last move (Validate)
-  std::string broken_reason_;
-  BackupExtents backup_extents_;
-  TransitionHooks hooks_;
-  TagStats stats_;
-
+  Mutex* const owner_mu_;
   mutable Mutex control_mu_;
   mutable Mutex transition_mu_;
+
+  TagState state_ ABSL_GUARDED_BY(owner_mu_) = TagState::kActive;
+  TagState previous_ ABSL_GUARDED_BY(owner_mu_) = TagState::kActive;  // before the last move (Validate)
+  std::string broken_reason_ ABSL_GUARDED_BY(owner_mu_);
+  // Note [Heap Locking]: the owner's mu or the transition lock, by state (not annotated).
+  BackupExtents backup_extents_;
+  TransitionHooks hooks_ ABSL_GUARDED_BY(owner_mu_);
+  TagStats stats_ ABSL_GUARDED_BY(owner_mu_);
+
   std::atomic<int> transitions_waiting_{0};  // Note [Background Steps Yield]
-  // The backup's life (tag_backup.h: its locking): its arena under transition_mu_; its
-  // state, store, retention, retained extents and auto-prepare marks under the owner's mu
-  // as that header says.
+  // The backup's life (tag_backup.h): given both locks, its fields annotated with them.
   TagBackup backup_;
   Stream copy_stream_ ABSL_GUARDED_BY(transition_mu_) = nullptr;
   std::vector<Event> copy_events_ ABSL_GUARDED_BY(transition_mu_);

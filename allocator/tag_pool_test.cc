@@ -33,6 +33,10 @@ std::string ReasonFor(TagState to) { return to == TagState::kBroken ? "broken fo
 
 class TagPoolTest : public ::testing::Test {
  protected:
+  // The test is the owner: it holds the owner's mu throughout, as the allocator does around
+  // the calls made here (the pool checks it: Mutex::AssertHeld).
+  void SetUp() override { owner_mu_.Lock(); }
+  void TearDown() override { owner_mu_.Unlock(); }
   std::unique_ptr<TagPool> NewPool() {
     HeapConfig base;
     base.driver = &sim_;
@@ -46,7 +50,8 @@ class TagPoolTest : public ::testing::Test {
     large.name = "tag_pool_test/large";
     large.min_chunk_bytes = 2 * kMiB;
     large.max_chunk_bytes = 8 * kMiB;
-    return std::make_unique<TagPool>(kDefaultTag, Policy::kBackup, BackupStore{}, &sim_, 0, small, large);
+    return std::make_unique<TagPool>(kDefaultTag, Policy::kBackup, BackupStore{}, &sim_, 0, small, large,
+                                     &owner_mu_);
   }
   // A pool in `state`, reached through allowed moves only.
   std::unique_ptr<TagPool> PoolIn(TagState state) {
@@ -65,6 +70,7 @@ class TagPoolTest : public ::testing::Test {
   }
 
   SimDriver sim_{SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}}};
+  Mutex owner_mu_;
 };
 
 TEST_F(TagPoolTest, EveryMoveOutsideTheTableIsRefused) {

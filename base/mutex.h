@@ -10,7 +10,11 @@
 #ifndef VMSTASH_BASE_MUTEX_H_
 #define VMSTASH_BASE_MUTEX_H_
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 
@@ -21,12 +25,38 @@ class ABSL_LOCKABLE Mutex {
   Mutex() = default;
   Mutex(const Mutex&) = delete;
   Mutex& operator=(const Mutex&) = delete;
-  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
-  void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
-  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) { return mu_.try_lock(); }
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() {
+    mu_.lock();
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  }
+  void Unlock() ABSL_UNLOCK_FUNCTION() {
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    mu_.unlock();
+  }
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    if (!mu_.try_lock()) return false;
+    holder_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    return true;
+  }
+  // Whether the calling thread holds it (only the holder writes its own id, so the answer
+  // is exact for the caller).
+  bool HeldByMe() const { return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
+  // For a caller that holds this lock under another name clang cannot follow (a pool's
+  // owner_mu_ is its allocator's mu_): states it to the analysis, and in builds without
+  // NDEBUG (the tests) checks it, aborting on a caller that does not hold it (a bug in the
+  // library, not a recoverable failure).
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK() {
+#ifndef NDEBUG
+    if (!HeldByMe()) {
+      std::fputs("vmstash: internal error: a lock asserted held is not held by this thread\n", stderr);
+      std::abort();
+    }
+#endif
+  }
 
  private:
   std::mutex mu_;
+  std::atomic<std::thread::id> holder_{};
 };
 
 class ABSL_SCOPED_LOCKABLE MutexLock {

@@ -1,12 +1,15 @@
-// What every C ABI entry point shares (vmstash_c.cc, stash_c.cc): the error convention
+// What every C ABI entry point shares (vmstash_c.cc, stash_c.cc, tms_c.cc): the error convention
 // (the message and the code in thread-locals, vmstash_last_error() and
 // vmstash_last_error_code(); the absl::StatusCode as the return value, from the one table
-// of vmstash.h, Note [Status Codes]) and
-// the guard that runs a body inside a process Call (runtime/process.h, Note [Shutdown])
-// and turns exceptions, std::bad_alloc included, into codes.
+// of vmstash.h, Note [Status Codes]), the guard that runs a body inside a process Call
+// (runtime/process.h, Note [Shutdown]) and turns exceptions, std::bad_alloc included, into
+// codes, and the runtime calls more than one front makes (allocation, free, live ranges,
+// backup reads), so that each front talks to the runtime alone.
 #ifndef VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
 #define VMSTASH_TORCH_PLUGIN_C_ABI_SHIM_H_
 
+#include <cstddef>
+#include <functional>
 #include <new>
 #include <string>
 
@@ -14,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/process.h"
 #include "runtime/runtime.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
 
 namespace vmstash::c_abi {
 
@@ -35,6 +39,25 @@ struct SavedError {
 };
 SavedError SaveError();
 int RestoreError(const SavedError& saved);  // returns saved.code
+
+// --- The runtime calls both fronts make (vmstash_c.cc defines them) ---------------------
+// 0 when changed, VMSTASH_NOOP when nothing changed, else the error's code.
+int TransitionCode(const absl::StatusOr<bool>& changed);
+// The allocator of `device` in *out (lock-free once it exists): 0, or the failure's code.
+int AllocatorFor(Runtime& rt, int device, CachingAllocator** out);
+// An allocation of `size` bytes in `tag` on `device`: a code, with the pointer in *out.
+int Allocate(Runtime& rt, std::size_t size, int device, cudaStream_t stream, TagId tag, void** out);
+// Allocate inside a Call: the pointer, or NULL with the error recorded.
+void* MallocIn(std::size_t size, int device, cudaStream_t stream, TagId tag) noexcept;
+// A free of `ptr` on `device` (errors logged and recorded): a code.
+int Free(Runtime& rt, void* ptr, int device);
+// Adds entry `l` of a `what` call's live ranges (vmstash.h: vmstash_live_ranges) to
+// `out`, as ranges of tag `id` on the entry's device; InvalidArgument for NULL arrays.
+absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* what,
+                          Runtime::LiveRangesByDevice* out);
+// A backup read on `device`, or (device < 0) on the device whose allocator holds the bytes:
+// addresses are unique across devices, so at most one answers other than NOT_FOUND.
+int WithBackupOf(Runtime& rt, int device, const std::function<absl::Status(CachingAllocator*)>& read);
 
 // Runs fn(process::Call&) -> int inside a Call; a refused call fails.
 template <typename Fn>

@@ -4,15 +4,18 @@
 // Python layer and a preloaded process's global scope all reach one implementation.
 //
 // Layout:
+//   level        a front on the runtime, as vmstash_c.cc is: runtime calls through
+//                shim.h, never the public C functions; torch_memory_saver's variables
+//                come from tms_env.h (read there, once).
 //   per thread   ThreadState: torch_memory_saver's config (tag, cpu/disk backup, backend;
-//                from the TMS_INIT_* variables at the thread's first use), the routing
+//                their defaults from tms_env.h's Environment), the routing
 //                override (tms.h) and the regions pushed by the Python layer.
 //   per process  Registry: (torch_memory_saver tag, backup setting) -> vmstash tag (Note
 //                [TMS Tags] in vmstash_tms.h), entries never removed (names stay valid);
 //                the disk backup directory; retain_cpu_backup; the preload library's
 //                process tag.
 //   transitions  tms_pause moves all of a tag's vmstash tags (every tag's, for NULL) in one
-//                vmstash_switch, all or nothing; tms_resume resumes them one after
+//                switch, all or nothing; tms_resume resumes them one after
 //                another and stops at the first failure. Each backup tag's retention is
 //                set first (allocator/tag_pool.h, Note [Retained Backups]): its backup
 //                goes with its freed blocks, and a resume keeps it readable while
@@ -23,13 +26,12 @@
 // (vmstash_last_error); TMS's void setters record it too and keep the previous value.
 // Thread-safety: the registry, the directory and the retain flag are guarded; a thread's
 // state is its own.
+#include "torch_plugin/include/vmstash/vmstash_tms.h"
+
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <initializer_list>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -38,88 +40,31 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "allocator/backup_arena.h"
 #include "allocator/tag.h"
-#include "base/json_writer.h"
+#include "base/status_macros.h"
+#include "runtime/process.h"
 #include "runtime/runtime.h"
 #include "torch_plugin/c_abi/shim.h"
 #include "torch_plugin/c_abi/tms.h"
+#include "torch_plugin/c_abi/tms_env.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
-#include "torch_plugin/include/vmstash/vmstash_tms.h"
 
 #define VMSTASH_TMS_EXPORT __attribute__((visibility("default")))
 
 namespace vmstash::tms {
 namespace {
 
-bool EnvFlag(std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0)) return true;
-  }
-  return false;
-}
-
-// Whole-process mode's variables (the preload library routes every thread).
-bool WholeProcessEnv() {
-  static const bool all = EnvFlag({"VMSTASH_PRELOAD_ALL", "TMS_INIT_ENABLE"});
-  return all;
-}
-
-// --- Backup settings ---------------------------------------------------------------------
-
-enum class Setting { kDiscard, kPinned, kMmap, kDisk };
-
-const char* SettingName(Setting s) {
-  switch (s) {
-    case Setting::kDiscard: return "discard";
-    case Setting::kPinned: return "pinned";
-    case Setting::kMmap: return "mmap";
-    case Setting::kDisk: return "disk";
-  }
-  return "?";
-}
-
-bool ParseSetting(const char* text, Setting* out) {
-  for (Setting s : {Setting::kDiscard, Setting::kPinned, Setting::kMmap, Setting::kDisk}) {
-    if (text != nullptr && std::strcmp(text, SettingName(s)) == 0) {
-      *out = s;
-      return true;
-    }
-  }
-  return false;
-}
-
-// A cpu_backup_backend value: "pinned" or "mmap" (TMS's names).
-bool ParseBackend(const char* text, Setting* out) {
-  return ParseSetting(text, out) && (*out == Setting::kPinned || *out == Setting::kMmap);
-}
-
-// TMS_INIT_CPU_BACKUP_BACKEND: unset or empty is pinned; a bad value is said once and
-// taken as pinned (the Python layer refuses it with a ValueError).
-Setting EnvBackend() {
-  static const Setting backend = [] {
-    const char* v = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
-    Setting s = Setting::kPinned;
-    if (v != nullptr && v[0] != '\0' && !ParseBackend(v, &s)) {
-      std::fprintf(stderr, "vmstash: TMS_INIT_CPU_BACKUP_BACKEND='%s' is not pinned or mmap; using pinned\n", v);
-      s = Setting::kPinned;
-    }
-    return s;
-  }();
-  return backend;
-}
-
 // --- Per thread ---------------------------------------------------------------------------
 
 struct ThreadConfig {
   std::string tag = "default";
-  // VMSTASH_PRELOAD_BACKUP: vmstash's name for it (ProcessSetting reads both).
-  bool cpu_backup = EnvFlag({"TMS_INIT_ENABLE_CPU_BACKUP", "VMSTASH_PRELOAD_BACKUP"});
-  bool disk_backup = EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"});
-  Setting backend = EnvBackend();
+  bool cpu_backup = Env().cpu_backup;
+  bool disk_backup = Env().disk_backup;
+  Setting backend = Env().backend;
   bool configured = false;  // set through tms_set_* or a pushed region: routing follows it
 };
 
@@ -144,34 +89,21 @@ ThreadState& State() {
   return state;
 }
 
-bool InRegion() {
-  const char* tag = vmstash_get_current_tag();
-  return tag != nullptr && std::strcmp(tag, "default") != 0;
-}
+bool InRegion() { return CurrentTag() != kDefaultTag; }
 
 bool Interesting() {
   const int routed = State().routed;
   if (routed >= 0) return routed == 1;
-  return WholeProcessEnv() || InRegion();
+  return Env().whole_process || InRegion();
 }
 
 // --- Per process --------------------------------------------------------------------------
 
 std::atomic<const char*> process_tag{nullptr};
 
-// The whole-process tag's setting, from the variables the preload library reads.
-Setting ProcessSetting() {
-  if (EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"})) return Setting::kDisk;
-  if (EnvFlag({"TMS_INIT_ENABLE_CPU_BACKUP", "VMSTASH_PRELOAD_BACKUP"})) return EnvBackend();
-  return Setting::kDiscard;
-}
-
 std::mutex dir_mu;
 std::string& DiskDir() {  // guarded by dir_mu
-  static auto* dir = new std::string([] {
-    const char* v = std::getenv("TMS_DISK_BACKUP_DIR");
-    return std::string(v != nullptr && v[0] != '\0' ? v : "/tmp");
-  }());
+  static auto* dir = new std::string(Env().disk_dir);
   return *dir;
 }
 std::string CurrentDiskDir() {
@@ -179,15 +111,10 @@ std::string CurrentDiskDir() {
   return DiskDir();
 }
 
-std::atomic<int> retain{-1};  // -1: TMS_RETAIN_CPU_BACKUP, read at the first use
+std::atomic<int> retain{-1};  // -1: TMS_RETAIN_CPU_BACKUP (tms_env.h)
 bool Retain() {
-  int r = retain.load();
-  if (r < 0) {
-    int expected = -1;
-    retain.compare_exchange_strong(expected, EnvFlag({"TMS_RETAIN_CPU_BACKUP"}) ? 1 : 0);
-    r = retain.load();
-  }
-  return r == 1;
+  const int r = retain.load();
+  return r < 0 ? Env().retain : r == 1;
 }
 
 struct TagEntry {
@@ -198,33 +125,22 @@ struct TagEntry {
   bool process = false;     // the preload library's process tag (created by it, not here)
 };
 
-// fn(Runtime&, TagId) -> absl::Status on the existing vmstash tag `name`, as a C code.
-template <typename Fn>
-int OnTag(const std::string& name, Fn fn) {
-  return c_abi::WithRuntime([&](Runtime& rt) {
-    absl::StatusOr<TagId> id = FindTag(name);
-    if (!id.ok()) return c_abi::Fail(id.status());
-    return c_abi::Code(fn(rt, *id));
-  });
-}
-
 // The vmstash store of a backup setting, set on `name` (disk: in `dir`, torch_memory_saver's
 // directory, read at each pause: not checked here; the pause that writes there fails with
 // NOT_FOUND, nothing paused, where it does not exist).
-int SetStore(const std::string& name, Setting setting, const std::string& dir) {
+absl::Status SetStore(Runtime& rt, const std::string& name, Setting setting, const std::string& dir) {
   const BackupStore store = setting == Setting::kPinned ? BackupStore{}
                             : setting == Setting::kMmap ? BackupStore{BackupStore::Kind::kPageable, ""}
                                                         : BackupStore{BackupStore::Kind::kDiskFiles, dir};
-  return OnTag(name, [&](Runtime& rt, TagId id) {
-    return rt.SetBackupStore(id, store, /*directory_must_exist=*/false);
-  });
+  VMSTASH_ASSIGN_OR_RETURN(const TagId id, FindTag(name));
+  return rt.SetBackupStore(id, store, /*directory_must_exist=*/false);
 }
 
 class Registry {
  public:
-  // The entry of (tms_tag, setting), its vmstash tag declared on first use; nullptr with
-  // the error recorded on failure (a later call tries again).
-  const TagEntry* Resolve(const std::string& tms_tag, Setting setting) {
+  // The entry of (tms_tag, setting), its vmstash tag declared on first use (a failure
+  // declares nothing: a later call tries again).
+  absl::StatusOr<const TagEntry*> Resolve(Runtime& rt, const std::string& tms_tag, Setting setting) {
     std::lock_guard<std::mutex> lock(mu_);
     AddProcessEntryLocked();
     bool taken = false;
@@ -235,31 +151,37 @@ class Registry {
     }
     TagEntry e{tms_tag, setting, FreeNameLocked(taken ? absl::StrCat(tms_tag, ":", SettingName(setting)) : tms_tag),
                "", false};
-    if (vmstash_create_tag(e.name.c_str(), setting == Setting::kDiscard ? "discard" : "backup") != 0) return nullptr;
+    VMSTASH_ASSIGN_OR_RETURN(const TagId id, InternTag(e.name));
+    VMSTASH_RETURN_IF_ERROR(rt.CreateTag(id, setting == Setting::kDiscard ? Policy::kDiscard : Policy::kBackup));
     if (setting != Setting::kDiscard) {
       if (setting == Setting::kDisk) e.disk_dir = CurrentDiskDir();
-      if (SetStore(e.name, setting, e.disk_dir) != 0) return nullptr;
+      VMSTASH_RETURN_IF_ERROR(SetStore(rt, e.name, setting, e.disk_dir));
     }
     entries_.push_back(std::move(e));
     return &entries_.back();
   }
 
-  // Copies of the entries of `tms_tag` (nullptr: all), the process tag's with "default".
-  std::vector<TagEntry> Targets(const char* tms_tag) {
+  // The entries of `tms_tag` (nullptr: all), the process tag's with "default": pointers,
+  // valid until the process ends (entries are never removed).
+  std::vector<const TagEntry*> Targets(const char* tms_tag) {
     std::lock_guard<std::mutex> lock(mu_);
     AddProcessEntryLocked();
-    std::vector<TagEntry> out;
+    std::vector<const TagEntry*> out;
     for (const TagEntry& e : entries_) {
-      if (tms_tag == nullptr || e.tms_tag == tms_tag) out.push_back(e);
+      if (tms_tag == nullptr || e.tms_tag == tms_tag) out.push_back(&e);
     }
     return out;
   }
 
-  // A disk entry's store moved to `dir` (the pause set it).
-  void NoteDiskDir(const std::string& name, const std::string& dir) {
+  // A disk entry's store directory, and its move to `dir` (the pause set it).
+  std::string DiskDirOf(const TagEntry& e) {
     std::lock_guard<std::mutex> lock(mu_);
-    for (TagEntry& e : entries_) {
-      if (e.name == name) e.disk_dir = dir;
+    return e.disk_dir;
+  }
+  void NoteDiskDir(const TagEntry& e, const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (TagEntry& x : entries_) {
+      if (&x == &e) x.disk_dir = dir;
     }
   }
 
@@ -280,9 +202,8 @@ class Registry {
     const char* process = process_tag.load();
     if (process == nullptr || has_process_) return;
     has_process_ = true;
-    // The preload library set its store from TMS_DISK_BACKUP_DIR.
-    const char* dir = std::getenv("TMS_DISK_BACKUP_DIR");
-    entries_.push_front(TagEntry{"default", ProcessSetting(), process, dir != nullptr && dir[0] ? dir : "/tmp", true});
+    // The preload library made it and set its store from the same environment.
+    entries_.push_front(TagEntry{"default", Env().DefaultSetting(), process, Env().disk_dir, true});
   }
 
   std::mutex mu_;
@@ -295,102 +216,117 @@ Registry& Tags() {
   return *registry;
 }
 
+// Resolve inside a Call: the entry, or nullptr with the error recorded.
+const TagEntry* ResolveEntry(const std::string& tms_tag, Setting setting) {
+  const TagEntry* entry = nullptr;
+  c_abi::WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<const TagEntry*> e = Tags().Resolve(rt, tms_tag, setting);
+    if (!e.ok()) return c_abi::Fail(e.status());
+    entry = *e;
+    return 0;
+  });
+  return entry;
+}
+
 // --- Transitions --------------------------------------------------------------------------
 
-bool Exists(const std::string& name) { return vmstash_tag_policy(name.c_str()) != nullptr; }
-
-int SetRetention(const std::string& name, bool keep_after_resume) {
+absl::Status SetRetention(Runtime& rt, const std::string& name, bool keep_after_resume) {
+  VMSTASH_ASSIGN_OR_RETURN(const TagId id, FindTag(name));
   // retain_cpu_backup off: the pinned memory goes back to the OS after each resume.
-  return OnTag(name, [&](Runtime& rt, TagId id) {
-    return rt.SetBackupRetention(id, BackupRetention{keep_after_resume, true, !keep_after_resume});
-  });
+  return rt.SetBackupRetention(id, BackupRetention{keep_after_resume, true, !keep_after_resume});
 }
 
 // A backup tag about to pause: its disk store follows the present directory (SetStore),
 // its backup goes with its blocks (Note [Retained Backups]). A tag paused already refuses
 // a new store: its pause is a no-op.
-int BeforePause(const TagEntry& t) {
-  if (t.setting == Setting::kDiscard) return 0;
+absl::Status BeforePause(Runtime& rt, const TagEntry& t) {
+  if (t.setting == Setting::kDiscard) return absl::OkStatus();
   if (t.setting == Setting::kDisk) {
     const std::string dir = CurrentDiskDir();
-    if (dir != t.disk_dir) {
-      const int rc = SetStore(t.name, t.setting, dir);
-      if (rc == 0) Tags().NoteDiskDir(t.name, dir);
-      if (rc != 0 && rc != VMSTASH_FAILED_PRECONDITION) return rc;  // paused already: the pause is a no-op
+    if (dir != Tags().DiskDirOf(t)) {
+      absl::Status s = SetStore(rt, t.name, t.setting, dir);
+      if (s.ok()) Tags().NoteDiskDir(t, dir);
+      if (!s.ok() && !absl::IsFailedPrecondition(s)) return s;  // paused already: the pause is a no-op
     }
   }
-  return SetRetention(t.name, Retain());
+  return SetRetention(rt, t.name, Retain());
 }
 
-// The vmstash tags of `tms_tag` (nullptr: all) that exist: the process tag exists only
-// once it has allocated.
-std::vector<TagEntry> ExistingTargets(const char* tms_tag) {
-  std::vector<TagEntry> out;
-  for (TagEntry& t : Tags().Targets(tms_tag)) {
-    if (Exists(t.name)) out.push_back(std::move(t));
+// The entries of `tms_tag` (nullptr: all) whose vmstash tags exist, with their ids: the
+// process tag exists only once it has allocated.
+std::vector<std::pair<const TagEntry*, TagId>> ExistingTargets(Runtime& rt, const char* tms_tag) {
+  std::vector<std::pair<const TagEntry*, TagId>> out;
+  for (const TagEntry* t : Tags().Targets(tms_tag)) {
+    absl::StatusOr<TagId> id = FindTag(t->name);
+    if (id.ok() && rt.TagPolicy(*id).has_value()) out.emplace_back(t, *id);
   }
   return out;
 }
 
-// A pause of several tags moves them in one vmstash_switch: all or nothing without a
-// rollback that could itself fail (a switch keeps the outgoing chunks until it commits;
-// pausing the tags one by one released each tag's memory at once, so undoing them after a
-// later tag's failure had to create it again, and another process may have taken it). A
-// pause of one tag goes through vmstash's pause. A resume moves the tags one after
-// another, each through its own resume (faster than one switch, which maps every incoming
-// piece before its first copy), and stops at the first that fails, its error naming the
-// tags resumed before it: pausing those again is not safe (another thread may have used
-// them meanwhile, or paused them on one device itself). The measurements behind both
-// choices, and why a resume right after a multi-tag pause runs slower (the driver's work
-// after a release): bench/HISTORY.md, "torch_memory_saver's pause and resume of several tags".
-int Pause(const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
+// A pause of several tags moves them in one switch: all or nothing without a rollback
+// that could itself fail (a switch keeps the outgoing chunks until it commits; pausing the
+// tags one by one released each tag's memory at once, so undoing them after a later tag's
+// failure had to create it again, and another process may have taken it). A pause of one
+// tag goes through vmstash's pause. A resume moves the tags one after another, each
+// through its own resume (faster than one switch, which maps every incoming piece before
+// its first copy), and stops at the first that fails, its error naming the tags resumed
+// before it: pausing those again is not safe (another thread may have used them meanwhile,
+// or paused them on one device itself). The measurements behind both choices, and why a
+// resume right after a multi-tag pause runs slower (the driver's work after a release):
+// bench/HISTORY.md, "torch_memory_saver's pause and resume of several tags". An entry of
+// `live` applies to the vmstash tag its `tag` names (others are not ours: skipped).
+absl::Status Pause(Runtime& rt, const char* tms_tag, const vmstash_live_ranges* live, std::size_t n_live) {
   if (live == nullptr && n_live > 0) {
-    return c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
+    return absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0");
   }
-  const std::vector<TagEntry> targets = ExistingTargets(tms_tag);
-  if (targets.empty()) return 0;
-  std::vector<const char*> names;
-  for (const TagEntry& t : targets) {
+  std::vector<TagId> ids;
+  std::vector<const std::string*> names;
+  for (const auto& [t, id] : ExistingTargets(rt, tms_tag)) {
     // Two torch_memory_saver tags may resolve to one vmstash tag ("kv" pinned after a
     // discard "kv" is "kv:pinned", as is a tag named "kv:pinned"): it moves once.
-    if (std::any_of(names.begin(), names.end(), [&](const char* n) { return t.name == n; })) continue;
-    if (const int rc = BeforePause(t); rc != 0) return rc;  // nothing paused yet
-    names.push_back(t.name.c_str());
+    if (std::find(ids.begin(), ids.end(), id) != ids.end()) continue;
+    VMSTASH_RETURN_IF_ERROR(BeforePause(rt, *t));  // nothing paused yet
+    ids.push_back(id);
+    names.push_back(&t->name);
   }
-  std::vector<vmstash_live_ranges> mine;  // the hints of these tags (others, and untagged ones, are not ours)
+  if (ids.empty()) return absl::OkStatus();
+  Runtime::LiveRangesByDevice ranges;
   for (std::size_t i = 0; i < n_live; ++i) {
-    for (const char* name : names) {
-      if (live[i].tag != nullptr && std::strcmp(live[i].tag, name) == 0) mine.push_back(live[i]);
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (live[i].tag == nullptr || *names[k] != live[i].tag) continue;
+      if (live[i].device < 0 || live[i].device >= rt.device_count()) {
+        return absl::InvalidArgumentError(absl::StrCat("tms pause: liveness hints ", i, " name device ",
+                                                       live[i].device, ", not a device of this process; nothing "
+                                                       "was paused"));
+      }
+      VMSTASH_RETURN_IF_ERROR(c_abi::AddLiveEntry(live[i], ids[k], "tms pause", &ranges));
     }
   }
-  const int rc = names.size() == 1
-                     ? vmstash_pause_live_devices(names[0], -1, mine.data(), mine.size())
-                     : vmstash_switch(names.data(), names.size(), nullptr, 0, -1, mine.data(), mine.size());
-  return rc == VMSTASH_NOOP ? 0 : rc;  // every tag paused already: TMS's no-op
+  absl::StatusOr<bool> changed = ids.size() == 1
+                                     ? rt.Pause(ids[0], Runtime::kAllDevices, ranges)
+                                     : rt.Switch(ids, {}, Runtime::kAllDevices, ranges.empty() ? nullptr : &ranges);
+  return changed.status();  // every tag paused already: torch_memory_saver's no-op
 }
 
-int Resume(const char* tms_tag) {
+absl::Status Resume(Runtime& rt, const char* tms_tag) {
   const bool keep = Retain();
   std::vector<std::string> resumed;
-  std::optional<c_abi::SavedError> hook_failed;  // a tag resumed whose after-resume hook failed
-  for (const TagEntry& t : ExistingTargets(tms_tag)) {
-    int rc = t.setting == Setting::kDiscard ? 0 : SetRetention(t.name, keep);
-    if (rc == 0) rc = vmstash_resume(t.name.c_str(), -1);
-    if (rc == VMSTASH_NOOP) continue;
-    if (rc != 0 && vmstash_last_error_done() == 1) {  // resumed all the same: go on, report it
-      if (!hook_failed.has_value()) hook_failed = c_abi::SaveError();
-      rc = 0;
+  absl::Status hook_failed;  // the first tag resumed whose after-resume hook failed
+  for (const auto& [t, id] : ExistingTargets(rt, tms_tag)) {
+    const absl::Status retention = t->setting == Setting::kDiscard ? absl::OkStatus() : SetRetention(rt, t->name, keep);
+    absl::StatusOr<bool> changed = retention.ok() ? rt.Resume(id, Runtime::kAllDevices) : retention;
+    if (changed.ok() && !*changed) continue;  // not paused
+    if (!changed.ok() && Runtime::TransitionDone(changed.status())) {  // resumed all the same: go on, report it
+      if (hook_failed.ok()) hook_failed = changed.status();
+    } else if (!changed.ok()) {
+      if (resumed.empty()) return changed.status();
+      return absl::Status(changed.status().code(),
+                          absl::StrCat(changed.status().message(), " (tms resume: resumed before it: '",
+                                       absl::StrJoin(resumed, "', '"), "'; the others stay paused)"));
     }
-    if (rc != 0) {
-      if (resumed.empty()) return rc;
-      const absl::Status error = c_abi::SaveError().ToStatus();
-      return c_abi::Fail(absl::Status(error.code(), absl::StrCat(error.message(), " (tms resume: resumed before it: '",
-                                                                 absl::StrJoin(resumed, "', '"),
-                                                                 "'; the others stay paused)")));
-    }
-    resumed.push_back(t.name);
+    resumed.push_back(t->name);
   }
-  return hook_failed.has_value() ? c_abi::RestoreError(*hook_failed) : 0;
+  return hook_failed;
 }
 
 // The calling thread's allocation in its configured tag (tms_torch_malloc).
@@ -403,15 +339,27 @@ void* MallocInConfiguredTag(std::size_t size, int device, cudaStream_t stream) {
   bool error = false;
   const char* tag = AllocationTag(&error);
   if (error) return nullptr;
-  const std::string previous = vmstash_get_current_tag();
-  if (tag != nullptr && vmstash_set_current_tag(tag) != 0) return nullptr;
-  void* p = vmstash_malloc(size, device, stream);
+  TagId id = CurrentTag();
   if (tag != nullptr) {
-    const c_abi::SavedError saved = c_abi::SaveError();
-    (void)vmstash_set_current_tag(previous.c_str());
-    c_abi::RestoreError(saved);
+    absl::StatusOr<TagId> found = FindTag(tag);
+    if (!found.ok()) {
+      c_abi::Fail(found.status());
+      return nullptr;
+    }
+    id = *found;
   }
-  return p;
+  return c_abi::MallocIn(size, device, stream, id);
+}
+
+// fn(Runtime&) -> absl::Status as a code, on a runtime that is there: before the runtime
+// is made, or after vmstash_shutdown, no vmstash tag exists, so a torch_memory_saver pause
+// or resume has nothing to move and does not make one (0).
+template <typename Fn>
+int OnExistingRuntime(Fn fn) noexcept {
+  return c_abi::Guard([&](process::Call& call) {
+    Runtime* rt = call.runtime_if_initialized();
+    return rt == nullptr ? 0 : c_abi::Code(fn(*rt));
+  });
 }
 
 void SetBool(bool ThreadConfig::*field, bool value) {
@@ -437,7 +385,7 @@ const char* AllocationTag(bool* error) {
   *error = false;
   const ThreadConfig& c = State().config;
   if (!c.configured) return nullptr;
-  const TagEntry* entry = Tags().Resolve(c.tag, SettingOf(c));
+  const TagEntry* entry = ResolveEntry(c.tag, SettingOf(c));
   if (entry == nullptr) {
     *error = true;
     return nullptr;
@@ -511,7 +459,10 @@ VMSTASH_TMS_EXPORT void tms_set_disk_backup_dir(const char* dir) noexcept {
 }
 
 VMSTASH_TMS_EXPORT void set_memory_margin_bytes(uint64_t value) noexcept {
-  (void)vmstash_set_memory_margin(static_cast<size_t>(value));
+  vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
+    rt.SetMemoryMargin(static_cast<std::size_t>(value));
+    return 0;
+  });
 }
 
 VMSTASH_TMS_EXPORT void tms_set_retain_cpu_backup(bool retain_cpu_backup) noexcept {
@@ -521,35 +472,23 @@ VMSTASH_TMS_EXPORT void tms_set_retain_cpu_backup(bool retain_cpu_backup) noexce
 VMSTASH_TMS_EXPORT bool tms_get_retain_cpu_backup(void) noexcept { return vmstash::tms::Retain(); }
 
 VMSTASH_TMS_EXPORT int tms_pause(const char* tag) noexcept {
-  try {
-    return vmstash::tms::Pause(tag, nullptr, 0);
-  } catch (...) {
-    return vmstash::c_abi::Fail(absl::InternalError("tms_pause: unexpected exception"));
-  }
+  return vmstash::tms::OnExistingRuntime(
+      [&](vmstash::Runtime& rt) { return vmstash::tms::Pause(rt, tag, nullptr, 0); });
 }
 
 VMSTASH_TMS_EXPORT int tms_resume(const char* tag) noexcept {
-  try {
-    return vmstash::tms::Resume(tag);
-  } catch (...) {
-    return vmstash::c_abi::Fail(absl::InternalError("tms_resume: unexpected exception"));
-  }
+  return vmstash::tms::OnExistingRuntime([&](vmstash::Runtime& rt) { return vmstash::tms::Resume(rt, tag); });
 }
 
 VMSTASH_TMS_EXPORT uint8_t* tms_get_cpu_backup_pointer(const uint8_t* gpu_ptr, uint64_t size) noexcept {
   const void* found = nullptr;
   vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) {
-    const auto ptr = reinterpret_cast<vmstash::DevicePtr>(gpu_ptr);
-    absl::Status last = absl::NotFoundError(absl::StrCat("no backup holds ", size, " bytes at ", ptr));
-    for (vmstash::CachingAllocator* a : rt.AllocatorsInUse()) {
-      absl::StatusOr<const void*> at = a->BackupAddress(ptr, static_cast<std::size_t>(size));
-      if (at.ok()) {
-        found = *at;
-        return 0;
-      }
-      if (absl::IsNotFound(last)) last = at.status();  // the first error that says more stays
-    }
-    return vmstash::c_abi::Fail(last);
+    return vmstash::c_abi::WithBackupOf(rt, -1, [&](vmstash::CachingAllocator* a) -> absl::Status {
+      absl::StatusOr<const void*> at =
+          a->BackupAddress(reinterpret_cast<vmstash::DevicePtr>(gpu_ptr), static_cast<std::size_t>(size));
+      if (at.ok()) found = *at;
+      return at.status();
+    });
   });
   return const_cast<uint8_t*>(static_cast<const uint8_t*>(found));
 }
@@ -568,7 +507,10 @@ VMSTASH_TMS_EXPORT void* tms_torch_malloc(ssize_t size, int device, cudaStream_t
 }
 
 VMSTASH_TMS_EXPORT void tms_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) noexcept {
-  vmstash_free(ptr, size < 0 ? 0 : static_cast<size_t>(size), device, stream);
+  (void)size;
+  (void)stream;  // the block's own stream orders its reuse (vmstash_free)
+  if (ptr == nullptr) return;
+  vmstash::c_abi::WithRuntime([&](vmstash::Runtime& rt) { return vmstash::c_abi::Free(rt, ptr, device); });
 }
 
 VMSTASH_TMS_EXPORT const char* vmstash_tms_tag(const char* tms_tag, const char* setting) noexcept {
@@ -579,7 +521,7 @@ VMSTASH_TMS_EXPORT const char* vmstash_tms_tag(const char* tms_tag, const char* 
     return nullptr;
   }
   try {
-    const vmstash::tms::TagEntry* e = vmstash::tms::Tags().Resolve(tms_tag, s);
+    const vmstash::tms::TagEntry* e = vmstash::tms::ResolveEntry(tms_tag, s);
     return e != nullptr ? e->name.c_str() : nullptr;
   } catch (...) {
     vmstash::c_abi::Fail(absl::InternalError("vmstash_tms_tag: unexpected exception"));
@@ -587,37 +529,36 @@ VMSTASH_TMS_EXPORT const char* vmstash_tms_tag(const char* tms_tag, const char* 
   }
 }
 
-VMSTASH_TMS_EXPORT char* vmstash_tms_targets_json(const char* tms_tag) noexcept {
+VMSTASH_TMS_EXPORT int vmstash_tms_targets(const char* tms_tag, const char** names, size_t capacity,
+                                           size_t* count) noexcept {
+  if (count == nullptr || (names == nullptr && capacity > 0)) {
+    return vmstash::c_abi::Fail(
+        absl::InvalidArgumentError("vmstash_tms_targets: NULL count, or NULL names with capacity > 0"));
+  }
   try {
-    vmstash::JsonWriter w;
-    w.BeginArray();
-    for (const vmstash::tms::TagEntry& t : vmstash::tms::Tags().Targets(tms_tag)) {
-      w.BeginArray();
-      w.String(t.name);
-      w.String(vmstash::tms::SettingName(t.setting));
-      w.EndArray();
-    }
-    w.EndArray();
-    char* out = static_cast<char*>(std::malloc(w.str().size() + 1));
-    if (out == nullptr) {
-      vmstash::c_abi::Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
-      return nullptr;
-    }
-    std::memcpy(out, w.str().c_str(), w.str().size() + 1);
-    return out;
+    const std::vector<const vmstash::tms::TagEntry*> targets = vmstash::tms::Tags().Targets(tms_tag);
+    *count = targets.size();
+    for (size_t i = 0; i < targets.size() && i < capacity; ++i) names[i] = targets[i]->name.c_str();
+    return 0;
   } catch (...) {
-    vmstash::c_abi::Fail(absl::InternalError("vmstash_tms_targets_json: unexpected exception"));
-    return nullptr;
+    return vmstash::c_abi::Fail(absl::ResourceExhaustedError("vmstash_tms_targets: host out of memory"));
   }
 }
 
+VMSTASH_TMS_EXPORT int vmstash_tms_check_env(void) noexcept {
+  const std::string& error = vmstash::tms::Env().backend_error;
+  return error.empty() ? 0 : vmstash::c_abi::Fail(absl::InvalidArgumentError(error));
+}
+
+VMSTASH_TMS_EXPORT int vmstash_tms_whole_process(void) noexcept { return vmstash::tms::Env().whole_process ? 1 : 0; }
+
 VMSTASH_TMS_EXPORT int vmstash_tms_pause(const char* tms_tag, const vmstash_live_ranges* live,
                                          size_t n_live) noexcept {
-  try {
-    return vmstash::tms::Pause(tms_tag, live, n_live);
-  } catch (...) {
-    return vmstash::c_abi::Fail(absl::InternalError("vmstash_tms_pause: unexpected exception"));
+  if (live == nullptr && n_live > 0) {  // refused with or without a runtime
+    return vmstash::c_abi::Fail(absl::InvalidArgumentError("tms pause: NULL liveness hints with n_live > 0"));
   }
+  return vmstash::tms::OnExistingRuntime(
+      [&](vmstash::Runtime& rt) { return vmstash::tms::Pause(rt, tms_tag, live, n_live); });
 }
 
 VMSTASH_TMS_EXPORT int vmstash_tms_push_region(const char* tag, int enable_cpu_backup, const char* backend,

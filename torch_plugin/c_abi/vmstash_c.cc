@@ -110,11 +110,6 @@ char* JsonCall(Fn fn) noexcept {
   return out;
 }
 
-// 0 when changed, VMSTASH_NOOP when nothing changed, else the error's code.
-int TransitionCode(const absl::StatusOr<bool>& changed) {
-  if (!changed.ok()) return Fail(changed.status());
-  return *changed ? VMSTASH_OK : VMSTASH_NOOP;
-}
 
 int Transition(const char* tag, int device, bool pause, const CachingAllocator::LiveRanges* live) noexcept {
   return WithRuntime([&](Runtime& rt) {
@@ -124,31 +119,8 @@ int Transition(const char* tag, int device, bool pause, const CachingAllocator::
   });
 }
 
-// The allocator of `device` in *out (lock-free once it exists): 0, or the failure's code.
-int AllocatorFor(Runtime& rt, int device, CachingAllocator** out) {
-  *out = rt.AllocatorInUse(device);
-  if (*out != nullptr) return 0;
-  absl::StatusOr<CachingAllocator*> made = rt.Allocator(device);
-  if (!made.ok()) return Fail(made.status());
-  *out = *made;
-  return 0;
-}
 
-// The body of every allocation entry point: a code, with the pointer in *out.
-int Allocate(Runtime& rt, std::size_t size, int device, cudaStream_t stream, TagId tag, void** out) {
-  CachingAllocator* a = nullptr;
-  if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
-  absl::StatusOr<DevicePtr> p = a->Allocate(size, StreamArg(stream), tag);
-  if (!p.ok()) return Fail(p.status());
-  *out = reinterpret_cast<void*>(*p);
-  return 0;
-}
 
-void* MallocIn(std::size_t size, int device, cudaStream_t stream, TagId tag) noexcept {
-  void* out = nullptr;
-  WithRuntime([&](Runtime& rt) { return Allocate(rt, size, device, stream, tag, &out); });
-  return out;
-}
 
 template <int kSlot>
 void* SlotMalloc(std::size_t size, int device, cudaStream_t stream) noexcept {
@@ -172,17 +144,6 @@ CachingAllocator::TransitionHook Adapt(vmstash_hook_fn fn, void* user, const cha
   };
 }
 
-// Adds entry `l` of a `what` call's live ranges (vmstash.h: vmstash_live_ranges) to
-// `out`, as ranges of tag `id` on the entry's device; InvalidArgument for NULL arrays.
-absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* what,
-                          Runtime::LiveRangesByDevice* out) {
-  if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": live ranges with NULL arrays and n > 0"));
-  }
-  CachingAllocator::LiveRanges& r = (*out)[l.device][id];
-  for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
-  return absl::OkStatus();
-}
 
 // A switch request's C arguments, checked and parsed.
 struct SwitchArgs {
@@ -213,8 +174,49 @@ absl::Status ParseSwitch(const char* const* pause_tags, size_t n_pause, const ch
   return absl::OkStatus();
 }
 
-// A backup read on `device`, or (device < 0) on the device whose allocator holds the bytes:
-// addresses are unique across devices, so at most one answers other than NOT_FOUND.
+
+}  // namespace
+
+// The helpers both fronts use (shim.h says what each does).
+int TransitionCode(const absl::StatusOr<bool>& changed) {
+  if (!changed.ok()) return Fail(changed.status());
+  return *changed ? VMSTASH_OK : VMSTASH_NOOP;
+}
+
+int AllocatorFor(Runtime& rt, int device, CachingAllocator** out) {
+  *out = rt.AllocatorInUse(device);
+  if (*out != nullptr) return 0;
+  absl::StatusOr<CachingAllocator*> made = rt.Allocator(device);
+  if (!made.ok()) return Fail(made.status());
+  *out = *made;
+  return 0;
+}
+
+int Allocate(Runtime& rt, std::size_t size, int device, cudaStream_t stream, TagId tag, void** out) {
+  CachingAllocator* a = nullptr;
+  if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+  absl::StatusOr<DevicePtr> p = a->Allocate(size, StreamArg(stream), tag);
+  if (!p.ok()) return Fail(p.status());
+  *out = reinterpret_cast<void*>(*p);
+  return 0;
+}
+
+void* MallocIn(std::size_t size, int device, cudaStream_t stream, TagId tag) noexcept {
+  void* out = nullptr;
+  WithRuntime([&](Runtime& rt) { return Allocate(rt, size, device, stream, tag, &out); });
+  return out;
+}
+
+absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* what,
+                          Runtime::LiveRangesByDevice* out) {
+  if (l.n != 0 && (l.starts == nullptr || l.sizes == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": live ranges with NULL arrays and n > 0"));
+  }
+  CachingAllocator::LiveRanges& r = (*out)[l.device][id];
+  for (size_t k = 0; k < l.n; ++k) r.emplace_back(l.starts[k], l.sizes[k]);
+  return absl::OkStatus();
+}
+
 int WithBackupOf(Runtime& rt, int device, const std::function<absl::Status(CachingAllocator*)>& read) {
   if (device >= 0) {
     CachingAllocator* a = nullptr;
@@ -229,7 +231,14 @@ int WithBackupOf(Runtime& rt, int device, const std::function<absl::Status(Cachi
   return Fail(last);
 }
 
-}  // namespace
+int Free(Runtime& rt, void* ptr, int device) {
+  CachingAllocator* a = nullptr;
+  if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
+  absl::Status s = a->Free(reinterpret_cast<DevicePtr>(ptr));
+  if (!s.ok()) VMSTASH_LOG(kError, "vmstash_free: {}", s.ToString());
+  return Code(s);
+}
+
 }  // namespace c_abi
 }  // namespace vmstash
 
@@ -291,13 +300,7 @@ void vmstash_free(void* ptr, size_t size, int device, cudaStream_t stream) noexc
   (void)size;
   (void)stream;  // the block's own stream orders its reuse; see Note [Stream-Ordered Reuse]
   if (ptr == nullptr) return;
-  WithRuntime([&](Runtime& rt) {
-    CachingAllocator* a = nullptr;
-    if (const int code = AllocatorFor(rt, device, &a); code != 0) return code;
-    absl::Status s = a->Free(reinterpret_cast<DevicePtr>(ptr));
-    if (!s.ok()) VMSTASH_LOG(kError, "vmstash_free: {}", s.ToString());
-    return Code(s);
-  });
+  WithRuntime([&](Runtime& rt) { return Free(rt, ptr, device); });
 }
 
 int vmstash_owner_device(const void* ptr) noexcept {

@@ -50,9 +50,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 
 #include "torch_plugin/c_abi/tms.h"
+#include "torch_plugin/c_abi/tms_env.h"
 #include "torch_plugin/include/vmstash/vmstash.h"
 
 namespace {
@@ -126,18 +126,7 @@ struct Depth {
   ~Depth() { --depth; }
 };
 
-bool EnvFlag(std::initializer_list<const char*> names) {
-  for (const char* name : names) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0)) return true;
-  }
-  return false;
-}
-
-bool RouteAll() {
-  static const bool all = EnvFlag({"VMSTASH_PRELOAD_ALL", "TMS_INIT_ENABLE"});
-  return all;
-}
+bool RouteAll() { return vmstash::tms::Env().whole_process; }
 
 // The whole-process tag's name (only meaningful when RouteAll()).
 const char* ProcessTagName() {
@@ -171,12 +160,11 @@ std::atomic<bool> said_process_tag{false};
 // TMS_INIT_CPU_BACKUP_BACKEND=mmap -> pageable; else the VMSTASH_CONF default. A refusal
 // (a missing directory) is said on stderr; the pause then reports it.
 void ChooseProcessStore() {
-  const char* backend = std::getenv("TMS_INIT_CPU_BACKUP_BACKEND");
+  const vmstash::tms::Environment& env = vmstash::tms::Env();
   int rc = 0;
-  if (EnvFlag({"TMS_INIT_ENABLE_DISK_BACKUP"})) {
-    const char* dir = std::getenv("TMS_DISK_BACKUP_DIR");
-    rc = vmstash_set_backup_store(ProcessTagName(), "disk_files", dir != nullptr && dir[0] != '\0' ? dir : "/tmp");
-  } else if (backend != nullptr && std::strcmp(backend, "mmap") == 0) {
+  if (env.DefaultSetting() == vmstash::tms::Setting::kDisk) {
+    rc = vmstash_set_backup_store(ProcessTagName(), "disk_files", env.disk_dir.c_str());
+  } else if (env.DefaultSetting() == vmstash::tms::Setting::kMmap) {
     rc = vmstash_set_backup_store(ProcessTagName(), "pageable", nullptr);
   }
   if (rc != 0) {
@@ -188,8 +176,7 @@ void ChooseProcessStore() {
 // Creates the whole-process tag once; false (said on stderr) when that failed.
 bool ProcessTagReady() {
   static const bool ready = [] {
-    const char* policy =
-        EnvFlag({"VMSTASH_PRELOAD_BACKUP", "TMS_INIT_ENABLE_CPU_BACKUP", "TMS_INIT_ENABLE_DISK_BACKUP"}) ? "backup" : "discard";
+    const char* policy = vmstash::tms::Env().DefaultSetting() != vmstash::tms::Setting::kDiscard ? "backup" : "discard";
     if (vmstash_create_tag(ProcessTagName(), policy) != 0) {
       std::fprintf(stderr, "vmstash preload: cannot create the whole-process tag '%s' (%s): %s; its allocations "
                    "fail\n", ProcessTagName(), policy, vmstash_last_error());

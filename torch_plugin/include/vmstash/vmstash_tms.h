@@ -7,7 +7,10 @@
  * _binary_wrapper.cdll, or ctypes.CDLL(None) in a preloaded process). vmstash exports the
  * same names with the same signatures, so the drop-in wheel serves them:
  *
- *   Per thread (each thread starts from the TMS_INIT_* environment variables, as there):
+ *   Per thread (each thread starts from the TMS_INIT_* environment variables, as there;
+ *   they, TMS_DISK_BACKUP_DIR and TMS_RETAIN_CPU_BACKUP are read once per process, at the
+ *   first use of this library — torch_plugin/c_abi/tms_env.h — so a change made to the
+ *   environment later is not seen; a flag is on for "1" or "true"):
  *     tms_set_interesting_region / tms_get_interesting_region  whether the thread's CUDA
  *         allocations are managed. Under the preload library this is its routing (set:
  *         an override; unset: whole-process mode — TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL —
@@ -101,11 +104,22 @@ void tms_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream) VM
  * "mmap" or "disk"), declared with its policy and store on first use; valid until the
  * process ends. NULL on failure (vmstash_last_error). */
 const char* vmstash_tms_tag(const char* tms_tag, const char* setting) VMSTASH_NOEXCEPT;
-/* The vmstash tags tms_pause(tms_tag) acts on, as a JSON array of [name, setting] pairs
- * (tms_tag NULL: every one); free with vmstash_string_free. NULL on failure. */
-char* vmstash_tms_targets_json(const char* tms_tag) VMSTASH_NOEXCEPT;
+/* The vmstash tags tms_pause(tms_tag) acts on (tms_tag NULL: every one): *count is how
+ * many there are, and the first `capacity` of their names go to `names` (each valid until
+ * the process ends; call again with more room when *count > capacity). */
+int vmstash_tms_targets(const char* tms_tag, const char** names, size_t capacity, size_t* count) VMSTASH_NOEXCEPT;
+/* torch_memory_saver's variables as this library read them (once, at the first use):
+ * check_env is VMSTASH_INVALID_ARGUMENT for a TMS_INIT_CPU_BACKUP_BACKEND other than
+ * pinned or mmap (taken as pinned), whole_process 1 with TMS_INIT_ENABLE (or
+ * VMSTASH_PRELOAD_ALL) "1" or "true". */
+int vmstash_tms_check_env(void) VMSTASH_NOEXCEPT;
+int vmstash_tms_whole_process(void) VMSTASH_NOEXCEPT;
 /* tms_pause with liveness hints (vmstash.h, Note [Liveness Hints]): an entry of `live`
- * applies to the vmstash tag its `tag` names, on its device. */
+ * applies to the vmstash tag its `tag` names (entries naming other tags are skipped), on
+ * its device; an entry naming a device that is not this process's is
+ * VMSTASH_INVALID_ARGUMENT (nothing paused), several entries for one tag and device add up.
+ * tms_pause, tms_resume and this one make no runtime: before the first allocation, or
+ * after vmstash_shutdown, they have nothing to move and return 0. */
 int vmstash_tms_pause(const char* tms_tag, const vmstash_live_ranges* live, size_t n_live) VMSTASH_NOEXCEPT;
 /* The calling thread's config for a region (tms_set_* of all five, the interesting flag
  * on), the previous one saved; backend NULL keeps the thread's backend. Pop restores the

@@ -110,6 +110,41 @@ def test_config_defaults_come_from_the_tms_init_variables():
     assert out.split("\n")[:2] == ["True mmap True True"] * 2, out
 
 
+def test_torch_memory_saver_variables_are_read_in_one_place(sim):
+    """The C library reads TMS_INIT_* once (tms_env.h) and the Python layer asks it: a bad
+    backend is a ValueError at the first use, whole-process mode without the preload
+    library is refused (not silently empty), and a flag is on for "1" or "true" only."""
+    probe = ("from vmstash.compat.torch_memory_saver import TorchMemorySaver\n"
+             "from vmstash import _lib\n"
+             "print('whole', _lib.lib().vmstash_tms_whole_process())\n"
+             "try:\n"
+             "    TorchMemorySaver()._ensure_initialized()\n"
+             "    print('initialized')\n"
+             "except Exception as e:\n"
+             "    print(type(e).__name__, e)\n")
+    out = _run(probe, TMS_INIT_CPU_BACKUP_BACKEND="tape")
+    assert "whole 0" in out and "ValueError TMS_INIT_CPU_BACKUP_BACKEND must be 'pinned' or 'mmap', got 'tape'" in out
+    out = _run(probe, TMS_INIT_ENABLE="1")
+    assert "whole 1" in out and "Error" in out and "LD_PRELOAD" in out, out
+    out = _run(probe, TMS_INIT_ENABLE="yes")  # torch_memory_saver's rule: not on
+    assert "whole 0" in out and "initialized" in out, out
+
+
+
+def test_a_pause_or_resume_before_any_allocation_makes_no_runtime(sim):
+    """Nothing can be paused before the runtime exists: 0, and the runtime is not made
+    (a later vmstash_init with other options still works)."""
+    out = _run(
+        "import ctypes\n"
+        "from vmstash.compat.torch_memory_saver import _TmsCdll\n"
+        "from vmstash import _lib\n"
+        "c = _TmsCdll(_lib.library_path())\n"
+        "l = _lib.lib()\n"
+        "print(c.tms_pause(None), c.tms_resume(b'kv'), l.vmstash_tms_pause(None, None, 0),\n"
+        "      l.vmstash_tms_pause(None, None, 1), l.vmstash_is_initialized())\n")
+    assert out.split() == ["0", "0", "0", str(_lib.INVALID_ARGUMENT), "0"], out
+
+
 def test_tms_pause_resume_and_the_backup_pointer(sim):
     cdll = _cdll()
     name, n = _tag("ckv", "pinned"), 3 * MiB

@@ -182,7 +182,9 @@ def _declare(l):
         "vmstash_code_name": (c_char_p, [c_int]),
         # torch_memory_saver's layer (vmstash_tms.h): what vmstash.compat.torch_memory_saver calls.
         "vmstash_tms_tag": (c_char_p, [c_char_p, c_char_p]),
-        "vmstash_tms_targets_json": (c_void_p, [c_char_p]),
+        "vmstash_tms_targets": (c_int, [c_char_p, ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_size_t)]),
+        "vmstash_tms_check_env": (c_int, []),
+        "vmstash_tms_whole_process": (c_int, []),
         "vmstash_tms_pause": (c_int, [c_char_p, ctypes.POINTER(LiveRanges), c_size_t]),
         "vmstash_tms_push_region": (c_int, [c_char_p, c_int, c_char_p, c_int]),
         "vmstash_tms_pop_region": (c_int, []),

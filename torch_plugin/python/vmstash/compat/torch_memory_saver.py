@@ -57,7 +57,6 @@ What differs, on purpose:
 """
 import contextlib
 import ctypes
-import json
 import os
 import threading
 import warnings
@@ -68,18 +67,11 @@ from .._lib import Error
 __all__ = ["torch_memory_saver", "configure_subprocess", "TorchMemorySaver"]
 
 
-def _env_flag(name, default=False):
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    return value.strip().lower() in ("1", "true", "yes", "on")
-
-
 def _check_env_backend():
-    """A bad TMS_INIT_CPU_BACKUP_BACKEND is a ValueError at the first use, not at a pause."""
-    value = os.environ.get("TMS_INIT_CPU_BACKUP_BACKEND", "").strip().lower()
-    if value not in ("", "pinned", "mmap"):
-        raise ValueError(f"TMS_INIT_CPU_BACKUP_BACKEND must be 'pinned' or 'mmap', got {value!r}")
+    """A bad TMS_INIT_CPU_BACKUP_BACKEND is a ValueError at the first use, not at a pause
+    (torch_memory_saver's variables are read once, by the C library: tms_env.h)."""
+    if _lib.lib().vmstash_tms_check_env() != 0:
+        raise ValueError(_lib.lib().vmstash_last_error().decode().removeprefix("INVALID_ARGUMENT: "))
 
 
 def _tag_arg(tag):
@@ -224,7 +216,7 @@ class TorchMemorySaver:
         expandable segments; both are refused with a clear error."""
         if self._impl is not None:
             return
-        whole = _env_flag("TMS_INIT_ENABLE")
+        whole = _lib.lib().vmstash_tms_whole_process() == 1
         if whole and _lib.preloaded_library() is None:
             raise _lib.Error("TMS_INIT_ENABLE=1 (every CUDA allocation of the process managed) needs the process "
                              "started with LD_PRELOAD=<libvmstash_preload.so> (configure_subprocess() does it for "
@@ -309,14 +301,16 @@ class TorchMemorySaver:
         return name.decode(), "discard" if setting == "discard" else "backup"
 
     def _targets(self, tag):
-        """[(vmstash tag, setting)] that pause(tag) acts on (tag None: every one)."""
-        raw = _lib.lib().vmstash_tms_targets_json(_tag_arg(tag))
-        if not raw:
-            raise _lib.last_failure("torch_memory_saver targets")
-        try:
-            return [tuple(pair) for pair in json.loads(ctypes.string_at(raw).decode())]
-        finally:
-            _lib.lib().vmstash_string_free(raw)
+        """The vmstash tags that pause(tag) acts on (tag None: every one)."""
+        capacity = 16
+        while True:
+            names = (ctypes.c_char_p * capacity)()
+            count = ctypes.c_size_t(0)
+            _lib.check(_lib.lib().vmstash_tms_targets(_tag_arg(tag), names, capacity, ctypes.byref(count)),
+                       "torch_memory_saver targets")
+            if count.value <= capacity:  # else a tag was added meanwhile: again, with room
+                return [names[i].decode() for i in range(count.value)]
+            capacity = count.value + 16
 
     # --- regions and graphs -----------------------------------------------------------
     @contextlib.contextmanager
@@ -376,7 +370,7 @@ class TorchMemorySaver:
         """Pauses every vmstash tag of `tag` (None: all), with PyTorch's live blocks of their
         MemPools as liveness hints; on failure every tag is as it was."""
         self._ensure_initialized()
-        targets = [(name, name.encode()) for name, _ in self._targets(tag)]
+        targets = [(name, name.encode()) for name in self._targets(tag)]
         with _api._hinted(targets, -1) as (live, n_live):
             _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
 
