@@ -30,35 +30,6 @@
 namespace vmstash::control {
 namespace {
 
-absl::Status Errno(absl::string_view what, int err) {
-  std::string message = absl::StrCat(what, ": ", std::strerror(err));
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(message);
-  if (err == ENOENT || err == ECONNREFUSED) return absl::UnavailableError(message);
-  return absl::InternalError(message);
-}
-
-// The directory must be ours and closed to others: someone else could plant sockets.
-absl::Status CheckPrivateDir(const std::string& dir) {
-  struct stat st;
-  if (::lstat(dir.c_str(), &st) != 0) return Errno(absl::StrCat("stat ", dir), errno);
-  if (!S_ISDIR(st.st_mode)) return absl::FailedPreconditionError(absl::StrCat(dir, " is not a directory"));
-  if (st.st_uid != ::getuid()) {
-    return absl::PermissionDeniedError(absl::StrCat(dir, " belongs to uid ", st.st_uid, ", not to us (", ::getuid(), ")"));
-  }
-  if ((st.st_mode & 077) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat(dir, " is accessible to other users (mode ",
-                                                    absl::Hex(st.st_mode & 0777), "); it must be 0700"));
-  }
-  return absl::OkStatus();
-}
-
-// mkdir honours the umask, which can only make the mode stricter than 0700; the process
-// umask itself is never changed (other threads may be creating files meanwhile).
-absl::Status EnsurePrivateDir(const std::string& dir) {
-  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir), errno);
-  return CheckPrivateDir(dir);
-}
-
 bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // Whether process `pid` has ended: no such process, or a zombie (exited, not yet reaped by
@@ -180,14 +151,6 @@ sockaddr_un Address(const std::string& path) {
 }
 
 }  // namespace
-
-std::string DefaultRuntimeDir() {
-  if (const char* dir = std::getenv("VMSTASH_RUNTIME_DIR"); dir != nullptr && *dir != '\0') return dir;
-  if (const char* xdg = std::getenv("XDG_RUNTIME_DIR"); xdg != nullptr && *xdg != '\0') {
-    return absl::StrCat(xdg, "/vmstash");
-  }
-  return absl::StrCat("/tmp/vmstash-", ::getuid());
-}
 
 absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(ServerOptions options, Handler handler) {
   if (options.dir.empty()) options.dir = DefaultRuntimeDir();

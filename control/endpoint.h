@@ -2,10 +2,8 @@
 // (Note [Serving Model]), and the client side the CLI uses (Note [Client Deadlines];
 // docs/architecture.md §8; protocol in protocol.h).
 //
-// Where: `<dir>/<pid>.sock`, dir = $VMSTASH_RUNTIME_DIR, else $XDG_RUNTIME_DIR/vmstash,
-// else /tmp/vmstash-<uid>. The directory is created 0700 and must be owned by this user
-// with no group/other access (else the server refuses to start: someone else could
-// plant sockets); the socket is 0600. Each connection's peer uid (SO_PEERCRED) must equal
+// Where: `<dir>/<pid>.sock` in the runtime directory (runtime_dir.h: where it is, and
+// its trust rules: else the server refuses to start); the socket is 0600. Each connection's peer uid (SO_PEERCRED) must equal
 // ours (an injected predicate in tests); others get PERMISSION_DENIED and are closed.
 // Sockets of dead processes (<pid>.sock with no such pid) are removed at start and by
 // ListEndpoints.
@@ -64,11 +62,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "control/protocol.h"
+#include "control/runtime_dir.h"
 
 namespace vmstash::control {
 
-// The runtime directory for this user (see above); not created.
-std::string DefaultRuntimeDir();
 
 using Handler = std::function<absl::StatusOr<std::string>(const Request& request)>;  // result JSON
 

@@ -12,11 +12,13 @@ declare -A allowed=(
   [base]=""
   [vmm]="base"
   [control]="base"
+  [node]="base control"
   [allocator]="base vmm"
   [stash]="base vmm allocator"
   [runtime]="base vmm allocator stash control"
   [torch_plugin]="base vmm allocator stash control runtime"
   [tools/cli]="base control"
+  [tools/vmstashd]="base control node"
 )
 failed=0
 for pkg in "${!allowed[@]}"; do
@@ -43,6 +45,7 @@ probes=(
   "allocator //stash:page_model"
   "stash //runtime"
   "control //runtime"
+  "node //runtime"
   "runtime //torch_plugin:c_abi"
   "tools/cli //runtime"
 )

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cuda="${CUDA_PATH:-/usr/local/cuda}"
-mapfile -t sources < <(git ls-files 'base/*.cc' 'vmm/*.cc' 'allocator/*.cc' 'stash/*.cc' 'control/*.cc' \
+mapfile -t sources < <(git ls-files 'base/*.cc' 'vmm/*.cc' 'allocator/*.cc' 'stash/*.cc' 'control/*.cc' 'node/*.cc' \
                          'runtime/*.cc' 'torch_plugin/c_abi/*.cc' 'torch_plugin/preload/vmstash_preload.cc' |
                        grep -v -e '_test\.cc$' -e '_fuzzer\.cc$' -e 'fake_cudart')
 # The analysis must be live: a read of a guarded field without its lock must fail.

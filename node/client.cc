@@ -1,0 +1,142 @@
+// NodeClient: see client.h.
+#include "node/client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_reader.h"
+#include "control/runtime_dir.h"
+#include "node/wire.h"
+
+namespace vmstash::node {
+namespace {
+
+constexpr const char* kGone =
+    "the node daemon is gone (it exited or was killed): what this process leased stays mapped and usable here; new "
+    "leases need a daemon started again (vmstash daemon start) and a new connection";
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOptions& options) {
+  const std::string dir = options.dir.empty() ? control::DefaultRuntimeDir() : options.dir;
+  if (absl::Status s = control::CheckPrivateDir(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("node: refusing the runtime directory: ", s.message()));
+  }
+  const std::string path = absl::StrCat(dir, "/", kSocketName);
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return control::Errno("node: socket", errno);
+  sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("node: no daemon serves ", path, " (", std::strerror(err),
+                                               "); start one with `vmstash daemon start`"));
+  }
+  absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
+  if (!peer.ok() || peer->uid != ::getuid()) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("node: the daemon at ", path, " does not run as this user; refused"));
+  }
+  WireRequest hello;
+  hello.op = WireOp::kHello;
+  hello.pid = ::getpid();
+  absl::Status sent = Send(fd, FormatRequest(hello));
+  // A refusal (too many clients) may be waiting even when the send failed: read it.
+  absl::StatusOr<Received> got = Receive(fd, sent.ok() ? options.timeout_ms : 0);
+  if (!got.ok()) {
+    ::close(fd);
+    return absl::Status(got.status().code(), absl::StrCat("node: hello to ", path, ": ", got.status().message()));
+  }
+  absl::StatusOr<JsonValue> reply = ParseReply(got->message);
+  if (!reply.ok() || got->fd < 0) {
+    if (got->fd >= 0) ::close(got->fd);
+    ::close(fd);
+    return reply.ok() ? absl::InternalError("node: the daemon's hello carried no pool") : reply.status();
+  }
+  const std::size_t capacity = static_cast<std::size_t>((*reply)["capacity"].Int());
+  absl::StatusOr<std::unique_ptr<SharedHostMemory>> memory = SharedHostMemory::Map(got->fd, capacity);
+  if (!memory.ok()) {
+    ::close(fd);
+    return memory.status();
+  }
+  return std::unique_ptr<NodeClient>(new NodeClient(fd, static_cast<ClientId>((*reply)["client"].Int()),
+                                                    std::move(*memory), options.timeout_ms));
+}
+
+NodeClient::~NodeClient() { ::close(fd_); }
+
+absl::StatusOr<JsonValue> NodeClient::Call(const std::string& request) {
+  if (::getpid() != owner_pid_) {
+    return absl::FailedPreconditionError("node: a forked child cannot use its parent's connection to the node daemon "
+                                         "(the replies would go to either process); connect anew in the child");
+  }
+  MutexLock lock(&mu_);
+  if (!broken_.ok()) return broken_;
+  absl::Status sent = Send(fd_, request);
+  absl::StatusOr<Received> got = sent.ok() ? Receive(fd_, timeout_ms_) : absl::StatusOr<Received>(sent);
+  if (!got.ok()) {
+    // No reply read: a later one could answer the wrong request, so this connection takes
+    // no more. It stays open: the daemon keeps what this process leased.
+    broken_ = absl::IsUnavailable(got.status())
+                  ? absl::UnavailableError(kGone)
+                  : absl::UnavailableError(absl::StrCat("node: this connection to the node daemon takes no more "
+                                                        "requests (", got.status().message(), "); what this process "
+                                                        "leased stays leased until it exits"));
+    return broken_;
+  }
+  if (got->fd >= 0) ::close(got->fd);
+  return ParseReply(got->message);
+}
+
+absl::StatusOr<HostLease> NodeClient::Lease(std::size_t bytes, const std::string& tag) {
+  WireRequest r;
+  r.op = WireOp::kLease;
+  r.bytes = bytes;
+  r.tag = tag;
+  absl::StatusOr<JsonValue> reply = Call(FormatRequest(r));
+  if (!reply.ok()) return reply.status();
+  HostLease lease;
+  lease.offset = static_cast<std::size_t>((*reply)["offset"].Int());
+  lease.bytes = static_cast<std::size_t>((*reply)["bytes"].Int());
+  if (lease.offset + lease.bytes > memory_->bytes() || lease.bytes < bytes) {
+    return absl::InternalError(absl::StrCat("node: the daemon leased ", lease.bytes, " bytes at ", lease.offset,
+                                            ", outside the pool of ", memory_->bytes()));
+  }
+  lease.data = memory_->data() + lease.offset;
+  return lease;
+}
+
+absl::Status NodeClient::Give(const HostLease& lease) {
+  WireRequest r;
+  r.op = WireOp::kGive;
+  r.offset = lease.offset;
+  return Call(FormatRequest(r)).status();
+}
+
+absl::StatusOr<PoolStats> NodeClient::Stats() {
+  WireRequest r;
+  r.op = WireOp::kStats;
+  absl::StatusOr<JsonValue> reply = Call(FormatRequest(r));
+  if (!reply.ok()) return reply.status();
+  PoolStats s;
+  s.capacity_bytes = static_cast<std::size_t>((*reply)["capacity"].Int());
+  s.leased_bytes = static_cast<std::size_t>((*reply)["leased"].Int());
+  s.peak_bytes = static_cast<std::size_t>((*reply)["peak"].Int());
+  s.largest_free_bytes = static_cast<std::size_t>((*reply)["largest_free"].Int());
+  s.leases = static_cast<std::size_t>((*reply)["leases"].Int());
+  s.clients = static_cast<std::size_t>((*reply)["clients"].Int());
+  s.refused = static_cast<std::uint64_t>((*reply)["refused"].Int());
+  return s;
+}
+
+}  // namespace vmstash::node

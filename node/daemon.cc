@@ -1,0 +1,321 @@
+// NodeDaemon: see daemon.h (Note [Node Daemon Lifecycle]).
+#include "node/daemon.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_writer.h"
+#include "base/log.h"
+#include "control/runtime_dir.h"
+
+namespace vmstash::node {
+namespace {
+
+sockaddr_un Address(const std::string& path) {
+  sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  return addr;
+}
+
+// The lock that makes a daemon the directory's one (held while it lives; the kernel lets
+// go of it when the process ends, however it ends): its fd, or AlreadyExists.
+absl::StatusOr<int> TakeDaemonLock(const std::string& dir, const std::string& socket_path) {
+  const std::string path = absl::StrCat(dir, "/vmstashd.lock");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return control::Errno(absl::StrCat("vmstashd: open ", path), errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err == EWOULDBLOCK) return absl::AlreadyExistsError(absl::StrCat("vmstashd: a daemon already serves ", socket_path));
+    return control::Errno(absl::StrCat("vmstashd: flock ", path), err);
+  }
+  return fd;
+}
+
+std::string OkReply(const std::function<void(JsonWriter&)>& fields) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("v", kWireVersion);
+  w.Field("ok", true);
+  fields(w);
+  w.EndObject();
+  return w.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(DaemonOptions options) {
+  if (options.dir.empty()) options.dir = control::DefaultRuntimeDir();
+  if (options.capacity_bytes < HostPoolLedger::kUnitBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("vmstashd: a pool of ", options.capacity_bytes,
+                                                   " bytes holds no lease (the unit is ",
+                                                   HostPoolLedger::kUnitBytes, " bytes)"));
+  }
+  if (options.max_clients < 1) return absl::InvalidArgumentError("vmstashd: max_clients < 1");
+  if (!options.peer_allowed) {
+    const uid_t me = ::getuid();
+    options.peer_allowed = [me](uid_t uid) { return uid == me; };
+  }
+  if (absl::Status s = control::EnsurePrivateDir(options.dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("vmstashd: refusing the runtime directory: ", s.message()));
+  }
+  const std::string path = absl::StrCat(options.dir, "/", kSocketName);
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("vmstashd: socket path too long: ", path));
+  }
+  absl::StatusOr<int> lock = TakeDaemonLock(options.dir, path);
+  if (!lock.ok()) return lock.status();
+  ::unlink(path.c_str());  // a dead daemon's socket
+  absl::StatusOr<std::unique_ptr<SharedHostMemory>> memory = SharedHostMemory::Create(
+      options.capacity_bytes / HostPoolLedger::kUnitBytes * HostPoolLedger::kUnitBytes);
+  const int fd = memory.ok() ? ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0) : -1;
+  absl::Status failed = memory.status();
+  int wake[2] = {-1, -1};
+  if (failed.ok() && fd < 0) failed = control::Errno("vmstashd: socket", errno);
+  if (failed.ok()) {
+    sockaddr_un addr = Address(path);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::chmod(path.c_str(), 0600) != 0 ||
+        ::listen(fd, 64) != 0) {
+      failed = control::Errno(absl::StrCat("vmstashd: listen on ", path), errno);
+    } else if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+      failed = control::Errno("vmstashd: pipe", errno);
+    }
+  }
+  // A descriptor kept spare: when accept fails for want of descriptors, it is let go to
+  // take the pending connection and close it (Accept), rather than spin on it.
+  const int spare = failed.ok() ? ::open("/dev/null", O_RDONLY | O_CLOEXEC) : -1;
+  if (failed.ok() && spare < 0) failed = control::Errno("vmstashd: open /dev/null", errno);
+  if (!failed.ok()) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(path.c_str());
+    ::close(*lock);
+    return failed;
+  }
+  std::unique_ptr<NodeDaemon> d(
+      new NodeDaemon(std::move(options), std::move(*memory), fd, wake, path, *lock, spare));
+  d->thread_ = std::thread([raw = d.get()] { raw->Loop(); });
+  return d;
+}
+
+NodeDaemon::NodeDaemon(DaemonOptions options, std::unique_ptr<SharedHostMemory> memory, int listen_fd, int wake[2],
+                       std::string path, int lock_fd, int spare_fd)
+    : options_(std::move(options)),
+      memory_(std::move(memory)),
+      listen_fd_(listen_fd),
+      wake_read_(wake[0]),
+      wake_write_(wake[1]),
+      path_(std::move(path)),
+      lock_fd_(lock_fd),
+      spare_fd_(spare_fd),
+      owner_pid_(::getpid()),
+      ledger_(memory_->bytes()) {}
+
+NodeDaemon::~NodeDaemon() {
+  Stop();
+  if (::getpid() != owner_pid_ && thread_.joinable()) thread_.detach();  // a forked child's copy
+  ::close(wake_read_);
+  ::close(wake_write_);
+  ::close(listen_fd_);
+  if (spare_fd_ >= 0) ::close(spare_fd_);
+  ::close(lock_fd_);  // after the socket is gone: the next daemon may start
+}
+
+void NodeDaemon::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (::getpid() != owner_pid_) return;  // a forked child's copy: the thread, the socket and the lock are the parent's
+  const char b = 1;
+  (void)!::write(wake_write_, &b, 1);
+  if (thread_.joinable()) thread_.join();
+  MutexLock lock(&mu_);
+  for (auto& [fd, client] : clients_) {
+    ledger_.GiveAll(client.id);
+    ::close(fd);
+  }
+  clients_.clear();
+  ::unlink(path_.c_str());
+}
+
+PoolStats NodeDaemon::stats() const {
+  MutexLock lock(&mu_);
+  return ledger_.stats();
+}
+
+std::size_t NodeDaemon::connected() const {
+  MutexLock lock(&mu_);
+  return clients_.size();
+}
+
+void NodeDaemon::Loop() {
+  std::vector<pollfd> fds;
+  while (!stopping_.load()) {
+    fds.clear();
+    fds.push_back({wake_read_, POLLIN, 0});
+    fds.push_back({listen_fd_, POLLIN, 0});
+    {
+      MutexLock lock(&mu_);
+      for (const auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0});
+    }
+    if (::poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      VMSTASH_LOG(kError, "vmstashd: poll: {}", std::strerror(errno));
+      continue;
+    }
+    if (fds[0].revents != 0) break;
+    if (fds[1].revents != 0) Accept();
+    for (std::size_t i = 2; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const int fd = fds[i].fd;
+      absl::StatusOr<Received> got = Receive(fd, 0);
+      if (!got.ok() && !absl::IsDeadlineExceeded(got.status()) && !absl::IsInvalidArgument(got.status())) {
+        Drop(fd);  // closed: the client exited or died
+        continue;
+      }
+      if (!got.ok() && absl::IsDeadlineExceeded(got.status())) continue;
+      absl::Status bad = got.status();
+      if (got.ok() && got->fd >= 0) {
+        ::close(got->fd);
+        bad = absl::InvalidArgumentError("node protocol: clients pass no descriptors");
+      }
+      int pass_fd = -1;
+      std::string reply;
+      bool refused = false;
+      {
+        MutexLock lock(&mu_);
+        auto c = clients_.find(fd);
+        if (c == clients_.end()) continue;
+        if (!c->second.refused.ok()) bad = c->second.refused;
+        reply = bad.ok() ? Handle(c->second, got->message, &pass_fd) : FormatError(bad);
+        refused = !c->second.refused.ok();
+      }
+      // A full send buffer (the client does not read its replies) or a closed peer: dropped.
+      if (absl::Status s = Send(fd, reply, pass_fd); !s.ok() || refused) Drop(fd);
+    }
+  }
+}
+
+void NodeDaemon::Accept() {
+  for (;;) {
+    // Non-blocking: a client that does not read its replies is dropped (Loop), it never
+    // holds up the serving thread.
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) return;
+      if ((err == EMFILE || err == ENFILE) && spare_fd_ >= 0) {  // out of descriptors: refuse the pending one
+        ::close(spare_fd_);
+        const int pending = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (pending >= 0) ::close(pending);
+        spare_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      }
+      if (!said_accept_error_) {
+        said_accept_error_ = true;
+        VMSTASH_LOG(kWarning, "vmstashd: accept: {} (a connection refused; said once)", std::strerror(err));
+      }
+      if (err != EMFILE && err != ENFILE) return;
+      continue;
+    }
+    absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
+    const std::size_t now = connected();
+    absl::Status refused;
+    if (!peer.ok()) {
+      refused = peer.status();
+    } else if (!options_.peer_allowed(peer->uid)) {
+      refused = absl::PermissionDeniedError(absl::StrCat("uid ", peer->uid, " may not use this user's node daemon"));
+    } else if (now >= 2 * static_cast<std::size_t>(options_.max_clients)) {
+      refused = absl::ResourceExhaustedError(absl::StrCat("vmstashd serves ", options_.max_clients,
+                                                          " clients already"));
+    }
+    if (!refused.ok()) {  // closed at once (another uid, or far over the limit)
+      (void)Send(fd, FormatError(refused));
+      ::close(fd);
+      continue;
+    }
+    // Over the limit: its first request (hello) is read, then refused with the reason and
+    // the connection closed. (Closed before its hello was read, the client would see a
+    // reset instead of the reason.)
+    MutexLock lock(&mu_);
+    Client client{0, false, peer->pid};
+    if (now >= static_cast<std::size_t>(options_.max_clients)) {
+      client.refused = absl::ResourceExhaustedError(absl::StrCat("vmstashd serves ", options_.max_clients,
+                                                                 " clients already"));
+    }
+    clients_[fd] = std::move(client);
+  }
+}
+
+std::string NodeDaemon::Handle(Client& client, const std::string& message, int* pass_fd) {
+  absl::StatusOr<WireRequest> r = ParseRequest(message);
+  if (!r.ok()) return FormatError(r.status());
+  if ((r->op == WireOp::kHello) == client.said_hello) {
+    return FormatError(absl::FailedPreconditionError(client.said_hello ? "hello was said already"
+                                                                       : "say hello first"));
+  }
+  switch (r->op) {
+    case WireOp::kHello: {
+      client.said_hello = true;
+      client.id = next_client_++;
+      *pass_fd = memory_->fd();
+      return OkReply([&](JsonWriter& w) {
+        w.Field("client", static_cast<std::uint64_t>(client.id));
+        w.Field("capacity", static_cast<std::uint64_t>(memory_->bytes()));
+      });
+    }
+    case WireOp::kLease: {
+      absl::StatusOr<PoolLease> lease = ledger_.Take(client.id, r->bytes, r->tag);
+      if (!lease.ok()) return FormatError(lease.status());
+      return OkReply([&](JsonWriter& w) {
+        w.Field("offset", static_cast<std::uint64_t>(lease->offset));
+        w.Field("bytes", static_cast<std::uint64_t>(lease->bytes));
+      });
+    }
+    case WireOp::kGive: {
+      absl::Status s = ledger_.Give(client.id, r->offset);
+      return s.ok() ? OkReply([](JsonWriter&) {}) : FormatError(s);
+    }
+    case WireOp::kStats: {
+      const PoolStats s = ledger_.stats();
+      const std::size_t connected = clients_.size();
+      return OkReply([&](JsonWriter& w) {
+        w.Field("capacity", static_cast<std::uint64_t>(s.capacity_bytes));
+        w.Field("leased", static_cast<std::uint64_t>(s.leased_bytes));
+        w.Field("peak", static_cast<std::uint64_t>(s.peak_bytes));
+        w.Field("largest_free", static_cast<std::uint64_t>(s.largest_free_bytes));
+        w.Field("leases", static_cast<std::uint64_t>(s.leases));
+        w.Field("clients", static_cast<std::uint64_t>(s.clients));
+        w.Field("refused", static_cast<std::uint64_t>(s.refused));
+        w.Field("connected", static_cast<std::uint64_t>(connected));
+      });
+    }
+  }
+  return FormatError(absl::InternalError("unhandled op"));
+}
+
+void NodeDaemon::Drop(int fd) {
+  MutexLock lock(&mu_);
+  auto c = clients_.find(fd);
+  if (c == clients_.end()) return;
+  if (c->second.said_hello) {
+    const std::size_t bytes = ledger_.GiveAll(c->second.id);
+    if (bytes > 0) {
+      VMSTASH_LOG(kInfo, "vmstashd: client {} (pid {}) left holding {} bytes: back in the pool", c->second.id,
+                  c->second.pid, bytes);
+    }
+  }
+  ::close(fd);
+  clients_.erase(c);
+}
+
+}  // namespace vmstash::node

@@ -1,0 +1,111 @@
+// NodeDaemon: the node's memory daemon, vmstashd (docs/node.md): one per user per node.
+// It owns the node's one host pool (shared_memory.h: a memfd every client maps) and its
+// ledger (host_pool.h), and serves the node protocol (wire.h) on
+// `<runtime dir>/vmstashd.sock`.
+//
+// Note [Node Daemon Lifecycle]
+//   Serving: one thread polls the listening socket and every client's connection; each
+//   request is answered at once (no request blocks: the ledger is a table), so the
+//   thread is the ledger's one writer. A connection is a client: hello first (the reply
+//   carries the pool's memfd), then leases and gives. A peer of another uid is refused
+//   at accept. At most DaemonOptions::max_clients connections are served at once: one
+//   more gets its first request answered with ResourceExhausted and is closed (twice as
+//   many at once: closed at accept).
+//   Crashes: the daemon keeps no state a crash can corrupt. When a client's connection
+//   closes — it exited, or died — everything it leased returns to the pool at once
+//   (HostPoolLedger::GiveAll). When the daemon dies, its clients keep the pool's pages
+//   they mapped (the memfd lives while a process maps it) and what they leased stays
+//   theirs to use; their new requests fail Unavailable (node/client.h) until they
+//   connect to a daemon started again, which starts with an empty pool.
+//   Start: one daemon per directory — it holds an flock on `<dir>/vmstashd.lock` while it
+//   lives (the kernel drops it however the process ends), so a second one, started at the
+//   same moment or later, is refused (AlreadyExists); the socket it finds is a dead
+//   daemon's and is replaced. Stop: wakes the thread, joins it, closes every connection
+//   (their leases go back), removes the socket, then lets go of the lock.
+//   Misbehaving clients: connections are non-blocking, so a client that does not read
+//   its replies is dropped (its leases go back) when its send buffer is full; an empty
+//   packet, garbage, or a packet with descriptors gets an error reply (the descriptors
+//   are closed); out of descriptors, a pending connection is taken and closed rather than
+//   left to spin the loop. A client's connection inherited by a forked child (fork without
+//   exec) stays open while the child lives: its leases go back when both have closed it.
+//
+// Thread-safety: Start/Stop/stats from any thread; the serving thread owns the rest.
+#ifndef VMSTASH_NODE_DAEMON_H_
+#define VMSTASH_NODE_DAEMON_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "base/mutex.h"
+#include "node/host_pool.h"
+#include "node/shared_memory.h"
+#include "node/wire.h"
+
+namespace vmstash::node {
+
+struct DaemonOptions {
+  std::string dir;                // empty: control::DefaultRuntimeDir()
+  std::size_t capacity_bytes = 0; // the pool's size (rounded down to ledger units); > 0
+  int max_clients = 256;
+  // Which peer uids may connect (default: our own uid only).
+  std::function<bool(uid_t)> peer_allowed;
+};
+
+class NodeDaemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<NodeDaemon>> Start(DaemonOptions options);
+  ~NodeDaemon();  // Stop()
+  NodeDaemon(const NodeDaemon&) = delete;
+  NodeDaemon& operator=(const NodeDaemon&) = delete;
+
+  void Stop();
+  const std::string& socket_path() const { return path_; }
+  // The ledger's stats and the connected clients, read under the daemon's lock.
+  PoolStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::size_t connected() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Client {
+    ClientId id = 0;
+    bool said_hello = false;
+    pid_t pid = 0;
+    absl::Status refused;  // over max_clients: its first request gets this, then it is closed
+  };
+  NodeDaemon(DaemonOptions options, std::unique_ptr<SharedHostMemory> memory, int listen_fd, int wake[2],
+             std::string path, int lock_fd, int spare_fd);
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  void Accept() ABSL_LOCKS_EXCLUDED(mu_);
+  // The reply to one request of `fd`'s client (and the fd to pass with it, or -1).
+  std::string Handle(Client& client, const std::string& message, int* pass_fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Drop(int fd) ABSL_LOCKS_EXCLUDED(mu_);  // the client's connection closed: its leases go back
+
+  const DaemonOptions options_;
+  const std::unique_ptr<SharedHostMemory> memory_;
+  const int listen_fd_;
+  const int wake_read_, wake_write_;
+  const std::string path_;
+  const int lock_fd_;  // <dir>/vmstashd.lock, flock'ed while this daemon lives
+  int spare_fd_;       // the serving thread's (Accept)
+  bool said_accept_error_ = false;  // the serving thread's
+  const pid_t owner_pid_;
+  mutable Mutex mu_;  // the ledger and the client table (written by the serving thread)
+  HostPoolLedger ledger_ ABSL_GUARDED_BY(mu_);
+  std::map<int, Client> clients_ ABSL_GUARDED_BY(mu_);  // by connection fd
+  ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_DAEMON_H_

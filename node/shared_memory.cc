@@ -1,0 +1,61 @@
+// SharedHostMemory: see shared_memory.h.
+#include "node/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace vmstash::node {
+namespace {
+
+absl::Status Failed(const char* call, int err, std::size_t bytes) {
+  std::string message = absl::StrCat("node pool: ", call, " of ", bytes, " bytes: ", std::strerror(err));
+  if (err == ENOMEM || err == ENOSPC || err == EFBIG) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::Create(std::size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("node pool: shared memory of 0 bytes");
+  const int fd = ::memfd_create("vmstash-node-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return Failed("memfd_create", errno, bytes);
+  // Sealed at its size: no client can shrink it under the others (their pages would
+  // SIGBUS) or grow it.
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return Failed("ftruncate and seal", err, bytes);
+  }
+  return Map(fd, bytes);
+}
+
+absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::Map(int fd, std::size_t bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat("node pool: the shared memory passed is smaller than ", bytes,
+                                                   " bytes"));
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd);
+    return Failed("mmap", err, bytes);
+  }
+  return std::unique_ptr<SharedHostMemory>(new SharedHostMemory(fd, static_cast<char*>(p), bytes));
+}
+
+SharedHostMemory::~SharedHostMemory() {
+  ::munmap(data_, bytes_);
+  ::close(fd_);
+}
+
+}  // namespace vmstash::node

@@ -1,0 +1,44 @@
+// SharedHostMemory: host memory several processes map at once — the node pool's pages
+// (docs/node.md): a memfd the daemon makes, sizes and seals at that size (no process can
+// shrink it under the others), passed to each client over its socket (SCM_RIGHTS) and
+// mapped MAP_SHARED there, so every process sees the same pages.
+//
+// Nothing is touched or pinned here: pages come into being where a client first writes
+// them (and count toward that process's memory cgroup: shmem), and each client registers
+// its own mapping with CUDA. The memory lives while any process keeps the fd or a mapping.
+//
+// Thread-safety: immutable after construction; the bytes are the users' to order.
+#ifndef VMSTASH_NODE_SHARED_MEMORY_H_
+#define VMSTASH_NODE_SHARED_MEMORY_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace vmstash::node {
+
+class SharedHostMemory {
+ public:
+  // A new memfd of `bytes`, mapped here. ResourceExhausted / Internal with the call that failed.
+  static absl::StatusOr<std::unique_ptr<SharedHostMemory>> Create(std::size_t bytes);
+  // Maps `fd` (of at least `bytes`; taken over: closed here, on failure too).
+  static absl::StatusOr<std::unique_ptr<SharedHostMemory>> Map(int fd, std::size_t bytes);
+  ~SharedHostMemory();  // unmaps, closes
+  SharedHostMemory(const SharedHostMemory&) = delete;
+  SharedHostMemory& operator=(const SharedHostMemory&) = delete;
+
+  char* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  int fd() const { return fd_; }  // to pass to another process (it stays ours)
+
+ private:
+  SharedHostMemory(int fd, char* data, std::size_t bytes) : fd_(fd), data_(data), bytes_(bytes) {}
+  const int fd_;
+  char* const data_;
+  const std::size_t bytes_;
+};
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_SHARED_MEMORY_H_

@@ -1,0 +1,206 @@
+// The node protocol: see wire.h.
+#include "node/wire.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_writer.h"
+#include "control/runtime_dir.h"
+
+namespace vmstash::node {
+namespace {
+
+const char* OpName(WireOp op) {
+  switch (op) {
+    case WireOp::kHello: return "hello";
+    case WireOp::kLease: return "lease";
+    case WireOp::kGive: return "give";
+    case WireOp::kStats: return "stats";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::uint64_t> Count(const JsonValue& doc, const char* key) {
+  const JsonValue& v = doc[key];
+  if (v.type() != JsonValue::Type::kNumber || v.Int(-1) < 0 || static_cast<double>(v.Int(-1)) != v.Number()) {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", key, "\" must be a count"));
+  }
+  return static_cast<std::uint64_t>(v.Int());
+}
+
+absl::StatusCode CodeNamed(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+}  // namespace
+
+std::string FormatRequest(const WireRequest& r) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("v", kWireVersion);
+  w.Field("op", OpName(r.op));
+  switch (r.op) {
+    case WireOp::kHello: w.Field("pid", r.pid); break;
+    case WireOp::kLease:
+      w.Field("bytes", r.bytes);
+      w.Field("tag", r.tag);
+      break;
+    case WireOp::kGive: w.Field("offset", r.offset); break;
+    case WireOp::kStats: break;
+  }
+  w.EndObject();
+  return w.str();
+}
+
+absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
+  absl::StatusOr<JsonValue> doc = JsonValue::Parse(text);
+  if (!doc.ok()) return absl::InvalidArgumentError(absl::StrCat("node protocol: ", doc.status().message()));
+  if (!doc->is_object()) return absl::InvalidArgumentError("node protocol: a request is a JSON object");
+  if ((*doc)["v"].Number(-1) != kWireVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("node protocol: version ", (*doc)["v"].Int(-1),
+                                                      ", this daemon speaks version ", kWireVersion));
+  }
+  WireRequest r;
+  const std::string op = (*doc)["op"].String();
+  std::vector<std::string> keys = {"v", "op"};
+  if (op == "hello") {
+    r.op = WireOp::kHello;
+    absl::StatusOr<std::uint64_t> pid = Count(*doc, "pid");
+    if (!pid.ok()) return pid.status();
+    r.pid = static_cast<std::int64_t>(*pid);
+    keys.push_back("pid");
+  } else if (op == "lease") {
+    r.op = WireOp::kLease;
+    absl::StatusOr<std::uint64_t> bytes = Count(*doc, "bytes");
+    if (!bytes.ok()) return bytes.status();
+    r.bytes = *bytes;
+    if ((*doc)["tag"].type() != JsonValue::Type::kString) {
+      return absl::InvalidArgumentError("node protocol: \"tag\" must be a string");
+    }
+    r.tag = (*doc)["tag"].String();
+    keys.insert(keys.end(), {"bytes", "tag"});
+  } else if (op == "give") {
+    r.op = WireOp::kGive;
+    absl::StatusOr<std::uint64_t> offset = Count(*doc, "offset");
+    if (!offset.ok()) return offset.status();
+    r.offset = *offset;
+    keys.push_back("offset");
+  } else if (op == "stats") {
+    r.op = WireOp::kStats;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: unknown op \"", op, "\""));
+  }
+  for (const auto& [key, value] : doc->members()) {
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("node protocol: unknown key \"", key, "\" in ", op));
+    }
+  }
+  return r;
+}
+
+std::string FormatError(const absl::Status& status) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("v", kWireVersion);
+  w.Field("ok", false);
+  w.Field("code", absl::StatusCodeToString(status.code()));
+  w.Field("message", status.message());
+  w.EndObject();
+  return w.str();
+}
+
+absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
+  absl::StatusOr<JsonValue> doc = JsonValue::Parse(text);
+  if (!doc.ok() || !doc->is_object()) return absl::InternalError("node protocol: the daemon's reply is not JSON");
+  if ((*doc)["ok"].Bool(false)) return doc;
+  const absl::StatusCode code = CodeNamed((*doc)["code"].String());
+  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
+                      absl::StrCat("node daemon: ", (*doc)["message"].String()));
+}
+
+absl::Status Send(int socket, absl::string_view message, int fd) {
+  if (message.size() > kMaxMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: a message of ", message.size(), " bytes"));
+  }
+  iovec iov{const_cast<char*>(message.data()), message.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  for (;;) {
+    if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return absl::OkStatus();
+    if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET) return absl::UnavailableError("node protocol: the peer closed the connection");
+    return control::Errno("node protocol: send", errno);
+  }
+}
+
+absl::StatusOr<Received> Receive(int socket, int timeout_ms) {
+  pollfd p{socket, POLLIN | POLLRDHUP, 0};
+  for (;;) {
+    const int n = ::poll(&p, 1, timeout_ms);
+    if (n > 0) break;
+    if (n == 0) return absl::DeadlineExceededError(absl::StrCat("node protocol: no reply within ", timeout_ms, " ms"));
+    if (errno != EINTR) return control::Errno("node protocol: poll", errno);
+  }
+  std::string buf(kMaxMessageBytes + 1, '\0');
+  iovec iov{buf.data(), buf.size()};
+  constexpr int kMaxFds = 16;  // room to see (and close) what a peer should not have sent
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t got;
+  do {
+    got = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  } while (got < 0 && errno == EINTR);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    return absl::DeadlineExceededError("node protocol: nothing to read");
+  }
+  if (got < 0 && errno == ECONNRESET) return absl::UnavailableError("node protocol: the peer closed the connection");
+  if (got < 0) return control::Errno("node protocol: receive", errno);
+  // Every descriptor that came: the first is the message's, the others are closed.
+  Received r;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (std::size_t i = 0; i < n; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (r.fd < 0) r.fd = fd; else ::close(fd);
+    }
+  }
+  const bool hung_up = (p.revents & (POLLHUP | POLLRDHUP)) != 0;
+  if ((got == 0 && hung_up) || static_cast<std::size_t>(got) > kMaxMessageBytes ||
+      (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    if (r.fd >= 0) ::close(r.fd);
+    if (got == 0) return absl::UnavailableError("node protocol: the peer closed the connection");
+    return absl::InvalidArgumentError("node protocol: a message longer than the protocol allows");
+  }
+  r.message.assign(buf.data(), static_cast<std::size_t>(got));  // an empty packet: an empty message
+  return r;
+}
+
+}  // namespace vmstash::node

@@ -1,0 +1,70 @@
+// The node protocol: what a client process and the node daemon (daemon.h) say to each
+// other over the daemon's socket (docs/node.md).
+//
+// Transport: a Unix SOCK_SEQPACKET socket, `<runtime dir>/vmstashd.sock`
+// (control/runtime_dir.h: where, and the trust rules: both ends talk only to their own
+// uid). One message is one packet of at most kMaxMessageBytes holding a flat JSON object;
+// a packet may carry one file descriptor (SCM_RIGHTS). One reply per request, in order.
+//
+// Requests (client -> daemon), each with "v":1:
+//   {"op":"hello","pid":P}             first, once: the reply carries the pool's memfd
+//   {"op":"lease","bytes":N,"tag":T}   N > 0 bytes of the pool for this client
+//   {"op":"give","offset":O}           returns this client's lease at O
+//   {"op":"stats"}
+// Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
+// "bytes"; stats: the pool's PoolStats fields and "connected" — or
+// {"v":1,"ok":false,"code":"<absl status code name>","message":"..."}.
+// A request before hello, a second hello, an unknown op or key, a missing or mistyped
+// field, or another version is an error reply; the daemon keeps serving.
+//
+// Thread-safety: pure functions (Send/Receive: one caller per socket at a time).
+#ifndef VMSTASH_NODE_WIRE_H_
+#define VMSTASH_NODE_WIRE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "base/json_reader.h"
+
+namespace vmstash::node {
+
+inline constexpr int kWireVersion = 1;
+inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
+inline constexpr const char* kSocketName = "vmstashd.sock";
+
+enum class WireOp { kHello, kLease, kGive, kStats };
+
+struct WireRequest {
+  WireOp op = WireOp::kStats;
+  std::int64_t pid = 0;      // hello
+  std::uint64_t bytes = 0;   // lease
+  std::string tag;           // lease
+  std::uint64_t offset = 0;  // give
+};
+
+std::string FormatRequest(const WireRequest& request);
+absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);
+// An error reply for `status` (not OK).
+std::string FormatError(const absl::Status& status);
+// A reply's document when it says ok, else its error as a status (the code it names).
+absl::StatusOr<JsonValue> ParseReply(absl::string_view text);
+
+// One packet, with `fd` attached when >= 0 (it stays the caller's).
+absl::Status Send(int socket, absl::string_view message, int fd = -1);
+struct Received {
+  std::string message;
+  int fd = -1;  // attached to the packet: the receiver's to close
+};
+// The next packet, waiting up to `timeout_ms` (< 0: no limit; 0: only what is there).
+// Unavailable when the peer closed the connection (an empty packet is an empty message,
+// not a close); DeadlineExceeded on timeout; InvalidArgument for a packet too long. Of
+// several descriptors on one packet the first is kept, the others closed.
+absl::StatusOr<Received> Receive(int socket, int timeout_ms);
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_WIRE_H_

@@ -1,0 +1,63 @@
+// vmstashd: the node's memory daemon (node/daemon.h, Note [Node Daemon Lifecycle];
+// docs/node.md), in the foreground:
+//
+//   vmstashd --capacity SIZE [--dir DIR]
+//
+// SIZE: the node pool's bytes ("64G", "512M", ...; base/conf.h's sizes), DIR: the runtime
+// directory (default: control/runtime_dir.h's). Serves until SIGINT or SIGTERM, then
+// stops: every client's leases go back, the socket is removed. Exit status 0 after a
+// stop, 1 when it could not start (the reason on stderr), 2 for bad arguments.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/conf.h"
+#include "node/daemon.h"
+
+namespace {
+
+int Usage(const char* why) {
+  std::fprintf(stderr, "vmstashd: %s\nusage: vmstashd --capacity SIZE [--dir DIR]\n", why);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  vmstash::node::DaemonOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if ((arg == "--capacity" || arg == "--dir") && i + 1 >= argc) return Usage("a value is missing");
+    if (arg == "--capacity") {
+      absl::StatusOr<std::uint64_t> size = vmstash::ParseSize(argv[++i]);
+      if (!size.ok()) return Usage(std::string(size.status().message()).c_str());
+      options.capacity_bytes = static_cast<std::size_t>(*size);
+    } else if (arg == "--dir") {
+      options.dir = argv[++i];
+    } else {
+      return Usage(("unknown argument " + arg).c_str());
+    }
+  }
+  if (options.capacity_bytes == 0) return Usage("--capacity is required");
+  // The signals are taken synchronously (sigwait): block them before the serving thread starts.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  absl::StatusOr<std::unique_ptr<vmstash::node::NodeDaemon>> daemon = vmstash::node::NodeDaemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "vmstashd: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "vmstashd: serving a pool of %zu bytes on %s\n", (*daemon)->stats().capacity_bytes,
+               (*daemon)->socket_path().c_str());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  (*daemon)->Stop();
+  std::fprintf(stderr, "vmstashd: stopped (%s)\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+  return 0;
+}
