@@ -6,7 +6,7 @@
 The wheel holds the Python package (torch_plugin/python/vmstash: the API, the
 torch_memory_saver compatibility module, the paged stash, the RL demo as vmstash.demo),
 vmstash/lib/ (libvmstash.so with the paged stash kernels, libvmstash_preload.so, the abseil
-and fmt libraries they load through DT_RPATH $ORIGIN) and vmstash/bin/vmstash_cli, with
+and fmt libraries they load through DT_RPATH $ORIGIN), vmstash/bin/vmstash_cli and vmstashd, with
 the console commands `vmstash` (the CLI) and `vmstash-demo`. Its platform tag is the
 manylinux tag of the newest glibc its ELF files need. Prints the wheel's path.
 """
@@ -17,7 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from wheel_writer import ROOT, is_elf, platform_tag, run_cli, vmstash_version, write_wheel  # noqa: E402
 
 PACKAGE = os.path.join(ROOT, "torch_plugin", "python", "vmstash")
-REQUIRED = ("vmstash/lib/libvmstash.so", "vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli")
+REQUIRED = ("vmstash/lib/libvmstash.so", "vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli",
+            "vmstash/bin/vmstashd")
 # As pyproject.toml declares them (console commands; the vLLM plugin, vmstash/compat/vllm/plugin.py).
 ENTRY_POINTS = ("[console_scripts]\nvmstash = vmstash._cli:main\nvmstash-demo = vmstash.demo.rl_phase_switch:main\n\n"
                 "[vllm.general_plugins]\nvmstash = vmstash.compat.vllm.plugin:register\n")

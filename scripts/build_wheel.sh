@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 out=${1:-dist}
 build=${VMSTASH_WHEEL_BUILD:-build/wheel}
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVMSTASH_BUILD_TESTS=OFF -DVMSTASH_PACKAGE=ON >/dev/null
-cmake --build "$build" -j "$(nproc)" --target vmstash vmstash_preload vmstash_cli | grep -v "^\[" || true
+cmake --build "$build" -j "$(nproc)" --target vmstash vmstash_preload vmstash_cli vmstashd | grep -v "^\[" || true
 rm -rf "$build/stage"
 cmake --install "$build" --prefix "$build/stage" >/dev/null
 mkdir -p "$out"

@@ -17,7 +17,7 @@ declare -A allowed=(
   [stash]="base vmm allocator"
   [runtime]="base vmm allocator stash control"
   [torch_plugin]="base vmm allocator stash control runtime"
-  [tools/cli]="base control"
+  [tools/cli]="base control node"
   [tools/vmstashd]="base control node"
 )
 failed=0

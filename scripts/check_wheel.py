@@ -133,7 +133,8 @@ def check_vmstash(tmp, names):
                    "tms_get_cpu_backup_pointer"):
         if not re.search(rf"\s{symbol}$", symbols, re.M):
             problems.append(f"libvmstash.so does not export {symbol}")
-    for required in ("vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli", "vmstash/demo/__main__.py"):
+    for required in ("vmstash/lib/libvmstash_preload.so", "vmstash/bin/vmstash_cli", "vmstash/bin/vmstashd",
+                     "vmstash/demo/__main__.py"):
         if required not in names:
             problems.append(f"{required} is missing")
     points = [n for n in names if n.endswith(".dist-info/entry_points.txt")]

@@ -12,6 +12,8 @@
 //                                            pickle PyTorch's memory_viz loads
 //   vmstash map PID -o FILE.svg|FILE.html    a picture of the address spaces (map_svg.h)
 //   vmstash top [--interval=SECONDS] [--iterations=N]   `ps`, refreshed
+//   vmstash daemon start --capacity=SIZE | stop | status [--json]
+//                                            the node daemon (daemon_cmd.h)
 //   vmstash --version                        the version (base/version.h)
 //   vmstash COMMAND --help                   the command's usage (-h too; `vmstash --help`: all)
 //
@@ -36,8 +38,10 @@
 #include "control/endpoint.h"
 #include "fmt/format.h"
 #include "base/bytes.h"
+#include "base/conf.h"
 #include "base/json_reader.h"
 #include "base/version.h"
+#include "tools/cli/daemon_cmd.h"
 #include "tools/cli/per_device.h"
 #include "tools/cli/map_svg.h"
 #include "tools/cli/torch_snapshot.h"
@@ -55,6 +59,7 @@ enum Option : unsigned {
   kInterval = 1 << 5,
   kIterations = 1 << 6,
   kTimeout = 1 << 7,  // every command
+  kCapacity = 1 << 8,
 };
 
 struct OptionHelp {
@@ -75,6 +80,7 @@ constexpr OptionHelp kOptionHelp[] = {
     {kJson, "--json", "  --json                 JSON on stdout instead of text\n"},
     {kInterval, "--interval", "  --interval=SECONDS     time between refreshes (default 1)\n"},
     {kIterations, "--iterations", "  --iterations=N         stop after N refreshes (default 0: until Ctrl-C)\n"},
+    {kCapacity, "--capacity", "  --capacity=SIZE        the node pool's bytes (64G, 512M, ...; start only)\n"},
     {kTimeout, "--timeout",
      "  --timeout=SECONDS      deadline of each request (0: none; default 5 s, none for\n"
      "                         pause/resume/switch)\n"},
@@ -117,6 +123,10 @@ constexpr Command kCommands[] = {
      kOutput | kTimeout, 1},
     {"top", "top [--interval=SECONDS] [--iterations=N]", "`vmstash ps`, refreshed.",
      kInterval | kIterations | kTimeout, 0},
+    {"daemon", "daemon start --capacity=SIZE | stop | status [--json]",
+     "Starts (in the background), stops or reports this user's node daemon, vmstashd: one host\n"
+     "pool shared by the node's processes (docs/node.md).",
+     kCapacity | kJson, 1},
 };
 
 const Command* FindCommand(absl::string_view name) {
@@ -382,6 +392,7 @@ int Main(int argc, char** argv) {
   std::string output, format = "json", pause_list, resume_list;
   double interval = 1.0;
   int iterations = 0;
+  std::uint64_t capacity = 0;  // daemon start
   std::string error;  // the first bad option; reported once the command is known
   auto bad = [&](std::string reason) {
     if (error.empty()) error = std::move(reason);
@@ -423,6 +434,11 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(a.substr(13), &iterations) || iterations < 0) {
         bad(fmt::format("{}: N must be a count (0: until Ctrl-C)", a));
       }
+    } else if (absl::StartsWith(a, "--capacity=")) {
+      given |= kCapacity;
+      absl::StatusOr<std::uint64_t> size = ParseSize(a.substr(11));
+      if (!size.ok() || *size == 0) bad(fmt::format("{}: SIZE must be a size above 0 (64G, 512M, ...)", a));
+      else capacity = *size;
     } else if (absl::StartsWith(a, "--format=")) {
       given |= kFormat;
       format = a.substr(9);
@@ -463,6 +479,20 @@ int Main(int argc, char** argv) {
   if (operands > command->operands) {
     return BadUsage(command, fmt::format("unexpected argument '{}'", args[command->operands + 1]));
   }
+  const std::string name = command->name;
+  if (name == "daemon") {
+    const std::string action = operands > 0 ? args[1] : "";
+    if (action != "start" && action != "stop" && action != "status") {
+      return BadUsage(command, action.empty() ? "start, stop or status is missing"
+                                              : fmt::format("'{}' is not start, stop or status", action));
+    }
+    if ((action == "start") != ((given & kCapacity) != 0)) {
+      return BadUsage(command, action == "start" ? "--capacity=SIZE is missing" : "--capacity is for start only");
+    }
+    if (json && action != "status") return BadUsage(command, "--json is for status only");
+    if (action == "start") return DaemonStart(capacity);
+    return action == "stop" ? DaemonStop() : DaemonStatus(json);
+  }
   if (operands < command->operands) {
     return BadUsage(command, operands == 0 ? "PID is missing" : "TAG is missing");
   }
@@ -474,7 +504,6 @@ int Main(int argc, char** argv) {
   if ((command->options & kLists) && pause_list.empty() && resume_list.empty()) {
     return BadUsage(command, "no tag to pause or resume (--pause A,B and/or --resume C,D)");
   }
-  const std::string name = command->name;
   if (name == "ps") return Ps(json);
   if (name == "show") return Show(pid, json);
   if (name == "pause" || name == "resume") return Transition(pid, args[2], name == "pause", device, json);
