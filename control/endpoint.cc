@@ -142,14 +142,6 @@ absl::Status CheckPeer(int fd, const std::function<bool(uid_t)>& allowed) {
   return absl::OkStatus();
 }
 
-sockaddr_un Address(const std::string& path) {
-  sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
-  return addr;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(ServerOptions options, Handler handler) {
@@ -170,7 +162,7 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(ServerOption
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("control: socket", errno);
   ::unlink(path.c_str());  // a stale one of an earlier process with our pid
-  sockaddr_un addr = Address(path);
+  sockaddr_un addr = UnixAddress(path);
   // The socket inode's mode (fchmod before bind) is what bind gives the file, less the
   // umask: never more than 0600, and the process umask is left alone. chmod afterwards
   // makes it exactly 0600; the directory (0700, ours) closes the gap in between.
@@ -376,7 +368,7 @@ absl::StatusOr<std::string> Call(const std::string& socket_path, const Request& 
   const Clock::time_point deadline = DeadlineAfter(timeout_ms);
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno("control: socket", errno);
-  sockaddr_un addr = Address(socket_path);
+  sockaddr_un addr = UnixAddress(socket_path);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     absl::Status s = Errno(absl::StrCat("control: connect ", socket_path), errno);
     ::close(fd);

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,14 @@ absl::Status CheckPrivateDir(const std::string& dir) {
 absl::Status EnsurePrivateDir(const std::string& dir) {
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Errno(absl::StrCat("mkdir ", dir), errno);
   return CheckPrivateDir(dir);
+}
+
+sockaddr_un UnixAddress(const std::string& path) {
+  sockaddr_un addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
+  return addr;
 }
 
 absl::StatusOr<Peer> PeerOf(int fd) {

@@ -12,6 +12,7 @@
 #define VMSTASH_CONTROL_RUNTIME_DIR_H_
 
 #include <sys/types.h>
+#include <sys/un.h>
 
 #include <string>
 
@@ -34,6 +35,9 @@ struct Peer {
   pid_t pid = 0;
 };
 absl::StatusOr<Peer> PeerOf(int fd);
+// The address of the Unix socket at `path` (cut to sun_path's size: a server checks the
+// length before it binds).
+sockaddr_un UnixAddress(const std::string& path);
 // An errno as a status: PermissionDenied (EACCES, EPERM), Unavailable (ENOENT,
 // ECONNREFUSED), else Internal; the message is "<what>: <strerror>".
 absl::Status Errno(absl::string_view what, int err);

@@ -29,19 +29,13 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOpti
   if (absl::Status s = control::CheckPrivateDir(dir); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("node: refusing the runtime directory: ", s.message()));
   }
-  const std::string path = absl::StrCat(dir, "/", kSocketName);
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return control::Errno("node: socket", errno);
-  sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::UnavailableError(absl::StrCat("node: no daemon serves ", path, " (", std::strerror(err),
-                                               "); start one with `vmstash daemon start`"));
+  const std::string path = SocketPath(dir);
+  absl::StatusOr<int> connected = node::Connect(path);
+  if (!connected.ok()) {
+    return absl::Status(connected.status().code(),
+                        absl::StrCat(connected.status().message(), "; start one with `vmstash daemon start`"));
   }
+  const int fd = *connected;
   absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
   if (!peer.ok() || peer->uid != ::getuid()) {
     ::close(fd);

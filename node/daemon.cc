@@ -22,14 +22,6 @@
 namespace vmstash::node {
 namespace {
 
-sockaddr_un Address(const std::string& path) {
-  sockaddr_un addr;
-  std::memset(&addr, 0, sizeof(addr));
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), std::min(path.size(), sizeof(addr.sun_path) - 1));
-  return addr;
-}
-
 // The lock that makes a daemon the directory's one (held while it lives; the kernel lets
 // go of it when the process ends, however it ends): its fd, or AlreadyExists.
 absl::StatusOr<int> TakeDaemonLock(const std::string& dir, const std::string& socket_path) {
@@ -72,7 +64,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(DaemonOptions opti
   if (absl::Status s = control::EnsurePrivateDir(options.dir); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("vmstashd: refusing the runtime directory: ", s.message()));
   }
-  const std::string path = absl::StrCat(options.dir, "/", kSocketName);
+  const std::string path = SocketPath(options.dir);
   if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat("vmstashd: socket path too long: ", path));
   }
@@ -86,7 +78,7 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(DaemonOptions opti
   int wake[2] = {-1, -1};
   if (failed.ok() && fd < 0) failed = control::Errno("vmstashd: socket", errno);
   if (failed.ok()) {
-    sockaddr_un addr = Address(path);
+    sockaddr_un addr = control::UnixAddress(path);
     if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::chmod(path.c_str(), 0600) != 0 ||
         ::listen(fd, 64) != 0) {
       failed = control::Errno(absl::StrCat("vmstashd: listen on ", path), errno);

@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "node/client.h"
 #include "node/daemon.h"
+#include "control/runtime_dir.h"
 #include "node/wire.h"
 
 namespace vmstash::node {
@@ -234,24 +235,49 @@ TEST(NodeDaemonTest, OneDaemonPerDirectoryAndOnlyAPrivateOne) {
   EXPECT_EQ(NodeClient::Connect(In(PrivateDir())).status().code(), absl::StatusCode::kUnavailable);
 }
 
+// How many descriptors process `pid` has open.
+int OpenFds(pid_t pid) {
+  int n = 0;
+  DIR* d = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n;
+}
+
+// A raw connection to the daemon of `dir` (for what NodeClient never sends).
+int RawConnect(const std::string& dir) {
+  absl::StatusOr<int> fd = Connect(SocketPath(dir));
+  return fd.ok() ? *fd : -1;
+}
+
+absl::Status Ask(int fd, const std::string& message, int pass_fd = -1) {
+  if (absl::Status s = Send(fd, message, pass_fd); !s.ok()) return s;
+  absl::StatusOr<Received> r = Receive(fd, 5000);
+  if (!r.ok()) return r.status();
+  if (r->fd >= 0) ::close(r->fd);
+  return ParseReply(r->message).status();
+}
+
+// A raw client that said hello and holds one lease of a unit: its connection, or -1.
+int RawClientWithALease(const std::string& dir) {
+  const int raw = RawConnect(dir);
+  if (raw < 0) return -1;
+  if (!Ask(raw, R"({"v":1,"op":"hello","pid":1})").ok() || !Ask(raw, R"({"v":1,"op":"lease","bytes":1,"tag":"x"})").ok()) {
+    ::close(raw);
+    return -1;
+  }
+  return raw;
+}
+
 // Raw packets: the protocol's refusals, each answered, the daemon serving on.
 TEST(NodeDaemonTest, BadRequestsAreAnsweredWithErrorsAndTheDaemonServesOn) {
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);
   ASSERT_TRUE(daemon.started());
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string path = absl::StrCat(dir, "/", kSocketName);
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  auto ask = [&](const std::string& message) -> absl::Status {
-    if (absl::Status s = Send(fd, message); !s.ok()) return s;
-    absl::StatusOr<Received> r = Receive(fd, 5000);
-    if (!r.ok()) return r.status();
-    if (r->fd >= 0) ::close(r->fd);
-    return ParseReply(r->message).status();
-  };
+  const int fd = RawConnect(dir);
+  ASSERT_GE(fd, 0);
+  auto ask = [&](const std::string& message) { return Ask(fd, message); };
   EXPECT_THAT(ask(R"({"v":1,"op":"stats"})").message(), HasSubstr("say hello first"));
   EXPECT_EQ(ask("not json").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ask(R"({"v":2,"op":"stats"})").code(), absl::StatusCode::kFailedPrecondition);
@@ -316,46 +342,12 @@ TEST(NodeDaemonTest, ConcurrentClientsNeverShareBytes) {
 }
 
 
-// How many descriptors process `pid` has open.
-int OpenFds(pid_t pid) {
-  int n = 0;
-  DIR* d = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
-  if (d == nullptr) return -1;
-  while (::readdir(d) != nullptr) ++n;
-  ::closedir(d);
-  return n;
-}
-
-// A raw connection to the daemon of `dir` (for what NodeClient never sends).
-int RawConnect(const std::string& dir) {
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string path = absl::StrCat(dir, "/", kSocketName);
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-absl::Status Ask(int fd, const std::string& message, int pass_fd = -1) {
-  if (absl::Status s = Send(fd, message, pass_fd); !s.ok()) return s;
-  absl::StatusOr<Received> r = Receive(fd, 5000);
-  if (!r.ok()) return r.status();
-  if (r->fd >= 0) ::close(r->fd);
-  return ParseReply(r->message).status();
-}
-
 TEST(NodeDaemonTest, AClientThatDoesNotReadItsRepliesIsDroppedAndTheOthersAreServed) {
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);
   ASSERT_TRUE(daemon.started());
-  const int raw = RawConnect(dir);
+  const int raw = RawClientWithALease(dir);
   ASSERT_GE(raw, 0);
-  ASSERT_TRUE(Ask(raw, R"({"v":1,"op":"hello","pid":1})").ok());
-  ASSERT_TRUE(Ask(raw, R"({"v":1,"op":"lease","bytes":1,"tag":"x"})").ok());
   // Requests without reading a reply, until the daemon drops the connection.
   bool dropped = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -380,10 +372,8 @@ TEST(NodeDaemonTest, DescriptorsAndEmptyPacketsFromAClientAreRefusedAndNothingLe
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);
   ASSERT_TRUE(daemon.started());
-  const int raw = RawConnect(dir);
+  const int raw = RawClientWithALease(dir);
   ASSERT_GE(raw, 0);
-  ASSERT_TRUE(Ask(raw, R"({"v":1,"op":"hello","pid":1})").ok());
-  ASSERT_TRUE(Ask(raw, R"({"v":1,"op":"lease","bytes":1,"tag":"x"})").ok());
   const int before = OpenFds(daemon.pid());
   for (int i = 0; i < 50; ++i) {
     // Two descriptors on one packet.
@@ -476,11 +466,8 @@ TEST(NodeDaemonTest, OverMaxClientsAConnectionIsRefusedWithTheReason) {
 // request; the connection takes no more requests and keeps what was leased.
 TEST(NodeDaemonTest, AReplyTooLateLeavesTheConnectionClosedToRequestsNotOutOfStep) {
   const std::string dir = PrivateDir();
-  const std::string path = absl::StrCat(dir, "/", kSocketName);
   const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
   ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   ASSERT_EQ(::listen(listener, 1), 0);
   absl::StatusOr<std::unique_ptr<SharedHostMemory>> pool = SharedHostMemory::Create(4 * kUnit);

@@ -128,6 +128,20 @@ absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
                       absl::StrCat("node daemon: ", (*doc)["message"].String()));
 }
 
+std::string SocketPath(const std::string& dir) { return absl::StrCat(dir, "/", kSocketName); }
+
+absl::StatusOr<int> Connect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return control::Errno("node: socket", errno);
+  sockaddr_un addr = control::UnixAddress(path);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(absl::StrCat("node: no daemon serves ", path, " (", std::strerror(err), ")"));
+  }
+  return fd;
+}
+
 absl::Status Send(int socket, absl::string_view message, int fd) {
   if (message.size() > kMaxMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: a message of ", message.size(), " bytes"));

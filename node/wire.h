@@ -53,6 +53,12 @@ std::string FormatError(const absl::Status& status);
 // A reply's document when it says ok, else its error as a status (the code it names).
 absl::StatusOr<JsonValue> ParseReply(absl::string_view text);
 
+// `<dir>/vmstashd.sock`.
+std::string SocketPath(const std::string& dir);
+// A socket connected to the daemon at `path` (its peer not checked yet: control::PeerOf).
+// Unavailable, naming the path and why, when nothing serves there.
+absl::StatusOr<int> Connect(const std::string& path);
+
 // One packet, with `fd` attached when >= 0 (it stays the caller's).
 absl::Status Send(int socket, absl::string_view message, int fd = -1);
 struct Received {

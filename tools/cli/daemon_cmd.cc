@@ -28,7 +28,7 @@ namespace vmstash::cli {
 namespace {
 
 std::string Dir() { return control::DefaultRuntimeDir(); }
-std::string SocketPath() { return absl::StrCat(Dir(), "/", node::kSocketName); }
+std::string SocketPath() { return node::SocketPath(Dir()); }
 std::string LogPath() { return absl::StrCat(Dir(), "/vmstashd.log"); }
 
 bool Executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
@@ -50,19 +50,11 @@ std::string DaemonBinary() {
 
 // The pid of the daemon serving this user's socket, or 0 when none answers.
 pid_t ServingPid() {
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 0;
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string path = SocketPath();
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  pid_t pid = 0;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
-    if (peer.ok() && peer->uid == ::getuid()) pid = peer->pid;
-  }
-  ::close(fd);
-  return pid;
+  absl::StatusOr<int> fd = node::Connect(SocketPath());
+  if (!fd.ok()) return 0;
+  absl::StatusOr<control::Peer> peer = control::PeerOf(*fd);
+  ::close(*fd);
+  return peer.ok() && peer->uid == ::getuid() ? peer->pid : 0;
 }
 
 std::string LogTail() {
