@@ -37,11 +37,13 @@
 #define VMSTASH_ALLOCATOR_ALLOCATOR_OPTIONS_H_
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "allocator/backup_arena.h"
+#include "allocator/host_lease.h"
 
 namespace vmstash {
 
@@ -77,6 +79,10 @@ struct AllocatorOptions {
   // (0: none), and where backups beyond it go ("": nowhere, the pause fails).
   std::size_t host_max_bytes = 0;
   std::string spill_dir;
+  // Where pinned backups lease their host memory first (allocator/host_lease.h, Note
+  // [Pool-Backed Backups]; the runtime's node pool); null: each arena pins its own. Not a
+  // VMSTASH_CONF key (the runtime's `node` option sets it).
+  std::shared_ptr<HostLeaseSource> host_leases;
 };
 
 inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",      "min_chunk", "max_chunk",

@@ -278,6 +278,7 @@ absl::Status BackupArena::Reserve(std::size_t size_bytes) {
 }
 
 absl::Status BackupArena::ReserveLayout(std::size_t size_bytes, const std::vector<std::size_t>& piece_bytes) {
+  if (pool_backed() && TryLease(size_bytes)) return absl::OkStatus();  // Note [Pool-Backed Backups]
   if (store_.kind == BackupStore::Kind::kDiskFiles) {
     VMSTASH_RETURN_IF_ERROR(ReserveFiles(size_bytes, piece_bytes));
   } else {
@@ -324,7 +325,7 @@ void BackupArena::RefundPinned() {
 }
 
 absl::Status BackupArena::Pin(std::size_t end) {
-  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  if (store_.kind != BackupStore::Kind::kPinned || lease_.has_value()) return absl::OkStatus();
   VMSTASH_RETURN_IF_ERROR(ChargePinned(end));
   absl::Status s = pinned_.Warm(end);
   if (s.ok()) s = pinned_.Pin(0, end);
@@ -333,7 +334,7 @@ absl::Status BackupArena::Pin(std::size_t end) {
 }
 
 absl::Status BackupArena::Warm(std::size_t end, const std::function<bool()>& stop) {
-  if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
+  if (store_.kind != BackupStore::Kind::kPinned || lease_.has_value()) return absl::OkStatus();
   VMSTASH_RETURN_IF_ERROR(ChargePinned(end));
   absl::Status s = pinned_.Warm(end, stop);
   RefundPinned();  // charged: what is resident (all of [0, end) unless it ended early or failed)
@@ -341,10 +342,12 @@ absl::Status BackupArena::Warm(std::size_t end, const std::function<bool()>& sto
 }
 
 std::size_t BackupArena::PinnedPrefixBytes() const {
+  if (lease_.has_value()) return capacity_bytes_;
   return store_.kind == BackupStore::Kind::kPinned ? pinned_.pinned_prefix_bytes() : capacity_bytes_;
 }
 
 absl::Status BackupArena::CopyIn(std::size_t offset, DevicePtr src, std::size_t size_bytes, Stream stream) {
+  if (lease_.has_value()) return LeasedCopy(/*to_host=*/true, offset, src, size_bytes, stream);
   if (store_.kind == BackupStore::Kind::kPinned) return pinned_.CopyIn(offset, src, size_bytes, stream);
   if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
     return absl::InternalError(absl::StrCat("backup arena: a copy into bytes ", offset, "+", size_bytes,
@@ -371,6 +374,7 @@ void BackupArena::TryRing() {
 }
 
 absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t size_bytes, Stream stream) {
+  if (lease_.has_value()) return LeasedCopy(/*to_host=*/false, offset, dst, size_bytes, stream);
   if (store_.kind == BackupStore::Kind::kPinned) return pinned_.CopyOut(dst, offset, size_bytes, stream);
   if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
     return absl::InternalError(absl::StrCat("backup arena: a copy out of bytes ", offset, "+", size_bytes,
@@ -383,6 +387,7 @@ absl::Status BackupArena::CopyOut(DevicePtr dst, std::size_t offset, std::size_t
 
 absl::Status BackupArena::GiveBackSome(std::size_t max_pinned_bytes, bool* more) {
   *more = false;
+  if (lease_.has_value()) GiveLease();  // Note [Pool-Backed Backups]: no longer needed
   if (store_.kind != BackupStore::Kind::kPinned) return absl::OkStatus();
   absl::Status s = pinned_.HandBackSome(max_pinned_bytes, /*lazily=*/true, more);
   RefundPinned();
@@ -439,6 +444,7 @@ absl::Status BackupArena::ReleaseRing() {
 
 absl::Status BackupArena::ReleaseStore() {
   if (store_.kind == BackupStore::Kind::kDiskFiles) return ReleaseFiles();
+  if (lease_.has_value()) GiveLease();
   if (store_.kind == BackupStore::Kind::kPinned) {
     VMSTASH_RETURN_IF_ERROR(pinned_.Release());
   } else if (mapped_ != nullptr) {
@@ -572,6 +578,10 @@ void BackupArena::FreeRingAfterResume() {
 
 void BackupArena::DropContents(bool give_back) {
   if (ring_ != nullptr) ring_->Abandon();  // a failed pause's bytes still in the ring
+  if (lease_.has_value()) {  // Note [Pool-Backed Backups]: back to the pool, whatever give_back says
+    GiveLease();
+    return;
+  }
   if (store_.kind == BackupStore::Kind::kPinned) {
     if (!give_back) return;
     absl::Status s = pinned_.HandBack(/*lazily=*/true);
@@ -590,6 +600,64 @@ void BackupArena::DropContents(bool give_back) {
   }
   absl::Status s = ReleaseFiles();  // Note [Disk Backup Files]: removed once not needed
   if (!s.ok()) VMSTASH_LOG(kError, "vmstash: removing the disk backup files in '{}': {}", store_.directory, s.ToString());
+}
+
+bool BackupArena::TryLease(std::size_t size_bytes) {
+  if (lease_.has_value() && lease_->bytes >= size_bytes) return true;
+  if (lease_.has_value()) GiveLease();  // too small: a bigger one, or the own memory
+  absl::StatusOr<HostLease> got = leases_->Take(device_, size_bytes, owner_);
+  absl::Status s = got.status();
+  if (s.ok() && (got->data == nullptr || got->bytes < size_bytes)) {
+    leases_->Give(*got);
+    s = absl::InternalError(absl::StrCat("a lease of ", got->bytes, " bytes for ", size_bytes, " asked"));
+  }
+  if (s.ok()) s = ReleaseStore();  // the own pinned memory (held from before the pool) goes back
+  if (!s.ok()) {
+    if (got.ok() && got->data != nullptr && got->bytes >= size_bytes) leases_->Give(*got);
+    std::string why = s.ToString();
+    constexpr const char* kFallback = "vmstash: {}: {} cannot hold its {} bytes ({}); this pause backs it up in "
+                                      "the process's own pinned memory";
+    if (why == last_refusal_) {  // said once at warning level; again only at info
+      VMSTASH_LOG(kInfo, kFallback, owner_, leases_->Describe(), size_bytes, why);
+    } else {
+      VMSTASH_LOG(kWarning, kFallback, owner_, leases_->Describe(), size_bytes, why);
+    }
+    last_refusal_ = std::move(why);
+    return false;
+  }
+  last_refusal_.clear();
+  lease_ = *got;
+  capacity_bytes_ = got->bytes;
+  dropped_ = false;
+  return true;
+}
+
+void BackupArena::GiveLease() {
+  leases_->Give(*lease_);
+  lease_.reset();
+  capacity_bytes_ = 0;
+}
+
+absl::Status BackupArena::LeasedCopy(bool to_host, std::size_t offset, DevicePtr device_ptr, std::size_t size_bytes,
+                                     Stream stream) {
+  if (offset > capacity_bytes_ || size_bytes > capacity_bytes_ - offset) {
+    return absl::InternalError(absl::StrCat("backup arena: a copy of bytes ", offset, "+", size_bytes,
+                                            " outside its lease of ", capacity_bytes_, " bytes"));
+  }
+  char* host = lease_->data + offset;
+  while (size_bytes > 0) {
+    std::size_t step = size_bytes;
+    if (lease_->segment_bytes > 0) {  // never across two registrations (host_lease.h)
+      const auto into = static_cast<std::size_t>(host - lease_->segment_base) % lease_->segment_bytes;
+      step = std::min(size_bytes, lease_->segment_bytes - into);
+    }
+    VMSTASH_RETURN_IF_ERROR(to_host ? driver_->CopyToHostAsync(device_, host, device_ptr, step, stream)
+                                    : driver_->CopyToDeviceAsync(device_, device_ptr, host, step, stream));
+    host += step;
+    device_ptr += step;
+    size_bytes -= step;
+  }
+  return absl::OkStatus();
 }
 
 std::vector<std::string> BackupArena::FilePaths() const {

@@ -122,6 +122,11 @@
 //   background until it grows); it stays so if the pause fails after all. Tags of other
 //   devices are not taken back (each device's allocator reclaims among its own tags).
 //
+// Pool-backed (a pinned store whose owner gave it a HostLeaseSource: the node pool): a
+// pause leases its backup from the source, copies into the lease, and gives it back when
+// the bytes are no longer needed; the own pinned memory above is the fallback when the
+// source refuses (allocator/host_lease.h, Note [Pool-Backed Backups]).
+//
 // Reserve(n) keeps the memory when it is already large enough, else replaces it (the old
 // contents are not kept: callers reserve before copying). Release() gives it back, and
 // the staging ring with it.
@@ -133,6 +138,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,6 +148,7 @@
 #include "absl/strings/string_view.h"
 #include "vmm/driver.h"
 #include "allocator/host_budget.h"
+#include "allocator/host_lease.h"
 #include "vmm/pinned_pieces.h"
 #include "vmm/staging_ring.h"
 
@@ -172,16 +179,19 @@ absl::Status CheckBackupStore(const BackupStore& store, bool directory_must_exis
 class BackupArena {
  public:
   // `owner` names the arena in a refusal of the host budget ("the backup of tag 'kv' on
-  // device 0"); `budget`: the account its host pages are charged to (Note [Host Budget]).
+  // device 0"); `budget`: the account its host pages are charged to (Note [Host Budget]);
+  // `leases`: where a pinned store leases its backups first (null: nowhere; Note
+  // [Pool-Backed Backups]).
   BackupArena(Driver* driver, int device, BackupStore store, std::string owner = "a backup arena",
-              HostBudget* budget = &HostBudget::Process())
+              HostBudget* budget = &HostBudget::Process(), std::shared_ptr<HostLeaseSource> leases = nullptr)
       : driver_(driver),
         device_(device),
         store_(std::move(store)),
         owner_(std::move(owner)),
         pinned_(driver, device),
         charge_(budget),
-        ring_charge_(budget, HostUse::kStagingRing) {}
+        ring_charge_(budget, HostUse::kStagingRing),
+        leases_(store_.kind == BackupStore::Kind::kPinned ? std::move(leases) : nullptr) {}
   ~BackupArena();
   BackupArena(const BackupArena&) = delete;
   BackupArena& operator=(const BackupArena&) = delete;
@@ -265,13 +275,21 @@ class BackupArena {
   // The files of a kDiskFiles arena (their paths), for tests and messages.
   std::vector<std::string> FilePaths() const;
 
-  char* data() const { return store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : static_cast<char*>(mapped_); }
+  char* data() const {
+    if (lease_.has_value()) return lease_->data;
+    return store_.kind == BackupStore::Kind::kPinned ? pinned_.data() : static_cast<char*>(mapped_);
+  }
+  // A pinned store with a lease source (Note [Pool-Backed Backups]); leased(): it holds a
+  // lease now (its memory is the lease's, not its own).
+  bool pool_backed() const { return leases_ != nullptr; }
+  bool leased() const { return lease_.has_value(); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
   // What the arena holds (its statistic): the capacity, less what a pinned arena gave
   // back or has not faulted in yet (Note [Pinned Pieces]); 0 for a pageable arena whose
   // pages went back after a resume.
   // Not counted: a pageable or disk arena's staging ring (staging_bytes()).
   std::size_t held_bytes() const {
+    if (lease_.has_value()) return lease_->bytes;
     if (store_.kind == BackupStore::Kind::kPinned) return pinned_.resident_bytes();
     return store_.kind == BackupStore::Kind::kPageable && dropped_ ? 0 : capacity_bytes_;
   }
@@ -283,6 +301,15 @@ class BackupArena {
 
  private:
   absl::Status ReserveDisk(std::size_t size_bytes);
+  // Note [Pool-Backed Backups]: a lease of at least size_bytes held (an earlier one kept
+  // when big enough), the own pinned memory released; false when the source refused
+  // (logged), the arena as it was but for a lease too small, given back.
+  bool TryLease(std::size_t size_bytes);
+  void GiveLease();
+  // A copy between the device and [offset, offset + size_bytes) of the lease, cut at its
+  // segments.
+  absl::Status LeasedCopy(bool to_host, std::size_t offset, DevicePtr device_ptr, std::size_t size_bytes,
+                          Stream stream);
   // Release() but for the staging ring (Reserve replacing the memory keeps the ring).
   absl::Status ReleaseStore();
   // Frees the staging ring and refunds it; when the driver refuses, the ring stays, charged.
@@ -326,6 +353,9 @@ class BackupArena {
   std::unique_ptr<StagingRing> ring_;  // pageable and disk stores (Note [Staging Ring])
   bool ring_refused_ = false;          // TryRing failed since the last ReserveLayout
   HostCharge ring_charge_;             // what ring_ may pin
+  const std::shared_ptr<HostLeaseSource> leases_;  // Note [Pool-Backed Backups]
+  std::optional<HostLease> lease_;
+  std::string last_refusal_;  // the source's last refusal (logged at warning level once)
   void* mapped_ = nullptr;  // pageable and disk stores
   int fd_ = -1;             // disk store
   std::string path_;        // disk store: the (unlinked) file's name, for messages

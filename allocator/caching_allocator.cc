@@ -110,7 +110,7 @@ absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy, 
   large.min_split_bytes = kSmallMaxBytes + 1;
   if (pools_.size() <= static_cast<std::size_t>(tag)) pools_.resize(tag + 1);
   pools_[tag] = std::make_unique<TagPool>(tag, policy, options_.backup_store, driver_, device_, std::move(small),
-                                          std::move(large), &mu_);
+                                          std::move(large), &mu_, options_.host_leases);
   return pools_[tag].get();
 }
 

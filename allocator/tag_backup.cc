@@ -56,10 +56,11 @@ bool ArenaMoveAllowed(ArenaState from, ArenaState to) {
 }
 
 TagBackup::TagBackup(Driver* driver, int device, std::string tag_name, BackupStore store, Mutex* transition_mu,
-                     Mutex* owner_mu)
+                     Mutex* owner_mu, std::shared_ptr<HostLeaseSource> leases)
     : driver_(driver),
       device_(device),
       tag_name_(std::move(tag_name)),
+      leases_(std::move(leases)),
       transition_mu_(transition_mu),
       owner_mu_(owner_mu),
       store_(std::move(store)) {}
@@ -79,7 +80,8 @@ void TagBackup::MoveTo(ArenaState to) {
 
 BackupArena* TagBackup::EnsureArena() {
   if (arena_ == nullptr) {
-    arena_ = std::make_unique<BackupArena>(driver_, device_, store_, absl::StrCat("the backup of ", Owner()));
+    arena_ = std::make_unique<BackupArena>(driver_, device_, store_, absl::StrCat("the backup of ", Owner()),
+                                           &HostBudget::Process(), leases_);
   }
   return arena_.get();
 }
@@ -177,7 +179,7 @@ void TagBackup::AfterResume(bool later) {
   ArenaState next = ArenaState::kReady;
   if (retention.keep_after_resume && kind != BackupStore::Kind::kDiskFiles) {
     next = ArenaState::kRetained;  // kept readable
-  } else if (later && retention.give_back && kind == BackupStore::Kind::kPinned) {
+  } else if (later && retention.give_back && kind == BackupStore::Kind::kPinned && !arena_->leased()) {
     next = ArenaState::kGivingBack;  // the owner asks its background thread
   } else {
     arena_->DropContents(retention.give_back);
@@ -205,6 +207,7 @@ absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, std
   {
     MutexLock lock(owner_mu_);
     if (background && !retained_.empty()) return absl::OkStatus();  // Note [Retained Backups]
+    if (leases_ != nullptr && store_.kind == BackupStore::Kind::kPinned) return absl::OkStatus();  // Note [Pool-Backed Backups]
     // A foreground request wants it pinned: a pending hand-back is cancelled. A background
     // one leaves it pending.
     if (!background && state_ == ArenaState::kGivingBack) MoveTo(ArenaState::kReady);

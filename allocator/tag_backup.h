@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/backup_arena.h"
+#include "allocator/host_lease.h"
 #include "allocator/tag_state.h"
 #include "allocator/transition_plan.h"
 #include "base/mutex.h"
@@ -85,8 +86,10 @@ class TagBackup {
 
   // `tag_name` and `device` name the tag in messages.
   // `transition_mu` and `owner_mu`: the pool's locks (above), which outlive it.
+  // `leases`: where a pinned store's arena leases its backups (null: nowhere; Note
+  // [Pool-Backed Backups] in host_lease.h).
   TagBackup(Driver* driver, int device, std::string tag_name, BackupStore store, Mutex* transition_mu,
-            Mutex* owner_mu);
+            Mutex* owner_mu, std::shared_ptr<HostLeaseSource> leases = nullptr);
   TagBackup(const TagBackup&) = delete;
   TagBackup& operator=(const TagBackup&) = delete;
 
@@ -162,7 +165,9 @@ class TagBackup {
   // Sizes the arena for `want` bytes of blocks (the caller checked the tag is active and
   // wants it); *pin_to: how far it is to be pinned (0: not at all; a background request
   // does not pin again what a resume gave back). A foreground request cancels a pending
-  // hand-back. Skipped (OK, *pin_to 0) by a background request while bytes are retained.
+  // hand-back. Skipped (OK, *pin_to 0) by a background request while bytes are retained,
+  // and by any request for a pool-backed store (Note [Pool-Backed Backups]: the pool is
+  // pinned already; an active tag holds none of it).
   absl::Status ReserveForPrepare(std::size_t want, bool background, std::size_t* pin_to)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) ABSL_LOCKS_EXCLUDED(owner_mu_);
   // One step of a background preparation begun at `epoch`: pins up to `step` more bytes of
@@ -226,6 +231,7 @@ class TagBackup {
   Driver* const driver_;
   const int device_;
   const std::string tag_name_;
+  const std::shared_ptr<HostLeaseSource> leases_;
   Mutex* const transition_mu_;
   Mutex* const owner_mu_;
   // Written holding both locks (above).

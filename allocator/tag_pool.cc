@@ -14,7 +14,7 @@
 
 namespace vmstash {
 TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
-                 HeapConfig large, Mutex* owner_mu)
+                 HeapConfig large, Mutex* owner_mu, std::shared_ptr<HostLeaseSource> leases)
     : id_(id),
       name_(TagName(id)),
       policy_(policy),
@@ -23,7 +23,7 @@ TagPool::TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int
       small_(std::make_unique<Heap>(std::move(small), blocks_.get())),
       large_(std::make_unique<Heap>(std::move(large), blocks_.get())),
       owner_mu_(owner_mu),
-      backup_(driver, device, name_, std::move(store), &transition_mu_, owner_mu) {}
+      backup_(driver, device, name_, std::move(store), &transition_mu_, owner_mu, std::move(leases)) {}
 
 TagPool::~TagPool() {
   for (Event e : copy_events_) {

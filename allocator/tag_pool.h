@@ -121,7 +121,7 @@ class TagPool {
   // `small` and `large` configure the heaps (their owner_id is `id`).
   // `owner_mu`: the owner's device lock (above), which outlives the pool.
   TagPool(TagId id, Policy policy, BackupStore store, Driver* driver, int device, HeapConfig small,
-          HeapConfig large, Mutex* owner_mu);
+          HeapConfig large, Mutex* owner_mu, std::shared_ptr<HostLeaseSource> leases = nullptr);
   // Destroys the copy events and stream (errors logged), then the heaps give back their
   // chunks and reservations.
   ~TagPool();
