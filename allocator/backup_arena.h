@@ -281,7 +281,7 @@ class BackupArena {
   }
   // A pinned store with a lease source (Note [Pool-Backed Backups]); leased(): it holds a
   // lease now (its memory is the lease's, not its own).
-  bool pool_backed() const { return leases_ != nullptr; }
+  bool pool_backed() const { return leases_ != nullptr && leases_->Enabled(); }
   bool leased() const { return lease_.has_value(); }
   std::size_t capacity_bytes() const { return capacity_bytes_; }
   // What the arena holds (its statistic): the capacity, less what a pinned arena gave

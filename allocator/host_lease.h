@@ -53,6 +53,10 @@ struct HostLease {
 class HostLeaseSource {
  public:
   virtual ~HostLeaseSource() = default;
+  // Whether the process asked for this source (the runtime's `node` option, or a connect):
+  // when not, arenas behave as if they had none — nothing tried, nothing logged, prepared
+  // as usual. When it is, a Take may still fail (the daemon is gone): the fallback above.
+  virtual bool Enabled() const = 0;
   // At least `bytes` of registered host memory for a backup on `device`; `owner` names it
   // ("tag 'kv' on device 0", shown in the pool's reports). Any error means no lease: the
   // caller uses its own memory.

@@ -81,6 +81,8 @@ class FakePool final : public HostLeaseSource {
   }
 
   std::string Describe() const override { return "the fake pool"; }
+  bool Enabled() const override { return enabled_.load(); }
+  void Enable(bool on) { enabled_.store(on); }
 
   void Refuse(absl::Status why) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -129,6 +131,7 @@ class FakePool final : public HostLeaseSource {
   const std::size_t segment_bytes_;
   char* base_ = nullptr;
   bool registered_ok_ = true;
+  std::atomic<bool> enabled_{true};
   std::mutex mu_;
   std::map<std::size_t, HostLease> leases_;  // by offset
   std::uint64_t next_id_ = 1;
@@ -350,6 +353,27 @@ TEST_F(PoolBackupTest, PrepareTakesNothingFromThePool) {
   EXPECT_EQ(pool_->takes(), 0);
   EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0);
   EXPECT_EQ(HostBudget::Process().held(), budget_before);
+}
+
+TEST_F(PoolBackupTest, ASourceNotEnabledIsNotTriedAndPrepareWorksAsBefore) {
+  Make();
+  pool_->Enable(false);
+  std::vector<DevicePtr> blocks = Fill(a_, 23);
+  ASSERT_TRUE(alloc_->Prepare(a_).ok());
+  EXPECT_GT(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0) << "prepared in its own memory";
+  ASSERT_TRUE(alloc_->Pause(a_).ok());
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_EQ(Wrong(blocks, 23), 0u);
+  EXPECT_EQ(pool_->takes(), 0);
+  EXPECT_EQ(LinesWith(LogLevel::kWarning, "cannot hold"), 0);
+  // Enabled later (a connect after the first pauses): the next pause leases, and the
+  // memory the tag kept pinned goes back.
+  pool_->Enable(true);
+  ASSERT_TRUE(alloc_->Pause(a_).ok());
+  EXPECT_EQ(pool_->outstanding(), 1u);
+  EXPECT_EQ(static_cast<std::size_t>(TagStatsOf(*alloc_, a_).backup_arena_bytes), pool_->leased_bytes());
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_EQ(Wrong(blocks, 23), 0u);
 }
 
 TEST_F(PoolBackupTest, ASwitchBacksUpIntoLeasesBothWays) {

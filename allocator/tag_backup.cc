@@ -207,7 +207,7 @@ absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, std
   {
     MutexLock lock(owner_mu_);
     if (background && !retained_.empty()) return absl::OkStatus();  // Note [Retained Backups]
-    if (leases_ != nullptr && store_.kind == BackupStore::Kind::kPinned) return absl::OkStatus();  // Note [Pool-Backed Backups]
+    if (leases_ != nullptr && leases_->Enabled() && store_.kind == BackupStore::Kind::kPinned) return absl::OkStatus();  // Note [Pool-Backed Backups]
     // A foreground request wants it pinned: a pending hand-back is cancelled. A background
     // one leaves it pending.
     if (!background && state_ == ArenaState::kGivingBack) MoveTo(ArenaState::kReady);

@@ -114,7 +114,13 @@ absl::Status InitLocked(State& s, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRE
   }
   SetLogLevel(options.vmm.log_level);
   VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<Driver> driver, CreateDriver(options.vmm));
-  VMSTASH_ASSIGN_OR_RETURN(s.runtime, Runtime::Create(std::move(driver), options.allocator));
+  VMSTASH_ASSIGN_OR_RETURN(s.runtime, Runtime::Create(std::move(driver), options.allocator, options.node));
+  if (options.node.enabled) {  // Note [Node Leases]: never a reason to fail the initialization
+    if (absl::Status connected = s.runtime->node().Connect(/*start=*/true); !connected.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: node:1, but no node pool ({}); backups use this process's own memory",
+                  connected.ToString());
+    }
+  }
   // The host-memory cap is the process's (allocator/host_budget.h): each initialization
   // sets it from its conf (absent host_max: no cap).
   HostBudget::Process().SetLimit(options.allocator.host_max_bytes);

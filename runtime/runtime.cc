@@ -12,19 +12,26 @@
 
 namespace vmstash {
 
-absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(std::unique_ptr<Driver> driver, AllocatorOptions options) {
+absl::StatusOr<std::unique_ptr<Runtime>> Runtime::Create(std::unique_ptr<Driver> driver, AllocatorOptions options,
+                                                         node::NodeOptions node) {
   if (driver == nullptr) return absl::InvalidArgumentError("Runtime: driver is null");
   VMSTASH_ASSIGN_OR_RETURN(const int count, driver->DeviceCount());
-  return std::unique_ptr<Runtime>(new Runtime(std::move(driver), std::min(count, kMaxDevices), std::move(options)));
+  auto leases = std::make_shared<NodeLeases>(driver.get(), std::move(node));
+  options.host_leases = leases;
+  return std::unique_ptr<Runtime>(
+      new Runtime(std::move(driver), std::min(count, kMaxDevices), std::move(options), std::move(leases)));
 }
 
-Runtime::Runtime(std::unique_ptr<Driver> driver, int device_count, AllocatorOptions options)
-    : driver_(std::move(driver)), device_count_(device_count), options_(std::move(options)) {}
+Runtime::Runtime(std::unique_ptr<Driver> driver, int device_count, AllocatorOptions options,
+                 std::shared_ptr<NodeLeases> node)
+    : driver_(std::move(driver)), device_count_(device_count), node_(std::move(node)), options_(std::move(options)) {}
 
 Runtime::~Runtime() {
   MutexLock lock(&mu_);
   for (auto& a : allocators_) a.store(nullptr, std::memory_order_release);
   for (auto& a : owned_) a.reset();  // before driver_, which they use
+  // Then options_ and node_, the last holders of the node pool's source (its arenas gave
+  // their leases back), which unregisters its memory while driver_ lives.
 }
 
 absl::Status Runtime::CheckDevice(int device) const {

@@ -8,7 +8,9 @@
 //   - device iteration with all-or-nothing semantics for pause, resume and switch (Note
 //     [All-or-Nothing Transitions]);
 //   - the memory margin, the stats and snapshot documents, background work;
-//   - a count of dependents (stash arenas holding allocator pointers).
+//   - a count of dependents (stash arenas holding allocator pointers);
+//   - this process's side of the node pool (node_leases.h), which every allocator's
+//     backups lease from once it is connected (VMSTASH_CONF node:1, or node().Connect).
 // The process-wide instance, its initialization from VMSTASH_CONF, the shutdown protocol
 // and the control endpoint are process.h's; the C ABI is a thin shim over both.
 //
@@ -80,6 +82,8 @@
 #include "allocator/tag.h"
 #include "base/json_writer.h"
 #include "base/mutex.h"
+#include "node/node_options.h"
+#include "runtime/node_leases.h"
 #include "runtime/tag_registry.h"
 #include "vmm/driver.h"
 
@@ -91,14 +95,17 @@ class Runtime {
   static constexpr int kAllDevices = -1;
 
   // InvalidArgument for a null driver; the driver's error when it cannot count devices.
-  static absl::StatusOr<std::unique_ptr<Runtime>> Create(std::unique_ptr<Driver> driver, AllocatorOptions options);
+  // `node`: the node pool's options (not connected here: process.h connects for node:1).
+  static absl::StatusOr<std::unique_ptr<Runtime>> Create(std::unique_ptr<Driver> driver, AllocatorOptions options,
+                                                         node::NodeOptions node = {});
   // Destroys the allocators (each synchronizes its device and returns its memory), then
-  // the driver.
+  // the node pool's source (its registrations), then the driver.
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
   Driver& driver() const { return *driver_; }
+  NodeLeases& node() const { return *node_; }
   int device_count() const { return device_count_; }
   // InvalidArgument naming the device count and the driver for a device that does not exist.
   absl::Status CheckDevice(int device) const;
@@ -186,7 +193,8 @@ class Runtime {
   int dependents() const { return dependents_.load(std::memory_order_acquire); }
 
  private:
-  Runtime(std::unique_ptr<Driver> driver, int device_count, AllocatorOptions options);
+  Runtime(std::unique_ptr<Driver> driver, int device_count, AllocatorOptions options,
+          std::shared_ptr<NodeLeases> node);
 
   // The allocators `device` concerns: one (created on first use) or every one in use.
   absl::StatusOr<std::vector<CachingAllocator*>> Targets(int device);
@@ -206,6 +214,8 @@ class Runtime {
 
   const std::unique_ptr<Driver> driver_;
   const int device_count_;
+  // After driver_ (it uses it), before options_ (which shares it with every allocator).
+  std::shared_ptr<NodeLeases> node_;
   const AllocatorOptions options_;
   mutable Mutex mu_;
   Mutex store_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // one SetBackupStore at a time (it waits for transitions without mu_)

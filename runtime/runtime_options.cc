@@ -20,7 +20,8 @@ bool Has(const Keys& keys, absl::string_view key) {
 
 absl::Status UnknownKey(absl::string_view key) {
   std::string known = absl::StrJoin(kVmmConfKeys, ", ");
-  absl::StrAppend(&known, ", ", absl::StrJoin(kAllocatorConfKeys, ", "), ", ", absl::StrJoin(control::kControlConfKeys, ", "));
+  absl::StrAppend(&known, ", ", absl::StrJoin(kAllocatorConfKeys, ", "), ", ", absl::StrJoin(control::kControlConfKeys, ", "),
+                  ", ", absl::StrJoin(node::kNodeConfKeys, ", "));
   return absl::InvalidArgumentError(absl::StrCat("VMSTASH_CONF: unknown key '", key, "' (known: ", known, ")"));
 }
 
@@ -36,6 +37,8 @@ absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
       VMSTASH_RETURN_IF_ERROR(ApplyAllocatorOption(key, value, options.allocator));
     } else if (Has(control::kControlConfKeys, key)) {
       VMSTASH_RETURN_IF_ERROR(control::ApplyControlOption(key, value, options.control));
+    } else if (Has(node::kNodeConfKeys, key)) {
+      VMSTASH_RETURN_IF_ERROR(node::ApplyNodeOption(key, value, options.node));
     } else {
       return UnknownKey(key);
     }
@@ -59,6 +62,7 @@ std::string RuntimeOptionsToString(const RuntimeOptions& options) {
   AppendVmmOptions(options.vmm, &out);
   AppendAllocatorOptions(options.allocator, &out);
   control::AppendControlOptions(options.control, &out);
+  node::AppendNodeOptions(options.node, &out);
   return out;
 }
 

@@ -2,7 +2,8 @@
 // vmm's (driver, log_level, sim_*: vmm/vmm_options.h), the allocator's (bypass,
 // min_chunk, max_chunk, heap_va, backup, auto_prepare, switch_zero, host_max, spill_dir:
 // allocator/allocator_options.h) and
-// the control endpoint's (control: control/control_options.h). The syntax is base/conf.h.
+// the control endpoint's (control: control/control_options.h) and the node pool's (node,
+// node_capacity: node/node_options.h). The syntax is base/conf.h.
 // An unknown key is the same InvalidArgument whichever layer's key was meant, naming the
 // key and listing every known one.
 //
@@ -20,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "allocator/allocator_options.h"
 #include "control/control_options.h"
+#include "node/node_options.h"
 #include "vmm/vmm_options.h"
 
 namespace vmstash {
@@ -28,6 +30,7 @@ struct RuntimeOptions {
   VmmOptions vmm;
   AllocatorOptions allocator;
   control::ControlOptions control;
+  node::NodeOptions node;
 };
 
 absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf);

@@ -22,6 +22,7 @@
 #include "control/runtime_dir.h"
 #include "fmt/format.h"
 #include "node/client.h"
+#include "node/launch.h"
 #include "node/wire.h"
 
 namespace vmstash::cli {
@@ -29,92 +30,24 @@ namespace {
 
 std::string Dir() { return control::DefaultRuntimeDir(); }
 std::string SocketPath() { return node::SocketPath(Dir()); }
-std::string LogPath() { return absl::StrCat(Dir(), "/vmstashd.log"); }
 
-bool Executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
-
-// vmstashd's path (daemon_cmd.h: where it is looked for), or "".
-std::string DaemonBinary() {
-  if (const char* env = std::getenv("VMSTASH_DAEMON"); env != nullptr && *env != '\0') return env;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return "";
-  self[n] = '\0';
-  std::string dir(self);
-  dir = dir.substr(0, dir.rfind('/'));
-  for (const std::string& candidate : {dir + "/vmstashd", dir + "/../vmstashd/vmstashd"}) {
-    if (Executable(candidate)) return candidate;
-  }
-  return "";
-}
-
-// The pid of the daemon serving this user's socket, or 0 when none answers.
-pid_t ServingPid() {
-  absl::StatusOr<int> fd = node::Connect(SocketPath());
-  if (!fd.ok()) return 0;
-  absl::StatusOr<control::Peer> peer = control::PeerOf(*fd);
-  ::close(*fd);
-  return peer.ok() && peer->uid == ::getuid() ? peer->pid : 0;
-}
-
-std::string LogTail() {
-  std::ifstream in(LogPath());
-  std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  std::string out;
-  for (std::size_t i = lines.size() > 5 ? lines.size() - 5 : 0; i < lines.size(); ++i) out += "  " + lines[i] + "\n";
-  return out;
-}
+pid_t ServingPid() { return node::ServingPid(Dir()); }
 
 }  // namespace
 
 int DaemonStart(std::uint64_t capacity_bytes) {
-  if (const pid_t pid = ServingPid(); pid > 0) {
-    fmt::print("vmstash daemon: already running (pid {}) on {}\n", pid, SocketPath());
-    return 0;
-  }
-  const std::string bin = DaemonBinary();
-  if (bin.empty()) {
-    fmt::print(stderr, "vmstash daemon start: vmstashd not found beside this program; set VMSTASH_DAEMON\n");
+  absl::StatusOr<node::Started> started = node::StartDaemon(Dir(), static_cast<std::size_t>(capacity_bytes));
+  if (!started.ok()) {
+    fmt::print(stderr, "vmstash daemon start: {}\n", std::string(started.status().message()));
     return 1;
   }
-  if (absl::Status s = control::EnsurePrivateDir(Dir()); !s.ok()) {
-    fmt::print(stderr, "vmstash daemon start: {}\n", std::string(s.message()));
-    return 1;
+  if (started->already) {
+    fmt::print("vmstash daemon: already running (pid {}) on {}\n", started->pid, SocketPath());
+  } else {
+    fmt::print("vmstash daemon: started (pid {}), a pool of {} on {}\n", started->pid, HumanBytes(capacity_bytes),
+               SocketPath());
   }
-  const std::string capacity = std::to_string(capacity_bytes);
-  const std::string dir = Dir();
-  const std::string log = LogPath();
-  const pid_t child = ::fork();
-  if (child < 0) {
-    fmt::print(stderr, "vmstash daemon start: fork: {}\n", std::strerror(errno));
-    return 1;
-  }
-  if (child == 0) {  // its own session, then a grandchild that is nobody's child here
-    ::setsid();
-    if (::fork() != 0) ::_exit(0);
-    const int in = ::open("/dev/null", O_RDONLY);
-    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-    if (in >= 0) ::dup2(in, 0);
-    if (out >= 0) {
-      ::dup2(out, 1);
-      ::dup2(out, 2);
-    }
-    ::execl(bin.c_str(), "vmstashd", "--capacity", capacity.c_str(), "--dir", dir.c_str(), nullptr);
-    ::_exit(127);
-  }
-  ::waitpid(child, nullptr, 0);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (const pid_t pid = ServingPid(); pid > 0) {
-      fmt::print("vmstash daemon: started (pid {}), a pool of {} on {}\n", pid, HumanBytes(capacity_bytes),
-                 SocketPath());
-      return 0;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  fmt::print(stderr, "vmstash daemon start: vmstashd did not come up within 10 s; the end of {}:\n{}", log, LogTail());
-  return 1;
+  return 0;
 }
 
 int DaemonStop() {

@@ -1,13 +1,16 @@
 // vmstashd: the node's memory daemon (node/daemon.h, Note [Node Daemon Lifecycle];
 // docs/node.md), in the foreground:
 //
-//   vmstashd --capacity SIZE [--dir DIR]
+//   vmstashd --capacity SIZE [--dir DIR] [--detach]
 //
 // SIZE: the node pool's bytes ("64G", "512M", ...; base/conf.h's sizes), DIR: the runtime
 // directory (default: control/runtime_dir.h's). Serves until SIGINT or SIGTERM, then
 // stops: every client's leases go back, the socket is removed. Exit status 0 after a
 // stop, 1 when it could not start (the reason on stderr), 2 for bad arguments.
+// --detach: first leaves the caller (forks: the caller's child exits 0 at once) and its
+// session (setsid), as node/launch.h starts it; its errors then go only to stderr.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -20,7 +23,7 @@
 namespace {
 
 int Usage(const char* why) {
-  std::fprintf(stderr, "vmstashd: %s\nusage: vmstashd --capacity SIZE [--dir DIR]\n", why);
+  std::fprintf(stderr, "vmstashd: %s\nusage: vmstashd --capacity SIZE [--dir DIR] [--detach]\n", why);
   return 2;
 }
 
@@ -28,6 +31,7 @@ int Usage(const char* why) {
 
 int main(int argc, char** argv) {
   vmstash::node::DaemonOptions options;
+  bool detach = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if ((arg == "--capacity" || arg == "--dir") && i + 1 >= argc) return Usage("a value is missing");
@@ -37,11 +41,22 @@ int main(int argc, char** argv) {
       options.capacity_bytes = static_cast<std::size_t>(*size);
     } else if (arg == "--dir") {
       options.dir = argv[++i];
+    } else if (arg == "--detach") {
+      detach = true;
     } else {
       return Usage(("unknown argument " + arg).c_str());
     }
   }
   if (options.capacity_bytes == 0) return Usage("--capacity is required");
+  if (detach) {  // before any thread: the daemon is the grandchild, in its own session
+    const pid_t child = fork();
+    if (child < 0) {
+      std::perror("vmstashd: fork");
+      return 1;
+    }
+    if (child > 0) return 0;
+    setsid();
+  }
   // The signals are taken synchronously (sigwait): block them before the serving thread starts.
   sigset_t stop;
   sigemptyset(&stop);
@@ -53,8 +68,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vmstashd: %s\n", std::string(daemon.status().message()).c_str());
     return 1;
   }
-  std::fprintf(stderr, "vmstashd: serving a pool of %zu bytes on %s\n", (*daemon)->stats().capacity_bytes,
-               (*daemon)->socket_path().c_str());
+  std::fprintf(stderr, "vmstashd: serving a pool of %zu bytes on %s (pid %ld)\n", (*daemon)->stats().capacity_bytes,
+               (*daemon)->socket_path().c_str(), static_cast<long>(getpid()));
   int sig = 0;
   sigwait(&stop, &sig);
   (*daemon)->Stop();

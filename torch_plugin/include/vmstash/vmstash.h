@@ -249,6 +249,16 @@ int vmstash_register_hooks(const char* tag, vmstash_hook_fn before_pause, vmstas
 /* Releases cached free chunks. device -1: all devices; tag NULL: all tags (a tag name
  * this process never created or used: VMSTASH_NOT_FOUND). */
 int vmstash_empty_cache(int device, const char* tag) VMSTASH_NOEXCEPT;
+/* The node pool (docs/node.md): pinned backups of this process lease their host memory
+ * from the node daemon's pool, shared by the node's processes. vmstash_node_connect
+ * connects (start != 0: starting vmstashd when none serves; VMSTASH_CONF node:1 does it
+ * at initialization); VMSTASH_UNAVAILABLE with no daemon, VMSTASH_NOT_FOUND without
+ * vmstashd. Once connected, a pause the pool cannot serve uses the process's own memory
+ * (logged), never fails for it. vmstash_node_stats_json: the pool's and this process's
+ * figures (free with vmstash_string_free); NULL when not connected. */
+int vmstash_node_connect(int start) VMSTASH_NOEXCEPT;
+char* vmstash_node_stats_json(void) VMSTASH_NOEXCEPT;
+
 /* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
  * device -1: a JSON array with one entry per device in use. */
 char* vmstash_stats_json(int device) VMSTASH_NOEXCEPT;

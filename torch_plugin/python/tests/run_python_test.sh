@@ -10,6 +10,7 @@ export PYTHONPATH="${root}/torch_plugin/python${PYTHONPATH:+:${PYTHONPATH}}"
 export VMSTASH_LIBRARY="${root}/torch_plugin/libvmstash.so"
 [ -e "${root}/torch_plugin/libvmstash_preload.so" ] && export VMSTASH_PRELOAD_LIBRARY="${root}/torch_plugin/libvmstash_preload.so"
 [ -e "${root}/tools/cli/vmstash_cli" ] && export VMSTASH_CLI="${root}/tools/cli/vmstash_cli"
+[ -e "${root}/tools/vmstashd/vmstashd" ] && export VMSTASH_DAEMON="${root}/tools/vmstashd/vmstashd"
 if [ "$1" = "-m" ] && [ "${2:-}" = "pytest" ]; then
   shift 2
   cd "$root"

@@ -24,12 +24,13 @@ from ._api import (backup_store, create_tag, current_tag, empty_cache, init, pau
 from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, preloaded_library
 from ._torch import cuda_graph, install, pool, region, warm_blas_workspaces
 from . import stash  # noqa: F401  (vmstash.stash.Arena, the paged stash tier)
+from . import node  # noqa: F401  (vmstash.node: the node pool)
 
 __all__ = [
     "Error", "OutOfMemoryError", "backup_store", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
     "library_path", "pause", "preload_library_path", "preloaded_library", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
     "set_backup_store", "set_current_tag", "set_memory_margin",
-    "snapshot", "stash", "stats", "switch", "tag_stats", "tags", "version", "warm_blas_workspaces",
+    "node", "snapshot", "stash", "stats", "switch", "tag_stats", "tags", "version", "warm_blas_workspaces",
 ]
 
 

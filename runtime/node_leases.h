@@ -1,0 +1,122 @@
+// NodeLeases: this process's side of the node pool (docs/node.md) — the HostLeaseSource
+// (allocator/host_lease.h, Note [Pool-Backed Backups]) every backup arena of the process
+// leases from once the process asked for the pool: VMSTASH_CONF `node:1` (process.h) or
+// a connect from the C ABI / Python (vmstash.node.connect).
+//
+// Note [Node Leases]
+//   Connect(start): a connection to the daemon serving the runtime directory (node/
+//   client.h), the daemon started first when none serves and `start` (node/launch.h,
+//   with node_capacity or half of the host's memory). From then on the source is
+//   enabled, and stays so (a later failure is a fallback, not a disable).
+//   Take: a lease from the daemon, then the 64 MiB segments of this process's mapping of
+//   the pool that the lease covers are registered with the driver (page-locked, for every
+//   device: the driver registers portably), each once per connection and kept until the
+//   connection is retired: the first pause into a segment pins it, every later one — of
+//   this process's tags, whichever the lease — copies at link speed. Pages come into being
+//   where they are first registered, never more than the pool's size.
+//   Failures are the arena's fallback (its own memory, logged there): no daemon (not
+//   started, died), the pool full, a registration refused (the lease goes straight back).
+//   A connection that fails (the daemon died or stopped answering) is replaced at a later
+//   Take, at most once every kRetrySeconds; the old one stays open (its mapping, its
+//   registrations) until every lease taken through it is given back, then is retired:
+//   its segments unregistered, its mapping dropped. Leases from a daemon that died stay
+//   usable here (the pages are the mapping's): nothing is lost.
+//   Give: the lease goes back to the daemon that gave it (when it is gone, nothing to do).
+//   Teardown (the Runtime's, after its allocators, before its driver): every segment
+//   unregistered, every connection closed.
+//
+// Thread-safety: every method may be called from any thread; one lock (mu_) serializes
+// them, held across a request to the daemon (which answers at once, or within the
+// client's timeout when it hangs) and across a registration.
+#ifndef VMSTASH_RUNTIME_NODE_LEASES_H_
+#define VMSTASH_RUNTIME_NODE_LEASES_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/host_lease.h"
+#include "base/mutex.h"
+#include "node/client.h"
+#include "node/node_options.h"
+#include "vmm/driver.h"
+
+namespace vmstash {
+
+class NodeLeases final : public HostLeaseSource {
+ public:
+  static constexpr std::size_t kSegmentBytes = std::size_t{64} << 20;
+  static constexpr int kRetrySeconds = 5;
+
+  // `driver` outlives this object (the Runtime's).
+  NodeLeases(Driver* driver, node::NodeOptions options);
+  ~NodeLeases() override;
+  NodeLeases(const NodeLeases&) = delete;
+  NodeLeases& operator=(const NodeLeases&) = delete;
+
+  // Note [Node Leases]. OK when connected already. The error (no daemon and `start` off,
+  // no vmstashd, the trust rules) leaves the source as it was.
+  absl::Status Connect(bool start) ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::StatusOr<HostLease> Take(int device, std::size_t bytes, const std::string& owner) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Give(const HostLease& lease) override ABSL_LOCKS_EXCLUDED(mu_);
+  std::string Describe() const override;
+  bool Enabled() const override { return enabled_.load(std::memory_order_acquire); }
+
+  // What this process sees: the pool's stats from the daemon (Unavailable without one),
+  // and its own leases.
+  struct Report {
+    node::PoolStats pool;
+    std::string socket;
+    std::size_t leases = 0;         // held by this process
+    std::size_t leased_bytes = 0;
+    std::size_t registered_bytes = 0;  // of the pool, in this process (current connection)
+    std::uint64_t fallbacks = 0;    // Takes refused
+  };
+  absl::StatusOr<Report> Stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Connection {
+    std::unique_ptr<node::NodeClient> client;
+    std::vector<int> registered;  // per segment: the device it was registered through, or -1
+    std::size_t outstanding = 0;  // leases taken through it and not given back
+    bool broken = false;
+  };
+  struct Held {
+    Connection* connection = nullptr;
+    node::HostLease lease;
+  };
+
+  // A usable connection (the current one, or a new one when it is missing or broken and
+  // the retry time has come); Unavailable naming why not.
+  absl::StatusOr<Connection*> UsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status RegisterLocked(Connection* c, int device, std::size_t offset, std::size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unregisters a connection's segments and drops it (no lease of it is held).
+  void RetireLocked(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string SocketPathOf() const;
+
+  Driver* const driver_;
+  const node::NodeOptions options_;
+  std::atomic<bool> enabled_{false};
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Connection>> connections_ ABSL_GUARDED_BY(mu_);  // back(): the current one
+  std::map<std::uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mu_){};
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace vmstash
+
+#endif  // VMSTASH_RUNTIME_NODE_LEASES_H_
