@@ -159,12 +159,13 @@ int LinesWith(LogLevel level, absl::string_view text) {
 class PoolBackupTest : public testing::SimAllocatorTest {
  protected:
   // A 4 MiB segment: the blocks below (5 and 9 MiB) cross several.
-  void Make(std::size_t pool_bytes = 64 * kMiB, std::size_t segment_bytes = 4 * kMiB) {
+  // auto_prepare: a background thread (a resume then leaves the hand-back of a give_back tag to it).
+  void Make(std::size_t pool_bytes = 64 * kMiB, std::size_t segment_bytes = 4 * kMiB, bool auto_prepare = false) {
     sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 512 * kMiB, 2 * kMiB, {}});
     pool_ = std::make_shared<FakePool>(sim_.get(), pool_bytes, segment_bytes);
     ASSERT_TRUE(pool_->ready());
     AllocatorOptions options = testing::TestOptions();
-    options.auto_prepare = false;
+    options.auto_prepare = auto_prepare;
     options.host_leases = pool_;
     absl::StatusOr<std::unique_ptr<CachingAllocator>> made = CachingAllocator::Create(sim_.get(), 0, options);
     ASSERT_TRUE(made.ok()) << made.status();
@@ -249,6 +250,7 @@ TEST_F(PoolBackupTest, CopiesAreCutAtTheSegments) {
 
 TEST_F(PoolBackupTest, ARefusalFallsBackToTheProcesssOwnMemoryAndSaysSoOnce) {
   Make();
+  const std::size_t budget_before = HostBudget::Process().held();
   std::vector<DevicePtr> blocks = Fill(a_, 3);
   pool_->Refuse(absl::UnavailableError("the node daemon is gone"));
   for (int cycle = 0; cycle < 2; ++cycle) {
@@ -261,10 +263,12 @@ TEST_F(PoolBackupTest, ARefusalFallsBackToTheProcesssOwnMemoryAndSaysSoOnce) {
   EXPECT_EQ(LinesWith(LogLevel::kWarning, "the fake pool cannot hold"), 1);
   EXPECT_EQ(LinesWith(LogLevel::kWarning, "the node daemon is gone"), 1);
   // The pool is back: the next pause leases again, and the own memory goes.
+  EXPECT_GT(HostBudget::Process().held(), budget_before) << "the own arena, kept pinned, is charged";
   pool_->Refuse(absl::OkStatus());
   ASSERT_TRUE(alloc_->Pause(a_).ok());
   EXPECT_EQ(pool_->outstanding(), 1u);
   EXPECT_EQ(static_cast<std::size_t>(TagStatsOf(*alloc_, a_).backup_arena_bytes), pool_->leased_bytes());
+  EXPECT_EQ(HostBudget::Process().held(), budget_before) << "the own memory went back when the pool served";
   ASSERT_TRUE(alloc_->Resume(a_).ok());
   EXPECT_EQ(Wrong(blocks, 3), 0u);
 }
@@ -336,13 +340,29 @@ TEST_F(PoolBackupTest, ARetainedBackupKeepsItsLeaseUntilReleased) {
 }
 
 TEST_F(PoolBackupTest, TheGiveBackModeReturnsTheLeaseAtOnce) {
-  Make();
+  Make(64 * kMiB, 4 * kMiB, /*auto_prepare=*/true);  // a background thread: the resume could leave the hand-back to it
   std::vector<DevicePtr> blocks = Fill(a_, 17);
   ASSERT_TRUE(alloc_->SetBackupRetention(a_, BackupRetention{false, false, true}).ok());
   ASSERT_TRUE(alloc_->Pause(a_).ok());
   ASSERT_TRUE(alloc_->Resume(a_).ok());
   EXPECT_EQ(pool_->outstanding(), 0u);
   EXPECT_EQ(Wrong(blocks, 17), 0u);
+}
+
+TEST_F(PoolBackupTest, APauseThatKeepsNoBytesGivesARetainedLeaseBack) {
+  Make();
+  ASSERT_TRUE(alloc_->SetBackupRetention(a_, BackupRetention{true, false, false}).ok());
+  std::vector<DevicePtr> blocks = Fill(a_, 19);
+  ASSERT_TRUE(alloc_->Pause(a_).ok());
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_EQ(pool_->outstanding(), 1u) << "retained";
+  for (DevicePtr p : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->Pause(a_).ok());  // nothing live: no bytes kept
+  EXPECT_EQ(pool_->outstanding(), 0u) << "nothing is retained any more: the lease went back";
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_EQ(pool_->outstanding(), 0u);
+  EXPECT_EQ(LinesWith(LogLevel::kError, "not allowed"), 0);
+  ASSERT_TRUE(alloc_->Validate().ok());
 }
 
 TEST_F(PoolBackupTest, PrepareTakesNothingFromThePool) {

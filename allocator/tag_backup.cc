@@ -131,8 +131,13 @@ absl::Status TagBackup::Reserve(std::size_t bytes, const std::vector<std::size_t
 void TagBackup::AfterPause() {
   retained_.clear();
   // A pause that kept no bytes did not take the arena (ForPause): it is kept as it is, but
-  // nothing of it stays readable and nothing goes back while the tag is paused.
-  if (state_ == ArenaState::kRetained || state_ == ArenaState::kGivingBack) MoveTo(ArenaState::kReady);
+  // nothing of it stays readable and nothing goes back while the tag is paused. A lease it
+  // held for what it retained goes back to the pool (Note [Pool-Backed Backups]: a lease
+  // holds bytes someone needs, or nothing).
+  if (state_ == ArenaState::kRetained || state_ == ArenaState::kGivingBack) {
+    MoveTo(ArenaState::kReady);
+    if (arena_ != nullptr && arena_->leased()) arena_->DropContents();
+  }
   if (!spilled_from_.has_value()) return;
   VMSTASH_LOG(kWarning, "vmstash: {}: its backup did not fit under host_max (or the host refused it): it now goes "
               "to {} (spill_dir), for this pause and the later ones", Owner(), DescribeBackupStore(store_));
@@ -178,6 +183,9 @@ void TagBackup::AfterResume(bool later) {
   arena_->FreeRingAfterResume();  // a ring lives for one transition (backup_arena.h, Note [Host Budget])
   ArenaState next = ArenaState::kReady;
   if (retention.keep_after_resume && kind != BackupStore::Kind::kDiskFiles) {
+    // A pause that kept no bytes did not take the arena (AfterPause left it ready): there
+    // is nothing to keep readable, and the arena stays as it is.
+    if (state != ArenaState::kHolding) return;
     next = ArenaState::kRetained;  // kept readable
   } else if (later && retention.give_back && kind == BackupStore::Kind::kPinned && !arena_->leased()) {
     next = ArenaState::kGivingBack;  // the owner asks its background thread

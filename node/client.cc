@@ -1,6 +1,7 @@
 // NodeClient: see client.h.
 #include "node/client.h"
 
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -8,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +24,36 @@ namespace {
 constexpr const char* kGone =
     "the node daemon is gone (it exited or was killed): what this process leased stays mapped and usable here; new "
     "leases need a daemon started again (vmstash daemon start) and a new connection";
+
+// The sockets of this process's connections. A forked child's copy of one would keep the
+// connection open in the daemon after the parent closed it (its leases would stay leased
+// while the child lives), so the child closes them at once (pthread_atfork). Leaked on
+// purpose: a fork may come after static destructors started.
+std::mutex& SocketsMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::set<int>& Sockets() {
+  static auto* sockets = new std::set<int>;
+  return *sockets;
+}
+void NoteSocket(int fd, bool live) {
+  static const bool registered = [] {
+    return ::pthread_atfork([] { SocketsMu().lock(); }, [] { SocketsMu().unlock(); },
+                            [] {
+                              for (int s : Sockets()) ::close(s);
+                              Sockets().clear();
+                              SocketsMu().unlock();
+                            }) == 0;
+  }();
+  (void)registered;
+  std::lock_guard<std::mutex> lock(SocketsMu());
+  if (live) {
+    Sockets().insert(fd);
+  } else {
+    Sockets().erase(fd);
+  }
+}
 
 }  // namespace
 
@@ -63,11 +96,16 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOpti
     ::close(fd);
     return memory.status();
   }
+  NoteSocket(fd, true);
   return std::unique_ptr<NodeClient>(new NodeClient(fd, static_cast<ClientId>((*reply)["client"].Int()),
                                                     std::move(*memory), options.timeout_ms));
 }
 
-NodeClient::~NodeClient() { ::close(fd_); }
+NodeClient::~NodeClient() {
+  if (::getpid() != owner_pid_) return;  // a forked child's copy: its socket was closed at the fork
+  NoteSocket(fd_, false);
+  ::close(fd_);
+}
 
 absl::StatusOr<JsonValue> NodeClient::Call(const std::string& request) {
   if (::getpid() != owner_pid_) {

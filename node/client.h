@@ -11,7 +11,10 @@
 // timeout, a transport error) leaves the connection taking no more requests (Unavailable),
 // open, so that the daemon keeps what was leased. Destroying the client closes the
 // connection: the daemon takes back every lease, so the caller stops using them first. A
-// forked child cannot use its parent's client (FailedPrecondition); it connects anew.
+// forked child cannot use its parent's client (FailedPrecondition); it connects anew. The
+// child's copy of the socket is closed at the fork (pthread_atfork), so the parent's
+// connection ends when the parent closes it, and the pool's mapping is not inherited
+// (MADV_DONTFORK).
 //
 // Thread-safety: every method may be called from any thread (one request at a time).
 #ifndef VMSTASH_NODE_CLIENT_H_

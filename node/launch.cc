@@ -48,7 +48,8 @@ absl::StatusOr<std::string> DaemonBinary() {
   std::vector<std::string> looked;
   if (const char* env = std::getenv("VMSTASH_DAEMON"); env != nullptr && *env != '\0') {
     if (Executable(env)) return std::string(env);
-    looked.push_back(absl::StrCat("$VMSTASH_DAEMON (", env, ")"));
+    return absl::NotFoundError(absl::StrCat("vmstashd not found: $VMSTASH_DAEMON names ", env,
+                                            ", which is not an executable file"));
   }
   std::vector<std::string> candidates;
   char self[4096];
@@ -116,7 +117,8 @@ absl::StatusOr<Started> StartDaemon(const std::string& dir, std::size_t capacity
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
   posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  // Not O_CLOEXEC: where fd 1 was closed the file opens as 1 itself, and must stay open.
+  posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   sigset_t none, defaults;
   sigemptyset(&none);
@@ -135,7 +137,14 @@ absl::StatusOr<Started> StartDaemon(const std::string& dir, std::size_t capacity
   int status = 0;
   while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
-  // --detach: the child exits once the daemon runs on its own (or at once, with an error).
+  // --detach: the child exits 0 once the daemon runs on its own; anything else is a failed
+  // start (the exec, the arguments), said at once.
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::UnavailableError(absl::StrCat(*bin, " did not start (",
+                                               WIFEXITED(status) ? absl::StrCat("exit ", WEXITSTATUS(status))
+                                                                 : absl::StrCat("signal ", WTERMSIG(status)),
+                                               "); the end of ", log, ":\n", LogTail(log)));
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
   while (std::chrono::steady_clock::now() < deadline) {
     if (const pid_t pid = ServingPid(dir); pid > 0) return Started{pid, false};

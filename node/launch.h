@@ -2,7 +2,7 @@
 // find vmstashd, run it detached in its own session with its output appended to
 // `<dir>/vmstashd.log`, and wait until it serves.
 //
-// Where vmstashd is looked for, in order: $VMSTASH_DAEMON; beside the running program and
+// Where vmstashd is looked for, in order: $VMSTASH_DAEMON (when set, only there); beside the running program and
 // in `../vmstashd/` from it (the CLI and its build tree); beside the shared library that
 // holds this code and in `../bin/` from it (the wheel: vmstash/lib/libvmstash.so and
 // vmstash/bin/vmstashd); then each directory of $PATH.

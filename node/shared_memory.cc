@@ -34,10 +34,14 @@ absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::Create(std::
     ::close(fd);
     return Failed("ftruncate and seal", err, bytes);
   }
-  return Map(fd, bytes);
+  return MapFd(fd, bytes, /*keep_fd=*/true);
 }
 
 absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::Map(int fd, std::size_t bytes) {
+  return MapFd(fd, bytes, /*keep_fd=*/false);
+}
+
+absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::MapFd(int fd, std::size_t bytes, bool keep_fd) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
     ::close(fd);
@@ -45,17 +49,17 @@ absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::Map(int fd, 
                                                    " bytes"));
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    return Failed("mmap", err, bytes);
-  }
-  return std::unique_ptr<SharedHostMemory>(new SharedHostMemory(fd, static_cast<char*>(p), bytes));
+  const int err = errno;
+  if (p == MAP_FAILED || !keep_fd) ::close(fd);  // a client's mapping keeps the memory alive
+  if (p == MAP_FAILED) return Failed("mmap", err, bytes);
+  // A client registers it with CUDA: a forked child must not share those pages.
+  if (!keep_fd) ::madvise(p, bytes, MADV_DONTFORK);
+  return std::unique_ptr<SharedHostMemory>(new SharedHostMemory(keep_fd ? fd : -1, static_cast<char*>(p), bytes));
 }
 
 SharedHostMemory::~SharedHostMemory() {
   ::munmap(data_, bytes_);
-  ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace vmstash::node

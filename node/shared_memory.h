@@ -22,7 +22,10 @@ class SharedHostMemory {
  public:
   // A new memfd of `bytes`, mapped here. ResourceExhausted / Internal with the call that failed.
   static absl::StatusOr<std::unique_ptr<SharedHostMemory>> Create(std::size_t bytes);
-  // Maps `fd` (of at least `bytes`; taken over: closed here, on failure too).
+  // Maps `fd` (of at least `bytes`; taken over: closed once mapped, or on failure — the
+  // mapping keeps the memory, and a forked child inherits no descriptor of it; fd() is -1).
+  // The mapping is MADV_DONTFORK: a client registers it with CUDA, and a forked child
+  // must not share registered pages.
   static absl::StatusOr<std::unique_ptr<SharedHostMemory>> Map(int fd, std::size_t bytes);
   ~SharedHostMemory();  // unmaps, closes
   SharedHostMemory(const SharedHostMemory&) = delete;
@@ -30,10 +33,11 @@ class SharedHostMemory {
 
   char* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
-  int fd() const { return fd_; }  // to pass to another process (it stays ours)
+  int fd() const { return fd_; }  // Create's: to pass to another process (it stays ours); Map's: -1
 
  private:
   SharedHostMemory(int fd, char* data, std::size_t bytes) : fd_(fd), data_(data), bytes_(bytes) {}
+  static absl::StatusOr<std::unique_ptr<SharedHostMemory>> MapFd(int fd, std::size_t bytes, bool keep_fd);
   const int fd_;
   char* const data_;
   const std::size_t bytes_;

@@ -2,6 +2,7 @@
 #include "node/wire.h"
 
 #include <poll.h>
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -131,13 +132,25 @@ absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
 std::string SocketPath(const std::string& dir) { return absl::StrCat(dir, "/", kSocketName); }
 
 absl::StatusOr<int> Connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  // Non-blocking while connecting: a daemon that stopped accepting (stopped, hung) has a
+  // full queue, where a blocking connect would wait for good; here it is EAGAIN at once.
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return control::Errno("node: socket", errno);
   sockaddr_un addr = control::UnixAddress(path);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     ::close(fd);
+    if (err == EAGAIN) {
+      return absl::UnavailableError(absl::StrCat("node: the daemon on ", path,
+                                                 " accepts no connection (its queue is full: is it stopped or hung?)"));
+    }
     return absl::UnavailableError(absl::StrCat("node: no daemon serves ", path, " (", std::strerror(err), ")"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return control::Errno("node: fcntl", err);
   }
   return fd;
 }

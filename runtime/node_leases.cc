@@ -1,7 +1,11 @@
 // This process's side of the node pool: see node_leases.h, Note [Node Leases].
 #include "runtime/node_leases.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <atomic>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +17,40 @@
 #include "node/wire.h"
 
 namespace vmstash {
+namespace {
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it
+#endif
+
+// Faults in `count` ranges (range(i) -> {address, bytes}) writable, 8 MiB at a time, with up
+// to 16 threads; contents kept. Best effort: a kernel without MADV_POPULATE_WRITE, or a
+// refusal, leaves the pages to the registration (which faults them in itself, or fails).
+template <typename Range>
+void PopulateInParallel(std::size_t count, const Range& range) {
+  constexpr std::size_t kUnit = std::size_t{8} << 20;
+  std::vector<std::pair<char*, std::size_t>> units;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto [at, size] = range(i);
+    madvise(at, size, MADV_HUGEPAGE);  // shmem THP, where the host allows it ("advise")
+    for (std::size_t off = 0; off < size; off += kUnit) units.emplace_back(at + off, std::min(kUnit, size - off));
+  }
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads = std::min<std::size_t>({16, hw, units.size()});
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> refused{false};
+  auto work = [&] {
+    for (std::size_t u; !refused.load(std::memory_order_relaxed) && (u = next.fetch_add(1)) < units.size();) {
+      if (madvise(units[u].first, units[u].second, MADV_POPULATE_WRITE) != 0) refused.store(true);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+}  // namespace
 
 NodeLeases::NodeLeases(Driver* driver, node::NodeOptions options) : driver_(driver), options_(std::move(options)) {}
 
@@ -34,6 +72,7 @@ std::string NodeLeases::Describe() const { return absl::StrCat("the node pool ("
 
 absl::Status NodeLeases::Connect(bool start) {
   MutexLock lock(&mu_);
+  SweepLocked();
   if (!connections_.empty() && !connections_.back()->broken) {
     enabled_.store(true, std::memory_order_release);
     return absl::OkStatus();
@@ -48,7 +87,8 @@ absl::Status NodeLeases::Connect(bool start) {
                   HumanBytes(capacity), node::SocketPath(dir));
     }
   }
-  VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeClient> client, node::NodeClient::Connect({dir}));
+  VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeClient> client,
+                           node::NodeClient::Connect({dir, kRequestTimeoutMs}));
   auto c = std::make_unique<Connection>();
   c->registered.assign((client->pool_bytes() + kSegmentBytes - 1) / kSegmentBytes, -1);
   c->client = std::move(client);
@@ -56,27 +96,27 @@ absl::Status NodeLeases::Connect(bool start) {
               node::SocketPath(dir));
   connections_.push_back(std::move(c));
   last_error_.clear();
+  retry_delay_ = std::chrono::seconds(0);
   enabled_.store(true, std::memory_order_release);
   return absl::OkStatus();
 }
 
 absl::StatusOr<NodeLeases::Connection*> NodeLeases::UsableLocked() {
+  SweepLocked();
   if (!connections_.empty() && !connections_.back()->broken) return connections_.back().get();
-  for (std::size_t i = connections_.size(); i-- > 0;) {  // broken ones nobody holds a lease of
-    if (connections_[i]->broken && connections_[i]->outstanding == 0) RetireLocked(connections_[i].get());
-  }
   const auto now = std::chrono::steady_clock::now();
   if (now < retry_at_) {
-    return absl::UnavailableError(absl::StrCat("no node daemon on ", SocketPathOf(), " (", last_error_,
-                                               "); trying again within ", kRetrySeconds, " s"));
+    return absl::UnavailableError(absl::StrCat(
+        "no node daemon on ", SocketPathOf(), " (", last_error_, "); trying again in ",
+        std::chrono::duration_cast<std::chrono::seconds>(retry_at_ - now).count() + 1, " s"));
   }
   const std::string dir = options_.dir.empty() ? control::DefaultRuntimeDir() : options_.dir;
-  absl::StatusOr<std::unique_ptr<node::NodeClient>> client = node::NodeClient::Connect({dir});
+  absl::StatusOr<std::unique_ptr<node::NodeClient>> client = node::NodeClient::Connect({dir, kRequestTimeoutMs});
   if (!client.ok()) {
-    retry_at_ = now + std::chrono::seconds(kRetrySeconds);
-    last_error_ = std::string(client.status().message());
+    FailedLocked(client.status());
     return absl::UnavailableError(absl::StrCat("no node daemon on ", SocketPathOf(), ": ", last_error_));
   }
+  retry_delay_ = std::chrono::seconds(0);
   auto c = std::make_unique<Connection>();
   c->registered.assign(((*client)->pool_bytes() + kSegmentBytes - 1) / kSegmentBytes, -1);
   c->client = *std::move(client);
@@ -86,14 +126,32 @@ absl::StatusOr<NodeLeases::Connection*> NodeLeases::UsableLocked() {
   return connections_.back().get();
 }
 
+void NodeLeases::FailedLocked(const absl::Status& why) {
+  last_error_ = std::string(why.message());
+  retry_delay_ = std::min<std::chrono::seconds>(std::max<std::chrono::seconds>(2 * retry_delay_, kFirstRetry),
+                                                 kLastRetry);
+  retry_at_ = std::chrono::steady_clock::now() + retry_delay_;
+}
+
 absl::Status NodeLeases::RegisterLocked(Connection* c, int device, std::size_t offset, std::size_t bytes) {
   const std::size_t pool = c->client->pool_bytes();
+  std::vector<std::size_t> fresh;  // segments this connection has not registered yet
   for (std::size_t k = offset / kSegmentBytes; k * kSegmentBytes < offset + bytes; ++k) {
-    if (c->registered[k] >= 0) continue;
-    const std::size_t begin = k * kSegmentBytes;
-    const std::size_t size = std::min(kSegmentBytes, pool - begin);
-    VMSTASH_RETURN_IF_ERROR(driver_->HostRegister(device, c->client->pool_data() + begin, size));
-    c->registered[k] = device;
+    if (c->registered[k] < 0) fresh.push_back(k);
+  }
+  if (fresh.empty()) return absl::OkStatus();
+  // Faulted in by many threads first (registering faults pages in one by one on one thread:
+  // 1.6 GB/s for a fresh 8 GiB on an H200 machine), then registered; contents untouched
+  // (another process's lease may share a segment).
+  const auto segment = [&](std::size_t i) {
+    const std::size_t begin = fresh[i] * kSegmentBytes;
+    return std::make_pair(c->client->pool_data() + begin, std::min(kSegmentBytes, pool - begin));
+  };
+  PopulateInParallel(fresh.size(), segment);
+  for (std::size_t i = 0; i < fresh.size(); ++i) {
+    const auto [at, size] = segment(i);
+    VMSTASH_RETURN_IF_ERROR(driver_->HostRegister(device, at, size));
+    c->registered[fresh[i]] = device;
   }
   return absl::OkStatus();
 }
@@ -111,8 +169,7 @@ absl::StatusOr<HostLease> NodeLeases::Take(int device, std::size_t bytes, const 
     ++fallbacks_;
     if (absl::IsUnavailable(got.status())) {  // gone or not answering: replaced at a later Take
       c->broken = true;
-      retry_at_ = std::chrono::steady_clock::now() + std::chrono::seconds(kRetrySeconds);
-      last_error_ = std::string(got.status().message());
+      FailedLocked(got.status());
       if (c->outstanding == 0) RetireLocked(c);
     }
     return got.status();
@@ -145,11 +202,18 @@ void NodeLeases::Give(const HostLease& lease) {
     absl::Status s = c->client->Give(held);
     if (absl::IsUnavailable(s)) {
       c->broken = true;  // the daemon took it back with the connection, or is gone
+      FailedLocked(s);
     } else if (!s.ok()) {
       VMSTASH_LOG(kWarning, "vmstash: giving a node pool lease back: {}", s.ToString());
     }
   }
   if (c->broken && c->outstanding == 0) RetireLocked(c);
+}
+
+void NodeLeases::SweepLocked() {
+  for (std::size_t i = connections_.size(); i-- > 0;) {  // broken ones nobody holds a lease of
+    if (connections_[i]->broken && connections_[i]->outstanding == 0) RetireLocked(connections_[i].get());
+  }
 }
 
 void NodeLeases::RetireLocked(Connection* c) {
@@ -168,6 +232,7 @@ void NodeLeases::RetireLocked(Connection* c) {
 
 absl::StatusOr<NodeLeases::Report> NodeLeases::Stats() {
   MutexLock lock(&mu_);
+  SweepLocked();
   Report report;
   report.socket = SocketPathOf();
   report.fallbacks = fallbacks_;
@@ -185,7 +250,11 @@ absl::StatusOr<NodeLeases::Report> NodeLeases::Stats() {
   }
   absl::StatusOr<node::PoolStats> pool = c->client->Stats();
   if (!pool.ok()) {
-    if (absl::IsUnavailable(pool.status())) c->broken = true;
+    if (absl::IsUnavailable(pool.status())) {
+      c->broken = true;
+      FailedLocked(pool.status());
+      SweepLocked();
+    }
     return pool.status();
   }
   report.pool = *pool;

@@ -14,10 +14,15 @@
 //   connection is retired: the first pause into a segment pins it, every later one — of
 //   this process's tags, whichever the lease — copies at link speed. Pages come into being
 //   where they are first registered, never more than the pool's size.
+//   Before registering, the fresh segments are faulted in by many threads (the
+//   registration alone faults them in one by one).
 //   Failures are the arena's fallback (its own memory, logged there): no daemon (not
 //   started, died), the pool full, a registration refused (the lease goes straight back).
-//   A connection that fails (the daemon died or stopped answering) is replaced at a later
-//   Take, at most once every kRetrySeconds; the old one stays open (its mapping, its
+//   A request waits kRequestTimeoutMs at most (the daemon answers at once; one that hangs,
+//   e.g. stopped, costs that pause this much). A connection that fails (the daemon died or
+//   stopped answering) is replaced at a later Take, tried again after kFirstRetry, doubling
+//   up to kLastRetry while it keeps failing (vmstash.node.connect() tries at once); the
+//   old one stays open (its mapping, its
 //   registrations) until every lease taken through it is given back, then is retired:
 //   its segments unregistered, its mapping dropped. Leases from a daemon that died stay
 //   usable here (the pages are the mapping's): nothing is lost.
@@ -54,7 +59,12 @@ namespace vmstash {
 class NodeLeases final : public HostLeaseSource {
  public:
   static constexpr std::size_t kSegmentBytes = std::size_t{64} << 20;
-  static constexpr int kRetrySeconds = 5;
+  // A failed connection is tried again at a later Take after kFirstRetry, doubling at each
+  // failure up to kLastRetry (a daemon that hangs costs a pause kRequestTimeoutMs at most,
+  // that often).
+  static constexpr std::chrono::seconds kFirstRetry{5};
+  static constexpr std::chrono::seconds kLastRetry{60};
+  static constexpr int kRequestTimeoutMs = 2000;
 
   // `driver` outlives this object (the Runtime's).
   NodeLeases(Driver* driver, node::NodeOptions options);
@@ -101,6 +111,10 @@ class NodeLeases final : public HostLeaseSource {
   absl::StatusOr<Connection*> UsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RegisterLocked(Connection* c, int device, std::size_t offset, std::size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A connection attempt or a request failed: why, and when to try again (backoff).
+  void FailedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retires every broken connection no lease is held through.
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Unregisters a connection's segments and drops it (no lease of it is held).
   void RetireLocked(Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string SocketPathOf() const;
@@ -114,6 +128,7 @@ class NodeLeases final : public HostLeaseSource {
   std::uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::uint64_t fallbacks_ ABSL_GUARDED_BY(mu_) = 0;
   std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mu_){};
+  std::chrono::seconds retry_delay_ ABSL_GUARDED_BY(mu_){0};
   std::string last_error_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -5,7 +5,11 @@
 #include "runtime/node_leases.h"
 
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <chrono>
 
 #include <atomic>
 #include <cstring>
@@ -14,8 +18,10 @@
 #include <thread>
 #include <vector>
 
+#include "control/runtime_dir.h"
 #include "gtest/gtest.h"
 #include "node/daemon.h"
+#include "node/wire.h"
 #include "vmm/sim_driver.h"
 
 namespace vmstash {
@@ -140,6 +146,47 @@ TEST_F(NodeLeasesTest, TheDaemonStoppedUnderHeldLeasesLosesNothingAndAReconnectS
   EXPECT_FALSE(sim_->HostPageLocked(held->data));
   leases_->Give(*fresh);
   EXPECT_EQ(daemon_->stats().leased_bytes, 0u);
+}
+
+TEST_F(NodeLeasesTest, ADaemonThatNeverAnswersCostsOneTimeoutThenNothing) {
+  // A listener that never accepts, as a stopped daemon: a connection waits in its queue
+  // (hello times out), then the queue is full (connect refused at once).
+  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr = control::UnixAddress(node::SocketPath(dir_));
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = leases_->Connect(false);
+  EXPECT_FALSE(s.ok());
+  for (int i = 0; i < 4; ++i) {  // each within the retry time: no request at all
+    absl::StatusOr<HostLease> l = leases_->Take(0, 2 * kMiB, "x");
+    EXPECT_EQ(l.status().code(), absl::StatusCode::kUnavailable) << l.status();
+  }
+  for (int i = 0; i < 4; ++i) {  // connects tried at once: the queue is full, refused at once
+    EXPECT_FALSE(leases_->Connect(false).ok());
+  }
+  // One hello timeout (2 s) and no more; a generous bound, not a timing test.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4 * NodeLeases::kRequestTimeoutMs / 1000));
+  ::close(listener);
+  ::unlink(node::SocketPath(dir_).c_str());
+}
+
+TEST_F(NodeLeasesTest, AConnectionFoundBrokenByStatsIsRetiredAtTheNextConnect) {
+  StartDaemon();
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  absl::StatusOr<HostLease> a = leases_->Take(0, 2 * kMiB, "x");
+  ASSERT_TRUE(a.ok());
+  char* old = a->data;
+  leases_->Give(*a);
+  daemon_.reset();
+  EXPECT_EQ(leases_->Stats().status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(sim_->HostPageLocked(old)) << "the dead daemon's pool is unregistered once nothing of it is held";
+  StartDaemon();
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  absl::StatusOr<HostLease> b = leases_->Take(0, 2 * kMiB, "y");
+  ASSERT_TRUE(b.ok()) << b.status();
+  leases_->Give(*b);
 }
 
 TEST_F(NodeLeasesTest, ThreadsTakeAndGiveAtOnceAndNeverShareAByte) {

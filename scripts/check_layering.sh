@@ -15,8 +15,8 @@ declare -A allowed=(
   [node]="base control"
   [allocator]="base vmm"
   [stash]="base vmm allocator"
-  [runtime]="base vmm allocator stash control"
-  [torch_plugin]="base vmm allocator stash control runtime"
+  [runtime]="base vmm allocator stash control node"
+  [torch_plugin]="base vmm allocator stash control node runtime"
   [tools/cli]="base control node"
   [tools/vmstashd]="base control node"
 )

@@ -9,12 +9,16 @@
 // stop, 1 when it could not start (the reason on stderr), 2 for bad arguments.
 // --detach: first leaves the caller (forks: the caller's child exits 0 at once) and its
 // session (setsid), as node/launch.h starts it; its errors then go only to stderr.
+#include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "base/conf.h"
@@ -48,6 +52,10 @@ int main(int argc, char** argv) {
     }
   }
   if (options.capacity_bytes == 0) return Usage("--capacity is required");
+  if (!options.dir.empty() && options.dir[0] != '/') {  // --detach leaves the working directory
+    char cwd[PATH_MAX];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) options.dir = std::string(cwd) + "/" + options.dir;
+  }
   if (detach) {  // before any thread: the daemon is the grandchild, in its own session
     const pid_t child = fork();
     if (child < 0) {
@@ -56,6 +64,18 @@ int main(int argc, char** argv) {
     }
     if (child > 0) return 0;
     setsid();
+    // Nothing of the caller's kept: its working directory, and descriptors it left open
+    // without O_CLOEXEC (a lock, a pipe) beyond stdin, stdout and stderr.
+    if (chdir("/") != 0) std::perror("vmstashd: chdir /");
+    if (DIR* fds = opendir("/proc/self/fd")) {
+      std::vector<int> open;
+      while (const dirent* e = readdir(fds)) {
+        const int fd = std::atoi(e->d_name);
+        if (fd > 2 && fd != dirfd(fds)) open.push_back(fd);
+      }
+      closedir(fds);
+      for (int fd : open) close(fd);
+    }
   }
   // The signals are taken synchronously (sigwait): block them before the serving thread starts.
   sigset_t stop;

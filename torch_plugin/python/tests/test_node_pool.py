@@ -40,7 +40,9 @@ def say(**kw):
     print(json.dumps(kw), flush=True)
 for step in sys.argv[3:]:
     if step == "pause":
+        t = time.perf_counter()
         vmstash.pause(tag)
+        say(step="pause", ms=(time.perf_counter() - t) * 1e3)
     elif step == "resume":
         vmstash.resume(tag)
     elif step == "check":
@@ -145,26 +147,34 @@ def test_node_1_starts_the_daemon_and_a_pause_leases_from_the_pool(node_dir):
 
 
 def test_two_processes_take_turns_in_one_pool(node_dir):
-    env = env_for(node_dir, "node:1,node_capacity:32M")
-    a = start(env, "np_turn_a", 12, "pause", "stats", "wait", "resume", "check", "stats", "wait")
-    read_until(a, "stats")
-    b = start(env, "np_turn_b", 12, "pause", "stats", "wait", "resume", "check")
-    b_paused = read_until(b, "stats")[-1]
-    assert b_paused["node"]["clients"] == 2 and b_paused["node"]["leases"] == 2
-    a.stdin.write("\n")
-    a.stdin.flush()
-    a_lines = read_until(a, "stats")
-    assert a_lines[0]["ok"], "A's bytes came back"
-    assert a_lines[1]["node"]["leases"] == 1, "A gave its lease back; B holds its own"
-    # The pool (32M) could not hold a third 12 MiB backup at once, but two in turn fit: A pauses again.
-    b.stdin.write("\n")
-    b.stdin.flush()
-    assert read_until(b, "end")[0]["ok"]
-    a.stdin.write("\n")
-    a.stdin.flush()
-    read_until(a, "end")
+    # A pool of 16 MiB holds one 12 MiB backup at a time: the two processes use the same bytes in turn,
+    # and a pause while the other's backup is in the pool falls back to the process's own memory.
+    env = env_for(node_dir, "node:1,node_capacity:16M")
+    a = start(env, "np_turn_a", 12, "pause", "stats", "wait", "resume", "check", "wait", "pause", "stats", "resume",
+              "check")
+    b = start(env, "np_turn_b", 12, "wait", "pause", "stats", "resume", "check", "wait", "pause", "stats", "resume",
+              "check")
+    a_paused = read_until(a, "stats")[-1]
+    assert a_paused["node"]["process_leases"] == 1 and a_paused["node"]["leased_bytes"] >= 12 * MiB
+
+    def go(p, until):
+        p.stdin.write("\n")
+        p.stdin.flush()
+        return read_until(p, until)
+
+    b_lines = go(b, "check")  # B pauses while A's backup fills the pool: its own memory
+    assert b_lines[1]["node"]["process_leases"] == 0 and b_lines[1]["arena"] >= 12 * MiB
+    assert b_lines[2]["ok"]
+    assert go(a, "check")[0]["ok"]  # A resumes: its lease goes back
+    b_lines = go(b, "check")  # B's turn: the pool's bytes now back B
+    assert b_lines[1]["node"]["process_leases"] == 1 and b_lines[1]["node"]["clients"] == 1
+    assert b_lines[1]["arena"] == b_lines[1]["node"]["process_leased_bytes"]
+    assert b_lines[2]["ok"]
+    a_lines = go(a, "end")  # and A's again
+    assert a_lines[1]["node"]["process_leases"] == 1 and a_lines[2]["ok"]
+    read_until(b, "end")
     assert a.wait(30) == 0 and b.wait(30) == 0
-    assert "cannot hold" not in a.stderr.read() + b.stderr.read()
+    assert "cannot hold" in b.stderr.read() and "cannot hold" not in a.stderr.read()
 
 
 def test_the_daemon_killed_under_a_paused_process_loses_nothing(node_dir):
@@ -186,9 +196,9 @@ def test_the_daemon_killed_under_a_paused_process_loses_nothing(node_dir):
     lines = read_until(a, "check")
     assert lines[0]["ok"], "the paused bytes stay in the mapping after the daemon died"
     lines = read_until(a, "check")
-    fallback = lines[0]
+    fallback = lines[1]
     assert fallback["error"] == "UNAVAILABLE" and fallback["arena"] > 0, "its own memory held the backup"
-    assert lines[1]["ok"]
+    assert lines[2]["ok"]
     # A daemon again; connect() takes it at once.
     subprocess.Popen([daemon_binary(), "--capacity", "64M", "--dir", node_dir, "--detach"],
                      stdout=open(os.path.join(node_dir, "vmstashd.log"), "a"), stderr=subprocess.STDOUT).wait()
@@ -200,23 +210,53 @@ def test_the_daemon_killed_under_a_paused_process_loses_nothing(node_dir):
     a.stdin.flush()
     lines = read_until(a, "end")
     assert lines[0] == {"step": "connect", "ok": True}
-    assert lines[1]["node"]["process_leases"] == 1, "leasing again from the new daemon"
-    assert lines[2]["ok"]
+    assert lines[2]["node"]["process_leases"] == 1, "leasing again from the new daemon"
+    assert lines[3]["ok"]
     assert a.wait(30) == 0
     err = a.stderr.read()
     assert err.count("cannot hold") >= 1 and "own pinned memory" in err, err
+
+
+def test_a_daemon_that_hangs_costs_one_timeout_then_nothing(node_dir):
+    env = env_for(node_dir)
+    a = start(env, "np_hang", 8, "pause", "resume", "wait", "pause", "stats", "resume", "check", "pause", "resume",
+              "check", "wait", "connect", "pause", "stats", "resume", "check")
+    read_until(a, "pause")
+    pid = daemon_pid(node_dir)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        a.stdin.write("\n")
+        a.stdin.flush()
+        lines = read_until(a, "check")
+        first, stats, check = lines[0], lines[1], lines[2]
+        assert first["ms"] < 15_000, "a request to a stopped daemon times out (2 s), it does not hang the pause"
+        assert stats["error"] == "UNAVAILABLE" and stats["arena"] > 0, "its own memory held the backup"
+        assert check["ok"]
+        lines = read_until(a, "check")
+        assert lines[0]["ms"] < 1_500, "within the retry time the pool is not asked again (no second timeout)"
+        assert lines[1]["ok"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    a.stdin.write("\n")
+    a.stdin.flush()
+    lines = read_until(a, "end")
+    assert lines[0] == {"step": "connect", "ok": True}
+    assert lines[2]["node"]["process_leases"] == 1 and lines[2]["node"]["leases"] == 1, \
+        "the stopped daemon's late lease went back with the old connection"
+    assert lines[3]["ok"]
+    assert a.wait(30) == 0
 
 
 def test_no_vmstashd_and_a_pool_too_small_never_fail_a_pause(node_dir):
     lines, err = run(env_for(node_dir, daemon=os.path.join(node_dir, "no-such-vmstashd")), "np_none", 4, "stats",
                      "pause", "resume", "check")
     assert lines[0]["error"] == "UNAVAILABLE"
-    assert lines[1]["ok"]
+    assert lines[2]["ok"]
     assert "no node pool" in err and "vmstashd not found" in err, err
     lines, err = run(env_for(node_dir, "node:1,node_capacity:4M"), "np_small", 8, "pause", "stats", "resume", "check")
-    assert lines[0]["node"]["refused"] >= 1 and lines[0]["node"]["process_leases"] == 0
-    assert lines[0]["arena"] >= 8 * MiB
-    assert lines[1]["ok"]
+    assert lines[1]["node"]["refused"] >= 1 and lines[1]["node"]["process_leases"] == 0
+    assert lines[1]["arena"] >= 8 * MiB
+    assert lines[2]["ok"]
     assert "cannot hold" in err, err
 
 
