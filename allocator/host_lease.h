@@ -24,8 +24,9 @@
 //       after its resume (unless the tag keeps them readable: Note [Retained Backups]),
 //       after a failed pause, and when the arena is released. So the pool holds paused
 //       tags' backups only.
-//     - Nothing is prepared ahead (TagBackup::ReserveForPrepare): the pool is pinned
-//       already, and a lease held by an active tag would be the sum again.
+//     - No lease is taken ahead (TagBackup::ReserveForPrepare): a lease held by an active
+//       tag would be the sum again. A preparation tells the source instead
+//       (PrepareAhead), which may pin its memory ahead without leasing it.
 //     - Leased bytes are the pool's, not this process's: they are not charged to the host
 //       budget (Note [Host Budget]); the pool's own cap bounds them. They count in the
 //       arena-bytes statistic while held.
@@ -66,6 +67,10 @@ class HostLeaseSource {
   virtual void Give(const HostLease& lease) = 0;
   // "the node pool (<socket>)": names the source in the arena's log lines.
   virtual std::string Describe() const = 0;
+  // A pool-backed tag of `device` grows (its background preparation, which takes no
+  // lease): the source may ready itself ahead of the pauses (the node pool: node_pin, its
+  // pages registered in the background). Never blocks; the default does nothing.
+  virtual void PrepareAhead(int device) { (void)device; }
 };
 
 }  // namespace vmstash

@@ -82,6 +82,8 @@ class FakePool final : public HostLeaseSource {
 
   std::string Describe() const override { return "the fake pool"; }
   bool Enabled() const override { return enabled_.load(); }
+  void PrepareAhead(int device) override { prepared_ahead_.fetch_add(1); }
+  int prepared_ahead() const { return prepared_ahead_.load(); }
   void Enable(bool on) { enabled_.store(on); }
 
   void Refuse(absl::Status why) {
@@ -132,6 +134,7 @@ class FakePool final : public HostLeaseSource {
   char* base_ = nullptr;
   bool registered_ok_ = true;
   std::atomic<bool> enabled_{true};
+  std::atomic<int> prepared_ahead_{0};
   std::mutex mu_;
   std::map<std::size_t, HostLease> leases_;  // by offset
   std::uint64_t next_id_ = 1;
@@ -371,6 +374,7 @@ TEST_F(PoolBackupTest, PrepareTakesNothingFromThePool) {
   const std::size_t budget_before = HostBudget::Process().held();
   ASSERT_TRUE(alloc_->Prepare(a_).ok());
   EXPECT_EQ(pool_->takes(), 0);
+  EXPECT_EQ(pool_->prepared_ahead(), 1) << "told instead (node_pin pins the pool then)";
   EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0);
   EXPECT_EQ(HostBudget::Process().held(), budget_before);
 }

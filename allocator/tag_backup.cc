@@ -215,7 +215,10 @@ absl::Status TagBackup::ReserveForPrepare(std::size_t want, bool background, std
   {
     MutexLock lock(owner_mu_);
     if (background && !retained_.empty()) return absl::OkStatus();  // Note [Retained Backups]
-    if (leases_ != nullptr && leases_->Enabled() && store_.kind == BackupStore::Kind::kPinned) return absl::OkStatus();  // Note [Pool-Backed Backups]
+    if (leases_ != nullptr && leases_->Enabled() && store_.kind == BackupStore::Kind::kPinned) {
+      leases_->PrepareAhead(device_);  // Note [Pool-Backed Backups]: no lease ahead; the source may pin
+      return absl::OkStatus();
+    }
     // A foreground request wants it pinned: a pending hand-back is cancelled. A background
     // one leaves it pending.
     if (!background && state_ == ArenaState::kGivingBack) MoveTo(ArenaState::kReady);

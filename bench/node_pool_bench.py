@@ -2,8 +2,8 @@
 take the host's memory (issue "vmstashd"'s workload), side by side in one run.
 
     python3 bench/node_pool_bench.py [--cycles 4] [--weights-gib 8] [--tensors 512] [--discard-gib 16]
-                                     [--ballast-free-gib 24] [--keep-free-gib 6] [--json out.json]
-                                     [--peers dropin,dropin_node,tms]
+                                     [--pool-gib 18] [--ballast-free-gib 28] [--keep-free-gib 6] [--settle 8]
+                                     [--json out.json] [--peers dropin,dropin_node,dropin_node_pin,tms]
 
 Each peer runs two processes, A and B, each with the same tags (torch_memory_saver's torch
 hook mode, in process): `weights` (--weights-gib backed up, in --tensors tensors) and `kv`
@@ -17,7 +17,10 @@ same pressure, in seconds rather than minutes).
   dropin       vmstash's torch_memory_saver drop-in, default mode: the host memory is handed
                back after every resume (each process its own)
   dropin_node  the same with VMSTASH_CONF=node:1: both processes lease from one node pool
-               (vmstashd, started by the first process that asks)
+               (vmstashd, started by the first process that asks); each part of the pool is
+               pinned in a process by its first pause that leases it
+  dropin_node_pin  the same with node_pin:1: each process pins the whole pool ahead, in the
+               background, once its backup tag has grown (within --settle)
   tms          torch_memory_saver 0.0.10 itself, default mode
 
 Per turn: the pause's and the resume's wall time, as a rate and as a share of the pinned link
@@ -37,7 +40,7 @@ import time
 import ctypes
 
 GiB = 1 << 30
-PEERS = ("dropin", "dropin_node", "tms")
+PEERS = ("dropin", "dropin_node", "dropin_node_pin", "tms")
 
 
 def meminfo(key):
@@ -147,8 +150,8 @@ def run_peer(peer, args, d2h, h2d):
     runtime_dir = tempfile.mkdtemp(prefix="vmstash-node-bench-")
     os.chmod(runtime_dir, 0o700)
     env["VMSTASH_RUNTIME_DIR"] = runtime_dir
-    if peer == "dropin_node":
-        env["VMSTASH_CONF"] = f"node:1,node_capacity:{int(args.pool_gib)}G"
+    if peer.startswith("dropin_node"):
+        env["VMSTASH_CONF"] = f"node:1,node_capacity:{int(args.pool_gib)}G,node_pin:{int(peer.endswith('_pin'))}"
     else:
         env.pop("VMSTASH_CONF", None)
     procs = []
@@ -158,6 +161,7 @@ def run_peer(peer, args, d2h, h2d):
                    str(args.tensors), "--weights-gib", str(args.weights_gib), "--discard-gib", str(args.discard_gib)]
             procs.append(Proc(cmd, env))
         backed_up = [p.ask()["backed_up"] for p in procs][0]
+        time.sleep(args.settle)  # what a framework does between loading and its first pause
         active, other = procs
         other.ask("pause")  # B starts paused: A's phase
         turns = []
@@ -171,7 +175,7 @@ def run_peer(peer, args, d2h, h2d):
                               resume_link=backed_up / (resume["ms"] / 1e3) / h2d))
             print(json.dumps(dict(peer=peer, **turns[-1])), file=sys.stderr, flush=True)
             active, other = other, active
-        node = procs[0].ask("node").get("node") if peer == "dropin_node" else None
+        node = procs[0].ask("node").get("node") if peer.startswith("dropin_node") else None
         return dict(peer=peer, backed_up=backed_up, turns=turns, node=node)
     except Exception as e:  # noqa: BLE001  (a peer that fails is reported, the others still run)
         return dict(peer=peer, error=str(e))
@@ -186,7 +190,7 @@ def run_peer(peer, args, d2h, h2d):
                 p.p.wait(30)
             except subprocess.TimeoutExpired:
                 p.p.kill()
-        if peer == "dropin_node":
+        if peer.startswith("dropin_node"):
             subprocess.run([sys.executable, "-m", "vmstash._cli", "daemon", "stop"], env=env, capture_output=True)
             pid_line = open(os.path.join(runtime_dir, "vmstashd.log")).read() if os.path.exists(
                 os.path.join(runtime_dir, "vmstashd.log")) else ""
@@ -228,8 +232,9 @@ def main():
     ap.add_argument("--weights-gib", type=float, default=8)
     ap.add_argument("--tensors", type=int, default=512)
     ap.add_argument("--discard-gib", type=float, default=16)
-    ap.add_argument("--pool-gib", type=float, default=24)
-    ap.add_argument("--ballast-free-gib", type=float, default=24)
+    ap.add_argument("--pool-gib", type=float, default=18)
+    ap.add_argument("--ballast-free-gib", type=float, default=28)
+    ap.add_argument("--settle", type=float, default=8)
     ap.add_argument("--keep-free-gib", type=float, default=6)
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--json")
@@ -273,6 +278,9 @@ def main():
         for other in ("dropin", "tms"):
             if other in by:
                 print(f"pause, median: dropin_node is {med(by[other]) / med(by['dropin_node']):.2f}x {other}")
+    for name, r in by.items():
+        worst = min(t["pause_link"] for t in r["turns"])
+        print(f"{name}: every pause at >= 80% of the link: {'yes' if worst >= 0.8 else 'no'} (worst {worst * 100:.1f}%)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(card=card, d2h=d2h, h2d=h2d, ballast=n, args=vars(args), results=results), f, indent=1)

@@ -6,6 +6,10 @@
 //                          when none serves (default 0)
 //   node_capacity  SIZE    the pool's size when this process starts the daemon (default 0:
 //                          half of the host's memory); a daemon already serving keeps its own
+//   node_pin       1 | 0   pin the whole pool in this process ahead of its first pause, in the
+//                          background, once a backup tag grows (default 0: each part of the
+//                          pool is pinned by the first pause that leases it; runtime/
+//                          node_leases.h, Note [Node Leases])
 #ifndef VMSTASH_NODE_NODE_OPTIONS_H_
 #define VMSTASH_NODE_NODE_OPTIONS_H_
 
@@ -22,17 +26,18 @@ namespace vmstash::node {
 struct NodeOptions {
   bool enabled = false;
   std::size_t capacity_bytes = 0;  // 0: half of the host's memory
+  bool pin_ahead = false;          // node_pin
   std::string dir;                 // empty: control::DefaultRuntimeDir() (tests set it)
 };
 
-inline constexpr absl::string_view kNodeConfKeys[] = {"node", "node_capacity"};
+inline constexpr absl::string_view kNodeConfKeys[] = {"node", "node_capacity", "node_pin"};
 
 // Sets `key` (one of kNodeConfKeys) from `value`; InvalidArgument naming both otherwise.
 inline absl::Status ApplyNodeOption(absl::string_view key, absl::string_view value, NodeOptions& options) {
-  if (key == "node") {
+  if (key == "node" || key == "node_pin") {
     absl::StatusOr<bool> flag = ParseConfFlag(key, value);
     if (!flag.ok()) return flag.status();
-    options.enabled = *flag;
+    (key == "node" ? options.enabled : options.pin_ahead) = *flag;
     return absl::OkStatus();
   }
   if (key == "node_capacity") {
@@ -46,7 +51,7 @@ inline absl::Status ApplyNodeOption(absl::string_view key, absl::string_view val
 
 inline void AppendNodeOptions(const NodeOptions& options, std::string* out) {
   absl::StrAppend(out, out->empty() ? "" : ",", "node:", options.enabled ? 1 : 0,
-                  ",node_capacity:", SizeToString(options.capacity_bytes));
+                  ",node_capacity:", SizeToString(options.capacity_bytes), ",node_pin:", options.pin_ahead ? 1 : 0);
 }
 
 }  // namespace vmstash::node

@@ -55,6 +55,8 @@ void PopulateInParallel(std::size_t count, const Range& range) {
 NodeLeases::NodeLeases(Driver* driver, node::NodeOptions options) : driver_(driver), options_(std::move(options)) {}
 
 NodeLeases::~NodeLeases() {
+  stop_pinning_.store(true);
+  if (pinner_.joinable()) pinner_.join();
   MutexLock lock(&mu_);
   if (!held_.empty()) {
     VMSTASH_LOG(kError, "vmstash: the node pool's source torn down with {} lease(s) held; they go back with the "
@@ -210,6 +212,57 @@ void NodeLeases::Give(const HostLease& lease) {
   if (c->broken && c->outstanding == 0) RetireLocked(c);
 }
 
+void NodeLeases::PrepareAhead(int device) {
+  if (!options_.pin_ahead || pin_started_.exchange(true)) return;
+  MutexLock lock(&mu_);
+  if (connections_.empty() || connections_.back()->broken) {
+    pin_started_.store(false);  // not connected: a later preparation tries again
+    return;
+  }
+  pin_running_.store(true);
+  pinner_ = std::thread([this, c = connections_.back().get(), device] { PinAhead(c, device); });
+}
+
+void NodeLeases::PinAhead(Connection* c, int device) {
+  const auto start = std::chrono::steady_clock::now();
+  std::size_t pinned = 0;
+  absl::Status failed;
+  for (std::size_t k = 0; !stop_pinning_.load(); ++k) {
+    char* at = nullptr;
+    std::size_t size = 0;
+    {
+      MutexLock lock(&mu_);
+      const bool current = !connections_.empty() && connections_.back().get() == c && !c->broken;
+      if (!current || k >= c->registered.size()) break;
+      if (c->registered[k] >= 0) continue;
+      at = c->client->pool_data() + k * kSegmentBytes;
+      size = std::min(kSegmentBytes, c->client->pool_bytes() - k * kSegmentBytes);
+    }
+    // Faulted in without the lock (contents untouched: another process may use it); the
+    // connection is only retired under the lock, checked again before registering.
+    PopulateInParallel(1, [&](std::size_t) { return std::make_pair(at, size); });
+    MutexLock lock(&mu_);
+    const bool current = !connections_.empty() && connections_.back().get() == c && !c->broken;
+    if (!current) break;
+    if (c->registered[k] >= 0) continue;
+    at = c->client->pool_data() + k * kSegmentBytes;  // the connection's own, whatever happened meanwhile
+    if (absl::Status s = driver_->HostRegister(device, at, size); !s.ok()) {
+      failed = s;
+      break;
+    }
+    c->registered[k] = device;
+    pinned += size;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (failed.ok()) {
+    VMSTASH_LOG(kInfo, "vmstash: node_pin: pinned {} of the node pool ahead in {:.1f} s", HumanBytes(pinned), seconds);
+  } else {
+    VMSTASH_LOG(kWarning, "vmstash: node_pin: pinning the node pool ahead stopped after {}: {}; later pauses pin "
+                "what they lease", HumanBytes(pinned), failed.ToString());
+  }
+  pin_running_.store(false);
+}
+
 void NodeLeases::SweepLocked() {
   for (std::size_t i = connections_.size(); i-- > 0;) {  // broken ones nobody holds a lease of
     if (connections_[i]->broken && connections_[i]->outstanding == 0) RetireLocked(connections_[i].get());
@@ -236,6 +289,7 @@ absl::StatusOr<NodeLeases::Report> NodeLeases::Stats() {
   Report report;
   report.socket = SocketPathOf();
   report.fallbacks = fallbacks_;
+  report.pinning = pin_running_.load();
   for (const auto& [id, held] : held_) {
     ++report.leases;
     report.leased_bytes += held.lease.bytes;

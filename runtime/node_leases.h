@@ -16,6 +16,14 @@
 //   where they are first registered, never more than the pool's size.
 //   Before registering, the fresh segments are faulted in by many threads (the
 //   registration alone faults them in one by one).
+//   node_pin: the whole pool is pinned ahead instead, on a background thread started by
+//   the first PrepareAhead (a backup tag growing: its background preparation) — not at
+//   connect, which would make a CUDA context on a device the process may never use —
+//   segment by segment, each registered under mu_ (a Take meanwhile waits for one
+//   segment at most, and registers what it needs itself if it comes first). The thread
+//   pins the connection it started on, stops when that one is retired or replaced, and is
+//   joined at teardown. Every process pinning the pool holds it all page-locked (the pages
+//   are shared: once in memory), from its first growing backup tag on.
 //   Failures are the arena's fallback (its own memory, logged there): no daemon (not
 //   started, died), the pool full, a registration refused (the lease goes straight back).
 //   A request waits kRequestTimeoutMs at most (the daemon answers at once; one that hangs,
@@ -43,6 +51,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -79,6 +88,7 @@ class NodeLeases final : public HostLeaseSource {
   absl::StatusOr<HostLease> Take(int device, std::size_t bytes, const std::string& owner) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void Give(const HostLease& lease) override ABSL_LOCKS_EXCLUDED(mu_);
+  void PrepareAhead(int device) override ABSL_LOCKS_EXCLUDED(mu_);
   std::string Describe() const override;
   bool Enabled() const override { return enabled_.load(std::memory_order_acquire); }
 
@@ -90,6 +100,7 @@ class NodeLeases final : public HostLeaseSource {
     std::size_t leases = 0;         // held by this process
     std::size_t leased_bytes = 0;
     std::size_t registered_bytes = 0;  // of the pool, in this process (current connection)
+    bool pinning = false;           // node_pin's thread is running
     std::uint64_t fallbacks = 0;    // Takes refused
   };
   absl::StatusOr<Report> Stats() ABSL_LOCKS_EXCLUDED(mu_);
@@ -111,6 +122,8 @@ class NodeLeases final : public HostLeaseSource {
   absl::StatusOr<Connection*> UsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RegisterLocked(Connection* c, int device, std::size_t offset, std::size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // node_pin's thread: pins `c`'s segments on `device` in order (Note [Node Leases]).
+  void PinAhead(Connection* c, int device) ABSL_LOCKS_EXCLUDED(mu_);
   // A connection attempt or a request failed: why, and when to try again (backoff).
   void FailedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retires every broken connection no lease is held through.
@@ -130,6 +143,10 @@ class NodeLeases final : public HostLeaseSource {
   std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mu_){};
   std::chrono::seconds retry_delay_ ABSL_GUARDED_BY(mu_){0};
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> pin_started_{false};
+  std::atomic<bool> pin_running_{false};
+  std::atomic<bool> stop_pinning_{false};
+  std::thread pinner_;  // started once (PrepareAhead), joined by the destructor
 };
 
 }  // namespace vmstash

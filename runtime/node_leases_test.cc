@@ -36,7 +36,7 @@ class NodeLeasesTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     sim_ = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
-    leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, dir_});
+    leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, false, dir_});
   }
   void TearDown() override {
     leases_.reset();
@@ -187,6 +187,39 @@ TEST_F(NodeLeasesTest, AConnectionFoundBrokenByStatsIsRetiredAtTheNextConnect) {
   absl::StatusOr<HostLease> b = leases_->Take(0, 2 * kMiB, "y");
   ASSERT_TRUE(b.ok()) << b.status();
   leases_->Give(*b);
+}
+
+TEST_F(NodeLeasesTest, NodePinPinsThePoolAheadInTheBackground) {
+  StartDaemon();
+  leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, false, dir_});
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  leases_->PrepareAhead(0);  // without node_pin: nothing
+  EXPECT_EQ(leases_->Stats()->registered_bytes, 0u);
+  leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, true, dir_});
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  leases_->PrepareAhead(0);
+  leases_->PrepareAhead(0);  // once
+  for (int i = 0; i < 2000 && leases_->Stats()->pinning; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  absl::StatusOr<NodeLeases::Report> r = leases_->Stats();
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->pinning);
+  EXPECT_EQ(r->registered_bytes, 256 * kMiB);
+  const auto registrations = sim_->Counters().Calls(DriverOp::kHostRegister);
+  absl::StatusOr<HostLease> a = leases_->Take(0, 100 * kMiB, "a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(sim_->Counters().Calls(DriverOp::kHostRegister), registrations) << "pinned ahead: nothing to register";
+  leases_->Give(*a);
+}
+
+TEST_F(NodeLeasesTest, TeardownWhilePinningAheadJoinsAndLeavesNothingRegistered) {
+  StartDaemon(256 * kMiB);
+  leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, true, dir_});
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  leases_->PrepareAhead(0);
+  absl::StatusOr<HostLease> a = leases_->Take(0, 8 * kMiB, "racing the pinner");
+  ASSERT_TRUE(a.ok()) << a.status();
+  leases_->Give(*a);
+  leases_.reset();  // TearDown's leak check: every registration undone
 }
 
 TEST_F(NodeLeasesTest, ThreadsTakeAndGiveAtOnceAndNeverShareAByte) {

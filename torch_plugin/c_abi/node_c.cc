@@ -42,6 +42,7 @@ char* vmstash_node_stats_json(void) noexcept {
     w.Field("process_leased_bytes", static_cast<std::uint64_t>(r->leased_bytes));
     w.Field("process_registered_bytes", static_cast<std::uint64_t>(r->registered_bytes));
     w.Field("process_fallbacks", static_cast<std::uint64_t>(r->fallbacks));
+    w.Field("process_pinning", r->pinning);
     w.EndObject();
     const std::string& json = w.str();
     out = static_cast<char*>(std::malloc(json.size() + 1));

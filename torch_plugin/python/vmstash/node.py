@@ -26,6 +26,7 @@ def connect(start=True):
 def stats():
     """The pool's figures (capacity_bytes, leased_bytes, peak_bytes, largest_free_bytes,
     leases, clients, refused) and this process's (process_leases, process_leased_bytes,
-    process_registered_bytes, process_fallbacks), as a dict. Raises vmstash.Error
+    process_registered_bytes, process_fallbacks, process_pinning: node_pin's background
+    pinning is running), as a dict. Raises vmstash.Error
     (UNAVAILABLE) when not connected."""
     return _lib.json_call(_lib.lib().vmstash_node_stats_json, None, "vmstash.node.stats")
