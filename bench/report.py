@@ -56,6 +56,14 @@ def benchmarks(build, torch_ok):
          [py, "bench/tms_backup_bench.py", "--json", "bench/results/tms_backup.json"]
          + ([] if _importable("torch_memory_saver") else ["--peers", "native,dropin,dropin_retain"]), {},
          [r"."], True),
+        ("node_pool_bench", "Two processes on one GPU taking turns through torch_memory_saver's API while other "
+         "processes take the host's memory (bench/node_pool_bench.py): 8 GiB backed up in 512 tensors and 16 GiB "
+         "discarded in each, 3 turns each way, a ballast holding all but 28 GiB of the host's available memory "
+         "and a hog touching all but 6 GiB before each turn; the drop-in without the node pool, with it "
+         "(node:1), with it pinned ahead (node_pin:1), and torch_memory_saver 0.0.10 where importable.",
+         [py, "bench/node_pool_bench.py", "--cycles", "3", "--json", "bench/results/node_pool.json"]
+         + ([] if _importable("torch_memory_saver") else ["--peers", "dropin,dropin_node,dropin_node_pin"]),
+         {"VMSTASH_DAEMON": os.path.join(build, "tools/vmstashd/vmstashd")}, [r"."], True),
         ("tms_suite", "torch_memory_saver's own test suite (test/test_examples.py of its repository at 4a43c97, "
          "unmodified, in third_party/tms_suite: scripts/export_tms_suite.sh), through the drop-in built from "
          "this build, then through torch_memory_saver 0.0.10's own wheel (third_party/wheels: "
