@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/testing.h"
 #include "gtest/gtest.h"
@@ -164,13 +165,19 @@ TEST(CachingAllocatorStressTest, DroppingAnEmptyTagWhileOthersUseItIsSafe) {
   AllocatorOptions options;
   options.auto_prepare = false;
   auto alloc = *CachingAllocator::Create(&sim, 0, options);
-  const TagId tag = *InternTag("stress_dropped");
+  // Several tags in turn: a pool a Prepare has given an arena is never empty again, so one
+  // tag would leave the drops to the first iteration's race (a drop is then never tried).
+  constexpr int kTags = 64;
+  std::vector<TagId> tags;
+  for (int i = 0; i < kTags; ++i) tags.push_back(*InternTag(absl::StrCat("stress_dropped_", i)));
+  std::atomic<int> current{0};
   std::atomic<bool> stop{false};
   std::atomic<int> used{0};
   std::vector<std::thread> users;
   for (int t = 0; t < 3; ++t) {
     users.emplace_back([&, t] {
       while (!stop.load()) {
+        const TagId tag = tags[current.load()];
         absl::Status s = t == 0 ? alloc->Prepare(tag, 0)
                          : t == 1 ? alloc->ReleaseBackup(tag)
                                   : alloc->Pause(tag).status();
@@ -180,7 +187,9 @@ TEST(CachingAllocatorStressTest, DroppingAnEmptyTagWhileOthersUseItIsSafe) {
   }
   int dropped = 0;
   for (int i = 0; i < 3000; ++i) {
+    const TagId tag = tags[i % kTags];
     ASSERT_TRUE(alloc->CreateTag(tag, Policy::kBackup).ok());
+    current.store(i % kTags);
     if (alloc->DropEmptyTag(tag)) ++dropped;
     (void)alloc->Resume(tag);
   }

@@ -361,10 +361,27 @@ TEST_F(PoolBackupTest, APauseThatKeepsNoBytesGivesARetainedLeaseBack) {
   EXPECT_EQ(pool_->outstanding(), 1u) << "retained";
   for (DevicePtr p : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
   ASSERT_TRUE(alloc_->Pause(a_).ok());  // nothing live: no bytes kept
-  EXPECT_EQ(pool_->outstanding(), 0u) << "nothing is retained any more: the lease went back";
+  // Nothing is retained any more; the lease goes back at the resume, not under the
+  // device's lock the pause's commit holds.
   ASSERT_TRUE(alloc_->Resume(a_).ok());
-  EXPECT_EQ(pool_->outstanding(), 0u);
+  EXPECT_EQ(pool_->outstanding(), 0u) << "the lease went back";
+  EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0);
   EXPECT_EQ(LinesWith(LogLevel::kError, "not allowed"), 0);
+  ASSERT_TRUE(alloc_->Validate().ok());
+}
+
+TEST_F(PoolBackupTest, AGiveBackTagsPauseWithNoBytesHandsItsMemoryBackWithoutARefusedMove) {
+  Make(64 * kMiB, 4 * kMiB, /*auto_prepare=*/true);
+  pool_->Enable(false);  // not pool-backed: the process's own pinned memory
+  ASSERT_TRUE(alloc_->SetBackupRetention(a_, BackupRetention{false, false, true}).ok());
+  std::vector<DevicePtr> blocks = Fill(a_, 23);
+  ASSERT_TRUE(alloc_->Pause(a_).ok());
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  for (DevicePtr p : blocks) ASSERT_TRUE(alloc_->Free(p).ok());
+  ASSERT_TRUE(alloc_->Pause(a_).ok());  // nothing live: no bytes kept
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_EQ(LinesWith(LogLevel::kError, "not allowed"), 0);
+  EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0) << "handed back (give_back)";
   ASSERT_TRUE(alloc_->Validate().ok());
 }
 

@@ -21,7 +21,7 @@ constexpr Move kArenaMoves[] = {
     {ArenaState::kNone, ArenaState::kReady},           // Prepare
     {ArenaState::kNone, ArenaState::kHolding},         // a pause (and a spill's disk arena)
     {ArenaState::kReady, ArenaState::kHolding},        // a pause
-    {ArenaState::kReady, ArenaState::kNone},           // Release, a new store
+    {ArenaState::kReady, ArenaState::kNone},           // Release, a new store; a lease given back (AfterResume)
     {ArenaState::kGivingBack, ArenaState::kReady},     // GiveBackStep's end, a foreground Prepare
     {ArenaState::kGivingBack, ArenaState::kHolding},   // a pause: what is still pinned is used
     {ArenaState::kGivingBack, ArenaState::kNone},      // Release, a new store
@@ -131,13 +131,9 @@ absl::Status TagBackup::Reserve(std::size_t bytes, const std::vector<std::size_t
 void TagBackup::AfterPause() {
   retained_.clear();
   // A pause that kept no bytes did not take the arena (ForPause): it is kept as it is, but
-  // nothing of it stays readable and nothing goes back while the tag is paused. A lease it
-  // held for what it retained goes back to the pool (Note [Pool-Backed Backups]: a lease
-  // holds bytes someone needs, or nothing).
-  if (state_ == ArenaState::kRetained || state_ == ArenaState::kGivingBack) {
-    MoveTo(ArenaState::kReady);
-    if (arena_ != nullptr && arena_->leased()) arena_->DropContents();
-  }
+  // nothing of it stays readable and nothing goes back while the tag is paused (the
+  // resume sees to it: AfterResume, outside the owner's lock).
+  if (state_ == ArenaState::kRetained || state_ == ArenaState::kGivingBack) MoveTo(ArenaState::kReady);
   if (!spilled_from_.has_value()) return;
   VMSTASH_LOG(kWarning, "vmstash: {}: its backup did not fit under host_max (or the host refused it): it now goes "
               "to {} (spill_dir), for this pause and the later ones", Owner(), DescribeBackupStore(store_));
@@ -181,11 +177,20 @@ void TagBackup::AfterResume(bool later) {
   }
   if (state == ArenaState::kNone) return;  // released while the tag was paused (its last backed-up block freed)
   arena_->FreeRingAfterResume();  // a ring lives for one transition (backup_arena.h, Note [Host Budget])
+  if (state != ArenaState::kHolding) {
+    // The pause kept no bytes and did not take the arena (AfterPause left it ready):
+    // nothing of it is needed. A lease (what a resume retained before) goes back to the
+    // pool, and a give_back tag's memory to the OS, at once (no background step: the
+    // table has no move from ready to giving_back); other memory stays ready.
+    if (arena_->leased() || (retention.give_back && kind == BackupStore::Kind::kPinned)) {
+      arena_->DropContents(retention.give_back);
+    }
+    MutexLock lock(owner_mu_);
+    MoveTo(arena_->capacity_bytes() > 0 ? ArenaState::kReady : ArenaState::kNone);
+    return;
+  }
   ArenaState next = ArenaState::kReady;
   if (retention.keep_after_resume && kind != BackupStore::Kind::kDiskFiles) {
-    // A pause that kept no bytes did not take the arena (AfterPause left it ready): there
-    // is nothing to keep readable, and the arena stays as it is.
-    if (state != ArenaState::kHolding) return;
     next = ArenaState::kRetained;  // kept readable
   } else if (later && retention.give_back && kind == BackupStore::Kind::kPinned && !arena_->leased()) {
     next = ArenaState::kGivingBack;  // the owner asks its background thread

@@ -9,8 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <mutex>
-#include <set>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,32 +26,35 @@ constexpr const char* kGone =
 
 // The sockets of this process's connections. A forked child's copy of one would keep the
 // connection open in the daemon after the parent closed it (its leases would stay leased
-// while the child lives), so the child closes them at once (pthread_atfork). Leaked on
-// purpose: a fork may come after static destructors started.
-std::mutex& SocketsMu() {
-  static auto* mu = new std::mutex;
-  return *mu;
-}
-std::set<int>& Sockets() {
-  static auto* sockets = new std::set<int>;
-  return *sockets;
-}
-void NoteSocket(int fd, bool live) {
-  static const bool registered = [] {
-    return ::pthread_atfork([] { SocketsMu().lock(); }, [] { SocketsMu().unlock(); },
-                            [] {
-                              for (int s : Sockets()) ::close(s);
-                              Sockets().clear();
-                              SocketsMu().unlock();
-                            }) == 0;
-  }();
-  (void)registered;
-  std::lock_guard<std::mutex> lock(SocketsMu());
-  if (live) {
-    Sockets().insert(fd);
-  } else {
-    Sockets().erase(fd);
+// while the child lives), so the child closes them at once. The fork handler takes no lock
+// (the process runtime's own handlers take its lock, which a thread connecting here may
+// hold: a lock here would make a cycle with them), and is registered while the library
+// loads, never from a call: a table of atomic slots, a socket noted as soon as it is
+// connected and forgotten just before it is closed (a fork between the two leaves that
+// one socket to the child, which then keeps the connection until it exits or execs).
+constexpr int kSocketSlots = 256;
+std::atomic<int> socket_slots[kSocketSlots];
+
+void CloseSocketsInChild() {
+  for (std::atomic<int>& slot : socket_slots) {
+    const int fd = slot.exchange(-1, std::memory_order_relaxed);
+    if (fd >= 0) ::close(fd);
   }
+}
+
+[[maybe_unused]] const bool fork_handler_registered = [] {
+  for (std::atomic<int>& slot : socket_slots) slot.store(-1, std::memory_order_relaxed);
+  return ::pthread_atfork(nullptr, nullptr, &CloseSocketsInChild) == 0;
+}();
+
+void NoteSocket(int fd, bool live) {
+  int want = live ? -1 : fd;
+  for (std::atomic<int>& slot : socket_slots) {
+    int expected = want;
+    if (slot.compare_exchange_strong(expected, live ? fd : -1, std::memory_order_acq_rel)) return;
+  }
+  // More connections than slots (not what a process makes): the extra ones are not closed
+  // in a forked child.
 }
 
 }  // namespace
@@ -69,9 +71,14 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOpti
                         absl::StrCat(connected.status().message(), "; start one with `vmstash daemon start`"));
   }
   const int fd = *connected;
+  NoteSocket(fd, true);
+  const auto close_socket = [fd] {
+    NoteSocket(fd, false);
+    ::close(fd);
+  };
   absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
   if (!peer.ok() || peer->uid != ::getuid()) {
-    ::close(fd);
+    close_socket();
     return absl::PermissionDeniedError(absl::StrCat("node: the daemon at ", path, " does not run as this user; refused"));
   }
   WireRequest hello;
@@ -81,22 +88,21 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOpti
   // A refusal (too many clients) may be waiting even when the send failed: read it.
   absl::StatusOr<Received> got = Receive(fd, sent.ok() ? options.timeout_ms : 0);
   if (!got.ok()) {
-    ::close(fd);
+    close_socket();
     return absl::Status(got.status().code(), absl::StrCat("node: hello to ", path, ": ", got.status().message()));
   }
   absl::StatusOr<JsonValue> reply = ParseReply(got->message);
   if (!reply.ok() || got->fd < 0) {
     if (got->fd >= 0) ::close(got->fd);
-    ::close(fd);
+    close_socket();
     return reply.ok() ? absl::InternalError("node: the daemon's hello carried no pool") : reply.status();
   }
   const std::size_t capacity = static_cast<std::size_t>((*reply)["capacity"].Int());
   absl::StatusOr<std::unique_ptr<SharedHostMemory>> memory = SharedHostMemory::Map(got->fd, capacity);
   if (!memory.ok()) {
-    ::close(fd);
+    close_socket();
     return memory.status();
   }
-  NoteSocket(fd, true);
   return std::unique_ptr<NodeClient>(new NodeClient(fd, static_cast<ClientId>((*reply)["client"].Int()),
                                                     std::move(*memory), options.timeout_ms));
 }

@@ -55,8 +55,7 @@ void PopulateInParallel(std::size_t count, const Range& range) {
 NodeLeases::NodeLeases(Driver* driver, node::NodeOptions options) : driver_(driver), options_(std::move(options)) {}
 
 NodeLeases::~NodeLeases() {
-  stop_pinning_.store(true);
-  if (pinner_.joinable()) pinner_.join();
+  StopPinning();
   MutexLock lock(&mu_);
   if (!held_.empty()) {
     VMSTASH_LOG(kError, "vmstash: the node pool's source torn down with {} lease(s) held; they go back with the "
@@ -91,12 +90,9 @@ absl::Status NodeLeases::Connect(bool start) {
   }
   VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<node::NodeClient> client,
                            node::NodeClient::Connect({dir, kRequestTimeoutMs}));
-  auto c = std::make_unique<Connection>();
-  c->registered.assign((client->pool_bytes() + kSegmentBytes - 1) / kSegmentBytes, -1);
-  c->client = std::move(client);
+  Connection* c = AddLocked(std::move(client));
   VMSTASH_LOG(kInfo, "vmstash: backups go to the node pool ({} on {})", HumanBytes(c->client->pool_bytes()),
               node::SocketPath(dir));
-  connections_.push_back(std::move(c));
   last_error_.clear();
   retry_delay_ = std::chrono::seconds(0);
   enabled_.store(true, std::memory_order_release);
@@ -119,13 +115,10 @@ absl::StatusOr<NodeLeases::Connection*> NodeLeases::UsableLocked() {
     return absl::UnavailableError(absl::StrCat("no node daemon on ", SocketPathOf(), ": ", last_error_));
   }
   retry_delay_ = std::chrono::seconds(0);
-  auto c = std::make_unique<Connection>();
-  c->registered.assign(((*client)->pool_bytes() + kSegmentBytes - 1) / kSegmentBytes, -1);
-  c->client = *std::move(client);
+  Connection* c = AddLocked(*std::move(client));
   VMSTASH_LOG(kWarning, "vmstash: connected to the node daemon again on {} (a pool of {})", SocketPathOf(),
               HumanBytes(c->client->pool_bytes()));
-  connections_.push_back(std::move(c));
-  return connections_.back().get();
+  return c;
 }
 
 void NodeLeases::FailedLocked(const absl::Status& why) {
@@ -213,39 +206,49 @@ void NodeLeases::Give(const HostLease& lease) {
 }
 
 void NodeLeases::PrepareAhead(int device) {
-  if (!options_.pin_ahead || pin_started_.exchange(true)) return;
-  MutexLock lock(&mu_);
-  if (connections_.empty() || connections_.back()->broken) {
-    pin_started_.store(false);  // not connected: a later preparation tries again
-    return;
+  if (!options_.pin_ahead || pin_running_.load() || stop_pinning_.load()) return;
+  if (!mu_.TryLock()) return;  // busy: a later preparation tries again (the caller holds a device lock)
+  if (!connections_.empty() && !connections_.back()->broken &&
+      connections_.back()->generation != pinned_generation_ && !stop_pinning_.load()) {
+    if (pinner_.joinable()) pinner_.join();  // done (pin_running_ is false): its last step is its log line
+    pinned_generation_ = connections_.back()->generation;
+    pin_running_.store(true);
+    pinner_ = std::thread([this, generation = pinned_generation_, device] { PinAhead(generation, device); });
   }
-  pin_running_.store(true);
-  pinner_ = std::thread([this, c = connections_.back().get(), device] { PinAhead(c, device); });
+  mu_.Unlock();
 }
 
-void NodeLeases::PinAhead(Connection* c, int device) {
+void NodeLeases::StopPinning() {
+  stop_pinning_.store(true);
+  std::thread pinner;
+  {
+    MutexLock lock(&mu_);
+    pinner = std::move(pinner_);
+  }
+  if (pinner.joinable()) pinner.join();
+}
+
+NodeLeases::Connection* NodeLeases::CurrentLocked(std::uint64_t generation) {
+  if (connections_.empty()) return nullptr;
+  Connection* c = connections_.back().get();
+  return c->generation == generation && !c->broken ? c : nullptr;
+}
+
+void NodeLeases::PinAhead(std::uint64_t generation, int device) {
   const auto start = std::chrono::steady_clock::now();
   std::size_t pinned = 0;
   absl::Status failed;
   for (std::size_t k = 0; !stop_pinning_.load(); ++k) {
-    char* at = nullptr;
-    std::size_t size = 0;
-    {
-      MutexLock lock(&mu_);
-      const bool current = !connections_.empty() && connections_.back().get() == c && !c->broken;
-      if (!current || k >= c->registered.size()) break;
-      if (c->registered[k] >= 0) continue;
-      at = c->client->pool_data() + k * kSegmentBytes;
-      size = std::min(kSegmentBytes, c->client->pool_bytes() - k * kSegmentBytes);
-    }
-    // Faulted in without the lock (contents untouched: another process may use it); the
-    // connection is only retired under the lock, checked again before registering.
-    PopulateInParallel(1, [&](std::size_t) { return std::make_pair(at, size); });
+    // One segment at a time under the lock (a Take waits for one at most): faulted in by
+    // many threads, then registered. Under the lock, the connection cannot be retired
+    // meanwhile, and nothing else of the process is touched.
     MutexLock lock(&mu_);
-    const bool current = !connections_.empty() && connections_.back().get() == c && !c->broken;
-    if (!current) break;
+    Connection* c = CurrentLocked(generation);
+    if (c == nullptr || k >= c->registered.size()) break;
     if (c->registered[k] >= 0) continue;
-    at = c->client->pool_data() + k * kSegmentBytes;  // the connection's own, whatever happened meanwhile
+    char* at = c->client->pool_data() + k * kSegmentBytes;
+    const std::size_t size = std::min(kSegmentBytes, c->client->pool_bytes() - k * kSegmentBytes);
+    PopulateInParallel(1, [&](std::size_t) { return std::make_pair(at, size); });
     if (absl::Status s = driver_->HostRegister(device, at, size); !s.ok()) {
       failed = s;
       break;
@@ -261,6 +264,15 @@ void NodeLeases::PinAhead(Connection* c, int device) {
                 "what they lease", HumanBytes(pinned), failed.ToString());
   }
   pin_running_.store(false);
+}
+
+NodeLeases::Connection* NodeLeases::AddLocked(std::unique_ptr<node::NodeClient> client) {
+  auto c = std::make_unique<Connection>();
+  c->generation = next_generation_++;
+  c->registered.assign((client->pool_bytes() + kSegmentBytes - 1) / kSegmentBytes, -1);
+  c->client = std::move(client);
+  connections_.push_back(std::move(c));
+  return connections_.back().get();
 }
 
 void NodeLeases::SweepLocked() {

@@ -21,8 +21,9 @@
 //   connect, which would make a CUDA context on a device the process may never use —
 //   segment by segment, each registered under mu_ (a Take meanwhile waits for one
 //   segment at most, and registers what it needs itself if it comes first). The thread
-//   pins the connection it started on, stops when that one is retired or replaced, and is
-//   joined at teardown. Every process pinning the pool holds it all page-locked (the pages
+//   pins the connection it started for (known by its generation, not its address), stops
+//   when that one is retired or replaced (a later preparation starts one for the new
+//   connection), and is joined at exit (StopPinning) and at teardown. Every process pinning the pool holds it all page-locked (the pages
 //   are shared: once in memory), from its first growing backup tag on.
 //   Failures are the arena's fallback (its own memory, logged there): no daemon (not
 //   started, died), the pool full, a registration refused (the lease goes straight back).
@@ -88,7 +89,14 @@ class NodeLeases final : public HostLeaseSource {
   absl::StatusOr<HostLease> Take(int device, std::size_t bytes, const std::string& owner) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void Give(const HostLease& lease) override ABSL_LOCKS_EXCLUDED(mu_);
+  // node_pin: starts pinning the current connection's pool in the background (once per
+  // connection). Never blocks: its caller holds a device's lock, so when the source's lock
+  // is busy (a Take registering, a request waiting) it does nothing, and a later
+  // preparation tries again.
   void PrepareAhead(int device) override ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops node_pin's thread and waits for it (at exit: no background work while the
+  // driver goes; Runtime::StopBackgroundWork). Later PrepareAhead calls do nothing.
+  void StopPinning() ABSL_LOCKS_EXCLUDED(mu_);
   std::string Describe() const override;
   bool Enabled() const override { return enabled_.load(std::memory_order_acquire); }
 
@@ -107,6 +115,7 @@ class NodeLeases final : public HostLeaseSource {
 
  private:
   struct Connection {
+    std::uint64_t generation = 0;  // unique per connection (never reused, unlike its address)
     std::unique_ptr<node::NodeClient> client;
     std::vector<int> registered;  // per segment: the device it was registered through, or -1
     std::size_t outstanding = 0;  // leases taken through it and not given back
@@ -122,8 +131,13 @@ class NodeLeases final : public HostLeaseSource {
   absl::StatusOr<Connection*> UsableLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RegisterLocked(Connection* c, int device, std::size_t offset, std::size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // node_pin's thread: pins `c`'s segments on `device` in order (Note [Node Leases]).
-  void PinAhead(Connection* c, int device) ABSL_LOCKS_EXCLUDED(mu_);
+  // node_pin's thread: pins the segments of connection `generation` on `device` in order,
+  // while it is the current one (Note [Node Leases]).
+  void PinAhead(std::uint64_t generation, int device) ABSL_LOCKS_EXCLUDED(mu_);
+  // The current connection when it is `generation` and usable, else null.
+  Connection* CurrentLocked(std::uint64_t generation) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A new connection's bookkeeping around `client`, made the current one.
+  Connection* AddLocked(std::unique_ptr<node::NodeClient> client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A connection attempt or a request failed: why, and when to try again (backoff).
   void FailedLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Retires every broken connection no lease is held through.
@@ -143,10 +157,11 @@ class NodeLeases final : public HostLeaseSource {
   std::chrono::steady_clock::time_point retry_at_ ABSL_GUARDED_BY(mu_){};
   std::chrono::seconds retry_delay_ ABSL_GUARDED_BY(mu_){0};
   std::string last_error_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> pin_started_{false};
+  std::uint64_t next_generation_ ABSL_GUARDED_BY(mu_) = 1;
+  std::uint64_t pinned_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the connection the pinner was started for
   std::atomic<bool> pin_running_{false};
   std::atomic<bool> stop_pinning_{false};
-  std::thread pinner_;  // started once (PrepareAhead), joined by the destructor
+  std::thread pinner_ ABSL_GUARDED_BY(mu_);  // joined by StopPinning, or before the next one starts
 };
 
 }  // namespace vmstash

@@ -194,6 +194,8 @@ TEST_F(NodeLeasesTest, NodePinPinsThePoolAheadInTheBackground) {
   leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, false, dir_});
   ASSERT_TRUE(leases_->Connect(false).ok());
   leases_->PrepareAhead(0);  // without node_pin: nothing
+  EXPECT_FALSE(leases_->Stats()->pinning);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_EQ(leases_->Stats()->registered_bytes, 0u);
   leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, true, dir_});
   ASSERT_TRUE(leases_->Connect(false).ok());
@@ -220,6 +222,41 @@ TEST_F(NodeLeasesTest, TeardownWhilePinningAheadJoinsAndLeavesNothingRegistered)
   ASSERT_TRUE(a.ok()) << a.status();
   leases_->Give(*a);
   leases_.reset();  // TearDown's leak check: every registration undone
+}
+
+TEST_F(NodeLeasesTest, NodePinPinsTheNewPoolAfterADaemonRestart) {
+  StartDaemon();
+  leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, true, dir_});
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  auto wait_pinned = [&] {
+    for (int i = 0; i < 2000 && leases_->Stats().ok() && leases_->Stats()->pinning; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  leases_->PrepareAhead(0);
+  wait_pinned();
+  EXPECT_EQ(leases_->Stats()->registered_bytes, 256 * kMiB);
+  daemon_.reset();
+  EXPECT_FALSE(leases_->Stats().ok());
+  StartDaemon();
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  leases_->PrepareAhead(0);  // a preparation after the reconnect: the new pool is pinned too
+  wait_pinned();
+  EXPECT_EQ(leases_->Stats()->registered_bytes, 256 * kMiB) << "node_pin after the daemon came back";
+}
+
+TEST_F(NodeLeasesTest, StopPinningStopsItForGood) {
+  StartDaemon();
+  leases_ = std::make_unique<NodeLeases>(sim_.get(), node::NodeOptions{true, 0, true, dir_});
+  ASSERT_TRUE(leases_->Connect(false).ok());
+  leases_->PrepareAhead(0);
+  leases_->StopPinning();  // at exit: joined, whatever it had done
+  EXPECT_FALSE(leases_->Stats()->pinning);
+  leases_->PrepareAhead(0);
+  EXPECT_FALSE(leases_->Stats()->pinning) << "no pinning after a stop";
+  absl::StatusOr<HostLease> a = leases_->Take(0, 8 * kMiB, "still leases");
+  ASSERT_TRUE(a.ok()) << a.status();
+  leases_->Give(*a);
 }
 
 TEST_F(NodeLeasesTest, ThreadsTakeAndGiveAtOnceAndNeverShareAByte) {

@@ -559,6 +559,7 @@ void Runtime::Describe(JsonWriter& w) const {
 
 void Runtime::StopBackgroundWork() {
   for (CachingAllocator* a : AllocatorsInUse()) a->StopBackgroundWork();
+  node_->StopPinning();
 }
 
 }  // namespace vmstash
