@@ -39,16 +39,10 @@ import threading
 import time
 import ctypes
 
+from tms_backup_bench import meminfo  # noqa: E402  (this folder is first on sys.path)
+
 GiB = 1 << 30
 PEERS = ("dropin", "dropin_node", "dropin_node_pin", "tms")
-
-
-def meminfo(key):
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def touch(nbytes, hold):
@@ -203,23 +197,12 @@ def run_peer(peer, args, d2h, h2d):
 
 
 def pinned_link():
+    """D2H and H2D bytes/s of the same run (tms_backup_bench's measure), and the card's name."""
     import torch
-    dev = torch.device("cuda", 0)
-    host = torch.empty(2 * GiB, dtype=torch.uint8, pin_memory=True)
-    d = torch.empty(2 * GiB, dtype=torch.uint8, device=dev)
-    rates = []
-    for copy in (lambda: host.copy_(d, non_blocking=True), lambda: d.copy_(host, non_blocking=True)):
-        best = 1e9
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            copy()
-            torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-        rates.append(2 * GiB / best)
-    del host, d
+    from tms_backup_bench import pinned_link as measure  # this folder is first on sys.path
+    d2h, h2d = measure(torch, torch.device("cuda", 0))
     torch.cuda.empty_cache()
-    return rates[0], rates[1], torch.cuda.get_device_name(0)
+    return d2h, h2d, torch.cuda.get_device_name(0)
 
 
 def main():
