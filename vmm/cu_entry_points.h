@@ -26,6 +26,7 @@
   X(cuMemCreate)                   \
   X(cuMemRelease)                  \
   X(cuMemExportToShareableHandle)  \
+  X(cuMemImportFromShareableHandle) \
   X(cuMemMap)                      \
   X(cuMemUnmap)                    \
   X(cuMemSetAccess)                \

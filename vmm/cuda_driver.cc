@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdint>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -287,6 +289,30 @@ absl::StatusOr<int> CudaDriver::ExportChunkFd(ChunkHandle chunk) {
   CUresult r = api_.cuMemExportToShareableHandle(&fd, chunk, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) return Fail(r, "cuMemExportToShareableHandle");
   return fd;
+}
+
+absl::StatusOr<ChunkHandle> CudaDriver::ImportChunkFd(int device, int fd, std::size_t size_bytes) {
+  counters_.Count(DriverOp::kImportChunkFd);
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
+  if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd));
+  VMSTASH_ASSIGN_OR_RETURN(std::size_t g, MinimumGranularity(device));
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("ImportChunkFd", size_bytes, g));
+  VMSTASH_WITH_CONTEXT(device);
+  CUmemGenericAllocationHandle handle = 0;
+  CUresult r = api_.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
+                                                   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) {
+    return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd, " is not an exported chunk (",
+                                                   Fail(r, "cuMemImportFromShareableHandle").message(), ")"));
+  }
+  // CUDA tells no handle's size: a handle shorter than `size_bytes` is refused by its Map.
+  ChunkRecord record;
+  record.device = device;
+  record.size_bytes = size_bytes;
+  record.options.shareable_fd = true;
+  record.imported = true;
+  ledger_.AddChunk(handle, record);
+  return static_cast<ChunkHandle>(handle);
 }
 
 absl::Status CudaDriver::Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) {

@@ -100,6 +100,16 @@ class Driver {
   // Exports a chunk created with shareable_fd as a new file descriptor the caller owns
   // (close it with close(2)). FailedPrecondition if it was created without shareable_fd.
   virtual absl::StatusOr<int> ExportChunkFd(ChunkHandle chunk) = 0;
+  // A chunk exported by ExportChunkFd — in another process (the descriptor passed over a
+  // Unix socket) or this one — as a new handle of this driver: the same physical memory,
+  // of `size_bytes` (the exported chunk's size, a multiple of the granularity), on
+  // `device` (the exporter's). `fd` stays the caller's (close it when done). The memory is
+  // the exporter's: importing it takes no device memory, and it lives until every handle
+  // of it, in any process, is released and unmapped. Map, SetAccess, Unmap and
+  // ReleaseChunk as for any chunk; ExportChunkFd works on it too. InvalidArgument for a
+  // negative descriptor, a bad size or device, or a descriptor that is not an exported
+  // chunk of at least `size_bytes`.
+  virtual absl::StatusOr<ChunkHandle> ImportChunkFd(int device, int fd, std::size_t size_bytes) = 0;
 
   // Maps the whole `chunk` at `va`. `size_bytes` must equal the chunk's size (a partial
   // chunk is never mapped: InvalidArgument); [va, va+size) must lie inside one reservation,

@@ -165,6 +165,56 @@ TEST_P(DriverConformanceTest, MapTakesWholeChunksInsideAReservationOnly) {
   ASSERT_OK(driver().Unmap(kDevice, r.address(), 2 * g));
 }
 
+TEST_P(DriverConformanceTest, AnImportedChunkIsTheSamePhysicalMemory) {
+  ChunkOptions shareable;
+  shareable.shareable_fd = true;
+  const std::size_t size = Take(driver().Granularity(kDevice, GranularityKind::kMinimum, shareable));
+  ChunkHandle exported = Take(driver().CreateChunk(kDevice, size, shareable));
+  const int fd = Take(driver().ExportChunkFd(exported));
+  ChunkHandle imported = Take(driver().ImportChunkFd(kDevice, fd, size));
+  ::close(fd);  // the import holds its own reference
+  EXPECT_NE(imported, exported);
+  Reservation a = Take(Reservation::Create(&driver(), kDevice, size));
+  Reservation b = Take(Reservation::Create(&driver(), kDevice, size));
+  ASSERT_OK(driver().Map(a.address(), size, exported));
+  ASSERT_OK(driver().Map(b.address(), size, imported));
+  ASSERT_OK(driver().SetAccess(a.address(), size, kDevice));
+  ASSERT_OK(driver().SetAccess(b.address(), size, kDevice));
+  PinnedHostBuffer host = Take(PinnedHostBuffer::Allocate(&driver(), kDevice, size));
+  Stream stream = Take(driver().CreateStream(kDevice));
+  FillPattern(host.data(), size, 41);
+  ASSERT_OK(driver().CopyToDeviceAsync(kDevice, a.address(), host.data(), size, stream));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
+  std::memset(host.data(), 0, size);
+  ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), b.address(), size, stream));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
+  EXPECT_TRUE(HasPattern(host.data(), size, 41)) << "written through one handle, read through the other";
+  // The exporter's handle released: the imported one keeps the memory.
+  ASSERT_OK(driver().Unmap(kDevice, a.address(), size));
+  ASSERT_OK(driver().ReleaseChunk(exported));
+  std::memset(host.data(), 0, size);
+  ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), b.address(), size, stream));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
+  EXPECT_TRUE(HasPattern(host.data(), size, 41));
+  ASSERT_OK(driver().Unmap(kDevice, b.address(), size));
+  ASSERT_OK(driver().ReleaseChunk(imported));
+  ASSERT_OK(driver().DestroyStream(kDevice, stream));
+}
+
+TEST_P(DriverConformanceTest, ImportRefusesBadArguments) {
+  ChunkOptions shareable;
+  shareable.shareable_fd = true;
+  const std::size_t size = Take(driver().Granularity(kDevice, GranularityKind::kMinimum, shareable));
+  EXPECT_EQ(driver().ImportChunkFd(kDevice, -1, size).status().code(), absl::StatusCode::kInvalidArgument);
+  ChunkHandle exported = Take(driver().CreateChunk(kDevice, size, shareable));
+  const int fd = Take(driver().ExportChunkFd(exported));
+  EXPECT_EQ(driver().ImportChunkFd(kDevice, fd, size / 2).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(driver().ImportChunkFd(kDevice, fd, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(driver().ImportChunkFd(-1, fd, size).status().code(), absl::StatusCode::kInvalidArgument);
+  ::close(fd);
+  ASSERT_OK(driver().ReleaseChunk(exported));
+}
+
 TEST_P(DriverConformanceTest, RemapAtTheSameAddressFollowsThePhysicalChunk) {
   const std::size_t g = granularity();
   const std::size_t size = 4 * g;

@@ -42,6 +42,7 @@ struct ChunkRecord {
   bool released = false;  // handle released; memory lives until the last unmap
   int map_count = 0;
   std::int64_t backend = -1;  // backend-private (SimDriver: the memfd)
+  bool imported = false;      // ImportChunkFd: the exporter's memory, not this driver's
 };
 
 struct MappingRecord {

@@ -11,6 +11,7 @@ namespace {
 constexpr std::array<absl::string_view, kNumDriverOps> kOpNames = {
     "device_count",     "granularity",       "memory_info",       "reserve_address",
     "free_address",     "create_chunk",      "release_chunk",     "export_chunk_fd",
+    "import_chunk_fd",
     "map",              "unmap",             "set_access",        "host_alloc",
     "host_free",        "host_register",     "host_unregister",   "create_stream",
     "destroy_stream",   "create_event",      "destroy_event",     "record_event",

@@ -29,6 +29,7 @@ enum class DriverOp : int {
   kCreateChunk,
   kReleaseChunk,
   kExportChunkFd,
+  kImportChunkFd,
   kMap,
   kUnmap,
   kSetAccess,

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,7 +113,7 @@ absl::Status SimDriver::Enter(DriverOp op) {
 }
 
 void SimDriver::FreeChunkMemory(const ChunkRecord& record) {
-  used_bytes_[record.device].fetch_sub(record.size_bytes);
+  if (!record.imported) used_bytes_[record.device].fetch_sub(record.size_bytes);  // the exporter's otherwise
 }
 
 absl::StatusOr<int> SimDriver::DeviceCount() {
@@ -227,6 +228,30 @@ absl::StatusOr<int> SimDriver::ExportChunkFd(ChunkHandle chunk) {
   int fd = ::fcntl(static_cast<int>(record.backend), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
   return fd;
+}
+
+absl::StatusOr<ChunkHandle> SimDriver::ImportChunkFd(int device, int fd, std::size_t size_bytes) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kImportChunkFd));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(CheckGranularSize("ImportChunkFd", size_bytes, options_.granularity_bytes));
+  if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd));
+  // An exported chunk of the simulator is its memfd: a shared-memory file of the chunk's size.
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) < size_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd, " is not an exported chunk of ",
+                                                   size_bytes, " bytes"));
+  }
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return ErrnoStatus("fcntl(F_DUPFD_CLOEXEC)", errno);
+  ChunkHandle handle = next_chunk_.fetch_add(1);
+  ChunkRecord record;
+  record.device = device;
+  record.size_bytes = size_bytes;
+  record.options.shareable_fd = true;
+  record.backend = own;
+  record.imported = true;
+  ledger_.AddChunk(handle, record);
+  return handle;
 }
 
 absl::Status SimDriver::Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) {

@@ -92,6 +92,7 @@ class SimDriver final : public Driver {
   absl::StatusOr<ChunkHandle> CreateChunk(int device, std::size_t size_bytes, ChunkOptions options) override;
   absl::Status ReleaseChunk(ChunkHandle chunk) override;
   absl::StatusOr<int> ExportChunkFd(ChunkHandle chunk) override;
+  absl::StatusOr<ChunkHandle> ImportChunkFd(int device, int fd, std::size_t size_bytes) override;
   absl::Status Map(DevicePtr va, std::size_t size_bytes, ChunkHandle chunk) override;
   absl::Status Unmap(int device, DevicePtr va, std::size_t size_bytes) override;
   absl::Status SetAccess(DevicePtr va, std::size_t size_bytes, int device) override;

@@ -1,6 +1,11 @@
 // SimDriver specifics; the behaviour shared with CudaDriver is in the conformance suite.
 #include "vmm/sim_driver.h"
 
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -61,6 +66,100 @@ TEST(SimDriverTest, MemoryIsRealAndNeedsAccess) {
   ASSERT_TRUE(sim.Unmap(0, va, kG).ok());
   ASSERT_TRUE(sim.ReleaseChunk(c).ok());
   ASSERT_TRUE(sim.FreeAddress(0, va, kG).ok());
+}
+
+// `fd` sent over a Unix socket (SCM_RIGHTS), as processes pass an exported chunk.
+bool SendFd(int socket, int fd) {
+  char byte = 'x';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  return ::sendmsg(socket, &msg, 0) == 1;
+}
+
+int ReceiveFd(int socket) {
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  if (::recvmsg(socket, &msg, 0) != 1) return -1;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (c == nullptr || c->cmsg_type != SCM_RIGHTS) return -1;
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+  return fd;
+}
+
+TEST(SimDriverTest, AChunkImportedFromAnotherProcessIsItsMemoryAndTakesNoCapacityHere) {
+  int sockets[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the exporter: its own driver, a chunk written, exported, kept until told
+    ::close(sockets[0]);
+    SimDriver sim(Small());
+    ChunkOptions shareable;
+    shareable.shareable_fd = true;
+    DevicePtr va = sim.ReserveAddress(0, 2 * kG, 0).value();
+    ChunkHandle c = sim.CreateChunk(0, 2 * kG, shareable).value();
+    bool ok = sim.Map(va, 2 * kG, c).ok() && sim.SetAccess(va, 2 * kG, 0).ok();
+    if (ok) std::memset(reinterpret_cast<void*>(va), 0x6b, 2 * kG);
+    const int fd = sim.ExportChunkFd(c).value();
+    ok = ok && SendFd(sockets[1], fd);
+    char done = 0;
+    ok = ok && ::read(sockets[1], &done, 1) == 1;  // the importer has read the bytes
+    if (!ok) ::_exit(2);
+    ok = sim.Unmap(0, va, 2 * kG).ok() && sim.ReleaseChunk(c).ok() && sim.FreeAddress(0, va, 2 * kG).ok();
+    ::close(fd);
+    if (!ok) ::_exit(3);
+    absl::Status leaks = sim.CheckNoLeaks();
+    if (!leaks.ok()) std::fprintf(stderr, "child: %s\n", leaks.ToString().c_str());
+    ::_exit(leaks.ok() ? 0 : 4);
+  }
+  ::close(sockets[1]);
+  const int fd = ReceiveFd(sockets[0]);
+  ASSERT_GE(fd, 0);
+  SimDriver sim(Small());
+  ChunkHandle imported = sim.ImportChunkFd(0, fd, 2 * kG).value();
+  ::close(fd);
+  EXPECT_EQ(sim.UsedBytes(0), 0u) << "the exporter's memory";
+  EXPECT_EQ(sim.ImportChunkFd(0, sockets[0], 2 * kG).status().code(), absl::StatusCode::kInvalidArgument)
+      << "a socket is no exported chunk";
+  DevicePtr va = sim.ReserveAddress(0, 2 * kG, 0).value();
+  ASSERT_TRUE(sim.Map(va, 2 * kG, imported).ok());
+  ASSERT_TRUE(sim.SetAccess(va, 2 * kG, 0).ok());
+  char bytes[2] = {};
+  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va, 1, nullptr).ok());
+  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[1], va + 2 * kG - 1, 1, nullptr).ok());
+  EXPECT_EQ(bytes[0], 0x6b);
+  EXPECT_EQ(bytes[1], 0x6b);
+  ASSERT_EQ(::write(sockets[0], "d", 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the exporter's exit status " << status;
+  // The exporter released its handle and exited: the bytes live on in the import.
+  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va + kG, 1, nullptr).ok());
+  EXPECT_EQ(bytes[0], 0x6b);
+  ASSERT_TRUE(sim.SynchronizeStream(0, nullptr).ok());
+  ASSERT_TRUE(sim.Unmap(0, va, 2 * kG).ok());
+  ASSERT_TRUE(sim.ReleaseChunk(imported).ok());
+  ASSERT_TRUE(sim.FreeAddress(0, va, 2 * kG).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 0u);
+  EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+  ::close(sockets[0]);
 }
 
 TEST(SimDriverTest, UnmapOfMemoryWithUnsynchronizedCopiesIsReported) {
