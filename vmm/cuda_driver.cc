@@ -301,9 +301,8 @@ absl::StatusOr<ChunkHandle> CudaDriver::ImportChunkFd(int device, int fd, std::s
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api_.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-  if (r != CUDA_SUCCESS) {
-    return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd, " is not an exported chunk (",
-                                                   Fail(r, "cuMemImportFromShareableHandle").message(), ")"));
+  if (r != CUDA_SUCCESS) {  // a descriptor that is no exported chunk: CUDA_ERROR_INVALID_VALUE (InvalidArgument)
+    return Fail(r, "cuMemImportFromShareableHandle", absl::StrCat("descriptor ", fd, ", ", size_bytes, " bytes"));
   }
   // CUDA tells no handle's size: a handle shorter than `size_bytes` is refused by its Map.
   ChunkRecord record;

@@ -108,7 +108,8 @@ class Driver {
   // of it, in any process, is released and unmapped. Map, SetAccess, Unmap and
   // ReleaseChunk as for any chunk; ExportChunkFd works on it too. InvalidArgument for a
   // negative descriptor, a bad size or device, or a descriptor that is not an exported
-  // chunk of at least `size_bytes`.
+  // chunk. A chunk smaller than `size_bytes`: InvalidArgument here on the simulator; CUDA
+  // tells no handle's size, so the CUDA driver does not check it (its Map fails).
   virtual absl::StatusOr<ChunkHandle> ImportChunkFd(int device, int fd, std::size_t size_bytes) = 0;
 
   // Maps the whole `chunk` at `va`. `size_bytes` must equal the chunk's size (a partial

@@ -43,6 +43,7 @@ struct ChunkRecord {
   int map_count = 0;
   std::int64_t backend = -1;  // backend-private (SimDriver: the memfd)
   bool imported = false;      // ImportChunkFd: the exporter's memory, not this driver's
+  std::uint64_t physical = 0;  // backend-private (SimDriver: the memfd's inode, its memory's identity)
 };
 
 struct MappingRecord {

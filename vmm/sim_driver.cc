@@ -113,7 +113,12 @@ absl::Status SimDriver::Enter(DriverOp op) {
 }
 
 void SimDriver::FreeChunkMemory(const ChunkRecord& record) {
-  if (!record.imported) used_bytes_[record.device].fetch_sub(record.size_bytes);  // the exporter's otherwise
+  if (record.physical == 0) return;  // imported from another process: its memory, not ours
+  MutexLock lock(&physical_mu_);
+  auto it = physical_.find(record.physical);
+  if (it == physical_.end() || --it->second.holders > 0) return;  // an import of it (or the chunk) still holds it
+  used_bytes_[it->second.device].fetch_sub(it->second.size_bytes);
+  physical_.erase(it);
 }
 
 absl::StatusOr<int> SimDriver::DeviceCount() {
@@ -198,12 +203,24 @@ absl::StatusOr<ChunkHandle> SimDriver::CreateChunk(int device, std::size_t size_
     used.fetch_sub(size_bytes);
     return ErrnoStatus("memfd_create/ftruncate", err);
   }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    used.fetch_sub(size_bytes);
+    return ErrnoStatus("fstat(memfd)", err);
+  }
   ChunkHandle handle = next_chunk_.fetch_add(1);
   ChunkRecord record;
   record.device = device;
   record.size_bytes = size_bytes;
   record.options = options;
   record.backend = fd;
+  record.physical = static_cast<std::uint64_t>(st.st_ino);
+  {
+    MutexLock lock(&physical_mu_);
+    physical_[record.physical] = Physical{device, size_bytes, 1};
+  }
   ledger_.AddChunk(handle, record);
   counters_.AddChunkBytes(size_bytes);
   return handle;
@@ -235,9 +252,12 @@ absl::StatusOr<ChunkHandle> SimDriver::ImportChunkFd(int device, int fd, std::si
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   VMSTASH_RETURN_IF_ERROR(CheckGranularSize("ImportChunkFd", size_bytes, options_.granularity_bytes));
   if (fd < 0) return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd));
-  // An exported chunk of the simulator is its memfd: a shared-memory file of the chunk's size.
+  // An exported chunk of the simulator is its memfd: a shared-memory file (the only kind
+  // F_GET_SEALS accepts) open for reading and writing, of at least the chunk's size.
   struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) < size_bytes) {
+  const int mode = ::fcntl(fd, F_GETFL);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) < size_bytes ||
+      ::fcntl(fd, F_GET_SEALS) < 0 || mode < 0 || (mode & O_ACCMODE) != O_RDWR) {
     return absl::InvalidArgumentError(absl::StrCat("ImportChunkFd: descriptor ", fd, " is not an exported chunk of ",
                                                    size_bytes, " bytes"));
   }
@@ -250,6 +270,15 @@ absl::StatusOr<ChunkHandle> SimDriver::ImportChunkFd(int device, int fd, std::si
   record.options.shareable_fd = true;
   record.backend = own;
   record.imported = true;
+  {
+    // A chunk of this driver imported back: its memory is held until this handle goes too.
+    MutexLock lock(&physical_mu_);
+    auto it = physical_.find(static_cast<std::uint64_t>(st.st_ino));
+    if (it != physical_.end()) {
+      ++it->second.holders;
+      record.physical = it->first;
+    }
+  }
   ledger_.AddChunk(handle, record);
   return handle;
 }

@@ -144,6 +144,15 @@ class SimDriver final : public Driver {
   OpCounters counters_;
   DriverLedger ledger_{"sim"};
   std::unique_ptr<std::atomic<std::size_t>[]> used_bytes_;
+  // The memory of the chunks created here, by memfd inode: how many handles (the chunk's,
+  // and imports of it in this driver) still hold it; counted in used_bytes_ until none does.
+  struct Physical {
+    int device = 0;
+    std::size_t size_bytes = 0;
+    int holders = 0;
+  };
+  mutable Mutex physical_mu_;
+  absl::flat_hash_map<std::uint64_t, Physical> physical_ ABSL_GUARDED_BY(physical_mu_);
   std::atomic<ChunkHandle> next_chunk_{1};
   mutable Mutex fault_mu_;
   std::vector<ArmedRule> faults_ ABSL_GUARDED_BY(fault_mu_);

@@ -1,12 +1,14 @@
 // SimDriver specifics; the behaviour shared with CudaDriver is in the conformance suite.
 #include "vmm/sim_driver.h"
 
+#include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 
 #include "gtest/gtest.h"
 #include "base/status_macros.h"
@@ -103,63 +105,106 @@ int ReceiveFd(int socket) {
   return fd;
 }
 
+// The exporter of the cross-process case, in the forked child: its own driver, a chunk
+// written and exported, kept until the importer says it has read it. Exits, never returns
+// (a child must not run the rest of the test binary): 0 when all went well.
+[[noreturn]] void ExportInChild(int socket) {
+  SimDriver sim(Small());
+  ChunkOptions shareable;
+  shareable.shareable_fd = true;
+  absl::StatusOr<DevicePtr> va = sim.ReserveAddress(0, 2 * kG, 0);
+  absl::StatusOr<ChunkHandle> c = sim.CreateChunk(0, 2 * kG, shareable);
+  if (!va.ok() || !c.ok() || !sim.Map(*va, 2 * kG, *c).ok() || !sim.SetAccess(*va, 2 * kG, 0).ok()) ::_exit(2);
+  std::memset(reinterpret_cast<void*>(*va), 0x6b, 2 * kG);
+  absl::StatusOr<int> fd = sim.ExportChunkFd(*c);
+  char done = 0;
+  if (!fd.ok() || !SendFd(socket, *fd) || ::read(socket, &done, 1) != 1) ::_exit(3);
+  ::close(*fd);
+  if (!sim.Unmap(0, *va, 2 * kG).ok() || !sim.ReleaseChunk(*c).ok() || !sim.FreeAddress(0, *va, 2 * kG).ok()) {
+    ::_exit(4);
+  }
+  ::_exit(sim.CheckNoLeaks().ok() ? 0 : 5);
+}
+
 TEST(SimDriverTest, AChunkImportedFromAnotherProcessIsItsMemoryAndTakesNoCapacityHere) {
   int sockets[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
-  if (child == 0) {  // the exporter: its own driver, a chunk written, exported, kept until told
+  if (child == 0) {
     ::close(sockets[0]);
-    SimDriver sim(Small());
-    ChunkOptions shareable;
-    shareable.shareable_fd = true;
-    DevicePtr va = sim.ReserveAddress(0, 2 * kG, 0).value();
-    ChunkHandle c = sim.CreateChunk(0, 2 * kG, shareable).value();
-    bool ok = sim.Map(va, 2 * kG, c).ok() && sim.SetAccess(va, 2 * kG, 0).ok();
-    if (ok) std::memset(reinterpret_cast<void*>(va), 0x6b, 2 * kG);
-    const int fd = sim.ExportChunkFd(c).value();
-    ok = ok && SendFd(sockets[1], fd);
-    char done = 0;
-    ok = ok && ::read(sockets[1], &done, 1) == 1;  // the importer has read the bytes
-    if (!ok) ::_exit(2);
-    ok = sim.Unmap(0, va, 2 * kG).ok() && sim.ReleaseChunk(c).ok() && sim.FreeAddress(0, va, 2 * kG).ok();
-    ::close(fd);
-    if (!ok) ::_exit(3);
-    absl::Status leaks = sim.CheckNoLeaks();
-    if (!leaks.ok()) std::fprintf(stderr, "child: %s\n", leaks.ToString().c_str());
-    ::_exit(leaks.ok() ? 0 : 4);
+    ExportInChild(sockets[1]);
   }
   ::close(sockets[1]);
+  // Whatever happens below, the child is told to finish and is waited for.
+  int status = -1;
+  auto finish_child = [&] {
+    if (sockets[0] >= 0) {
+      (void)!::write(sockets[0], "d", 1);
+      ::close(sockets[0]);
+      sockets[0] = -1;
+    }
+    if (status == -1) ::waitpid(child, &status, 0);
+  };
+  struct Finally {
+    std::function<void()> f;
+    ~Finally() { f(); }
+  } finally{finish_child};
   const int fd = ReceiveFd(sockets[0]);
   ASSERT_GE(fd, 0);
   SimDriver sim(Small());
-  ChunkHandle imported = sim.ImportChunkFd(0, fd, 2 * kG).value();
+  absl::StatusOr<ChunkHandle> imported = sim.ImportChunkFd(0, fd, 2 * kG);
   ::close(fd);
+  ASSERT_TRUE(imported.ok()) << imported.status();
   EXPECT_EQ(sim.UsedBytes(0), 0u) << "the exporter's memory";
   EXPECT_EQ(sim.ImportChunkFd(0, sockets[0], 2 * kG).status().code(), absl::StatusCode::kInvalidArgument)
       << "a socket is no exported chunk";
   DevicePtr va = sim.ReserveAddress(0, 2 * kG, 0).value();
-  ASSERT_TRUE(sim.Map(va, 2 * kG, imported).ok());
-  ASSERT_TRUE(sim.SetAccess(va, 2 * kG, 0).ok());
+  EXPECT_TRUE(sim.Map(va, 2 * kG, *imported).ok());
+  EXPECT_TRUE(sim.SetAccess(va, 2 * kG, 0).ok());
   char bytes[2] = {};
-  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va, 1, nullptr).ok());
-  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[1], va + 2 * kG - 1, 1, nullptr).ok());
+  EXPECT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va, 1, nullptr).ok());
+  EXPECT_TRUE(sim.CopyToHostAsync(0, &bytes[1], va + 2 * kG - 1, 1, nullptr).ok());
   EXPECT_EQ(bytes[0], 0x6b);
   EXPECT_EQ(bytes[1], 0x6b);
-  ASSERT_EQ(::write(sockets[0], "d", 1), 1);
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  finish_child();  // the exporter releases its handle and exits
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the exporter's exit status " << status;
-  // The exporter released its handle and exited: the bytes live on in the import.
-  ASSERT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va + kG, 1, nullptr).ok());
+  // The bytes live on in the import.
+  EXPECT_TRUE(sim.CopyToHostAsync(0, &bytes[0], va + kG, 1, nullptr).ok());
   EXPECT_EQ(bytes[0], 0x6b);
-  ASSERT_TRUE(sim.SynchronizeStream(0, nullptr).ok());
-  ASSERT_TRUE(sim.Unmap(0, va, 2 * kG).ok());
-  ASSERT_TRUE(sim.ReleaseChunk(imported).ok());
-  ASSERT_TRUE(sim.FreeAddress(0, va, 2 * kG).ok());
+  EXPECT_TRUE(sim.SynchronizeStream(0, nullptr).ok());
+  EXPECT_TRUE(sim.Unmap(0, va, 2 * kG).ok());
+  EXPECT_TRUE(sim.ReleaseChunk(*imported).ok());
+  EXPECT_TRUE(sim.FreeAddress(0, va, 2 * kG).ok());
   EXPECT_EQ(sim.UsedBytes(0), 0u);
   EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
-  ::close(sockets[0]);
+}
+
+TEST(SimDriverTest, AChunkImportedBackKeepsItsCapacityUntilEveryHandleGoes) {
+  SimDriver sim(Small());
+  ChunkOptions shareable;
+  shareable.shareable_fd = true;
+  ChunkHandle exported = sim.CreateChunk(0, 2 * kG, shareable).value();
+  const int fd = sim.ExportChunkFd(exported).value();
+  EXPECT_EQ(sim.ImportChunkFd(0, fd, 4 * kG).status().code(), absl::StatusCode::kInvalidArgument)
+      << "more than was exported";
+  ChunkHandle imported = sim.ImportChunkFd(0, fd, 2 * kG).value();
+  ::close(fd);
+  EXPECT_EQ(sim.UsedBytes(0), 2 * kG) << "one memory, counted once";
+  ASSERT_TRUE(sim.ReleaseChunk(exported).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 2 * kG) << "the import still holds it";
+  EXPECT_EQ(sim.CreateChunk(0, 8 * kG, {}).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(sim.ReleaseChunk(imported).ok());
+  EXPECT_EQ(sim.UsedBytes(0), 0u);
+  // A descriptor of a file that is not shared memory is refused.
+  char path[] = "/tmp/vmstash-sim-import-XXXXXX";
+  const int file = ::mkstemp(path);
+  ASSERT_GE(file, 0);
+  ::unlink(path);
+  ASSERT_EQ(::ftruncate(file, 2 * kG), 0);
+  EXPECT_EQ(sim.ImportChunkFd(0, file, 2 * kG).status().code(), absl::StatusCode::kInvalidArgument);
+  ::close(file);
+  EXPECT_TRUE(sim.CheckNoLeaks().ok());
 }
 
 TEST(SimDriverTest, UnmapOfMemoryWithUnsynchronizedCopiesIsReported) {
