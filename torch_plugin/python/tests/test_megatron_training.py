@@ -258,8 +258,9 @@ def _rank_that_hangs_after_its_record(rank, world, port, switch, cycles, steps, 
     import json
     import os
     import time
-    with open(os.path.join(out, f"{rank}.json"), "w") as f:
+    with open(os.path.join(out, f"{rank}.json.tmp"), "w") as f:  # written whole, as _rank_main does
         json.dump({"rank": rank, "losses": []}, f)
+    os.replace(os.path.join(out, f"{rank}.json.tmp"), os.path.join(out, f"{rank}.json"))
     while True:
         time.sleep(1)
 

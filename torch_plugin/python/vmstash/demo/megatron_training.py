@@ -271,33 +271,44 @@ def run_job(world, switch, cycles, steps, timeout=300, grace=20):
     with tempfile.TemporaryDirectory() as out:
         procs = [ctx.Process(target=_rank_main, args=(r, world, port, switch, cycles, steps, out))
                  for r in range(world)]
-        for p in procs:
-            p.start()
-        paths = [os.path.join(out, f"{r}.json") for r in range(world)]
-        start, settled_at, why = time.monotonic(), None, {}
-        while any(p.is_alive() for p in procs):
-            now = time.monotonic()
-            # Settled: a rank failed (the others may wait for it in a collective), or every
-            # rank wrote its record (a rank still alive is only ending).
-            failed = any(p.exitcode not in (None, 0) for p in procs) or any(
-                os.path.exists(path) and "error" in _read(path) for path in paths)
-            if settled_at is None and (failed or all(os.path.exists(path) for path in paths)):
-                settled_at = now
-            late = now - start > timeout
-            if late or (settled_at is not None and now - settled_at > grace):
-                for r, p in enumerate(procs):
-                    if p.is_alive():
-                        p.kill()
-                        why[r] = (f"killed after the {timeout:g} s timeout" if late else
-                                  f"killed {grace:g} s after another rank failed")
-                break
-            time.sleep(0.2)
-        records = []
-        for r, p in enumerate(procs):
-            p.join()
-            records.append(_read(paths[r]) if os.path.exists(paths[r]) else
-                           {"rank": r, "error": why.get(r, f"exited with {p.exitcode} and no record")})
-        return records
+        try:
+            return _watch(procs, out, world, timeout, grace)
+        finally:  # whatever went wrong here, no rank outlives the job (nor blocks the interpreter's exit)
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+
+
+def _watch(procs, out, world, timeout, grace):
+    """run_job's loop: starts the ranks, waits, kills the late ones, reads the records."""
+    for p in procs:
+        p.start()
+    paths = [os.path.join(out, f"{r}.json") for r in range(world)]
+    start, settled_at, why = time.monotonic(), None, {}
+    while any(p.is_alive() for p in procs):
+        now = time.monotonic()
+        # Settled: a rank failed (the others may wait for it in a collective), or every
+        # rank wrote its record (a rank still alive is only ending).
+        failed = any(p.exitcode not in (None, 0) for p in procs) or any(
+            os.path.exists(path) and "error" in _read(path) for path in paths)
+        if settled_at is None and (failed or all(os.path.exists(path) for path in paths)):
+            settled_at = now
+        late = now - start > timeout
+        if late or (settled_at is not None and now - settled_at > grace):
+            for r, p in enumerate(procs):
+                if p.is_alive():
+                    p.kill()
+                    why[r] = (f"killed after the {timeout:g} s timeout" if late else
+                              f"killed {grace:g} s after another rank failed")
+            break
+        time.sleep(0.2)
+    records = []
+    for r, p in enumerate(procs):
+        p.join()
+        records.append(_read(paths[r]) if os.path.exists(paths[r]) else
+                       {"rank": r, "error": why.get(r, f"exited with {p.exitcode} and no record")})
+    return records
 
 
 def _read(path):
