@@ -88,6 +88,14 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
       }
     } else if (key == "device") {
       VMSTASH_ASSIGN_OR_RETURN(request.device, IntField(value, key, -1));
+    } else if (key == "txn") {
+      VMSTASH_ASSIGN_OR_RETURN(request.txn, StringField(value, key));
+      if (request.txn.empty() || request.txn.size() > 64) return RequestError("\"txn\" must be a switch id");
+      for (char c : request.txn) {
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return RequestError("\"txn\" must be a switch id");
+      }
+    } else if (key == "timeout_ms") {
+      VMSTASH_ASSIGN_OR_RETURN(request.timeout_ms, IntField(value, key, 1));
     } else {
       return RequestError(absl::StrCat("unknown key \"", key, "\""));
     }
@@ -105,6 +113,10 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
   if (request.op == Op::kSwitch && request.pause.empty() && request.resume.empty()) {
     return absl::InvalidArgumentError("control request: switch needs a \"pause\" or \"resume\" tag list");
   }
+  if (request.txn.empty() != (request.timeout_ms == 0) || (!request.txn.empty() && request.op != Op::kSwitch)) {
+    return absl::InvalidArgumentError(
+        "control request: \"txn\" and \"timeout_ms\" go together, and only with switch");
+  }
   if (request.op != Op::kSwitch && (!request.pause.empty() || !request.resume.empty())) {
     return absl::InvalidArgumentError(absl::StrCat("control request: ", OpName(request.op),
                                                    " takes no \"pause\"/\"resume\" lists"));
@@ -121,6 +133,10 @@ std::string FormatRequest(const Request& request) {
   if (!request.pause.empty()) w.Field("pause", absl::StrJoin(request.pause, ","));
   if (!request.resume.empty()) w.Field("resume", absl::StrJoin(request.resume, ","));
   if (request.device != -1) w.Field("device", request.device);
+  if (!request.txn.empty()) {
+    w.Field("txn", request.txn);
+    w.Field("timeout_ms", request.timeout_ms);
+  }
   w.EndObject();
   return w.str() + "\n";
 }

@@ -5,6 +5,10 @@
 // holding a flat JSON object:
 //   {"v":1,"op":"hello"|"stats"|"tags"|"snapshot"|"pause"|"resume","tag":"...","device":0}
 //   {"v":1,"op":"switch","pause":"a,b","resume":"c,d","device":0}
+//   {"v":1,"op":"switch",...,"txn":"<id>","timeout_ms":T}   this process's part of a node
+//       switch (node/node_switch.h, Note [Node Switch]): its outcome is voted to the node
+//       daemon, and the switch commits or rolls back as decided there (T: the switch's
+//       timeout, after which this process stops waiting for the decision)
 // "tag" is required by pause/resume; "switch" takes comma-separated tag lists ("pause",
 // "resume"; at least one tag in all; a tag holding a comma cannot be named there, pause
 // and resume it instead); "device" is optional (default -1: every device in use). The
@@ -43,6 +47,8 @@ struct Request {
   std::vector<std::string> pause;   // switch
   std::vector<std::string> resume;  // switch
   int device = -1;  // -1: every device in use
+  std::string txn;     // switch: a node switch's id (empty: a switch of this process alone)
+  int timeout_ms = 0;  // switch with txn: > 0
 };
 
 absl::string_view OpName(Op op);

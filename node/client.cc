@@ -60,13 +60,9 @@ void NoteSocket(int fd, bool live) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOptions& options) {
-  const std::string dir = options.dir.empty() ? control::DefaultRuntimeDir() : options.dir;
-  if (absl::Status s = control::CheckPrivateDir(dir); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("node: refusing the runtime directory: ", s.message()));
-  }
-  const std::string path = SocketPath(dir);
-  absl::StatusOr<int> connected = node::Connect(path);
+  absl::StatusOr<int> connected = ConnectTrusted(options.dir);
   if (!connected.ok()) {
+    if (!absl::IsUnavailable(connected.status())) return connected.status();
     return absl::Status(connected.status().code(),
                         absl::StrCat(connected.status().message(), "; start one with `vmstash daemon start`"));
   }
@@ -76,11 +72,7 @@ absl::StatusOr<std::unique_ptr<NodeClient>> NodeClient::Connect(const ClientOpti
     NoteSocket(fd, false);
     ::close(fd);
   };
-  absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
-  if (!peer.ok() || peer->uid != ::getuid()) {
-    close_socket();
-    return absl::PermissionDeniedError(absl::StrCat("node: the daemon at ", path, " does not run as this user; refused"));
-  }
+  const std::string path = SocketPath(options.dir.empty() ? control::DefaultRuntimeDir() : options.dir);
   WireRequest hello;
   hello.op = WireOp::kHello;
   hello.pid = ::getpid();

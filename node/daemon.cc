@@ -5,19 +5,26 @@
 #include <poll.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/json_writer.h"
 #include "base/log.h"
 #include "control/runtime_dir.h"
+#include "node/decision_record.h"
 
 namespace vmstash::node {
 namespace {
@@ -35,6 +42,31 @@ absl::StatusOr<int> TakeDaemonLock(const std::string& dir, const std::string& so
     return control::Errno(absl::StrCat("vmstashd: flock ", path), err);
   }
   return fd;
+}
+
+constexpr std::uint64_t kMaxSwitchTimeoutMs = std::uint64_t{24} * 3600 * 1000;
+// Without pidfds, watched participants are checked this often.
+constexpr int kExitCheckMs = 200;
+
+std::int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool Alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+// A pidfd for `pid` (readable once it exits), -1 where the kernel has none (then Alive is
+// polled), or -2 when the process is gone already.
+int OpenPidfd(pid_t pid) {
+#ifdef SYS_pidfd_open
+  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
+  if (fd >= 0) {
+    ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+    return static_cast<int>(fd);
+  }
+  if (errno == ESRCH) return -2;
+#endif
+  return Alive(pid) ? -1 : -2;
 }
 
 std::string OkReply(const std::function<void(JsonWriter&)>& fields) {
@@ -96,6 +128,8 @@ absl::StatusOr<std::unique_ptr<NodeDaemon>> NodeDaemon::Start(DaemonOptions opti
     ::close(*lock);
     return failed;
   }
+  const int swept = SweepDecisions(options.dir);
+  if (swept > 0) VMSTASH_LOG(kInfo, "vmstashd: removed {} switch records of processes all gone", swept);
   std::unique_ptr<NodeDaemon> d(
       new NodeDaemon(std::move(options), std::move(*memory), fd, wake, path, *lock, spare));
   d->thread_ = std::thread([raw = d.get()] { raw->Loop(); });
@@ -137,6 +171,10 @@ void NodeDaemon::Stop() {
     ::close(fd);
   }
   clients_.clear();
+  for (auto& [pid, fd] : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+  pidfds_.clear();
   ::unlink(path_.c_str());
 }
 
@@ -152,22 +190,30 @@ std::size_t NodeDaemon::connected() const {
 
 void NodeDaemon::Loop() {
   std::vector<pollfd> fds;
+  std::size_t first_pidfd = 0;
   while (!stopping_.load()) {
     fds.clear();
     fds.push_back({wake_read_, POLLIN, 0});
     fds.push_back({listen_fd_, POLLIN, 0});
+    int timeout_ms = -1;
     {
       MutexLock lock(&mu_);
+      Tend();
       for (const auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0});
+      first_pidfd = fds.size();
+      for (const auto& [pid, fd] : pidfds_) {
+        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+      }
+      timeout_ms = PollTimeoutMs();
     }
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       VMSTASH_LOG(kError, "vmstashd: poll: {}", std::strerror(errno));
       continue;
     }
     if (fds[0].revents != 0) break;
     if (fds[1].revents != 0) Accept();
-    for (std::size_t i = 2; i < fds.size(); ++i) {
+    for (std::size_t i = 2; i < first_pidfd; ++i) {
       if (fds[i].revents == 0) continue;
       const int fd = fds[i].fd;
       absl::StatusOr<Received> got = Receive(fd, 0);
@@ -182,18 +228,23 @@ void NodeDaemon::Loop() {
         bad = absl::InvalidArgumentError("node protocol: clients pass no descriptors");
       }
       int pass_fd = -1;
-      std::string reply;
+      std::optional<std::string> reply;
       bool refused = false;
       {
         MutexLock lock(&mu_);
         auto c = clients_.find(fd);
         if (c == clients_.end()) continue;
+        if (!c->second.waiting.empty()) {
+          refused = true;  // a request while its vote waits: the replies could no longer be told apart
+          bad = absl::FailedPreconditionError("node protocol: a request sent while a vote waits for its decision");
+        }
         if (!c->second.refused.ok()) bad = c->second.refused;
         reply = bad.ok() ? Handle(c->second, got->message, &pass_fd) : FormatError(bad);
-        refused = !c->second.refused.ok();
+        refused = refused || !c->second.refused.ok();
       }
+      if (!reply.has_value()) continue;  // a vote: answered when its switch is decided
       // A full send buffer (the client does not read its replies) or a closed peer: dropped.
-      if (absl::Status s = Send(fd, reply, pass_fd); !s.ok() || refused) Drop(fd);
+      if (absl::Status s = Send(fd, *reply, pass_fd); !s.ok() || refused) Drop(fd);
     }
   }
 }
@@ -248,9 +299,15 @@ void NodeDaemon::Accept() {
   }
 }
 
-std::string NodeDaemon::Handle(Client& client, const std::string& message, int* pass_fd) {
+std::optional<std::string> NodeDaemon::Handle(Client& client, const std::string& message, int* pass_fd) {
   absl::StatusOr<WireRequest> r = ParseRequest(message);
   if (!r.ok()) return FormatError(r.status());
+  switch (r->op) {  // a node switch's requests need no hello
+    case WireOp::kBegin: return Begin(*r);
+    case WireOp::kVote: return Vote(client, *r);
+    case WireOp::kOutcome: return Outcome(*r);
+    default: break;
+  }
   if ((r->op == WireOp::kHello) == client.said_hello) {
     return FormatError(absl::FailedPreconditionError(client.said_hello ? "hello was said already"
                                                                        : "say hello first"));
@@ -291,8 +348,161 @@ std::string NodeDaemon::Handle(Client& client, const std::string& message, int* 
         w.Field("connected", static_cast<std::uint64_t>(connected));
       });
     }
+    case WireOp::kBegin:
+    case WireOp::kVote:
+    case WireOp::kOutcome:
+      break;
   }
   return FormatError(absl::InternalError("unhandled op"));
+}
+
+namespace {
+
+std::string DecisionReply(const SwitchDecision& d) {
+  return OkReply([&](JsonWriter& w) {
+    w.Field("decision", d.commit ? "commit" : "abort");
+    w.Field("reason", d.reason);
+  });
+}
+
+}  // namespace
+
+std::string NodeDaemon::Begin(const WireRequest& r) {
+  if (r.timeout_ms == 0 || r.timeout_ms > kMaxSwitchTimeoutMs) {
+    return FormatError(absl::InvalidArgumentError(
+        absl::StrCat("node switch: timeout_ms ", r.timeout_ms, " (1 to ", kMaxSwitchTimeoutMs, ")")));
+  }
+  std::vector<pid_t> pids;
+  for (absl::string_view p : absl::StrSplit(r.pids, ',')) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(p, &pid) || pid <= 0) {
+      return FormatError(absl::InvalidArgumentError(absl::StrCat("node switch: \"", p, "\" is not a pid")));
+    }
+    if (!Alive(pid)) return FormatError(absl::NotFoundError(absl::StrCat("node switch: no process ", pid)));
+    pids.push_back(pid);
+  }
+  absl::StatusOr<std::string> id = NewSwitchId();
+  absl::Status s = id.ok() ? switches_.Begin(*id, pids, NowMs() + static_cast<std::int64_t>(r.timeout_ms)) : id.status();
+  if (!s.ok()) return FormatError(s);
+  VMSTASH_LOG(kDebug, "vmstashd: node switch {} of processes {} begun", *id, r.pids);
+  return OkReply([&](JsonWriter& w) { w.Field("txn", *id); });
+}
+
+std::optional<std::string> NodeDaemon::Vote(Client& client, const WireRequest& r) {
+  if (r.pid != client.pid) {
+    return FormatError(absl::PermissionDeniedError(
+        absl::StrCat("node switch: process ", client.pid, " may vote for itself only, not for ", r.pid)));
+  }
+  absl::StatusOr<std::optional<SwitchDecision>> d =
+      switches_.Vote(r.txn, static_cast<pid_t>(r.pid), r.ok, r.reason);
+  if (!d.ok()) {
+    if (!absl::IsNotFound(d.status())) return FormatError(d.status());
+    return Outcome(r);  // begun by a daemon that is gone: its record, or abort
+  }
+  if (!d->has_value()) {  // undecided: the reply waits
+    client.waiting = r.txn;
+    return std::nullopt;
+  }
+  // Decided now (this was the last vote, or a failure) or before (a late vote).
+  const SwitchDecision decided = Decide(r.txn);
+  switches_.Told(r.txn, static_cast<pid_t>(r.pid));
+  return DecisionReply(decided);
+}
+
+std::string NodeDaemon::Outcome(const WireRequest& r) {
+  if (!IsSwitchId(r.txn)) {
+    return FormatError(absl::InvalidArgumentError(absl::StrCat("node switch: \"", r.txn, "\" is not a switch id")));
+  }
+  absl::StatusOr<std::optional<SwitchDecision>> known = switches_.Decision(r.txn);
+  if (known.ok()) {
+    if (!known->has_value()) return OkReply([](JsonWriter& w) { w.Field("decision", "pending"); });
+    const SwitchDecision d = **known;
+    switches_.Told(r.txn, static_cast<pid_t>(r.pid));
+    return DecisionReply(d);
+  }
+  // Not ours: begun by a daemon that died. Its record stands; with none, it never decided
+  // (a decision is recorded before anyone is told), and no one can decide it now but us.
+  absl::StatusOr<SwitchDecision> recorded = RecordDecision(
+      options_.dir, r.txn, {},
+      SwitchDecision{false, absl::StrCat("the node daemon that began switch ", r.txn, " is gone and had not decided")});
+  if (!recorded.ok()) return FormatError(recorded.status());
+  return DecisionReply(*recorded);
+}
+
+SwitchDecision NodeDaemon::Decide(const std::string& id) {
+  absl::StatusOr<std::optional<SwitchDecision>> d = switches_.Decision(id);
+  if (!d.ok() || !d->has_value()) return SwitchDecision{false, "node switch: no decision"};
+  SwitchDecision decided = **d;
+  absl::StatusOr<SwitchDecision> recorded = RecordDecision(options_.dir, id, switches_.Participants(id), decided);
+  if (!recorded.ok()) {
+    // Unrecorded, a commit could not be learned by a participant that loses contact: abort
+    // (what they presume when no record is found).
+    VMSTASH_LOG(kError, "vmstashd: node switch {}: {}; aborting it", id, recorded.status().message());
+    decided = SwitchDecision{false, absl::StrCat("the node daemon could not record its decision: ",
+                                                 recorded.status().message())};
+  } else {
+    decided = *recorded;
+  }
+  switches_.Settle(id, decided);
+  VMSTASH_LOG(kInfo, "vmstashd: node switch {}: {}{}", id, decided.commit ? "commit" : "abort: ", decided.reason);
+  for (auto& [fd, client] : clients_) {
+    if (client.waiting != id) continue;
+    client.waiting.clear();
+    if (Send(fd, DecisionReply(decided)).ok()) switches_.Told(id, client.pid);
+  }
+  return decided;
+}
+
+void NodeDaemon::Tend() {
+  // Exits of the watched participants.
+  std::vector<pid_t> watched = switches_.Watched();
+  for (auto it = pidfds_.begin(); it != pidfds_.end();) {
+    if (std::find(watched.begin(), watched.end(), it->first) == watched.end()) {
+      if (it->second >= 0) ::close(it->second);
+      it = pidfds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  std::vector<pid_t> exited;
+  for (pid_t pid : watched) {
+    auto it = pidfds_.find(pid);
+    if (it == pidfds_.end()) {
+      const int fd = OpenPidfd(pid);
+      if (fd == -2) {
+        exited.push_back(pid);
+        continue;
+      }
+      it = pidfds_.emplace(pid, fd).first;
+    }
+    bool gone = false;
+    if (it->second >= 0) {
+      pollfd p{it->second, POLLIN, 0};
+      gone = ::poll(&p, 1, 0) > 0;
+    } else {
+      gone = !Alive(pid);
+    }
+    if (gone) exited.push_back(pid);
+  }
+  for (pid_t pid : exited) {
+    auto it = pidfds_.find(pid);
+    if (it != pidfds_.end()) {
+      if (it->second >= 0) ::close(it->second);
+      pidfds_.erase(it);
+    }
+    for (const std::string& id : switches_.Exited(pid)) Decide(id);
+  }
+  for (const std::string& id : switches_.Expire(NowMs())) Decide(id);
+  for (const std::string& id : switches_.TakeForgotten()) RemoveDecision(options_.dir, id);
+}
+
+int NodeDaemon::PollTimeoutMs() {
+  std::int64_t timeout = -1;
+  if (std::optional<std::int64_t> next = switches_.NextDeadline()) timeout = std::max<std::int64_t>(0, *next - NowMs() + 1);
+  for (const auto& [pid, fd] : pidfds_) {
+    if (fd < 0) timeout = timeout < 0 ? kExitCheckMs : std::min<std::int64_t>(timeout, kExitCheckMs);
+  }
+  return static_cast<int>(std::min<std::int64_t>(timeout, 60000));
 }
 
 void NodeDaemon::Drop(int fd) {

@@ -22,6 +22,12 @@
 //   same moment or later, is refused (AlreadyExists); the socket it finds is a dead
 //   daemon's and is replaced. Stop: wakes the thread, joins it, closes every connection
 //   (their leases go back), removes the socket, then lets go of the lock.
+//   Node switches (Note [Node Switch], node_switch.h): the daemon keeps their ledger
+//   (switch_ledger.h) and decides each, recording the decision (decision_record.h)
+//   before it tells anyone. A vote's reply is held until the decision; the participants
+//   that have not been told are watched through pidfds (an exit decides "abort" when the
+//   process had not voted), and the poll's timeout is the next deadline. At start, the
+//   records whose participants are all gone are removed.
 //   Misbehaving clients: connections are non-blocking, so a client that does not read
 //   its replies is dropped (its leases go back) when its send buffer is full; an empty
 //   packet, garbage, or a packet with descriptors gets an error reply (the descriptors
@@ -40,6 +46,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -49,6 +56,7 @@
 #include "base/mutex.h"
 #include "node/host_pool.h"
 #include "node/shared_memory.h"
+#include "node/switch_ledger.h"
 #include "node/wire.h"
 
 namespace vmstash::node {
@@ -80,13 +88,27 @@ class NodeDaemon {
     bool said_hello = false;
     pid_t pid = 0;
     absl::Status refused;  // over max_clients: its first request gets this, then it is closed
+    std::string waiting;   // the switch whose decision its vote waits for (no request meanwhile)
   };
   NodeDaemon(DaemonOptions options, std::unique_ptr<SharedHostMemory> memory, int listen_fd, int wake[2],
              std::string path, int lock_fd, int spare_fd);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   void Accept() ABSL_LOCKS_EXCLUDED(mu_);
-  // The reply to one request of `fd`'s client (and the fd to pass with it, or -1).
-  std::string Handle(Client& client, const std::string& message, int* pass_fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The reply to one request of `fd`'s client (and the fd to pass with it, or -1); nothing
+  // for a vote whose reply waits for the decision.
+  std::optional<std::string> Handle(Client& client, const std::string& message, int* pass_fd)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The node switch requests (Note [Node Switch]).
+  std::string Begin(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<std::string> Vote(Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Outcome(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the ledger's decision of `id` (the record wins), makes it the ledger's, and
+  // sends it to the votes waiting for it; returns it.
+  SwitchDecision Decide(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Exits of watched participants, passed deadlines, then what the ledger forgot.
+  void Tend() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The poll timeout: until the next deadline (-1: none; a bound where pidfds are missing).
+  int PollTimeoutMs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(int fd) ABSL_LOCKS_EXCLUDED(mu_);  // the client's connection closed: its leases go back
 
   const DaemonOptions options_;
@@ -102,6 +124,8 @@ class NodeDaemon {
   HostPoolLedger ledger_ ABSL_GUARDED_BY(mu_);
   std::map<int, Client> clients_ ABSL_GUARDED_BY(mu_);  // by connection fd
   ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
+  SwitchLedger switches_ ABSL_GUARDED_BY(mu_);
+  std::map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // watched participants (-1: no pidfd here)
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

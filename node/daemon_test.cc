@@ -25,6 +25,7 @@
 #include "node/client.h"
 #include "node/daemon.h"
 #include "control/runtime_dir.h"
+#include "node/testing.h"
 #include "node/wire.h"
 
 namespace vmstash::node {
@@ -32,80 +33,6 @@ namespace {
 
 using ::testing::HasSubstr;
 constexpr std::size_t kUnit = HostPoolLedger::kUnitBytes;
-
-// Private directories made by the test (0700, as mkdtemp makes them), removed at the
-// test process's exit (not a forked child's).
-struct MadeDirs {
-  pid_t owner = ::getpid();
-  std::vector<std::string> dirs;
-  ~MadeDirs() {
-    if (::getpid() != owner) return;
-    std::error_code ignored;
-    for (const std::string& d : dirs) std::filesystem::remove_all(d, ignored);
-  }
-};
-MadeDirs& Made() {
-  static MadeDirs made;
-  return made;
-}
-std::string PrivateDir() {
-  char tmpl[] = "/tmp/vmstash-node-test-XXXXXX";
-  const char* dir = ::mkdtemp(tmpl);
-  if (dir == nullptr) return "";
-  Made().dirs.push_back(dir);
-  return dir;
-}
-
-// A daemon serving `dir` in a child process, until Stop() (or a kill).
-class DaemonProcess {
- public:
-  explicit DaemonProcess(const std::string& dir, std::size_t capacity = 16 * kUnit) {
-    int ready[2], stop[2];
-    if (::pipe(ready) != 0 || ::pipe(stop) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(ready[0]);
-      ::close(stop[1]);
-      DaemonOptions options;
-      options.dir = dir;
-      options.capacity_bytes = capacity;
-      absl::StatusOr<std::unique_ptr<NodeDaemon>> d = NodeDaemon::Start(options);
-      const char ok = d.ok() ? 1 : 0;
-      (void)!::write(ready[1], &ok, 1);
-      char b;
-      (void)!::read(stop[0], &b, 1);  // until the test says stop (or dies)
-      if (d.ok()) (*d)->Stop();
-      ::_exit(0);
-    }
-    ::close(ready[1]);
-    ::close(stop[0]);
-    stop_ = stop[1];
-    char ok = 0;
-    started_ = ::read(ready[0], &ok, 1) == 1 && ok == 1;
-    ::close(ready[0]);
-  }
-  ~DaemonProcess() { Stop(); }
-  bool started() const { return started_; }
-  pid_t pid() const { return pid_; }
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::close(stop_);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    ::close(stop_);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int stop_ = -1;
-  bool started_ = false;
-};
 
 // Polls the pool until `pred(stats)` or 5 s.
 template <typename Pred>

@@ -24,6 +24,9 @@ const char* OpName(WireOp op) {
     case WireOp::kLease: return "lease";
     case WireOp::kGive: return "give";
     case WireOp::kStats: return "stats";
+    case WireOp::kBegin: return "begin";
+    case WireOp::kVote: return "vote";
+    case WireOp::kOutcome: return "outcome";
   }
   return "?";
 }
@@ -34,6 +37,13 @@ absl::StatusOr<std::uint64_t> Count(const JsonValue& doc, const char* key) {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", key, "\" must be a count"));
   }
   return static_cast<std::uint64_t>(v.Int());
+}
+
+absl::StatusOr<std::string> Text(const JsonValue& doc, const char* key) {
+  if (doc[key].type() != JsonValue::Type::kString) {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", key, "\" must be a string"));
+  }
+  return doc[key].String();
 }
 
 absl::StatusCode CodeNamed(const std::string& name) {
@@ -58,6 +68,20 @@ std::string FormatRequest(const WireRequest& r) {
       break;
     case WireOp::kGive: w.Field("offset", r.offset); break;
     case WireOp::kStats: break;
+    case WireOp::kBegin:
+      w.Field("pids", r.pids);
+      w.Field("timeout_ms", r.timeout_ms);
+      break;
+    case WireOp::kVote:
+      w.Field("txn", r.txn);
+      w.Field("pid", r.pid);
+      w.Field("ok", r.ok);
+      w.Field("reason", r.reason);
+      break;
+    case WireOp::kOutcome:
+      w.Field("txn", r.txn);
+      w.Field("pid", r.pid);
+      break;
   }
   w.EndObject();
   return w.str();
@@ -85,10 +109,9 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
     absl::StatusOr<std::uint64_t> bytes = Count(*doc, "bytes");
     if (!bytes.ok()) return bytes.status();
     r.bytes = *bytes;
-    if ((*doc)["tag"].type() != JsonValue::Type::kString) {
-      return absl::InvalidArgumentError("node protocol: \"tag\" must be a string");
-    }
-    r.tag = (*doc)["tag"].String();
+    absl::StatusOr<std::string> tag = Text(*doc, "tag");
+    if (!tag.ok()) return tag.status();
+    r.tag = *tag;
     keys.insert(keys.end(), {"bytes", "tag"});
   } else if (op == "give") {
     r.op = WireOp::kGive;
@@ -98,6 +121,34 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
     keys.push_back("offset");
   } else if (op == "stats") {
     r.op = WireOp::kStats;
+  } else if (op == "begin") {
+    r.op = WireOp::kBegin;
+    absl::StatusOr<std::string> pids = Text(*doc, "pids");
+    absl::StatusOr<std::uint64_t> timeout = Count(*doc, "timeout_ms");
+    if (!pids.ok()) return pids.status();
+    if (!timeout.ok()) return timeout.status();
+    r.pids = *pids;
+    r.timeout_ms = *timeout;
+    keys.insert(keys.end(), {"pids", "timeout_ms"});
+  } else if (op == "vote" || op == "outcome") {
+    r.op = op == "vote" ? WireOp::kVote : WireOp::kOutcome;
+    absl::StatusOr<std::string> txn = Text(*doc, "txn");
+    absl::StatusOr<std::uint64_t> pid = Count(*doc, "pid");
+    if (!txn.ok()) return txn.status();
+    if (!pid.ok()) return pid.status();
+    r.txn = *txn;
+    r.pid = static_cast<std::int64_t>(*pid);
+    keys.insert(keys.end(), {"txn", "pid"});
+    if (r.op == WireOp::kVote) {
+      if ((*doc)["ok"].type() != JsonValue::Type::kBool) {
+        return absl::InvalidArgumentError("node protocol: \"ok\" must be true or false");
+      }
+      absl::StatusOr<std::string> reason = Text(*doc, "reason");
+      if (!reason.ok()) return reason.status();
+      r.ok = (*doc)["ok"].Bool();
+      r.reason = *reason;
+      keys.insert(keys.end(), {"ok", "reason"});
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: unknown op \"", op, "\""));
   }
@@ -153,6 +204,33 @@ absl::StatusOr<int> Connect(const std::string& path) {
     return control::Errno("node: fcntl", err);
   }
   return fd;
+}
+
+absl::StatusOr<int> ConnectTrusted(const std::string& dir_or_default) {
+  const std::string dir = dir_or_default.empty() ? control::DefaultRuntimeDir() : dir_or_default;
+  if (absl::Status s = control::CheckPrivateDir(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("node: refusing the runtime directory: ", s.message()));
+  }
+  const std::string path = SocketPath(dir);
+  absl::StatusOr<int> fd = Connect(path);
+  if (!fd.ok()) return fd;
+  absl::StatusOr<control::Peer> peer = control::PeerOf(*fd);
+  if (!peer.ok() || peer->uid != ::getuid()) {
+    ::close(*fd);
+    return absl::PermissionDeniedError(absl::StrCat("node: the daemon at ", path, " does not run as this user; refused"));
+  }
+  return fd;
+}
+
+bool DaemonGone(const std::string& dir_or_default) {
+  const std::string dir = dir_or_default.empty() ? control::DefaultRuntimeDir() : dir_or_default;
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  const int err = errno;
+  ::close(fd);
+  return rc != 0 && (err == ECONNREFUSED || err == ENOENT);
 }
 
 absl::Status Send(int socket, absl::string_view message, int fd) {

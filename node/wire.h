@@ -11,10 +11,19 @@
 //   {"op":"lease","bytes":N,"tag":T}   N > 0 bytes of the pool for this client
 //   {"op":"give","offset":O}           returns this client's lease at O
 //   {"op":"stats"}
+//   {"op":"begin","pids":"P,Q","timeout_ms":T}   a node switch (Note [Node Switch],
+//                                      node_switch.h) of processes P, Q, decided within T ms
+//   {"op":"vote","txn":X,"pid":P,"ok":B,"reason":R}  P's outcome in switch X; the reply
+//                                      comes when X is decided
+//   {"op":"outcome","txn":X,"pid":P}   X's decision, "pending", or (X unknown to this
+//                                      daemon: begun by one that died) "abort", recorded
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
-// "bytes"; stats: the pool's PoolStats fields and "connected" — or
+// "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
+// "decision" ("commit", "abort" or "pending") and "reason" — or
 // {"v":1,"ok":false,"code":"<absl status code name>","message":"..."}.
-// A request before hello, a second hello, an unknown op or key, a missing or mistyped
+// begin, vote and outcome need no hello (a connection of their own: a vote's reply waits
+// for the decision, and no other request may be sent on it meanwhile). A lease, give or
+// stats before hello, a second hello, an unknown op or key, a missing or mistyped
 // field, or another version is an error reply; the daemon keeps serving.
 //
 // Thread-safety: pure functions (Send/Receive: one caller per socket at a time).
@@ -36,7 +45,7 @@ inline constexpr int kWireVersion = 1;
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
 
-enum class WireOp { kHello, kLease, kGive, kStats };
+enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome };
 
 struct WireRequest {
   WireOp op = WireOp::kStats;
@@ -44,6 +53,11 @@ struct WireRequest {
   std::uint64_t bytes = 0;   // lease
   std::string tag;           // lease
   std::uint64_t offset = 0;  // give
+  std::string pids;          // begin: comma-separated
+  std::uint64_t timeout_ms = 0;  // begin
+  std::string txn;           // vote, outcome
+  bool ok = false;           // vote
+  std::string reason;        // vote
 };
 
 std::string FormatRequest(const WireRequest& request);
@@ -58,6 +72,12 @@ std::string SocketPath(const std::string& dir);
 // A socket connected to the daemon at `path` (its peer not checked yet: control::PeerOf).
 // Unavailable, naming the path and why, when nothing serves there.
 absl::StatusOr<int> Connect(const std::string& path);
+// A socket connected to the daemon serving `dir` (empty: control::DefaultRuntimeDir()),
+// under the trust rules: the directory ours and closed to others, the daemon our uid.
+absl::StatusOr<int> ConnectTrusted(const std::string& dir);
+// True when no daemon can be serving `dir`: its socket is missing or refuses connections
+// (a daemon alive but hung still has its socket accepting, or its queue full).
+bool DaemonGone(const std::string& dir);
 
 // One packet, with `fd` attached when >= 0 (it stays the caller's).
 absl::Status Send(int socket, absl::string_view message, int fd = -1);

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <fstream>
 
@@ -10,6 +11,7 @@
 #include "base/json_writer.h"
 #include "base/status_macros.h"
 #include "base/version.h"
+#include "node/switch_vote.h"
 
 namespace vmstash {
 namespace {
@@ -34,6 +36,29 @@ std::string Hello(const Runtime& runtime) {
   return w.str();
 }
 
+// This process's part of a node switch (node/node_switch.h, Note [Node Switch]): an
+// agreed switch (Note [Agreed Switch]) whose agreement is the vote to the node daemon.
+absl::StatusOr<std::string> NodeSwitchPart(Runtime& runtime, const control::Request& r) {
+  node::VoteOptions vote;
+  vote.dir = runtime.node().dir();
+  vote.txn = r.txn;
+  vote.hard_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(r.timeout_ms) +
+                       std::chrono::milliseconds(node::kVoteGraceMs);
+  const CachingAllocator::SwitchAgree agree = [&vote](const absl::Status& local) {
+    return node::VoteAndWait(vote, local);
+  };
+  std::vector<TagId> pause, resume;  // a name unknown here is this process's vote too
+  for (const auto* names : {&r.pause, &r.resume}) {
+    for (const std::string& t : *names) {
+      absl::StatusOr<TagId> id = FindTag(t);
+      if (!id.ok()) return agree(id.status());
+      (names == &r.pause ? pause : resume).push_back(*id);
+    }
+  }
+  VMSTASH_ASSIGN_OR_RETURN(const bool changed, runtime.AgreedSwitch(pause, resume, r.device, nullptr, agree));
+  return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control::Request& r) {
@@ -55,6 +80,7 @@ absl::StatusOr<std::string> HandleControlRequest(Runtime& runtime, const control
       return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
     }
     case control::Op::kSwitch: {
+      if (!r.txn.empty()) return NodeSwitchPart(runtime, r);
       std::vector<TagId> pause, resume;
       for (const std::string& t : r.pause) {
         VMSTASH_ASSIGN_OR_RETURN(const TagId id, FindTag(t));

@@ -78,6 +78,8 @@ class NodeLeases final : public HostLeaseSource {
 
   // `driver` outlives this object (the Runtime's).
   NodeLeases(Driver* driver, node::NodeOptions options);
+  // The runtime directory of this process's node daemon (empty: the default).
+  const std::string& dir() const { return options_.dir; }
   ~NodeLeases() override;
   NodeLeases(const NodeLeases&) = delete;
   NodeLeases& operator=(const NodeLeases&) = delete;

@@ -1,0 +1,106 @@
+// NodeSwitch: one switch over several processes of the node (docs/node.md): the tags
+// named to pause, in whichever processes, are paused and those named to resume are
+// resumed, all or none — the initiator's side of the protocol below (the participant's
+// vote is switch_vote.h, the daemon's ledger switch_ledger.h, the records
+// decision_record.h).
+//
+// Note [Node Switch]
+//   A node switch is a two-phase commit over the processes it names, coordinated by the
+//   node daemon, each process running an agreed switch (Note [Agreed Switch],
+//   allocator/switch.h) of its own tags.
+//   (1) The initiator (the CLI, vmstash.node.switch, vmstash_node_switch: any process of
+//       the user, a participant or not) asks the daemon to begin a switch of the
+//       participants' pids with a timeout; the daemon starts when none serves. It answers
+//       with the switch's id.
+//   (2) The initiator sends each participant, at once and concurrently, its part over its
+//       control endpoint (control/endpoint.h: a switch request with the id and the
+//       timeout). Each runs its agreed switch up to the commit: locks, hooks, every copy
+//       done, its outgoing mappings unmapped. Then it votes its outcome to the daemon
+//       (OK, or its failure) and waits for the decision, its tags held pausing/resuming.
+//       The participants' copies run at the same time, D2H in one and H2D in the other.
+//   (3) The daemon decides: "abort" at the first failed vote (naming that process and its
+//       reason), when a participant exits before voting (watched by pidfd), or when the
+//       timeout passes with votes missing (naming those processes: hung, or slower than
+//       the timeout); "commit" when every vote is OK. The decision is recorded in
+//       `<runtime dir>/vmstashd.switch/<id>` (decision_record.h: the first record wins,
+//       atomically) before anyone is told, then sent to every waiting vote.
+//   (4) Each participant commits or rolls back as decided, and answers the initiator. The
+//       initiator reports, per process, what it did; its result is the decision (OK for
+//       commit; Aborted naming the process and the reason for abort), and a commit that a
+//       process could not confirm (it died after voting, its after-resume hooks failed)
+//       is an error that says so, tag by tag where known.
+//   Failures: a participant whose vote's reply never comes (the daemon died or hangs)
+//   learns the decision from the record, or from a daemon started again (which presumes
+//   "abort" for a switch it did not begin, and records it); when no daemon is alive, or
+//   at its own deadline (the timeout plus kVoteGraceMs), it records "abort" itself —
+//   unless a decision is recorded already, which it then applies. A participant that
+//   hangs before voting is decided "abort" at the timeout and rolls back when it runs
+//   again. The initiator waits for each participant at most the timeout plus twice the
+//   grace; a participant still silent then is reported as such, with the decision.
+//   The records are removed once every participant has been told or has exited (the
+//   daemon also sweeps, at start, records whose participants are all gone).
+//   What is not done: physical memory is not handed from the pausing process to the
+//   resuming one — the pausing process releases its chunks at its commit and the
+//   resuming one creates its own — so during the copies both phases' device memory is
+//   held at once, as an in-process switch holds it only for the bytes it cannot hand
+//   over. A node whose GPU cannot hold both is refused with the resuming process's
+//   out-of-memory error, and every process rolls back.
+//
+// Thread-safety: RunNodeSwitch may be called from any thread; it blocks for the switch.
+#ifndef VMSTASH_NODE_NODE_SWITCH_H_
+#define VMSTASH_NODE_NODE_SWITCH_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vmstash::node {
+
+// One process's part.
+struct NodeSwitchPart {
+  pid_t pid = 0;
+  std::vector<std::string> pause;
+  std::vector<std::string> resume;
+};
+struct NodeSwitchRequest {
+  std::vector<NodeSwitchPart> parts;  // one per process, at least one tag each
+  int device = -1;                    // in every process (-1: where its tags are)
+  int timeout_ms = 60000;             // (3): the daemon's deadline for the votes
+  std::string dir;                    // the runtime directory (empty: the default)
+  std::size_t start_capacity = 0;     // the pool of a daemon started here (0: the default)
+};
+// Parses "PID:TAG,PID:TAG,..." lists (the CLI's --pause/--resume, Python's pairs joined)
+// into parts, one per pid in order of first mention. InvalidArgument naming the entry for
+// a malformed one (no ':', a pid that is not a positive number, an empty tag) and for a
+// tag named twice.
+absl::StatusOr<std::vector<NodeSwitchPart>> ParseNodeSwitchParts(const std::string& pause, const std::string& resume);
+
+struct NodeSwitchOutcome {
+  pid_t pid = 0;
+  absl::Status status;   // the participant's answer (or why there was none)
+  bool changed = false;  // a tag of it moved
+};
+struct NodeSwitchResult {
+  std::string txn;
+  bool committed = false;
+  std::string reason;  // the decision's reason (abort)
+  std::vector<NodeSwitchOutcome> processes;
+};
+// Runs the switch. An error when it could not begin (bad request, no such process, no
+// daemon and none could be started); otherwise the result, whatever the decision.
+absl::StatusOr<NodeSwitchResult> RunNodeSwitch(const NodeSwitchRequest& request);
+// The result as one status: OK when committed and every process confirmed; Aborted for a
+// rollback (the decision's reason, then each process's state); Unknown/the participant's
+// code for a commit not confirmed everywhere.
+absl::Status NodeSwitchStatus(const NodeSwitchResult& result);
+// The result as JSON: {"txn","committed","reason","processes":[{"pid","ok","changed",
+// "code","message"}]}.
+std::string NodeSwitchJson(const NodeSwitchResult& result);
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_NODE_SWITCH_H_

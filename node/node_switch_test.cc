@@ -1,0 +1,312 @@
+// The node switch's protocol (Note [Node Switch], node_switch.h) between real processes:
+// the daemon in a child process, participants in children that vote (switch_vote.h),
+// fail, never vote, exit, or outlive the daemon; the decision records
+// (decision_record.h). The participants' own switches are the allocator's (tested there)
+// and run end to end in torch_plugin/python/tests/test_node_switch.py.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "base/json_reader.h"
+#include "control/runtime_dir.h"
+#include "node/decision_record.h"
+#include "node/node_switch.h"
+#include "node/switch_vote.h"
+#include "node/testing.h"
+#include "node/wire.h"
+
+namespace vmstash::node {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<JsonValue> Ask(const std::string& dir, const WireRequest& r) {
+  absl::StatusOr<int> fd = ConnectTrusted(dir);
+  if (!fd.ok()) return fd.status();
+  absl::Status s = Send(*fd, FormatRequest(r));
+  absl::StatusOr<Received> got = s.ok() ? Receive(*fd, 5000) : absl::StatusOr<Received>(s);
+  ::close(*fd);
+  if (!got.ok()) return got.status();
+  return ParseReply(got->message);
+}
+
+absl::StatusOr<std::string> Begin(const std::string& dir, const std::vector<pid_t>& pids, int timeout_ms) {
+  WireRequest r;
+  r.op = WireOp::kBegin;
+  r.pids = absl::StrJoin(pids, ",");
+  r.timeout_ms = static_cast<std::uint64_t>(timeout_ms);
+  absl::StatusOr<JsonValue> reply = Ask(dir, r);
+  if (!reply.ok()) return reply.status();
+  return (*reply)["txn"].String();
+}
+
+// A participant in a child process: it waits for the switch's id on a pipe, then (after
+// `delay_ms`) votes `local` and reports what VoteAndWait returned.
+class Participant {
+ public:
+  Participant(const std::string& dir, absl::Status local, int delay_ms = 0, int hard_ms = 10000) {
+    int go[2], out[2];
+    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(go[1]);
+      ::close(out[0]);
+      char id[33] = {};
+      if (::read(go[0], id, 32) != 32) ::_exit(3);
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+      VoteOptions o;
+      o.dir = dir;
+      o.txn = id;
+      o.hard_deadline = Clock::now() + std::chrono::milliseconds(hard_ms);
+      const absl::Status s = VoteAndWait(o, local);
+      const std::string text = absl::StrCat(absl::StatusCodeToString(s.code()), "|", s.message());
+      (void)!::write(out[1], text.data(), text.size());
+      ::_exit(0);
+    }
+    ::close(go[0]);
+    ::close(out[1]);
+    go_ = go[1];
+    out_ = out[0];
+  }
+  ~Participant() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (go_ >= 0) ::close(go_);
+    if (out_ >= 0) ::close(out_);
+  }
+  pid_t pid() const { return pid_; }
+  void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
+  // What VoteAndWait returned: "CODE|message".
+  std::string Result() {
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    return text;
+  }
+  void Kill() {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int go_ = -1, out_ = -1;
+};
+
+// Polls until `pred()` or 5 s.
+template <typename Pred>
+bool Eventually(Pred pred) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+TEST(NodeSwitchProtocol, EveryOkVoteCommitsAndTheRecordGoesOnceAllAreTold) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus()), b(dir, absl::OkStatus(), 100);
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), b.pid()}, 10000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  EXPECT_TRUE(IsSwitchId(*txn));
+  a.Go(*txn);
+  b.Go(*txn);
+  EXPECT_EQ(a.Result(), "OK|");
+  EXPECT_EQ(b.Result(), "OK|");
+  EXPECT_TRUE(Eventually([&] {
+    absl::StatusOr<std::optional<SwitchDecision>> d = ReadDecision(dir, *txn);
+    return d.ok() && !d->has_value();
+  })) << "the record stays after every participant was told";
+}
+
+TEST(NodeSwitchProtocol, AFailedVoteAbortsEveryoneNamingTheProcessAndItsReason) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::ResourceExhaustedError("out of device memory"), 50), b(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), b.pid()}, 10000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  a.Go(*txn);
+  b.Go(*txn);
+  const std::string rb = b.Result();
+  EXPECT_THAT(rb, HasSubstr("ABORTED|"));
+  EXPECT_THAT(rb, HasSubstr(absl::StrCat("process ", a.pid(), ": out of device memory")));
+  EXPECT_EQ(a.Result(), "RESOURCE_EXHAUSTED|out of device memory");  // its own failure
+}
+
+TEST(NodeSwitchProtocol, AParticipantSilentPastTheTimeoutAbortsTheSwitch) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus()), hung(dir, absl::OkStatus());  // `hung` is never told to go
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), hung.pid()}, 300);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  a.Go(*txn);
+  const std::string ra = a.Result();
+  EXPECT_THAT(ra, HasSubstr("ABORTED|"));
+  EXPECT_THAT(ra, HasSubstr(absl::StrCat("process ", hung.pid(), " did not vote by the deadline")));
+  // When it runs again, its vote learns the abort (the decision stands).
+  hung.Go(*txn);
+  EXPECT_THAT(hung.Result(), HasSubstr("did not vote by the deadline"));
+}
+
+TEST(NodeSwitchProtocol, AParticipantThatExitsBeforeVotingAbortsTheSwitch) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus(), 300), dies(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), dies.pid()}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  const pid_t dead = dies.pid();
+  dies.Kill();
+  a.Go(*txn);
+  const std::string ra = a.Result();
+  EXPECT_THAT(ra, HasSubstr("ABORTED|"));
+  EXPECT_THAT(ra, HasSubstr(absl::StrCat("process ", dead, " exited before it voted")));
+}
+
+TEST(NodeSwitchProtocol, ADaemonThatDiesBeforeDecidingMeansAbort) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus()), silent(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), silent.pid()}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  a.Go(*txn);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a voted and waits
+  daemon.Kill();
+  const std::string ra = a.Result();
+  EXPECT_THAT(ra, HasSubstr("ABORTED|"));
+  EXPECT_THAT(ra, HasSubstr("the node daemon died before deciding"));
+  absl::StatusOr<std::optional<SwitchDecision>> d = ReadDecision(dir, *txn);
+  ASSERT_TRUE(d.ok() && d->has_value());  // recorded: the silent one learns the same
+  EXPECT_FALSE((*d)->commit);
+  silent.Go(*txn);
+  EXPECT_THAT(silent.Result(), HasSubstr("the node daemon died before deciding"));
+}
+
+TEST(NodeSwitchProtocol, ARecordedCommitIsLearnedWithTheDaemonGone) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid()}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  daemon.Kill();
+  // The daemon had decided and recorded the commit when it died, before telling `a`.
+  ASSERT_TRUE(RecordDecision(dir, *txn, {a.pid()}, SwitchDecision{true, ""}).ok());
+  a.Go(*txn);
+  EXPECT_EQ(a.Result(), "OK|");
+}
+
+TEST(NodeSwitchProtocol, ADaemonStartedAgainPresumesAbortForASwitchItDidNotBegin) {
+  const std::string dir = PrivateDir();
+  DaemonProcess first(dir);
+  ASSERT_TRUE(first.started());
+  Participant a(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid()}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  first.Kill();
+  DaemonProcess second(dir);
+  ASSERT_TRUE(second.started());
+  a.Go(*txn);
+  EXPECT_THAT(a.Result(), HasSubstr("is gone and had not decided"));
+}
+
+TEST(NodeSwitchProtocol, AHungDaemonMeansAbortAtTheParticipantsDeadline) {
+  const std::string dir = PrivateDir();
+  // A "daemon" that accepts connections and never answers.
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 8), 0);
+  Participant a(dir, absl::OkStatus(), 0, 400);
+  a.Go("0123456789abcdef0123456789abcdef");
+  EXPECT_THAT(a.Result(), HasSubstr(absl::StrCat("process ", a.pid(), " had no decision by its deadline")));
+  ::close(fd);
+}
+
+TEST(NodeSwitchProtocol, TheFirstRecordWins) {
+  const std::string dir = PrivateDir();
+  const std::string id = "00000000000000000000000000000001";
+  absl::StatusOr<SwitchDecision> first = RecordDecision(dir, id, {1}, SwitchDecision{true, ""});
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<SwitchDecision> second = RecordDecision(dir, id, {1}, SwitchDecision{false, "late"});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->commit);
+  EXPECT_EQ(RecordDecision(dir, "../x", {1}, SwitchDecision{}).status().code(), absl::StatusCode::kInvalidArgument);
+  // Records of processes all gone are swept (pid 1 lives; a reaped child does not).
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(RecordDecision(dir, "00000000000000000000000000000002", {child}, SwitchDecision{}).ok());
+  EXPECT_EQ(SweepDecisions(dir), 1);
+  EXPECT_TRUE(ReadDecision(dir, id)->has_value());
+}
+
+TEST(NodeSwitchProtocol, BadRequestsAreRefusedClearly) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  EXPECT_EQ(Begin(dir, {::getpid()}, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_THAT(Begin(dir, {child}, 1000).status().message(), HasSubstr(absl::StrCat("no process ", child)));
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), 1}, 1000);
+  ASSERT_TRUE(txn.ok());
+  WireRequest vote;
+  vote.op = WireOp::kVote;
+  vote.txn = *txn;
+  vote.pid = 1;  // not us
+  vote.ok = true;
+  EXPECT_EQ(Ask(dir, vote).status().code(), absl::StatusCode::kPermissionDenied);
+  WireRequest outcome;
+  outcome.op = WireOp::kOutcome;
+  outcome.txn = "../../etc";
+  EXPECT_EQ(Ask(dir, outcome).status().code(), absl::StatusCode::kInvalidArgument);
+  outcome.txn = *txn;
+  absl::StatusOr<JsonValue> pending = Ask(dir, outcome);
+  ASSERT_TRUE(pending.ok());
+  EXPECT_EQ((*pending)["decision"].String(), "pending");
+}
+
+TEST(NodeSwitchParts, PidTagListsAreParsedPerProcess) {
+  absl::StatusOr<std::vector<NodeSwitchPart>> parts = ParseNodeSwitchParts("10:train, 20:kv_cache,10:opt", "20:weights");
+  ASSERT_TRUE(parts.ok()) << parts.status();
+  ASSERT_EQ(parts->size(), 2u);
+  EXPECT_EQ((*parts)[0].pid, 10);
+  EXPECT_EQ((*parts)[0].pause, (std::vector<std::string>{"train", "opt"}));
+  EXPECT_EQ((*parts)[1].resume, (std::vector<std::string>{"weights"}));
+  for (const char* bad : {"train", "x:train", "0:a", "10:", "-1:a"}) {
+    EXPECT_EQ(ParseNodeSwitchParts(bad, "").status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ParseNodeSwitchParts("10:a", "10:a").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseNodeSwitchParts("", "").status().code(), absl::StatusCode::kInvalidArgument);
+  NodeSwitchRequest none;
+  EXPECT_EQ(RunNodeSwitch(none).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace vmstash::node

@@ -1,0 +1,162 @@
+// SwitchLedger: see switch_ledger.h.
+#include "node/switch_ledger.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace vmstash::node {
+
+absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms) {
+  if (pids.empty()) return absl::InvalidArgumentError("node switch: no participant");
+  if (pids.size() > kMaxParticipants) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node switch: ", pids.size(), " participants (at most ", kMaxParticipants, ")"));
+  }
+  if (txns_.count(id) != 0) return absl::AlreadyExistsError(absl::StrCat("node switch ", id, " exists already"));
+  std::size_t open = 0;
+  for (const auto& [_, t] : txns_) open += t.decision.has_value() ? 0 : 1;
+  if (open >= kMaxOpen) {
+    return absl::ResourceExhaustedError(absl::StrCat("node switch: ", open, " switches undecided already"));
+  }
+  Txn txn;
+  txn.deadline_ms = deadline_ms;
+  for (pid_t pid : pids) {
+    if (pid <= 0) return absl::InvalidArgumentError(absl::StrCat("node switch: pid ", pid, " is not a process"));
+    if (!txn.participants.emplace(pid, Participant{}).second) {
+      return absl::InvalidArgumentError(absl::StrCat("node switch: process ", pid, " named twice"));
+    }
+  }
+  txns_.emplace(id, std::move(txn));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<SwitchDecision>> SwitchLedger::Vote(const std::string& id, pid_t pid, bool ok,
+                                                                 const std::string& reason) {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  Txn& txn = t->second;
+  auto p = txn.participants.find(pid);
+  if (p == txn.participants.end()) {
+    return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
+  }
+  if (txn.decision.has_value()) {
+    p->second.voted = true;
+    return txn.decision;
+  }
+  if (p->second.voted) {
+    return absl::FailedPreconditionError(absl::StrCat("process ", pid, " voted already in node switch ", id));
+  }
+  p->second.voted = true;
+  if (!ok) {
+    txn.decision = SwitchDecision{false, absl::StrCat("process ", pid, ": ", reason)};
+    return txn.decision;
+  }
+  for (const auto& [_, q] : txn.participants) {
+    if (!q.voted) return std::optional<SwitchDecision>();
+  }
+  txn.decision = SwitchDecision{true, ""};
+  return txn.decision;
+}
+
+std::vector<std::string> SwitchLedger::Exited(pid_t pid) {
+  std::vector<std::string> decided, forgotten;
+  for (auto& [id, txn] : txns_) {
+    auto p = txn.participants.find(pid);
+    if (p == txn.participants.end()) continue;
+    p->second.exited = true;
+    if (!txn.decision.has_value() && !p->second.voted) {
+      txn.decision = SwitchDecision{false, absl::StrCat("process ", pid, " exited before it voted")};
+      decided.push_back(id);
+    } else if (txn.decision.has_value()) {
+      forgotten.push_back(id);
+    }
+  }
+  for (const std::string& id : forgotten) MaybeForget(id);
+  return decided;
+}
+
+std::vector<std::string> SwitchLedger::Expire(std::int64_t now_ms) {
+  std::vector<std::string> decided;
+  for (auto& [id, txn] : txns_) {
+    if (txn.decision.has_value() || now_ms < txn.deadline_ms) continue;
+    std::vector<std::string> missing;
+    for (const auto& [pid, p] : txn.participants) {
+      if (!p.voted) missing.push_back(absl::StrCat(pid));
+    }
+    txn.decision = SwitchDecision{
+        false, absl::StrCat(missing.size() == 1 ? "process " : "processes ", absl::StrJoin(missing, ", "),
+                            " did not vote by the deadline (hung, or slower than the switch's timeout)")};
+    decided.push_back(id);
+  }
+  return decided;
+}
+
+std::optional<std::int64_t> SwitchLedger::NextDeadline() const {
+  std::optional<std::int64_t> next;
+  for (const auto& [_, txn] : txns_) {
+    if (txn.decision.has_value()) continue;
+    if (!next.has_value() || txn.deadline_ms < *next) next = txn.deadline_ms;
+  }
+  return next;
+}
+
+absl::StatusOr<std::optional<SwitchDecision>> SwitchLedger::Decision(const std::string& id) const {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  return t->second.decision;
+}
+
+void SwitchLedger::Settle(const std::string& id, const SwitchDecision& decision) {
+  auto t = txns_.find(id);
+  if (t != txns_.end()) t->second.decision = decision;
+}
+
+bool SwitchLedger::Told(const std::string& id, pid_t pid) {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return false;
+  auto p = t->second.participants.find(pid);
+  if (p == t->second.participants.end() || !t->second.decision.has_value()) return false;
+  p->second.told = true;
+  return MaybeForget(id);
+}
+
+std::vector<pid_t> SwitchLedger::Participants(const std::string& id) const {
+  std::vector<pid_t> out;
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return out;
+  for (const auto& [pid, _] : t->second.participants) out.push_back(pid);
+  return out;
+}
+
+std::vector<pid_t> SwitchLedger::Watched() const {
+  std::vector<pid_t> out;
+  for (const auto& [_, txn] : txns_) {
+    for (const auto& [pid, p] : txn.participants) {
+      if (!p.told && !p.exited) out.push_back(pid);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+bool SwitchLedger::MaybeForget(const std::string& id) {
+  auto t = txns_.find(id);
+  if (t == txns_.end() || !t->second.decision.has_value()) return false;
+  for (const auto& [_, p] : t->second.participants) {
+    if (!p.told && !p.exited) return false;
+  }
+  txns_.erase(t);
+  forgotten_.push_back(id);
+  return true;
+}
+
+std::vector<std::string> SwitchLedger::TakeForgotten() {
+  std::vector<std::string> out;
+  out.swap(forgotten_);
+  return out;
+}
+
+}  // namespace vmstash::node

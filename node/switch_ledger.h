@@ -1,0 +1,97 @@
+// SwitchLedger: the node daemon's table of switches across processes (node_switch.h,
+// Note [Node Switch]): who takes part in each, who voted what, by when, and the decision.
+//
+// What: a transaction begins with its participants (pids) and a deadline; each
+// participant votes once, with its local outcome. The first failed vote decides "abort"
+// (naming the process and its reason); the last OK vote decides "commit"; a participant
+// that exits before voting, or the deadline passing with votes missing, decides "abort"
+// naming the processes concerned. A decision is final: the daemon records it
+// (decision_record.h) before anyone is told, and when the record says otherwise (another
+// party recorded first), Settle makes the record's decision the ledger's. A transaction is
+// forgotten once every participant has been told its outcome or has exited.
+//
+// No I/O, no clock, no locks (the daemon's serving thread is its one writer): times are
+// milliseconds on the caller's clock; every case is unit-tested alone
+// (switch_ledger_test.cc).
+#ifndef VMSTASH_NODE_SWITCH_LEDGER_H_
+#define VMSTASH_NODE_SWITCH_LEDGER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vmstash::node {
+
+struct SwitchDecision {
+  bool commit = false;
+  std::string reason;  // why it aborted (empty for a commit)
+  friend bool operator==(const SwitchDecision& a, const SwitchDecision& b) {
+    return a.commit == b.commit && a.reason == b.reason;
+  }
+};
+
+class SwitchLedger {
+ public:
+  static constexpr std::size_t kMaxParticipants = 64;
+  static constexpr std::size_t kMaxOpen = 256;  // undecided transactions at once
+
+  // A new transaction `id` (unique, chosen by the caller) of `pids` (distinct, > 0, at
+  // most kMaxParticipants), to be decided by `deadline_ms`. InvalidArgument for bad pids,
+  // AlreadyExists for a known id, ResourceExhausted beyond kMaxOpen undecided ones.
+  absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms);
+  // `pid`'s vote: OK, or its failure `reason`. Returns the decision when the transaction is
+  // decided (now, or before: a late vote learns it). NotFound for an unknown id,
+  // PermissionDenied for a pid that is not a participant, FailedPrecondition for a second
+  // vote of an undecided transaction.
+  absl::StatusOr<std::optional<SwitchDecision>> Vote(const std::string& id, pid_t pid, bool ok,
+                                                     const std::string& reason);
+  // `pid` exited: every undecided transaction it has not voted in aborts. Returns their ids.
+  std::vector<std::string> Exited(pid_t pid);
+  // Every undecided transaction past its deadline at `now_ms` aborts. Returns their ids.
+  std::vector<std::string> Expire(std::int64_t now_ms);
+  // The earliest deadline of an undecided transaction.
+  std::optional<std::int64_t> NextDeadline() const;
+  // The decision of `id` (nothing when undecided); NotFound for an unknown id.
+  absl::StatusOr<std::optional<SwitchDecision>> Decision(const std::string& id) const;
+  // The decision of `id` is `decision` (the record's, which wins). Unknown ids are ignored.
+  void Settle(const std::string& id, const SwitchDecision& decision);
+  // `pid` has been told the outcome of `id`. Returns true when the transaction is thereby
+  // forgotten (every participant told or exited).
+  bool Told(const std::string& id, pid_t pid);
+  // The participants of `id` (empty for an unknown id).
+  std::vector<pid_t> Participants(const std::string& id) const;
+  // The participants whose exit matters: not exited, and not told the outcome (an
+  // undecided transaction's, or a decided one's not yet told).
+  std::vector<pid_t> Watched() const;
+  // The ids forgotten since the last call (their records can go).
+  std::vector<std::string> TakeForgotten();
+  std::size_t size() const { return txns_.size(); }
+
+ private:
+  struct Participant {
+    bool voted = false;
+    bool told = false;
+    bool exited = false;
+  };
+  struct Txn {
+    std::map<pid_t, Participant> participants;
+    std::int64_t deadline_ms = 0;
+    std::optional<SwitchDecision> decision;
+  };
+  // Forgets `id` when every participant was told or exited; true when it did.
+  bool MaybeForget(const std::string& id);
+
+  std::map<std::string, Txn> txns_;
+  std::vector<std::string> forgotten_;
+};
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_SWITCH_LEDGER_H_

@@ -1,0 +1,108 @@
+// SwitchLedger (switch_ledger.h): every way a node switch is decided, alone.
+#include "node/switch_ledger.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace vmstash::node {
+namespace {
+
+TEST(SwitchLedger, EveryOkVoteCommits) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20}, 1000).ok());
+  auto d = l.Vote("t", 10, true, "");
+  ASSERT_TRUE(d.ok());
+  EXPECT_FALSE(d->has_value());
+  EXPECT_EQ(l.NextDeadline(), 1000);
+  d = l.Vote("t", 20, true, "");
+  ASSERT_TRUE(d.ok() && d->has_value());
+  EXPECT_TRUE((*d)->commit);
+  EXPECT_FALSE(l.NextDeadline().has_value());
+  EXPECT_TRUE(l.Expire(5000).empty());  // decided: the deadline no longer counts
+}
+
+TEST(SwitchLedger, TheFirstFailedVoteAbortsNamingTheProcess) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000).ok());
+  auto d = l.Vote("t", 20, false, "out of memory");
+  ASSERT_TRUE(d.ok() && d->has_value());
+  EXPECT_FALSE((*d)->commit);
+  EXPECT_EQ((*d)->reason, "process 20: out of memory");
+  // A later OK vote learns the abort; it does not turn it into a commit.
+  d = l.Vote("t", 10, true, "");
+  ASSERT_TRUE(d.ok() && d->has_value());
+  EXPECT_FALSE((*d)->commit);
+  d = l.Vote("t", 30, true, "");
+  EXPECT_FALSE((*d)->commit);
+}
+
+TEST(SwitchLedger, AMissingVoteAtTheDeadlineAbortsNamingTheSilent) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000).ok());
+  ASSERT_TRUE(l.Vote("t", 20, true, "").ok());
+  EXPECT_TRUE(l.Expire(999).empty());
+  auto ids = l.Expire(1000);
+  ASSERT_EQ(ids.size(), 1u);
+  auto d = l.Decision("t");
+  ASSERT_TRUE(d.ok() && d->has_value());
+  EXPECT_FALSE((*d)->commit);
+  EXPECT_NE((*d)->reason.find("processes 10, 30 did not vote"), std::string::npos) << (*d)->reason;
+}
+
+TEST(SwitchLedger, AnExitBeforeVotingAborts) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20}, 1000).ok());
+  ASSERT_TRUE(l.Vote("t", 10, true, "").ok());
+  EXPECT_TRUE(l.Exited(10).empty());  // it voted: its exit decides nothing
+  auto ids = l.Exited(20);
+  ASSERT_EQ(ids.size(), 1u);
+  auto d = l.Decision("t");
+  EXPECT_EQ((*d)->reason, "process 20 exited before it voted");
+}
+
+TEST(SwitchLedger, BadRequestsAreRefused) {
+  SwitchLedger l;
+  EXPECT_EQ(l.Begin("t", {}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.Begin("t", {10, 10}, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.Begin("t", {0}, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(l.Begin("t", {10, 20}, 1).ok());
+  EXPECT_EQ(l.Begin("t", {30}, 1).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(l.Vote("u", 10, true, "").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(l.Vote("t", 30, true, "").status().code(), absl::StatusCode::kPermissionDenied);
+  ASSERT_TRUE(l.Vote("t", 10, true, "").ok());
+  EXPECT_EQ(l.Vote("t", 10, true, "").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(l.Decision("u").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(SwitchLedger, UndecidedSwitchesAreBounded) {
+  SwitchLedger l;
+  for (std::size_t i = 0; i < SwitchLedger::kMaxOpen; ++i) {
+    ASSERT_TRUE(l.Begin(std::to_string(i), {10}, 1).ok());
+  }
+  EXPECT_EQ(l.Begin("x", {10}, 1).code(), absl::StatusCode::kResourceExhausted);
+  l.Expire(1);  // all decided: room again
+  EXPECT_TRUE(l.Begin("x", {10}, 100).ok());
+}
+
+TEST(SwitchLedger, TheRecordWinsAndTheSwitchIsForgottenOnceEveryoneKnows) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000).ok());
+  ASSERT_TRUE(l.Vote("t", 10, true, "").ok());
+  ASSERT_TRUE(l.Vote("t", 20, true, "").ok());
+  EXPECT_EQ(l.Watched(), (std::vector<pid_t>{10, 20, 30}));
+  ASSERT_TRUE(l.Vote("t", 30, true, "").ok());
+  l.Settle("t", SwitchDecision{false, "recorded first elsewhere"});
+  auto d = l.Decision("t");
+  EXPECT_FALSE((*d)->commit);
+  EXPECT_FALSE(l.Told("t", 10));
+  EXPECT_TRUE(l.TakeForgotten().empty());
+  EXPECT_EQ(l.Exited(20).size(), 0u);
+  EXPECT_EQ(l.Watched(), (std::vector<pid_t>{30}));
+  EXPECT_TRUE(l.Told("t", 30));
+  EXPECT_EQ(l.TakeForgotten(), (std::vector<std::string>{"t"}));
+  EXPECT_EQ(l.size(), 0u);
+}
+
+}  // namespace
+}  // namespace vmstash::node
