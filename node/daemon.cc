@@ -45,6 +45,8 @@ absl::StatusOr<int> TakeDaemonLock(const std::string& dir, const std::string& so
 }
 
 constexpr std::uint64_t kMaxSwitchTimeoutMs = std::uint64_t{24} * 3600 * 1000;
+// A forgotten switch's record stays this long (a reader that asks late still finds it).
+constexpr std::int64_t kRecordLingerMs = 60000;
 // Without pidfds, watched participants are checked this often.
 constexpr int kExitCheckMs = 200;
 
@@ -303,9 +305,9 @@ std::optional<std::string> NodeDaemon::Handle(Client& client, const std::string&
   absl::StatusOr<WireRequest> r = ParseRequest(message);
   if (!r.ok()) return FormatError(r.status());
   switch (r->op) {  // a node switch's requests need no hello
-    case WireOp::kBegin: return Begin(*r);
+    case WireOp::kBegin: return Begin(client, *r);
     case WireOp::kVote: return Vote(client, *r);
-    case WireOp::kOutcome: return Outcome(*r);
+    case WireOp::kOutcome: return Outcome(client, *r);
     default: break;
   }
   if ((r->op == WireOp::kHello) == client.said_hello) {
@@ -367,7 +369,7 @@ std::string DecisionReply(const SwitchDecision& d) {
 
 }  // namespace
 
-std::string NodeDaemon::Begin(const WireRequest& r) {
+std::string NodeDaemon::Begin(const Client& client, const WireRequest& r) {
   if (r.timeout_ms == 0 || r.timeout_ms > kMaxSwitchTimeoutMs) {
     return FormatError(absl::InvalidArgumentError(
         absl::StrCat("node switch: timeout_ms ", r.timeout_ms, " (1 to ", kMaxSwitchTimeoutMs, ")")));
@@ -382,7 +384,7 @@ std::string NodeDaemon::Begin(const WireRequest& r) {
     pids.push_back(pid);
   }
   absl::StatusOr<std::string> id = NewSwitchId();
-  absl::Status s = id.ok() ? switches_.Begin(*id, pids, NowMs() + static_cast<std::int64_t>(r.timeout_ms)) : id.status();
+  absl::Status s = id.ok() ? switches_.Begin(*id, pids, NowMs() + static_cast<std::int64_t>(r.timeout_ms), client.pid) : id.status();
   if (!s.ok()) return FormatError(s);
   VMSTASH_LOG(kDebug, "vmstashd: node switch {} of processes {} begun", *id, r.pids);
   return OkReply([&](JsonWriter& w) { w.Field("txn", *id); });
@@ -397,7 +399,7 @@ std::optional<std::string> NodeDaemon::Vote(Client& client, const WireRequest& r
       switches_.Vote(r.txn, static_cast<pid_t>(r.pid), r.ok, r.reason);
   if (!d.ok()) {
     if (!absl::IsNotFound(d.status())) return FormatError(d.status());
-    return Outcome(r);  // begun by a daemon that is gone: its record, or abort
+    return Outcome(client, r);  // begun by a daemon that is gone: its record, or abort
   }
   if (!d->has_value()) {  // undecided: the reply waits
     client.waiting = r.txn;
@@ -409,7 +411,7 @@ std::optional<std::string> NodeDaemon::Vote(Client& client, const WireRequest& r
   return DecisionReply(decided);
 }
 
-std::string NodeDaemon::Outcome(const WireRequest& r) {
+std::string NodeDaemon::Outcome(const Client& client, const WireRequest& r) {
   if (!IsSwitchId(r.txn)) {
     return FormatError(absl::InvalidArgumentError(absl::StrCat("node switch: \"", r.txn, "\" is not a switch id")));
   }
@@ -417,7 +419,7 @@ std::string NodeDaemon::Outcome(const WireRequest& r) {
   if (known.ok()) {
     if (!known->has_value()) return OkReply([](JsonWriter& w) { w.Field("decision", "pending"); });
     const SwitchDecision d = **known;
-    switches_.Told(r.txn, static_cast<pid_t>(r.pid));
+    switches_.Told(r.txn, client.pid, /*observer=*/true) || switches_.Told(r.txn, client.pid);
     return DecisionReply(d);
   }
   // Not ours: begun by a daemon that died. Its record stands; with none, it never decided
@@ -493,12 +495,22 @@ void NodeDaemon::Tend() {
     for (const std::string& id : switches_.Exited(pid)) Decide(id);
   }
   for (const std::string& id : switches_.Expire(NowMs())) Decide(id);
-  for (const std::string& id : switches_.TakeForgotten()) RemoveDecision(options_.dir, id);
+  const std::int64_t now = NowMs();
+  for (std::string& id : switches_.TakeForgotten()) lingering_.emplace_back(now, std::move(id));
+  while (!lingering_.empty() && now - lingering_.front().first >= kRecordLingerMs) {
+    RemoveDecision(options_.dir, lingering_.front().second);
+    lingering_.pop_front();
+  }
 }
 
 int NodeDaemon::PollTimeoutMs() {
   std::int64_t timeout = -1;
-  if (std::optional<std::int64_t> next = switches_.NextDeadline()) timeout = std::max<std::int64_t>(0, *next - NowMs() + 1);
+  std::optional<std::int64_t> next = switches_.NextDeadline();
+  if (!lingering_.empty()) {
+    const std::int64_t gone = lingering_.front().first + kRecordLingerMs;
+    next = next.has_value() ? std::min(*next, gone) : gone;
+  }
+  if (next.has_value()) timeout = std::max<std::int64_t>(0, *next - NowMs() + 1);
   for (const auto& [pid, fd] : pidfds_) {
     if (fd < 0) timeout = timeout < 0 ? kExitCheckMs : std::min<std::int64_t>(timeout, kExitCheckMs);
   }

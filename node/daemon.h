@@ -26,8 +26,9 @@
 //   (switch_ledger.h) and decides each, recording the decision (decision_record.h)
 //   before it tells anyone. A vote's reply is held until the decision; the participants
 //   that have not been told are watched through pidfds (an exit decides "abort" when the
-//   process had not voted), and the poll's timeout is the next deadline. At start, the
-//   records whose participants are all gone are removed.
+//   process had not voted), and the poll's timeout is the next deadline. A forgotten
+//   switch's record is removed a minute later; at start, the records whose participants
+//   are all gone are removed.
 //   Misbehaving clients: connections are non-blocking, so a client that does not read
 //   its replies is dropped (its leases go back) when its send buffer is full; an empty
 //   packet, garbage, or a packet with descriptors gets an error reply (the descriptors
@@ -44,6 +45,7 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -99,9 +101,9 @@ class NodeDaemon {
   std::optional<std::string> Handle(Client& client, const std::string& message, int* pass_fd)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The node switch requests (Note [Node Switch]).
-  std::string Begin(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Begin(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<std::string> Vote(Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Outcome(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Outcome(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the ledger's decision of `id` (the record wins), makes it the ledger's, and
   // sends it to the votes waiting for it; returns it.
   SwitchDecision Decide(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -126,6 +128,8 @@ class NodeDaemon {
   ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
   SwitchLedger switches_ ABSL_GUARDED_BY(mu_);
   std::map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // watched participants (-1: no pidfd here)
+  // Records of forgotten switches, removed kRecordLingerMs after (a late reader still finds them).
+  std::deque<std::pair<std::int64_t, std::string>> lingering_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

@@ -8,7 +8,8 @@
 
 namespace vmstash::node {
 
-absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms) {
+absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
+                                 pid_t observer) {
   if (pids.empty()) return absl::InvalidArgumentError("node switch: no participant");
   if (pids.size() > kMaxParticipants) {
     return absl::InvalidArgumentError(
@@ -22,6 +23,8 @@ absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>
   }
   Txn txn;
   txn.deadline_ms = deadline_ms;
+  txn.observer = observer;
+  txn.observer_state.told = observer <= 0;
   for (pid_t pid : pids) {
     if (pid <= 0) return absl::InvalidArgumentError(absl::StrCat("node switch: pid ", pid, " is not a process"));
     if (!txn.participants.emplace(pid, Participant{}).second) {
@@ -63,6 +66,10 @@ absl::StatusOr<std::optional<SwitchDecision>> SwitchLedger::Vote(const std::stri
 std::vector<std::string> SwitchLedger::Exited(pid_t pid) {
   std::vector<std::string> decided, forgotten;
   for (auto& [id, txn] : txns_) {
+    if (txn.observer == pid) {
+      txn.observer_state.exited = true;
+      if (txn.decision.has_value()) forgotten.push_back(id);
+    }
     auto p = txn.participants.find(pid);
     if (p == txn.participants.end()) continue;
     p->second.exited = true;
@@ -113,9 +120,14 @@ void SwitchLedger::Settle(const std::string& id, const SwitchDecision& decision)
   if (t != txns_.end()) t->second.decision = decision;
 }
 
-bool SwitchLedger::Told(const std::string& id, pid_t pid) {
+bool SwitchLedger::Told(const std::string& id, pid_t pid, bool observer) {
   auto t = txns_.find(id);
   if (t == txns_.end()) return false;
+  if (observer && t->second.observer == pid) {
+    if (!t->second.decision.has_value()) return false;
+    t->second.observer_state.told = true;
+    return MaybeForget(id);
+  }
   auto p = t->second.participants.find(pid);
   if (p == t->second.participants.end() || !t->second.decision.has_value()) return false;
   p->second.told = true;
@@ -136,6 +148,7 @@ std::vector<pid_t> SwitchLedger::Watched() const {
     for (const auto& [pid, p] : txn.participants) {
       if (!p.told && !p.exited) out.push_back(pid);
     }
+    if (!txn.observer_state.told && !txn.observer_state.exited) out.push_back(txn.observer);
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -148,6 +161,7 @@ bool SwitchLedger::MaybeForget(const std::string& id) {
   for (const auto& [_, p] : t->second.participants) {
     if (!p.told && !p.exited) return false;
   }
+  if (!t->second.observer_state.told && !t->second.observer_state.exited) return false;
   txns_.erase(t);
   forgotten_.push_back(id);
   return true;

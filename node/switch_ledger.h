@@ -8,7 +8,8 @@
 // naming the processes concerned. A decision is final: the daemon records it
 // (decision_record.h) before anyone is told, and when the record says otherwise (another
 // party recorded first), Settle makes the record's decision the ledger's. A transaction is
-// forgotten once every participant has been told its outcome or has exited.
+// forgotten once every participant, and the initiator that began it (an observer: it
+// votes nothing), has been told its outcome or has exited.
 //
 // No I/O, no clock, no locks (the daemon's serving thread is its one writer): times are
 // milliseconds on the caller's clock; every case is unit-tested alone
@@ -43,9 +44,11 @@ class SwitchLedger {
   static constexpr std::size_t kMaxOpen = 256;  // undecided transactions at once
 
   // A new transaction `id` (unique, chosen by the caller) of `pids` (distinct, > 0, at
-  // most kMaxParticipants), to be decided by `deadline_ms`. InvalidArgument for bad pids,
-  // AlreadyExists for a known id, ResourceExhausted beyond kMaxOpen undecided ones.
-  absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms);
+  // most kMaxParticipants), to be decided by `deadline_ms`, begun by `observer` (0: none),
+  // who learns the outcome too. InvalidArgument for bad pids, AlreadyExists for a known
+  // id, ResourceExhausted beyond kMaxOpen undecided ones.
+  absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
+                     pid_t observer = 0);
   // `pid`'s vote: OK, or its failure `reason`. Returns the decision when the transaction is
   // decided (now, or before: a late vote learns it). NotFound for an unknown id,
   // PermissionDenied for a pid that is not a participant, FailedPrecondition for a second
@@ -62,9 +65,10 @@ class SwitchLedger {
   absl::StatusOr<std::optional<SwitchDecision>> Decision(const std::string& id) const;
   // The decision of `id` is `decision` (the record's, which wins). Unknown ids are ignored.
   void Settle(const std::string& id, const SwitchDecision& decision);
-  // `pid` has been told the outcome of `id`. Returns true when the transaction is thereby
-  // forgotten (every participant told or exited).
-  bool Told(const std::string& id, pid_t pid);
+  // `pid` has been told the outcome of `id`: as its observer when `observer` (and it is
+  // the observer), else as a participant. Returns true when the transaction is thereby
+  // forgotten.
+  bool Told(const std::string& id, pid_t pid, bool observer = false);
   // The participants of `id` (empty for an unknown id).
   std::vector<pid_t> Participants(const std::string& id) const;
   // The participants whose exit matters: not exited, and not told the outcome (an
@@ -82,6 +86,8 @@ class SwitchLedger {
   };
   struct Txn {
     std::map<pid_t, Participant> participants;
+    pid_t observer = 0;
+    Participant observer_state;  // told, exited
     std::int64_t deadline_ms = 0;
     std::optional<SwitchDecision> decision;
   };

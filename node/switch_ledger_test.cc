@@ -104,5 +104,23 @@ TEST(SwitchLedger, TheRecordWinsAndTheSwitchIsForgottenOnceEveryoneKnows) {
   EXPECT_EQ(l.size(), 0u);
 }
 
+TEST(SwitchLedger, TheInitiatorIsToldTooBeforeTheSwitchIsForgotten) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10}, 1000, /*observer=*/99).ok());
+  EXPECT_EQ(l.Watched(), (std::vector<pid_t>{10, 99}));
+  ASSERT_TRUE(l.Vote("t", 10, true, "").ok());
+  EXPECT_FALSE(l.Told("t", 10));  // the observer has not been told
+  EXPECT_FALSE(l.Told("t", 10, /*observer=*/true));  // 10 is not the observer
+  EXPECT_TRUE(l.Told("t", 99, /*observer=*/true));
+  ASSERT_TRUE(l.Begin("u", {10}, 1000, /*observer=*/99).ok());
+  ASSERT_TRUE(l.Vote("u", 10, true, "").ok());
+  EXPECT_FALSE(l.Told("u", 10));
+  EXPECT_TRUE(l.Exited(99).empty());  // an observer's exit decides nothing, and forgets
+  EXPECT_EQ(l.size(), 0u);
+  ASSERT_TRUE(l.Begin("v", {10}, 1000, /*observer=*/99).ok());
+  EXPECT_TRUE(l.Exited(99).empty());  // undecided: the observer's exit does not abort
+  EXPECT_FALSE(l.Decision("v")->has_value());
+}
+
 }  // namespace
 }  // namespace vmstash::node

@@ -23,6 +23,7 @@
 #include "fmt/format.h"
 #include "node/client.h"
 #include "node/launch.h"
+#include "node/node_switch.h"
 #include "node/wire.h"
 
 namespace vmstash::cli {
@@ -105,6 +106,34 @@ int DaemonStatus(bool json) {
              ServingPid(), SocketPath(), HumanBytes(s->capacity_bytes), HumanBytes(s->leased_bytes),
              HumanBytes(s->peak_bytes), HumanBytes(s->largest_free_bytes), s->leases, s->clients, s->refused);
   return 0;
+}
+
+int NodeSwitch(const std::string& pause, const std::string& resume, int device, int timeout_ms, bool json) {
+  absl::StatusOr<std::vector<node::NodeSwitchPart>> parts = node::ParseNodeSwitchParts(pause, resume);
+  if (!parts.ok()) {
+    fmt::print(stderr, "vmstash: switch --node: {}\n", std::string(parts.status().message()));
+    return 2;
+  }
+  node::NodeSwitchRequest request;
+  request.parts = std::move(*parts);
+  request.device = device;
+  request.timeout_ms = timeout_ms;
+  absl::StatusOr<node::NodeSwitchResult> result = node::RunNodeSwitch(request);
+  if (!result.ok()) {
+    fmt::print(stderr, "vmstash: switch --node: {}\n", std::string(result.status().message()));
+    return 1;
+  }
+  const absl::Status status = node::NodeSwitchStatus(*result);
+  if (json) {
+    fmt::print("{}\n", node::NodeSwitchJson(*result));
+  } else if (status.ok()) {
+    for (const node::NodeSwitchOutcome& p : result->processes) {
+      fmt::print("process {}: {}\n", p.pid, p.changed ? "switched" : "every tag already in its state");
+    }
+    fmt::print("node switch {}: committed\n", result->txn);
+  }
+  if (!status.ok()) fmt::print(stderr, "vmstash: {}\n", std::string(status.message()));
+  return status.ok() ? 0 : 1;
 }
 
 }  // namespace vmstash::cli

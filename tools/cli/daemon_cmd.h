@@ -1,5 +1,6 @@
-// `vmstash daemon start|stop|status`: the node daemon (vmstashd; node/daemon.h,
-// docs/node.md) of this user, from the command line.
+// The node's commands (docs/node.md): `vmstash daemon start|stop|status`, this user's node
+// daemon (vmstashd; node/daemon.h), and `vmstash switch --node`, a switch over the node's
+// processes (node/node_switch.h, Note [Node Switch]).
 //
 //   start   runs vmstashd in the background (its own session, its output appended to
 //           <runtime dir>/vmstashd.log) with a pool of `capacity_bytes`, and returns once
@@ -11,6 +12,9 @@
 //           waits up to 10 s for its socket to go; none running: said, exit 0.
 //   status  the pool: capacity, leased now and at the peak, leases, clients; exit 1 when
 //           no daemon serves.
+//   switch --node  pauses and resumes PID:TAG lists as one transaction, each process given
+//           `timeout_ms` to vote; prints each process's outcome; exit 1 when it rolled
+//           back (the reason: the process that failed and why) or a process did not confirm.
 //
 // Thread-safety: one call per process (it forks).
 #ifndef VMSTASH_TOOLS_CLI_DAEMON_CMD_H_
@@ -25,6 +29,7 @@ namespace vmstash::cli {
 int DaemonStart(std::uint64_t capacity_bytes);
 int DaemonStop();
 int DaemonStatus(bool json);
+int NodeSwitch(const std::string& pause, const std::string& resume, int device, int timeout_ms, bool json);
 
 }  // namespace vmstash::cli
 

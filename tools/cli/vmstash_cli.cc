@@ -7,6 +7,8 @@
 //   vmstash resume PID TAG [--device=N] [--json]
 //   vmstash switch PID --pause A,B --resume C,D [--device=N] [--json]
 //                                            one transaction (Note [Switch Protocol])
+//   vmstash switch --node --pause PID:A,... --resume PID:C,... [--timeout=S] [--json]
+//                                            one transaction over processes (daemon_cmd.h)
 //   vmstash snapshot PID -o FILE [--format=json|torch]
 //                                            our snapshot JSON (allocator/snapshot.h), or a
 //                                            pickle PyTorch's memory_viz loads
@@ -60,6 +62,7 @@ enum Option : unsigned {
   kIterations = 1 << 6,
   kTimeout = 1 << 7,  // every command
   kCapacity = 1 << 8,
+  kNode = 1 << 9,  // switch --node
 };
 
 struct OptionHelp {
@@ -73,6 +76,9 @@ constexpr OptionHelp kOptionHelp[] = {
     {kLists, "--pause/--resume",
      "  --pause A,B            the tags to pause (also --pause=A,B)\n"
      "  --resume C,D           the tags to resume (also --resume=C,D); either list may be left out\n"},
+    {kNode, "--node",
+     "  --node                 over the node's processes: every tag is PID:TAG, and --timeout=SECONDS\n"
+     "                         is how long each process has to vote (default 60)\n"},
     {kOutput, "-o", "  -o FILE                the file to write\n"},
     {kFormat, "--format", "  --format=json|torch    vmstash's snapshot JSON (default), or a pickle for memory_viz\n"},
     {kDevice, "--device",
@@ -109,10 +115,12 @@ constexpr Command kCommands[] = {
     {"resume", "resume PID TAG [--device=N] [--json]",
      "Resumes TAG in process PID at the same addresses (a backup tag's bytes are copied back).",
      kDevice | kJson | kTimeout, 2},
-    {"switch", "switch PID --pause A,B --resume C,D [--device=N] [--json]",
+    {"switch", "switch PID --pause A,B --resume C,D [--device=N] [--json]\n"
+     "       vmstash switch --node --pause PID:A,... --resume PID:C,... [--device=N] [--json]",
      "Pauses A,B and resumes C,D in process PID in one transaction: all of it or nothing\n"
-     "(Note [Switch Protocol]).",
-     kLists | kDevice | kJson | kTimeout, 1},
+     "(Note [Switch Protocol]). With --node, tags of several processes in one transaction\n"
+     "coordinated by the node daemon (docs/node.md, Note [Node Switch]).",
+     kLists | kDevice | kJson | kTimeout | kNode, 1},
     {"snapshot", "snapshot PID -o FILE [--format=json|torch]",
      "Writes the allocator snapshot of process PID to FILE: vmstash's JSON (allocator/snapshot.h),\n"
      "or a pickle PyTorch's memory_viz loads.",
@@ -407,6 +415,8 @@ int Main(int argc, char** argv) {
       help = true;
     } else if (a == "--version") {
       version = true;
+    } else if (a == "--node") {
+      given |= kNode;
     } else if (a == "--json") {
       json = true;
       given |= kJson;
@@ -492,6 +502,15 @@ int Main(int argc, char** argv) {
     if (json && action != "status") return BadUsage(command, "--json is for status only");
     if (action == "start") return DaemonStart(capacity);
     return action == "stop" ? DaemonStop() : DaemonStatus(json);
+  }
+  if (given & kNode) {  // switch --node: the pids are in the lists
+    if (operands > 0) return BadUsage(command, fmt::format("switch --node takes no PID ('{}'): name PID:TAG", args[1]));
+    if (pause_list.empty() && resume_list.empty()) {
+      return BadUsage(command, "no tag to pause or resume (--pause PID:A,... and/or --resume PID:C,...)");
+    }
+    const int timeout_ms = (given & kTimeout) ? call_options.transition_timeout_ms : 60000;
+    if (timeout_ms <= 0) return BadUsage(command, "--timeout=0: a node switch needs a deadline for its votes");
+    return NodeSwitch(pause_list, resume_list, device, timeout_ms, json);
   }
   if (operands < command->operands) {
     return BadUsage(command, operands == 0 ? "PID is missing" : "TAG is missing");

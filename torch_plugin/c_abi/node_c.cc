@@ -1,10 +1,13 @@
-// The node pool from the C ABI (vmstash.h: vmstash_node_connect, vmstash_node_stats_json):
-// thin shims over the runtime's NodeLeases (runtime/node_leases.h, Note [Node Leases]).
+// The node from the C ABI (vmstash.h): the pool (vmstash_node_connect,
+// vmstash_node_stats_json: thin shims over the runtime's NodeLeases, runtime/node_leases.h,
+// Note [Node Leases]) and the switch across processes (vmstash_node_switch: over
+// node/node_switch.h, Note [Node Switch]).
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "base/json_writer.h"
+#include "node/node_switch.h"
 #include "runtime/node_leases.h"
 #include "runtime/runtime.h"
 #include "torch_plugin/c_abi/shim.h"
@@ -16,6 +19,16 @@ using vmstash::Runtime;
 using vmstash::c_abi::Code;
 using vmstash::c_abi::Fail;
 using vmstash::c_abi::WithRuntime;
+
+namespace {
+
+char* CopyOut(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+}  // namespace
 
 extern "C" {
 
@@ -44,13 +57,30 @@ char* vmstash_node_stats_json(void) noexcept {
     w.Field("process_fallbacks", static_cast<std::uint64_t>(r->fallbacks));
     w.Field("process_pinning", r->pinning);
     w.EndObject();
-    const std::string& json = w.str();
-    out = static_cast<char*>(std::malloc(json.size() + 1));
+    out = CopyOut(w.str());
     if (out == nullptr) return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
-    std::memcpy(out, json.c_str(), json.size() + 1);
     return 0;
   });
   return out;
+}
+
+int vmstash_node_switch(const char* pause, const char* resume, int device, int timeout_ms,
+                        char** result_json) noexcept {
+  if (result_json != nullptr) *result_json = nullptr;
+  // No runtime needed: the initiator may take no part (the CLI's case, a driver script).
+  return vmstash::c_abi::Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::vector<vmstash::node::NodeSwitchPart>> parts =
+        vmstash::node::ParseNodeSwitchParts(pause == nullptr ? "" : pause, resume == nullptr ? "" : resume);
+    if (!parts.ok()) return Fail(parts.status());
+    vmstash::node::NodeSwitchRequest request;
+    request.parts = std::move(*parts);
+    request.device = device;
+    request.timeout_ms = timeout_ms;
+    absl::StatusOr<vmstash::node::NodeSwitchResult> result = vmstash::node::RunNodeSwitch(request);
+    if (!result.ok()) return Fail(result.status());
+    if (result_json != nullptr) *result_json = CopyOut(vmstash::node::NodeSwitchJson(*result));
+    return Code(vmstash::node::NodeSwitchStatus(*result));
+  });
 }
 
 }  // extern "C"

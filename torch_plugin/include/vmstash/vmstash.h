@@ -258,6 +258,19 @@ int vmstash_empty_cache(int device, const char* tag) VMSTASH_NOEXCEPT;
  * figures (free with vmstash_string_free); NULL when not connected. */
 int vmstash_node_connect(int start) VMSTASH_NOEXCEPT;
 char* vmstash_node_stats_json(void) VMSTASH_NOEXCEPT;
+/* A switch across the node's processes (docs/node.md; node/node_switch.h, Note [Node
+ * Switch]): every tag of `pause` paused and every tag of `resume` resumed, each in the
+ * process named, all or none. `pause`, `resume`: "PID:TAG,PID:TAG,..." (either may be
+ * NULL or empty, not both); `device` in every process (-1: where its tags are);
+ * `timeout_ms` (> 0) for every process's vote. Any process of the user may call it, one
+ * taking part or not; the node daemon is started when none serves. Returns 0 when the
+ * switch committed and every process confirmed it; VMSTASH_ABORTED when it rolled back
+ * (the message names the process that failed, or did not answer, and why); the bad
+ * request's or the daemon's code when it could not begin. *result_json (when not NULL):
+ * the per-process JSON ({"txn","committed","reason","processes":[...]}) whenever the
+ * switch began, else NULL; free with vmstash_string_free. */
+int vmstash_node_switch(const char* pause, const char* resume, int device, int timeout_ms,
+                        char** result_json) VMSTASH_NOEXCEPT;
 
 /* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
  * device -1: a JSON array with one entry per device in use. */

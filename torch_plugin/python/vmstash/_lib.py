@@ -176,6 +176,7 @@ def _declare(l):
         "vmstash_stats_json": (c_void_p, [c_int]),
         "vmstash_node_connect": (c_int, [c_int]),
         "vmstash_node_stats_json": (c_void_p, []),
+        "vmstash_node_switch": (c_int, [c_char_p, c_char_p, c_int, c_int, ctypes.POINTER(c_void_p)]),
         "vmstash_snapshot_json": (c_void_p, [c_int]),
         "vmstash_string_free": (None, [c_void_p]),
         "vmstash_last_error": (c_char_p, []),

@@ -1,0 +1,304 @@
+"""A switch over several processes of the node (node/node_switch.h, Note [Node Switch]) end to
+end: real processes on the simulated driver, each with its control endpoint; vmstash.node.switch
+(and the CLI's `switch --node`) from this process, which takes no part; the node daemon started
+on demand. Every process commits, or every process is as before with its bytes — when one fails
+its part (out of device memory), is killed in it, hangs in it, is killed after voting, or the
+daemon is killed while the votes wait."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import vmstash
+from conftest import SIM_CONF
+from test_node_pool import daemon_binary, daemon_pid, node_dir  # noqa: F401 (a fixture)
+
+MiB = 1 << 20
+
+# A participant: creates the tags given as NAME:POLICY:MIB:STATE (STATE active or paused; a
+# backup tag's bytes are a pattern of its name), says {"ready": pid}, then serves commands
+# from stdin: "check" (each tag's state, and for an active backup tag whether its bytes are
+# intact), "stall NAME SECONDS" (NAME's before-pause hook says {"hook": NAME} and sleeps),
+# "alloc NAME MIB" (more memory in NAME), "resume NAME", "exit".
+PART = r'''
+import ctypes, json, os, sys, time
+import vmstash
+from vmstash import _lib
+L = _lib.lib()
+def fill_of(name):
+    return sum(name.encode()) % 251 + 1
+tags = {}
+policies = {}
+def alloc(name, mib):
+    vmstash.set_current_tag(name)
+    n = mib << 20
+    p = L.vmstash_malloc(n, 0, None)
+    vmstash.set_current_tag("default")
+    assert p, _lib.last_error()
+    ctypes.memset(p, fill_of(name), n)
+    tags.setdefault(name, []).append((p, n))
+for spec in sys.argv[1:]:
+    name, policy, mib, state = spec.split(":")
+    vmstash.create_tag(name, policy)
+    policies[name] = policy
+    alloc(name, int(mib))
+    if state == "paused":
+        vmstash.pause(name)
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+hooks = []
+say(ready=os.getpid())
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "check":
+        out = {}
+        for name, blocks in tags.items():
+            st = vmstash.tag_stats(name, 0)["state"]
+            ok = None
+            if st == "active" and policies.get(name) == "backup":
+                want = bytes([fill_of(name)]) * 4096
+                ok = all(ctypes.string_at(p + off, 4096) == want for p, n in blocks for off in (0, n // 2, n - 4096))
+            out[name] = {"state": st, "ok": ok}
+        say(check=out)
+    elif cmd[0] == "stall":
+        name, seconds = cmd[1], float(cmd[2])
+        def before(tag, device, user, name=name, seconds=seconds):
+            say(hook=name)
+            time.sleep(seconds)
+            return 0
+        f = HOOK(before)
+        hooks.append(f)
+        assert L.vmstash_register_hooks(name.encode(), f, ctypes.cast(None, HOOK), None) == 0, _lib.last_error()
+        say(stalled=name)
+    elif cmd[0] == "alloc":
+        alloc(cmd[1], int(cmd[2]))
+        say(allocated=cmd[1])
+    elif cmd[0] == "resume":
+        vmstash.resume(cmd[1])
+        say(resumed=cmd[1])
+    elif cmd[0] == "exit":
+        break
+'''
+
+
+class Part:
+    def __init__(self, env, *specs):
+        self.proc = subprocess.Popen([sys.executable, "-c", PART, *specs], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = self.read()["ready"]
+
+    def read(self):
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"participant {self.proc.pid} ended: {self.proc.stderr.read()}")
+        return json.loads(line)
+
+    def ask(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def check(self, settle=False):
+        """Each tag's state and bytes; settle: once no tag is pausing or resuming (a part
+        still running in the process's control thread)."""
+        deadline = time.time() + 20
+        while True:
+            c = self.ask("check")["check"]
+            moving = any(t["state"] in ("pausing", "resuming") for t in c.values())
+            if not (settle and moving) or time.time() > deadline:
+                return c
+            time.sleep(0.05)
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("exit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(timeout=30)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def node(node_dir, monkeypatch):  # noqa: F811
+    """Participants' environment; this process (the initiator) looks in the same directory."""
+    monkeypatch.setenv("VMSTASH_RUNTIME_DIR", node_dir)
+    monkeypatch.setenv("VMSTASH_DAEMON", daemon_binary())
+    env = dict(os.environ)
+    env["VMSTASH_CONF"] = SIM_CONF
+    parts = []
+
+    def make(*specs, conf=None):
+        e = dict(env)
+        if conf:
+            e["VMSTASH_CONF"] = conf
+        p = Part(e, *specs)
+        parts.append(p)
+        return p
+    yield make
+    for p in parts:
+        if p.proc.poll() is None:
+            try:
+                os.kill(p.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        p.close()
+
+
+def in_thread(fn):
+    """Runs fn() in a thread; returns a function that joins it and returns or raises as fn did."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: B902 (re-raised in the caller)
+            box["error"] = e
+    t = threading.Thread(target=run)
+    t.start()
+
+    def join():
+        t.join(120)
+        assert not t.is_alive(), "the node switch did not return"
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+    return join
+
+
+def test_a_switch_over_two_processes_moves_both_and_back(node):
+    a = node("train:backup:8:active", "scratch:discard:4:active")
+    b = node("rollout:backup:8:paused", "kv:discard:8:paused")
+    r = vmstash.node.switch(pause=[(a.pid, "train"), (a.pid, "scratch")], resume=[(b.pid, "rollout"), (b.pid, "kv")])
+    assert r["committed"] and {p["pid"] for p in r["processes"]} == {a.pid, b.pid}
+    assert all(p["ok"] and p["changed"] for p in r["processes"])
+    assert a.check() == {"train": {"state": "paused", "ok": None}, "scratch": {"state": "paused", "ok": None}}
+    assert b.check() == {"rollout": {"state": "active", "ok": True}, "kv": {"state": "active", "ok": None}}
+    # Back, through the CLI.
+    cli = os.environ.get("VMSTASH_CLI") or os.path.join(os.path.dirname(daemon_binary()), "..", "cli", "vmstash_cli")
+    out = subprocess.run([cli, "switch", "--node", "--pause", f"{b.pid}:rollout,{b.pid}:kv", "--resume",
+                          f"{a.pid}:train,{a.pid}:scratch", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["committed"] is True
+    assert a.check()["train"] == {"state": "active", "ok": True}
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+    # Already there: nothing moves, still one committed transaction.
+    r = vmstash.node.switch(pause=[(b.pid, "rollout")], resume=[(a.pid, "train")])
+    assert r["committed"] and not any(p["changed"] for p in r["processes"])
+    # Each decision is recorded (a process that loses the daemon reads it there).
+    records = os.path.join(os.environ["VMSTASH_RUNTIME_DIR"], "vmstashd.switch")
+    decisions = [open(os.path.join(records, n)).read().split("\n")[0] for n in os.listdir(records)]
+    assert decisions == ["commit"] * 3
+
+
+def test_a_process_out_of_device_memory_rolls_back_every_process(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:16:paused", conf="driver:sim,sim_devices:1,sim_capacity:32M,auto_prepare:0")
+    assert b.ask("alloc filler 20")["allocated"] == "filler"  # the rollout no longer fits
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "train")], resume=[(b.pid, "rollout")])
+    assert e.value.code_name == "ABORTED"
+    assert f"process {b.pid}: " in str(e.value) and "rolled back" in str(e.value)
+    assert e.value.result["committed"] is False
+    assert a.check()["train"] == {"state": "active", "ok": True}
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+
+
+def test_a_process_killed_in_its_part_rolls_back_the_others(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused")
+    a.ask("stall train 30")
+    join = in_thread(lambda: vmstash.node.switch(pause=[(a.pid, "train")], resume=[(b.pid, "rollout")]))
+    assert a.read() == {"hook": "train"}
+    time.sleep(0.3)  # b has voted and waits
+    a.proc.kill()
+    a.proc.wait()
+    with pytest.raises(vmstash.Error) as e:
+        join()
+    assert e.value.code_name == "ABORTED"
+    assert f"process {a.pid} exited before it voted" in str(e.value)
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+    assert b.ask("resume rollout") == {"resumed": "rollout"}
+    assert b.check()["rollout"] == {"state": "active", "ok": True}
+
+
+def test_a_hung_process_is_decided_abort_and_rolls_back_when_it_runs_again(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused")
+    a.ask("stall train 0.2")
+    join = in_thread(lambda: vmstash.node.switch(pause=[(a.pid, "train")], resume=[(b.pid, "rollout")],
+                                                 timeout=1.5))
+    assert a.read() == {"hook": "train"}
+    os.kill(a.pid, signal.SIGSTOP)
+    with pytest.raises(vmstash.Error) as e:
+        join()
+    assert e.value.code_name == "ABORTED"
+    assert f"process {a.pid} did not vote by the deadline" in str(e.value)
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+    os.kill(a.pid, signal.SIGCONT)  # it finishes its part, votes, learns the abort, rolls back
+    assert a.check(settle=True)["train"] == {"state": "active", "ok": True}
+
+
+def test_a_process_killed_after_voting_does_not_undo_the_commit(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused")
+    c = node("ref:backup:4:active")
+    c.ask("stall ref 1.0")
+    join = in_thread(lambda: vmstash.node.switch(pause=[(a.pid, "train"), (c.pid, "ref")],
+                                                 resume=[(b.pid, "rollout")]))
+    assert c.read() == {"hook": "ref"}
+    time.sleep(0.4)  # a and b have voted and wait for c
+    b.proc.kill()
+    b.proc.wait()
+    with pytest.raises(vmstash.Error) as e:
+        join()
+    assert e.value.result["committed"] is True
+    assert "committed, but not every process confirmed it" in str(e.value) and f"process {b.pid}" in str(e.value)
+    assert a.check()["train"]["state"] == "paused"
+    assert c.check()["ref"]["state"] == "paused"
+
+
+def test_a_daemon_killed_while_the_votes_wait_means_abort_everywhere(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused")
+    c = node("ref:backup:4:active")
+    c.ask("stall ref 1.5")
+    join = in_thread(lambda: vmstash.node.switch(pause=[(a.pid, "train"), (c.pid, "ref")],
+                                                 resume=[(b.pid, "rollout")]))
+    assert c.read() == {"hook": "ref"}
+    time.sleep(0.4)
+    os.kill(daemon_pid(os.environ["VMSTASH_RUNTIME_DIR"]), signal.SIGKILL)
+    with pytest.raises(vmstash.Error) as e:
+        join()
+    assert e.value.code_name == "ABORTED" and "the node daemon died before deciding" in str(e.value)
+    assert a.check()["train"] == {"state": "active", "ok": True}
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+    assert c.check()["ref"] == {"state": "active", "ok": True}
+
+
+def test_bad_requests_are_refused_clearly(node):
+    a = node("train:backup:4:active")
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "train")], resume=[(1, "x")])
+    assert e.value.code_name == "NOT_FOUND" and "process 1" in str(e.value)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "no_such_tag")])
+    assert e.value.code_name == "ABORTED" and f"process {a.pid}: " in str(e.value)
+    assert "no_such_tag" in str(e.value)
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch()
+    assert e.value.code_name == "INVALID_ARGUMENT"
+    with pytest.raises(TypeError):
+        vmstash.node.switch(pause=[a.pid])
+    with pytest.raises(ValueError):
+        vmstash.node.switch(pause=[(a.pid, "a,b")])
+    with pytest.raises(ValueError):
+        vmstash.node.switch(pause=[(a.pid, "train")], timeout=0)
+    assert a.check()["train"] == {"state": "active", "ok": True}
