@@ -64,6 +64,13 @@ def benchmarks(build, torch_ok):
          [py, "bench/node_pool_bench.py", "--cycles", "3", "--json", "bench/results/node_pool.json"]
          + ([] if _importable("torch_memory_saver") else ["--peers", "dropin,dropin_node,dropin_node_pin"]),
          {"VMSTASH_DAEMON": os.path.join(build, "tools/vmstashd/vmstashd")}, [r"."], True),
+        ("node_switch_bench", "A switch across two processes on one GPU (bench/node_switch_bench.py): "
+         "vmstash.node.switch of 8 GiB backed up in 512 tensors and 16 GiB discarded out of one process and "
+         "as much into the other, against vmstash.switch of the same tags inside one process and against "
+         "a pause then a resume in two node switches; the same with the discarded tags only; 4 cycles each "
+         "way, every byte checked, against the same run's pinned link.",
+         [py, "bench/node_switch_bench.py", "--json", "bench/results/node_switch.json"],
+         {"VMSTASH_DAEMON": os.path.join(build, "tools/vmstashd/vmstashd")}, [r"."], True),
         ("tms_suite", "torch_memory_saver's own test suite (test/test_examples.py of its repository at 4a43c97, "
          "unmodified, in third_party/tms_suite: scripts/export_tms_suite.sh), through the drop-in built from "
          "this build, then through torch_memory_saver 0.0.10's own wheel (third_party/wheels: "

@@ -1,0 +1,147 @@
+"""A switch across two PyTorch processes on one GPU (label gpu; vmstash.node.switch, Note [Node
+Switch] in node/node_switch.h): a "trainer" and a "rollout" process, each with weights in a
+backup tag, scratch memory in a discard tag and a CUDA graph captured over them, take turns
+through node switches made by this process (which takes no part): after every switch the
+process switched in replays its graph, with outputs equal to its first replay's. A switch that
+fails in one process (a tag it does not have) rolls both back, and both graphs still replay.
+
+    python3 -m pytest -m gpu gpu_node_switch.py   (VMSTASH_DAEMON: vmstashd; else it is looked for)
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+# One process: weights (backup), scratch (discard) and a CUDA graph over them; steps from stdin.
+SIDE = r'''
+import json, os, sys, torch
+import vmstash
+role, seed = sys.argv[1], int(sys.argv[2])
+dev = torch.device("cuda", 0)
+torch.manual_seed(seed)
+n = 4096
+with vmstash.region(f"{role}_weights", policy="backup"):
+    layers = [torch.randn(n, n, device=dev) / n ** 0.5 for _ in range(64)]  # 4 GiB
+with vmstash.region(f"{role}_scratch"):
+    scratch = torch.empty(64, n, device=dev)
+x = torch.randn(64, n, device=dev)
+def forward():
+    y = x
+    for w in layers:
+        torch.matmul(y, w, out=scratch)
+        y = torch.tanh(scratch)
+    return y
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    forward()
+torch.cuda.current_stream().wait_stream(stream)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    y = forward()
+graph.replay()
+torch.cuda.synchronize()
+first = y.clone()
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+if sys.argv[3] == "paused":
+    vmstash.pause(f"{role}_weights")
+    vmstash.pause(f"{role}_scratch")
+say(step="ready", pid=os.getpid())
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "replay":
+        y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        say(step="replay", equal=bool(torch.equal(y, first)))
+    elif cmd == "state":
+        say(step="state", **{t: vmstash.tag_stats(t, 0)["state"] for t in (f"{role}_weights", f"{role}_scratch")})
+    elif cmd == "quit":
+        break
+say(step="end")
+'''
+
+
+def _daemon_binary():
+    path = os.environ.get("VMSTASH_DAEMON")
+    if path:
+        return path
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    for candidate in (os.path.join(root, "build", "cmake", "tools", "vmstashd", "vmstashd"),
+                      os.path.join(root, "bazel-bin", "tools", "vmstashd", "vmstashd")):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("vmstashd is not built: set VMSTASH_DAEMON")
+
+
+class _Side:
+    def __init__(self, env, role, seed, state):
+        self.role = role
+        self.p = subprocess.Popen([sys.executable, "-c", SIDE, role, str(seed), state], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = self.read()["pid"]
+
+    def read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise AssertionError(f"the process ended: {self.p.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def tags(self):
+        return [(self.pid, f"{self.role}_weights"), (self.pid, f"{self.role}_scratch")]
+
+
+def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeypatch):
+    import vmstash
+    runtime_dir = tempfile.mkdtemp(prefix="vmstash-gpu-node-switch-")
+    os.chmod(runtime_dir, 0o700)
+    monkeypatch.setenv("VMSTASH_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setenv("VMSTASH_DAEMON", _daemon_binary())
+    env = dict(os.environ)
+    sides = []
+    try:
+        trainer = _Side(env, "trainer", 1, "active")
+        rollout = _Side(env, "rollout", 2, "paused")
+        sides = [trainer, rollout]
+        active, other = trainer, rollout
+        for turn in range(6):
+            r = vmstash.node.switch(pause=active.tags(), resume=other.tags())
+            assert r["committed"] and all(p["changed"] for p in r["processes"]), (turn, r)
+            assert active.ask("state") == {"step": "state", f"{active.role}_weights": "paused",
+                                           f"{active.role}_scratch": "paused"}
+            assert other.ask("replay")["equal"], f"turn {turn}: the graph over the switched-in weights differs"
+            active, other = other, active
+        # A failure in one process rolls both back.
+        with pytest.raises(vmstash.Error) as e:
+            vmstash.node.switch(pause=active.tags(), resume=other.tags() + [(other.pid, "no_such_tag")])
+        assert e.value.code_name == "ABORTED" and f"process {other.pid}" in str(e.value)
+        assert active.ask("replay")["equal"], "the process rolled back replays its graph"
+        assert other.ask("state")[f"{other.role}_weights"] == "paused"
+        r = vmstash.node.switch(pause=active.tags(), resume=other.tags())
+        assert other.ask("replay")["equal"]
+        for s in sides:
+            s.ask("quit")
+            assert s.p.wait(60) == 0
+    finally:
+        for s in sides:
+            if s.p.poll() is None:
+                s.p.kill()
+        try:
+            with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
+                for pid in set(re.findall(r"\(pid (\d+)\)", f.read())):
+                    os.kill(int(pid), signal.SIGTERM)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
