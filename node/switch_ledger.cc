@@ -21,6 +21,17 @@ absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>
   if (open >= kMaxOpen) {
     return absl::ResourceExhaustedError(absl::StrCat("node switch: ", open, " switches undecided already"));
   }
+  // One undecided switch per process: two crossing switches would each hold one process's
+  // tags while waiting for the other's, until both timed out.
+  for (const auto& [other, t] : txns_) {
+    if (t.decision.has_value()) continue;
+    for (pid_t pid : pids) {
+      if (t.participants.count(pid) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat("node switch: process ", pid, " takes part in switch ", other,
+                                                          ", not decided yet; try again once it is"));
+      }
+    }
+  }
   Txn txn;
   txn.deadline_ms = deadline_ms;
   txn.observer = observer;

@@ -46,7 +46,9 @@ class SwitchLedger {
   // A new transaction `id` (unique, chosen by the caller) of `pids` (distinct, > 0, at
   // most kMaxParticipants), to be decided by `deadline_ms`, begun by `observer` (0: none),
   // who learns the outcome too. InvalidArgument for bad pids, AlreadyExists for a known
-  // id, ResourceExhausted beyond kMaxOpen undecided ones.
+  // id, FailedPrecondition when a pid takes part in an undecided transaction (one at a
+  // time per process: crossing ones would wait for each other's locks until both timed
+  // out), ResourceExhausted beyond kMaxOpen undecided ones.
   absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
                      pid_t observer = 0);
   // `pid`'s vote: OK, or its failure `reason`. Returns the decision when the transaction is

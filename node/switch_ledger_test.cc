@@ -75,10 +75,21 @@ TEST(SwitchLedger, BadRequestsAreRefused) {
   EXPECT_EQ(l.Decision("u").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(SwitchLedger, AProcessTakesPartInOneUndecidedSwitchAtATime) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20}, 1000).ok());
+  absl::Status busy = l.Begin("u", {30, 20}, 1000);
+  EXPECT_EQ(busy.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(busy.message().find("process 20 takes part in switch t"), std::string::npos) << busy;
+  EXPECT_TRUE(l.Begin("v", {30}, 1000).ok());
+  ASSERT_TRUE(l.Vote("t", 10, false, "x").ok());  // decided: its processes are free again
+  EXPECT_TRUE(l.Begin("u", {20}, 1000).ok());
+}
+
 TEST(SwitchLedger, UndecidedSwitchesAreBounded) {
   SwitchLedger l;
   for (std::size_t i = 0; i < SwitchLedger::kMaxOpen; ++i) {
-    ASSERT_TRUE(l.Begin(std::to_string(i), {10}, 1).ok());
+    ASSERT_TRUE(l.Begin(std::to_string(i), {static_cast<pid_t>(10 + i)}, 1).ok());
   }
   EXPECT_EQ(l.Begin("x", {10}, 1).code(), absl::StatusCode::kResourceExhausted);
   l.Expire(1);  // all decided: room again

@@ -211,6 +211,25 @@ def test_a_process_out_of_device_memory_rolls_back_every_process(node):
     assert b.check()["rollout"] == {"state": "paused", "ok": None}
 
 
+def test_a_driver_failure_in_the_pausing_process_rolls_back_every_process(node):
+    a = node("train:backup:8:active", conf=f"{SIM_CONF},sim_fail:copy_to_host@1x1000=internal")
+    b = node("rollout:backup:8:paused")
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "train")], resume=[(b.pid, "rollout")])
+    assert e.value.code_name == "ABORTED" and f"process {a.pid}: " in str(e.value)
+    assert a.check()["train"] == {"state": "active", "ok": True}
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+    # A second switch at once over the same process is refused until the first is decided.
+    c = node("ref:backup:4:active")
+    c.ask("stall ref 1.0")
+    join = in_thread(lambda: vmstash.node.switch(pause=[(c.pid, "ref")]))
+    assert c.read() == {"hook": "ref"}
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(c.pid, "ref")])
+    assert e.value.code_name == "FAILED_PRECONDITION" and f"process {c.pid} takes part in switch" in str(e.value)
+    assert join()["committed"]
+
+
 def test_a_process_killed_in_its_part_rolls_back_the_others(node):
     a = node("train:backup:8:active")
     b = node("rollout:backup:8:paused")
