@@ -90,9 +90,12 @@ absl::StatusOr<Request> ParseRequest(absl::string_view line) {
       VMSTASH_ASSIGN_OR_RETURN(request.device, IntField(value, key, -1));
     } else if (key == "txn") {
       VMSTASH_ASSIGN_OR_RETURN(request.txn, StringField(value, key));
-      if (request.txn.empty() || request.txn.size() > 64) return RequestError("\"txn\" must be a switch id");
+      // node/decision_record.h's IsSwitchId: 32 lowercase hex digits.
+      if (request.txn.size() != 32) return RequestError("\"txn\" must be a switch id (32 hex digits)");
       for (char c : request.txn) {
-        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return RequestError("\"txn\" must be a switch id");
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) {
+          return RequestError("\"txn\" must be a switch id (32 hex digits)");
+        }
       }
     } else if (key == "timeout_ms") {
       VMSTASH_ASSIGN_OR_RETURN(request.timeout_ms, IntField(value, key, 1));

@@ -122,4 +122,26 @@ TEST(ProtocolTest, RepliesCarryResultsAndErrors) {
 }
 
 }  // namespace
+TEST(ControlProtocol, ANodeSwitchPartCarriesItsIdAndTimeout) {
+  absl::StatusOr<Request> r = ParseRequest(
+      R"({"v":1,"op":"switch","pause":"a","txn":"0123456789abcdef0123456789abcdef","timeout_ms":500})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->txn, "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(r->timeout_ms, 500);
+  absl::StatusOr<Request> again = ParseRequest(FormatRequest(*r).substr(0, FormatRequest(*r).size() - 1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->txn, r->txn);
+  EXPECT_EQ(again->timeout_ms, 500);
+  for (const char* bad : {
+           R"({"v":1,"op":"switch","pause":"a","txn":"ab","timeout_ms":500})",
+           R"({"v":1,"op":"switch","pause":"a","txn":"0123456789ABCDEF0123456789abcdef","timeout_ms":500})",
+           R"({"v":1,"op":"switch","pause":"a","txn":"0123456789abcdef0123456789abcdef"})",
+           R"({"v":1,"op":"switch","pause":"a","timeout_ms":500})",
+           R"({"v":1,"op":"switch","pause":"a","txn":"0123456789abcdef0123456789abcdef","timeout_ms":0})",
+           R"({"v":1,"op":"pause","tag":"a","txn":"0123456789abcdef0123456789abcdef","timeout_ms":5})",
+       }) {
+    EXPECT_EQ(ParseRequest(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 }  // namespace vmstash::control

@@ -395,6 +395,10 @@ std::optional<std::string> NodeDaemon::Vote(Client& client, const WireRequest& r
     return FormatError(absl::PermissionDeniedError(
         absl::StrCat("node switch: process ", client.pid, " may vote for itself only, not for ", r.pid)));
   }
+  // A vote that comes after the deadline (the serving thread was held up) finds the switch
+  // aborted: no commit is recorded past the deadline, which the participants' own
+  // deadlines (later by kVoteGraceMs) rely on.
+  for (const std::string& id : switches_.Expire(NowMs())) Decide(id);
   absl::StatusOr<std::optional<SwitchDecision>> d =
       switches_.Vote(r.txn, static_cast<pid_t>(r.pid), r.ok, r.reason);
   if (!d.ok()) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <ctime>
 #include <cstring>
 
 #include "absl/strings/numbers.h"
@@ -158,6 +159,13 @@ int SweepDecisions(const std::string& dir) {
   ::closedir(d);
   int removed = 0;
   for (const std::string& name : names) {
+    // A writer's temporary ".<id>.<salt>" left by a writer that died: gone after a minute.
+    if (name.size() > 34 && name[0] == '.' && IsSwitchId(name.substr(1, 32))) {
+      const std::string path = absl::StrCat(RecordDir(dir), "/", name);
+      struct stat st;
+      if (::stat(path.c_str(), &st) == 0 && ::time(nullptr) - st.st_mtime > 60) ::unlink(path.c_str());
+      continue;
+    }
     if (!IsSwitchId(name)) continue;
     absl::StatusOr<std::optional<Parsed>> p = ReadRecord(absl::StrCat(RecordDir(dir), "/", name));
     if (!p.ok() || !p->has_value()) continue;

@@ -36,7 +36,8 @@ absl::StatusOr<SwitchDecision> RecordDecision(const std::string& dir, const std:
 absl::StatusOr<std::optional<SwitchDecision>> ReadDecision(const std::string& dir, const std::string& id);
 // Removes `id`'s record (once every participant knows the outcome).
 void RemoveDecision(const std::string& dir, const std::string& id);
-// Removes the records none of whose participants is alive; returns how many.
+// Removes the records none of whose participants is alive (returns how many), and
+// temporary files of writers that died more than a minute ago.
 int SweepDecisions(const std::string& dir);
 
 }  // namespace vmstash::node

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <set>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -123,43 +124,56 @@ absl::StatusOr<NodeSwitchResult> RunNodeSwitch(const NodeSwitchRequest& r) {
   // (2): every part at once; each answers after the decision, or is given up on.
   const int wait_ms = r.timeout_ms + 2 * kVoteGraceMs;
   std::vector<std::thread> threads;
+  threads.reserve(r.parts.size());
+  const auto part = [&](std::size_t i) {
+    control::Request q;
+    q.op = control::Op::kSwitch;
+    q.pause = r.parts[i].pause;
+    q.resume = r.parts[i].resume;
+    q.device = r.device;
+    q.txn = *txn;
+    q.timeout_ms = r.timeout_ms;
+    NodeSwitchOutcome& out = result.processes[i];
+    out.pid = r.parts[i].pid;
+    absl::StatusOr<std::string> reply = control::Call(endpoints[i], q, wait_ms);
+    if (!reply.ok()) {
+      out.status = reply.status();
+      return;
+    }
+    absl::StatusOr<JsonValue> doc = JsonValue::Parse(*reply);
+    out.changed = doc.ok() && (*doc)["changed"].Bool(false);
+  };
   for (std::size_t i = 0; i < r.parts.size(); ++i) {
-    threads.emplace_back([&, i] {
-      control::Request q;
-      q.op = control::Op::kSwitch;
-      q.pause = r.parts[i].pause;
-      q.resume = r.parts[i].resume;
-      q.device = r.device;
-      q.txn = *txn;
-      q.timeout_ms = r.timeout_ms;
-      NodeSwitchOutcome& out = result.processes[i];
-      out.pid = r.parts[i].pid;
-      absl::StatusOr<std::string> reply = control::Call(endpoints[i], q, wait_ms);
-      if (!reply.ok()) {
-        out.status = reply.status();
-        return;
-      }
-      absl::StatusOr<JsonValue> doc = JsonValue::Parse(*reply);
-      out.changed = doc.ok() && (*doc)["changed"].Bool(false);
-    });
+    try {
+      threads.emplace_back(part, i);
+    } catch (const std::system_error&) {  // no thread: this part from here, after the others are off
+      part(i);
+    }
   }
   for (std::thread& t : threads) t.join();
 
-  // The decision, from its record (or the daemon, when it could not be read).
-  absl::StatusOr<std::optional<SwitchDecision>> recorded = ReadDecision(dir, *txn);
-  if (recorded.ok() && recorded->has_value()) {
-    result.committed = (*recorded)->commit;
-    result.reason = (*recorded)->reason;
+  // The decision, from the daemon (which then knows this initiator was told, and can
+  // forget the switch), else from its record.
+  WireRequest outcome;
+  outcome.op = WireOp::kOutcome;
+  outcome.txn = *txn;
+  outcome.pid = ::getpid();
+  absl::StatusOr<JsonValue> reply = AskDaemon(dir, outcome, 5000);
+  const std::string decision = reply.ok() ? (*reply)["decision"].String() : "";
+  if (decision == "commit" || decision == "abort") {
+    result.committed = decision == "commit";
+    result.reason = (*reply)["reason"].String();
   } else {
-    WireRequest outcome;
-    outcome.op = WireOp::kOutcome;
-    outcome.txn = *txn;
-    outcome.pid = ::getpid();
-    absl::StatusOr<JsonValue> reply = AskDaemon(dir, outcome, 5000);
-    result.committed = reply.ok() && (*reply)["decision"].String() == "commit";
-    result.reason = !reply.ok() ? std::string(reply.status().message())
-                    : (*reply)["decision"].String() == "pending" ? "the daemon has not decided (it hangs?)"
-                                                                  : (*reply)["reason"].String();
+    absl::StatusOr<std::optional<SwitchDecision>> recorded = ReadDecision(dir, *txn);
+    if (recorded.ok() && recorded->has_value()) {
+      result.committed = (*recorded)->commit;
+      result.reason = (*recorded)->reason;
+    } else {
+      result.committed = false;
+      result.reason = absl::StrCat("the decision is unknown here (", !reply.ok() ? reply.status().message()
+                                   : decision == "pending" ? "the daemon has not decided: it hangs?" : decision,
+                                   "); each process's answer says what it did");
+    }
   }
   return result;
 }

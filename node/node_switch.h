@@ -33,12 +33,17 @@
 //   learns the decision from the record, or from a daemon started again (which presumes
 //   "abort" for a switch it did not begin, and records it); when no daemon is alive, or
 //   at its own deadline (the timeout plus kVoteGraceMs), it records "abort" itself —
-//   unless a decision is recorded already, which it then applies. A participant that
-//   hangs before voting is decided "abort" at the timeout and rolls back when it runs
-//   again. The initiator waits for each participant at most the timeout plus twice the
-//   grace; a participant still silent then is reported as such, with the decision.
-//   The records are removed once every participant has been told or has exited (the
-//   daemon also sweeps, at start, records whose participants are all gone).
+//   unless a decision is recorded already, which it then applies (switch_vote.h: never a
+//   rollback without a record, but where none can be written for a minute). The daemon
+//   records no commit past the timeout: a vote it reads late (its thread held up) finds
+//   the switch expired first. A participant that hangs before voting is decided "abort" at
+//   the timeout and rolls back when it runs again. The initiator waits for each
+//   participant at most the timeout plus twice the grace; a participant still silent then
+//   is reported as such, with the decision, which the initiator asks the daemon for (so
+//   the daemon knows it was told). A switch is forgotten once every participant and the
+//   initiator have been told or have exited; its record is removed a minute later (the
+//   daemon also sweeps, at start, records whose participants are all gone). One undecided
+//   switch per process: a second naming a process of an undecided one is refused.
 //   What is not done: physical memory is not handed from the pausing process to the
 //   resuming one — the pausing process releases its chunks at its commit and the
 //   resuming one creates its own — so during the copies both phases' device memory is

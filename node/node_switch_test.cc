@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -254,6 +255,66 @@ TEST(NodeSwitchProtocol, AHungDaemonMeansAbortAtTheParticipantsDeadline) {
   ::close(fd);
 }
 
+TEST(NodeSwitchProtocol, AFailedVoteWhoseReasonIsAllControlCharactersStillArrives) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant b(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), b.pid()}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  b.Go(*txn);
+  VoteOptions o;
+  o.dir = dir;
+  o.txn = *txn;
+  o.hard_deadline = Clock::now() + std::chrono::seconds(30);
+  const absl::Status mine = VoteAndWait(o, absl::InternalError(std::string(30000, '\x01')));
+  EXPECT_EQ(mine.code(), absl::StatusCode::kInternal);
+  const std::string rb = b.Result();  // at once, not at the deadline
+  EXPECT_THAT(rb, HasSubstr(absl::StrCat("ABORTED|node switch ", *txn, " rolled back: process ", ::getpid(), ": ")));
+}
+
+TEST(NodeSwitchProtocol, AVoteTheDaemonRefusesIsFinal) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  VoteOptions o;
+  o.dir = dir;
+  o.txn = "ab";  // malformed: refused at once, not retried until the deadline
+  o.hard_deadline = Clock::now() + std::chrono::seconds(30);
+  const auto t0 = Clock::now();
+  EXPECT_EQ(VoteAndWait(o, absl::OkStatus()).code(), absl::StatusCode::kInvalidArgument);
+  const pid_t other = ::fork();  // a switch this process takes no part in
+  if (other == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  absl::StatusOr<std::string> txn = Begin(dir, {other}, 20000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  o.txn = *txn;
+  EXPECT_EQ(VoteAndWait(o, absl::OkStatus()).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(10));
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+}
+
+TEST(NodeSwitchProtocol, AVoteAfterTheDeadlineFindsTheSwitchAborted) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Participant a(dir, absl::OkStatus()), b(dir, absl::OkStatus());
+  absl::StatusOr<std::string> txn = Begin(dir, {a.pid(), b.pid()}, 1000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  a.Go(*txn);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(daemon.pid(), SIGSTOP);  // the serving thread held up past the deadline
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  b.Go(*txn);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // b's vote waits in the daemon's queue
+  ::kill(daemon.pid(), SIGCONT);
+  EXPECT_THAT(a.Result(), HasSubstr("did not vote by the deadline"));
+  EXPECT_THAT(b.Result(), HasSubstr("did not vote by the deadline"));
+}
+
 TEST(NodeSwitchProtocol, TheFirstRecordWins) {
   const std::string dir = PrivateDir();
   const std::string id = "00000000000000000000000000000001";
@@ -297,6 +358,89 @@ TEST(NodeSwitchProtocol, BadRequestsAreRefusedClearly) {
   absl::StatusOr<JsonValue> pending = Ask(dir, outcome);
   ASSERT_TRUE(pending.ok());
   EXPECT_EQ((*pending)["decision"].String(), "pending");
+}
+
+// A participant that votes in switch after switch: it reads a switch id and its vote ('1'
+// OK, '0' a failure) from a pipe, votes, and writes back 'c' (commit), 'a' (abort) or 'e'.
+class Voter {
+ public:
+  explicit Voter(const std::string& dir) {
+    int go[2], out[2];
+    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // Only its own pipes: another voter's write end held here would keep that voter from
+      // seeing its end of input.
+      for (int fd = 3; fd < 1024; ++fd) {
+        if (fd != go[0] && fd != out[1]) ::close(fd);
+      }
+      char msg[33];
+      while (::read(go[0], msg, 33) == 33) {
+        VoteOptions o;
+        o.dir = dir;
+        o.txn = std::string(msg, 32);
+        o.hard_deadline = Clock::now() + std::chrono::seconds(30);
+        const absl::Status local = msg[32] == '1' ? absl::OkStatus() : absl::InternalError("injected");
+        const absl::Status s = VoteAndWait(o, local);
+        const char r = !local.ok() ? 'a' : s.ok() ? 'c' : absl::IsAborted(s) ? 'a' : 'e';
+        (void)!::write(out[1], &r, 1);
+      }
+      ::_exit(0);
+    }
+    ::close(go[0]);
+    ::close(out[1]);
+    go_ = go[1];
+    out_ = out[0];
+  }
+  ~Voter() {
+    ::close(go_);
+    ::close(out_);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  pid_t pid() const { return pid_; }
+  void Vote(const std::string& txn, bool ok) {
+    const std::string msg = txn + (ok ? "1" : "0");
+    (void)!::write(go_, msg.data(), msg.size());
+  }
+  char Outcome() {
+    char r = '?';
+    return ::read(out_, &r, 1) == 1 ? r : '?';
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int go_ = -1, out_ = -1;
+};
+
+TEST(NodeSwitchProtocol, ManySwitchesAtOnceEachDecidedOneWayForAll) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  constexpr int kPairs = 4, kRounds = 30;
+  std::vector<std::unique_ptr<Voter>> voters;
+  for (int i = 0; i < 2 * kPairs; ++i) voters.push_back(std::make_unique<Voter>(dir));
+  int commits = 0, aborts = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    std::vector<std::string> txns;
+    for (int p = 0; p < kPairs; ++p) {  // every pair's switch begun and voted at once
+      absl::StatusOr<std::string> txn = Begin(dir, {voters[2 * p]->pid(), voters[2 * p + 1]->pid()}, 10000);
+      ASSERT_TRUE(txn.ok()) << txn.status();
+      txns.push_back(*txn);
+    }
+    for (int i = 0; i < 2 * kPairs; ++i) voters[i]->Vote(txns[i / 2], (round * 7 + i) % 5 != 0);
+    for (int p = 0; p < kPairs; ++p) {
+      const bool expect_commit = (round * 7 + 2 * p) % 5 != 0 && (round * 7 + 2 * p + 1) % 5 != 0;
+      const char a = voters[2 * p]->Outcome(), b = voters[2 * p + 1]->Outcome();
+      EXPECT_EQ(a, b) << "round " << round << " pair " << p;
+      EXPECT_EQ(a, expect_commit ? 'c' : 'a') << "round " << round << " pair " << p;
+      absl::StatusOr<std::optional<SwitchDecision>> d = ReadDecision(dir, txns[p]);
+      ASSERT_TRUE(d.ok() && d->has_value());
+      EXPECT_EQ((*d)->commit, expect_commit);
+      (expect_commit ? commits : aborts) += 1;
+    }
+  }
+  EXPECT_GT(commits, 0);
+  EXPECT_GT(aborts, 0);
 }
 
 TEST(NodeSwitchParts, PidTagListsAreParsedPerProcess) {

@@ -92,6 +92,7 @@ std::vector<std::string> SwitchLedger::Exited(pid_t pid) {
     }
   }
   for (const std::string& id : forgotten) MaybeForget(id);
+  for (const std::string& id : decided) MaybeForget(id);  // the last one watched may be gone
   return decided;
 }
 

@@ -52,7 +52,7 @@ TEST(SwitchLedger, AMissingVoteAtTheDeadlineAbortsNamingTheSilent) {
 
 TEST(SwitchLedger, AnExitBeforeVotingAborts) {
   SwitchLedger l;
-  ASSERT_TRUE(l.Begin("t", {10, 20}, 1000).ok());
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000).ok());
   ASSERT_TRUE(l.Vote("t", 10, true, "").ok());
   EXPECT_TRUE(l.Exited(10).empty());  // it voted: its exit decides nothing
   auto ids = l.Exited(20);
@@ -131,6 +131,15 @@ TEST(SwitchLedger, TheInitiatorIsToldTooBeforeTheSwitchIsForgotten) {
   ASSERT_TRUE(l.Begin("v", {10}, 1000, /*observer=*/99).ok());
   EXPECT_TRUE(l.Exited(99).empty());  // undecided: the observer's exit does not abort
   EXPECT_FALSE(l.Decision("v")->has_value());
+}
+
+TEST(SwitchLedger, ASwitchDecidedByTheLastExitIsForgotten) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10}, 1000, /*observer=*/99).ok());
+  EXPECT_TRUE(l.Exited(99).empty());
+  EXPECT_EQ(l.Exited(10).size(), 1u);
+  EXPECT_EQ(l.size(), 0u);
+  EXPECT_EQ(l.TakeForgotten(), (std::vector<std::string>{"t"}));
 }
 
 }  // namespace

@@ -10,7 +10,12 @@
 // did not begin and records it), and, when no daemon is alive at all, by recording
 // "abort" itself. At the hard deadline with no decision anywhere, it records "abort"
 // itself: a record already there (a commit recorded a moment earlier) wins, and that is
-// what is returned. So the outcome is always the switch's one decision, never a guess.
+// what is returned. So the outcome is always the switch's one decision, never a guess —
+// except where no record can be written at all (the runtime directory broken): it tries
+// again for a minute past the deadline, then rolls back with an error saying the outcome
+// is unknown. A vote the daemon refuses as such (a malformed id, a process that takes no
+// part) is final: the switch cannot commit without it. A vote whose connection failed is
+// sent again until a reply shows it was counted.
 //
 // Thread-safety: a pure function of the file system and the daemon; it blocks.
 #ifndef VMSTASH_NODE_SWITCH_VOTE_H_

@@ -62,8 +62,9 @@ def switch(pause=(), resume=(), device=None, timeout=60.0):
     [{"pid", "changed", ...}]}. Raises vmstash.Error: ABORTED when it rolled back (the
     message names the process and the reason; `.result` holds the per-process result),
     NOT_FOUND for a process without vmstash, INVALID_ARGUMENT for a bad request."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"vmstash.node.switch: timeout must be a positive number of seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 24 * 3600:
+        raise ValueError(f"vmstash.node.switch: timeout must be a number of seconds above 0, at most a day; "
+                         f"got {timeout!r}")
     raw = ctypes.c_void_p()
     dev = -1 if device is None else int(device)
     code = _lib.lib().vmstash_node_switch(_spec(pause, "pause"), _spec(resume, "resume"), dev,
