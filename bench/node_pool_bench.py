@@ -185,15 +185,20 @@ def run_peer(peer, args, d2h, h2d):
             except subprocess.TimeoutExpired:
                 p.p.kill()
         if peer.startswith("dropin_node"):
-            subprocess.run([sys.executable, "-m", "vmstash._cli", "daemon", "stop"], env=env, capture_output=True)
-            pid_line = open(os.path.join(runtime_dir, "vmstashd.log")).read() if os.path.exists(
-                os.path.join(runtime_dir, "vmstashd.log")) else ""
-            import re
-            for pid in re.findall(r"\(pid (\d+)\)", pid_line):
-                try:
-                    os.kill(int(pid), 15)
-                except ProcessLookupError:
-                    pass
+            stop_daemon(runtime_dir, env)
+
+
+def stop_daemon(runtime_dir, env):
+    """Stops the node daemon of `runtime_dir` (`vmstash daemon stop`, then SIGTERM to every
+    daemon its log names, in case the CLI is missing)."""
+    subprocess.run([sys.executable, "-m", "vmstash._cli", "daemon", "stop"], env=env, capture_output=True)
+    log = os.path.join(runtime_dir, "vmstashd.log")
+    import re
+    for pid in set(re.findall(r"\(pid (\d+)\)", open(log).read() if os.path.exists(log) else "")):
+        try:
+            os.kill(int(pid), 15)
+        except ProcessLookupError:
+            pass
 
 
 def pinned_link():

@@ -25,12 +25,12 @@ issue's target: node <= 1.15x in_process; node_discard under 5 ms).
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+
+from node_pool_bench import Proc, stop_daemon  # noqa: E402  (this folder is first on sys.path)
 
 GiB = 1 << 30
 HERE = os.path.abspath(__file__)
@@ -103,31 +103,24 @@ def child(args):
         print(json.dumps(out), flush=True)
 
 
-class Proc:
-    def __init__(self, args, phases, link=False):
-        cmd = [sys.executable, HERE, "--child", phases, "--weights-gib", str(args.weights_gib), "--tensors",
-               str(args.tensors), "--discard-gib", str(args.discard_gib)] + (["--link"] if link else [])
-        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.ready = self.ask()
-        self.pid = self.ready["pid"]
+def start(args, phases, link=False):
+    """A child holding `phases` ("A", "B" or "A,B"), ready (its `ready` line read)."""
+    cmd = [sys.executable, HERE, "--child", phases, "--weights-gib", str(args.weights_gib), "--tensors",
+           str(args.tensors), "--discard-gib", str(args.discard_gib)] + (["--link"] if link else [])
+    p = Proc(cmd, dict(os.environ))
+    p.ready = p.ask()
+    p.pid = p.ready["pid"]
+    return p
 
-    def ask(self, cmd=None):
-        if cmd is not None:
-            self.p.stdin.write(cmd + "\n")
-            self.p.stdin.flush()
-        line = self.p.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the process ended (exit {self.p.wait()})")
-        return json.loads(line)
 
-    def quit(self):
-        if self.p.poll() is None:
-            self.ask("quit")
-            self.p.wait(120)
+def quit_child(p):
+    if p.p.poll() is None:
+        p.ask("quit")
+        p.p.wait(120)
 
 
 def in_process(args, kinds):
-    both = Proc(args, "A,B", link=(kinds == "w,kv"))
+    both = start(args, "A,B", link=(kinds == "w,kv"))
     times, bad = [], 0
     try:
         for c in range(args.cycles):
@@ -136,13 +129,13 @@ def in_process(args, kinds):
                 times.append(r["ms"])
                 bad += r.get("bad", 0)
     finally:
-        both.quit()
+        quit_child(both)
     return dict(ms=times, bad=bad), both.ready["link"]
 
 
 def node(args, kinds, serial):
     import vmstash
-    procs = {"A": Proc(args, "A"), "B": Proc(args, "B")}
+    procs = {"A": start(args, "A"), "B": start(args, "B")}
     times, bad = [], 0
     try:
         for c in range(args.cycles):
@@ -160,7 +153,7 @@ def node(args, kinds, serial):
                     bad += procs[dst].ask(f"check {dst}")["bad"]
     finally:
         for p in procs.values():
-            p.quit()
+            quit_child(p)
     return dict(ms=times, bad=bad)
 
 
@@ -187,13 +180,7 @@ def main():
             results["node" + suffix] = node(args, kinds, serial=False)
             results["node_serial" + suffix] = node(args, kinds, serial=True)
     finally:
-        try:
-            with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
-                import re
-                for pid in set(re.findall(r"\(pid (\d+)\)", f.read())):
-                    os.kill(int(pid), signal.SIGTERM)
-        except (FileNotFoundError, ProcessLookupError):
-            pass
+        stop_daemon(runtime_dir, dict(os.environ))
     summary = {}
     for name, r in results.items():
         med = statistics.median(r["ms"][2:] or r["ms"])  # the first cycle each way left out

@@ -10,13 +10,13 @@ one none.
 """
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
+
+from node_helpers import daemon_binary, stop_daemons
 
 pytestmark = pytest.mark.gpu
 
@@ -72,18 +72,6 @@ say(step="end")
 '''
 
 
-def _daemon_binary():
-    path = os.environ.get("VMSTASH_DAEMON")
-    if path:
-        return path
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    for candidate in (os.path.join(root, "build", "cmake", "tools", "vmstashd", "vmstashd"),
-                      os.path.join(root, "bazel-bin", "tools", "vmstashd", "vmstashd")):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail("vmstashd is not built: set VMSTASH_DAEMON")
-
-
 class _Side:
     def __init__(self, env, seed, mib):
         self.p = subprocess.Popen([sys.executable, "-c", SIDE, str(seed), str(mib)], env=env, stdin=subprocess.PIPE,
@@ -136,7 +124,7 @@ def test_two_processes_take_turns_through_the_node_pool_with_cuda_graphs():
     runtime_dir = tempfile.mkdtemp(prefix="vmstash-gpu-node-")
     os.chmod(runtime_dir, 0o700)
     env = dict(os.environ, VMSTASH_CONF="node:1,node_capacity:8G", VMSTASH_RUNTIME_DIR=runtime_dir,
-               VMSTASH_DAEMON=_daemon_binary())
+               VMSTASH_DAEMON=daemon_binary())
     sides = []
     try:
         sides = [_Side(env, 1, 1024), _Side(env, 2, 1024)]
@@ -165,9 +153,4 @@ def test_two_processes_take_turns_through_the_node_pool_with_cuda_graphs():
         for s in sides:
             if s.p.poll() is None:
                 s.p.kill()
-        try:
-            with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
-                for pid in re.findall(r"\(pid (\d+)\)", f.read()):
-                    os.kill(int(pid), signal.SIGTERM)
-        except (FileNotFoundError, ProcessLookupError):
-            pass
+        stop_daemons(runtime_dir)

@@ -9,13 +9,13 @@ fails in one process (a tag it does not have) rolls both back, and both graphs s
 """
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
 
 import pytest
+
+from node_helpers import daemon_binary, stop_daemons
 
 pytestmark = pytest.mark.gpu
 
@@ -70,18 +70,6 @@ say(step="end")
 '''
 
 
-def _daemon_binary():
-    path = os.environ.get("VMSTASH_DAEMON")
-    if path:
-        return path
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    for candidate in (os.path.join(root, "build", "cmake", "tools", "vmstashd", "vmstashd"),
-                      os.path.join(root, "bazel-bin", "tools", "vmstashd", "vmstashd")):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    pytest.fail("vmstashd is not built: set VMSTASH_DAEMON")
-
-
 class _Side:
     def __init__(self, env, role, seed, state):
         self.role = role
@@ -109,7 +97,7 @@ def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeyp
     runtime_dir = tempfile.mkdtemp(prefix="vmstash-gpu-node-switch-")
     os.chmod(runtime_dir, 0o700)
     monkeypatch.setenv("VMSTASH_RUNTIME_DIR", runtime_dir)
-    monkeypatch.setenv("VMSTASH_DAEMON", _daemon_binary())
+    monkeypatch.setenv("VMSTASH_DAEMON", daemon_binary())
     env = dict(os.environ)
     sides = []
     try:
@@ -139,9 +127,4 @@ def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeyp
         for s in sides:
             if s.p.poll() is None:
                 s.p.kill()
-        try:
-            with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
-                for pid in set(re.findall(r"\(pid (\d+)\)", f.read())):
-                    os.kill(int(pid), signal.SIGTERM)
-        except (FileNotFoundError, ProcessLookupError):
-            pass
+        stop_daemons(runtime_dir)

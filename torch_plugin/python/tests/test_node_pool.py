@@ -7,7 +7,6 @@ pool too small, never fails a pause. Each case runs its processes fresh (a runti
 VMSTASH_CONF once), in a private runtime directory of its own."""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import time
 import pytest
 
 from conftest import SIM_CONF
+from node_helpers import daemon_binary, daemon_pids, stop_daemons
 
 MiB = 1 << 20
 
@@ -73,30 +73,13 @@ def node_dir():
     d = tempfile.mkdtemp(prefix="vmstash-node-test-")
     os.chmod(d, 0o700)
     yield d
-    pid = daemon_pid(d)
-    if pid:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    stop_daemons(d)
 
 
 def daemon_pid(d):
     """The pid of the last daemon that logged serving in `d`, or None."""
-    try:
-        with open(os.path.join(d, "vmstashd.log")) as f:
-            pids = re.findall(r"serving a pool of \d+ bytes on .* \(pid (\d+)\)", f.read())
-    except FileNotFoundError:
-        return None
-    return int(pids[-1]) if pids else None
-
-
-def daemon_binary():
-    path = os.environ.get("VMSTASH_DAEMON") or os.path.join(os.path.dirname(__file__), "..", "..", "..", "bazel-bin",
-                                                              "tools", "vmstashd", "vmstashd")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"vmstashd is not built ({path}); set VMSTASH_DAEMON")  # never skipped: the feature is under test
-    return os.path.abspath(path)
+    pids = daemon_pids(d)
+    return pids[-1] if pids else None
 
 
 def env_for(d, conf_extra="node:1,node_capacity:64M", daemon=None):

@@ -16,7 +16,8 @@ import pytest
 
 import vmstash
 from conftest import SIM_CONF
-from test_node_pool import daemon_binary, daemon_pid, node_dir  # noqa: F401 (a fixture)
+from node_helpers import daemon_binary
+from test_node_pool import daemon_pid, node_dir  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
 

@@ -1,0 +1,41 @@
+"""What the node daemon's Python tests share (test_node_pool.py, test_node_switch.py,
+gpu_node_pool.py, gpu_node_switch.py): where vmstashd is, and stopping the daemons a test's
+runtime directory saw."""
+import os
+import re
+import signal
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def daemon_binary():
+    """$VMSTASH_DAEMON, else the vmstashd of a CMake or Bazel build of this tree; a test of the
+    daemon fails (never skips) without one."""
+    path = os.environ.get("VMSTASH_DAEMON")
+    if path:
+        return os.path.abspath(path)
+    for candidate in (os.path.join(ROOT, "build", "cmake", "tools", "vmstashd", "vmstashd"),
+                      os.path.join(ROOT, "bazel-bin", "tools", "vmstashd", "vmstashd")):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    pytest.fail("vmstashd is not built: set VMSTASH_DAEMON")
+
+
+def daemon_pids(runtime_dir):
+    """The pids of the daemons that logged serving in `runtime_dir`, in order."""
+    try:
+        with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
+            return [int(p) for p in re.findall(r"serving a pool of \d+ bytes on .* \(pid (\d+)\)", f.read())]
+    except FileNotFoundError:
+        return []
+
+
+def stop_daemons(runtime_dir):
+    """SIGTERM to every daemon that served `runtime_dir` and may still live."""
+    for pid in daemon_pids(runtime_dir):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
