@@ -212,6 +212,19 @@ def test_a_process_out_of_device_memory_rolls_back_every_process(node):
     assert b.check()["rollout"] == {"state": "paused", "ok": None}
 
 
+@pytest.mark.parametrize("fault", ["copy_to_device@1x1000=internal", "create_chunk@2x1000=oom",
+                                   "map@2x1000=internal", "set_access@2x1000=internal"])
+def test_a_driver_failure_in_the_resuming_process_rolls_back_every_process(node, fault):
+    # The first create/map/set_access made the resuming process's tag; the switch's are the next.
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused", conf=f"{SIM_CONF},sim_fail:{fault}")
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "train")], resume=[(b.pid, "rollout")])
+    assert e.value.code_name == "ABORTED" and f"process {b.pid}: " in str(e.value), str(e.value)
+    assert a.check()["train"] == {"state": "active", "ok": True}
+    assert b.check()["rollout"] == {"state": "paused", "ok": None}
+
+
 def test_a_driver_failure_in_the_pausing_process_rolls_back_every_process(node):
     a = node("train:backup:8:active", conf=f"{SIM_CONF},sim_fail:copy_to_host@1x1000=internal")
     b = node("rollout:backup:8:paused")
