@@ -4,6 +4,7 @@
 // node/node_switch.h, Note [Node Switch]).
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "base/json_writer.h"
@@ -67,8 +68,10 @@ char* vmstash_node_stats_json(void) noexcept {
 int vmstash_node_switch(const char* pause, const char* resume, int device, int timeout_ms,
                         char** result_json) noexcept {
   if (result_json != nullptr) *result_json = nullptr;
-  // No runtime needed: the initiator may take no part (the CLI's case, a driver script).
-  return vmstash::c_abi::Guard([&](vmstash::process::Call&) {
+  // No process Call: the switch uses no runtime of this process (the initiator may take no
+  // part; its own part, if any, is served by its control endpoint), so it works in a forked
+  // child and during a shutdown, and a shutdown does not wait for it.
+  try {
     absl::StatusOr<std::vector<vmstash::node::NodeSwitchPart>> parts =
         vmstash::node::ParseNodeSwitchParts(pause == nullptr ? "" : pause, resume == nullptr ? "" : resume);
     if (!parts.ok()) return Fail(parts.status());
@@ -80,7 +83,11 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
     if (!result.ok()) return Fail(result.status());
     if (result_json != nullptr) *result_json = CopyOut(vmstash::node::NodeSwitchJson(*result));
     return Code(vmstash::node::NodeSwitchStatus(*result));
-  });
+  } catch (const std::bad_alloc&) {
+    return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash: unexpected exception"));
+  }
 }
 
 }  // extern "C"
