@@ -25,7 +25,7 @@ MiB = 1 << 20
 # backup tag's bytes are a pattern of its name), says {"ready": pid}, then serves commands
 # from stdin: "check" (each tag's state, and for an active backup tag whether its bytes are
 # intact), "stall NAME SECONDS" (NAME's before-pause hook says {"hook": NAME} and sleeps),
-# "alloc NAME MIB" (more memory in NAME), "resume NAME", "exit".
+# "alloc NAME MIB" (more memory in NAME), "resume NAME", "node" (vmstash.node.stats()), "exit".
 PART = r'''
 import ctypes, json, os, sys, time
 import vmstash
@@ -83,6 +83,8 @@ for line in sys.stdin:
     elif cmd[0] == "resume":
         vmstash.resume(cmd[1])
         say(resumed=cmd[1])
+    elif cmd[0] == "node":
+        say(node=vmstash.node.stats())
     elif cmd[0] == "exit":
         break
 '''
@@ -197,6 +199,21 @@ def test_a_switch_over_two_processes_moves_both_and_back(node):
     records = os.path.join(os.environ["VMSTASH_RUNTIME_DIR"], "vmstashd.switch")
     decisions = [open(os.path.join(records, n)).read().split("\n")[0] for n in os.listdir(records)]
     assert decisions == ["commit"] * 3
+
+
+def test_processes_backed_up_in_the_node_pool_switch_through_it(node):
+    pool = f"{SIM_CONF},node:1,node_capacity:64M"
+    a = node("train:backup:8:active", conf=pool)
+    b = node("rollout:backup:8:paused", conf=pool)  # its backup leased from the pool
+    assert b.ask("node")["node"]["process_leases"] == 1
+    for src, dst, src_tag, dst_tag in ((a, b, "train", "rollout"), (b, a, "rollout", "train")):
+        r = vmstash.node.switch(pause=[(src.pid, src_tag)], resume=[(dst.pid, dst_tag)])
+        assert r["committed"]
+        assert dst.check()[dst_tag] == {"state": "active", "ok": True}
+        # The paused side holds one lease, the resumed side gave its lease back.
+        assert src.ask("node")["node"]["process_leases"] == 1
+        after = dst.ask("node")["node"]
+        assert after["process_leases"] == 0 and after["leases"] == 1, after
 
 
 def test_a_process_out_of_device_memory_rolls_back_every_process(node):
