@@ -25,7 +25,8 @@ MiB = 1 << 20
 # backup tag's bytes are a pattern of its name), says {"ready": pid}, then serves commands
 # from stdin: "check" (each tag's state, and for an active backup tag whether its bytes are
 # intact), "stall NAME SECONDS" (NAME's before-pause hook says {"hook": NAME} and sleeps),
-# "alloc NAME MIB" (more memory in NAME), "resume NAME", "node" (vmstash.node.stats()), "exit".
+# "alloc NAME MIB" (more memory in NAME), "resume NAME", "node" (vmstash.node.stats()),
+# "switch PAUSE RESUME" (a node switch of PID:TAG lists, made by this process), "exit".
 PART = r'''
 import ctypes, json, os, sys, time
 import vmstash
@@ -85,6 +86,9 @@ for line in sys.stdin:
         say(resumed=cmd[1])
     elif cmd[0] == "node":
         say(node=vmstash.node.stats())
+    elif cmd[0] == "switch":  # switch PID:TAG,... PID:TAG,...: a node switch made by this process
+        pairs = [[(int(p), t) for p, t in (e.split(":") for e in arg.split(",") if e)] for arg in cmd[1:3]]
+        say(switched=vmstash.node.switch(pause=pairs[0], resume=pairs[1])["committed"])
     elif cmd[0] == "exit":
         break
 '''
@@ -199,6 +203,16 @@ def test_a_switch_over_two_processes_moves_both_and_back(node):
     records = os.path.join(os.environ["VMSTASH_RUNTIME_DIR"], "vmstashd.switch")
     decisions = [open(os.path.join(records, n)).read().split("\n")[0] for n in os.listdir(records)]
     assert decisions == ["commit"] * 3
+
+
+def test_a_participant_can_make_the_switch_itself(node):
+    a = node("train:backup:8:active")
+    b = node("rollout:backup:8:paused")
+    assert a.ask(f"switch {a.pid}:train {b.pid}:rollout") == {"switched": True}
+    assert a.check()["train"]["state"] == "paused"
+    assert b.check()["rollout"] == {"state": "active", "ok": True}
+    assert b.ask(f"switch {b.pid}:rollout {a.pid}:train") == {"switched": True}
+    assert a.check()["train"] == {"state": "active", "ok": True}
 
 
 def test_processes_backed_up_in_the_node_pool_switch_through_it(node):
