@@ -25,18 +25,6 @@
 namespace vmstash::node {
 namespace {
 
-// One request to the daemon on a connection of its own, and its reply.
-absl::StatusOr<JsonValue> AskDaemon(const std::string& dir, const WireRequest& request, int timeout_ms) {
-  absl::StatusOr<int> fd = ConnectTrusted(dir);
-  if (!fd.ok()) return fd.status();
-  absl::Status s = Send(*fd, FormatRequest(request));
-  absl::StatusOr<Received> got = s.ok() ? Receive(*fd, timeout_ms) : absl::StatusOr<Received>(s);
-  ::close(*fd);
-  if (!got.ok()) return got.status();
-  if (got->fd >= 0) ::close(got->fd);
-  return ParseReply(got->message);
-}
-
 absl::Status CheckRequest(const NodeSwitchRequest& r) {
   if (r.parts.empty()) return absl::InvalidArgumentError("node switch: no process named");
   if (r.timeout_ms <= 0) return absl::InvalidArgumentError(absl::StrCat("node switch: timeout ", r.timeout_ms, " ms"));
@@ -61,7 +49,7 @@ absl::StatusOr<std::string> Begin(const NodeSwitchRequest& r, const std::string&
   begin.op = WireOp::kBegin;
   begin.pids = absl::StrJoin(pids, ",");
   begin.timeout_ms = static_cast<std::uint64_t>(r.timeout_ms);
-  absl::StatusOr<JsonValue> reply = AskDaemon(dir, begin, 5000);
+  absl::StatusOr<JsonValue> reply = AskOnce(dir, begin, 5000);
   if (!reply.ok() && absl::IsUnavailable(reply.status()) && DaemonGone(dir)) {
     absl::StatusOr<Started> started = StartDaemon(dir, r.start_capacity > 0 ? r.start_capacity : DefaultCapacityBytes());
     if (!started.ok()) {
@@ -69,7 +57,7 @@ absl::StatusOr<std::string> Begin(const NodeSwitchRequest& r, const std::string&
                           absl::StrCat("node switch: no node daemon, and none could be started: ",
                                        started.status().message()));
     }
-    reply = AskDaemon(dir, begin, 5000);
+    reply = AskOnce(dir, begin, 5000);
   }
   if (!reply.ok()) return reply.status();
   const std::string txn = (*reply)["txn"].String();
@@ -158,7 +146,7 @@ absl::StatusOr<NodeSwitchResult> RunNodeSwitch(const NodeSwitchRequest& r) {
   outcome.op = WireOp::kOutcome;
   outcome.txn = *txn;
   outcome.pid = ::getpid();
-  absl::StatusOr<JsonValue> reply = AskDaemon(dir, outcome, 5000);
+  absl::StatusOr<JsonValue> reply = AskOnce(dir, outcome, 5000);
   const std::string decision = reply.ok() ? (*reply)["decision"].String() : "";
   if (decision == "commit" || decision == "abort") {
     result.committed = decision == "commit";

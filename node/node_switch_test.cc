@@ -33,15 +33,7 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-absl::StatusOr<JsonValue> Ask(const std::string& dir, const WireRequest& r) {
-  absl::StatusOr<int> fd = ConnectTrusted(dir);
-  if (!fd.ok()) return fd.status();
-  absl::Status s = Send(*fd, FormatRequest(r));
-  absl::StatusOr<Received> got = s.ok() ? Receive(*fd, 5000) : absl::StatusOr<Received>(s);
-  ::close(*fd);
-  if (!got.ok()) return got.status();
-  return ParseReply(got->message);
-}
+absl::StatusOr<JsonValue> Ask(const std::string& dir, const WireRequest& r) { return AskOnce(dir, r, 5000); }
 
 absl::StatusOr<std::string> Begin(const std::string& dir, const std::vector<pid_t>& pids, int timeout_ms) {
   WireRequest r;

@@ -33,18 +33,11 @@ absl::Status AsOutcome(const SwitchDecision& d, const std::string& txn) {
   return absl::AbortedError(absl::StrCat("node switch ", txn, " rolled back: ", d.reason));
 }
 
-// One request on a fresh connection, its reply waited for until `deadline`: the decision,
+// One request (AskOnce), its reply waited for until `deadline`: the decision,
 // nothing when "pending", or the failure.
 absl::StatusOr<std::optional<SwitchDecision>> Ask(const VoteOptions& o, const WireRequest& request,
                                                   Clock::time_point deadline) {
-  absl::StatusOr<int> fd = ConnectTrusted(o.dir);
-  if (!fd.ok()) return fd.status();
-  absl::Status s = Send(*fd, FormatRequest(request));
-  absl::StatusOr<Received> got = s.ok() ? Receive(*fd, MsUntil(deadline)) : absl::StatusOr<Received>(s);
-  ::close(*fd);
-  if (!got.ok()) return got.status();
-  if (got->fd >= 0) ::close(got->fd);
-  absl::StatusOr<JsonValue> reply = ParseReply(got->message);
+  absl::StatusOr<JsonValue> reply = AskOnce(o.dir, request, MsUntil(deadline));
   if (!reply.ok()) return reply.status();
   const std::string decision = (*reply)["decision"].String();
   if (decision == "pending") return std::optional<SwitchDecision>();

@@ -222,6 +222,17 @@ absl::StatusOr<int> ConnectTrusted(const std::string& dir_or_default) {
   return fd;
 }
 
+absl::StatusOr<JsonValue> AskOnce(const std::string& dir, const WireRequest& request, int timeout_ms) {
+  absl::StatusOr<int> fd = ConnectTrusted(dir);
+  if (!fd.ok()) return fd.status();
+  absl::Status s = Send(*fd, FormatRequest(request));
+  absl::StatusOr<Received> got = s.ok() ? Receive(*fd, timeout_ms) : absl::StatusOr<Received>(s);
+  ::close(*fd);
+  if (!got.ok()) return got.status();
+  if (got->fd >= 0) ::close(got->fd);
+  return ParseReply(got->message);
+}
+
 bool DaemonGone(const std::string& dir_or_default) {
   const std::string dir = dir_or_default.empty() ? control::DefaultRuntimeDir() : dir_or_default;
   const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);

@@ -75,6 +75,11 @@ absl::StatusOr<int> Connect(const std::string& path);
 // A socket connected to the daemon serving `dir` (empty: control::DefaultRuntimeDir()),
 // under the trust rules: the directory ours and closed to others, the daemon our uid.
 absl::StatusOr<int> ConnectTrusted(const std::string& dir);
+// One request on a connection of its own (ConnectTrusted), its reply waited for up to
+// `timeout_ms`, the connection closed: the reply's document, or the failure (the daemon's
+// error as a status). The node switch's requests go this way (a vote's reply waits for a
+// decision, so it may not share a lease client's connection).
+absl::StatusOr<JsonValue> AskOnce(const std::string& dir, const WireRequest& request, int timeout_ms);
 // True when no daemon can be serving `dir`: its socket is missing or refuses connections
 // (a daemon alive but hung still has its socket accepting, or its queue full).
 bool DaemonGone(const std::string& dir);
