@@ -193,6 +193,8 @@ std::size_t NodeDaemon::connected() const {
 void NodeDaemon::Loop() {
   std::vector<pollfd> fds;
   std::size_t first_pidfd = 0;
+  std::vector<pid_t> polled;    // the pids of the pidfds polled, in their order in fds
+  std::vector<pid_t> readable;  // those the last poll found readable (the process exited)
   while (!stopping_.load()) {
     fds.clear();
     fds.push_back({wake_read_, POLLIN, 0});
@@ -200,11 +202,14 @@ void NodeDaemon::Loop() {
     int timeout_ms = -1;
     {
       MutexLock lock(&mu_);
-      Tend();
+      Tend(readable);
       for (const auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0});
       first_pidfd = fds.size();
+      polled.clear();
       for (const auto& [pid, fd] : pidfds_) {
-        if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+        if (fd < 0) continue;
+        fds.push_back({fd, POLLIN, 0});
+        polled.push_back(pid);
       }
       timeout_ms = PollTimeoutMs();
     }
@@ -214,6 +219,10 @@ void NodeDaemon::Loop() {
       continue;
     }
     if (fds[0].revents != 0) break;
+    readable.clear();
+    for (std::size_t i = first_pidfd; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) readable.push_back(polled[i - first_pidfd]);
+    }
     if (fds[1].revents != 0) Accept();
     for (std::size_t i = 2; i < first_pidfd; ++i) {
       if (fds[i].revents == 0) continue;
@@ -459,7 +468,7 @@ SwitchDecision NodeDaemon::Decide(const std::string& id) {
   return decided;
 }
 
-void NodeDaemon::Tend() {
+void NodeDaemon::Tend(const std::vector<pid_t>& readable) {
   // Exits of the watched participants.
   std::vector<pid_t> watched = switches_.Watched();
   for (auto it = pidfds_.begin(); it != pidfds_.end();) {
@@ -481,13 +490,8 @@ void NodeDaemon::Tend() {
       }
       it = pidfds_.emplace(pid, fd).first;
     }
-    bool gone = false;
-    if (it->second >= 0) {
-      pollfd p{it->second, POLLIN, 0};
-      gone = ::poll(&p, 1, 0) > 0;
-    } else {
-      gone = !Alive(pid);
-    }
+    const bool gone = it->second >= 0 ? std::find(readable.begin(), readable.end(), pid) != readable.end()
+                                      : !Alive(pid);
     if (gone) exited.push_back(pid);
   }
   for (pid_t pid : exited) {

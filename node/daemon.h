@@ -51,6 +51,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -107,8 +108,10 @@ class NodeDaemon {
   // Records the ledger's decision of `id` (the record wins), makes it the ledger's, and
   // sends it to the votes waiting for it; returns it.
   SwitchDecision Decide(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Exits of watched participants, passed deadlines, then what the ledger forgot.
-  void Tend() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Exits of watched participants (`readable`: the pids whose pidfd the last poll found
+  // readable; a pid without a pidfd is checked here), passed deadlines, then what the
+  // ledger forgot.
+  void Tend(const std::vector<pid_t>& readable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The poll timeout: until the next deadline (-1: none; a bound where pidfds are missing).
   int PollTimeoutMs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(int fd) ABSL_LOCKS_EXCLUDED(mu_);  // the client's connection closed: its leases go back
