@@ -10,10 +10,13 @@
 namespace vmstash {
 
 absl::Status ApplyAllocatorOption(absl::string_view key, absl::string_view value, AllocatorOptions& options) {
-  if (key == "bypass" || key == "auto_prepare" || key == "switch_zero") {
+  if (key == "bypass" || key == "auto_prepare" || key == "switch_zero" || key == "share_chunks") {
     absl::StatusOr<bool> flag = ParseConfFlag(key, value);
     if (!flag.ok()) return flag.status();
-    (key == "bypass" ? options.bypass : key == "auto_prepare" ? options.auto_prepare : options.switch_zero) = *flag;
+    (key == "bypass"         ? options.bypass
+     : key == "auto_prepare" ? options.auto_prepare
+     : key == "switch_zero"  ? options.switch_zero
+                             : options.share_chunks) = *flag;
   } else if (key == "backup") {
     if (value == "pinned" || value == "pageable") {
       options.backup_store = BackupStore{*ParseBackupStoreKind(value), ""};
@@ -53,7 +56,7 @@ void AppendAllocatorOptions(const AllocatorOptions& options, std::string* out) {
                   ",max_chunk:", SizeToString(options.max_chunk_bytes), ",heap_va:", SizeToString(options.heap_va_bytes),
                   ",backup:", DescribeBackupStore(options.backup_store),
                   ",auto_prepare:", options.auto_prepare ? 1 : 0, ",switch_zero:", options.switch_zero ? 1 : 0,
-                  ",host_max:", SizeToString(options.host_max_bytes));
+                  ",host_max:", SizeToString(options.host_max_bytes), ",share_chunks:", options.share_chunks ? 1 : 0);
   if (!options.spill_dir.empty()) absl::StrAppend(out, ",spill_dir:", options.spill_dir);
 }
 

@@ -27,6 +27,10 @@
 //                 store in spill_dir, or without one fails with ResourceExhausted naming
 //                 host_max, every tag left as it was (Note [Host Budget] in
 //                 backup_arena.h)
+//   share_chunks  0 | 1   chunks are created exportable, so that a switch across processes
+//                 (vmstash switch --node) hands this process's released chunks to the
+//                 process that resumes, instead of each releasing and creating its own
+//                 (default 0; `node:1` turns it on unless set: runtime/runtime_options.h)
 //   spill_dir     <dir>   an existing directory (NotFound when the conf is read
 //                 otherwise): a tag whose backup does not fit under host_max moves to a
 //                 disk store there, for that pause and the later ones (TagPool::
@@ -79,6 +83,9 @@ struct AllocatorOptions {
   // (0: none), and where backups beyond it go ("": nowhere, the pause fails).
   std::size_t host_max_bytes = 0;
   std::string spill_dir;
+  // Chunks are created exportable (Driver::ExportChunkFd), so a node switch can hand them
+  // to another process (Note [Node Switch Handover], node/node_switch.h).
+  bool share_chunks = false;
   // Where pinned backups lease their host memory first (allocator/host_lease.h, Note
   // [Pool-Backed Backups]; the runtime's node pool); null: each arena pins its own. Not a
   // VMSTASH_CONF key (the runtime's `node` option sets it).
@@ -87,7 +94,8 @@ struct AllocatorOptions {
 
 inline constexpr absl::string_view kAllocatorConfKeys[] = {"bypass",      "min_chunk", "max_chunk",
                                                            "heap_va",     "backup",    "auto_prepare",
-                                                           "switch_zero", "host_max",  "spill_dir"};
+                                                           "switch_zero", "host_max",  "spill_dir",
+                                                           "share_chunks"};
 
 // Sets `key` (one of kAllocatorConfKeys) from `value`; InvalidArgument naming both on a
 // bad value, NotFound naming both for a spill_dir that is missing or not a directory.

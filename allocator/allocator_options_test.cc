@@ -13,7 +13,7 @@ TEST(AllocatorOptionsTest, ParsesEveryKeyAndRoundTrips) {
   AllocatorOptions options;
   for (const auto& [k, v] : {std::pair<const char*, const char*>{"bypass", "1"}, {"min_chunk", "4M"},
                              {"max_chunk", "1G"}, {"heap_va", "64G"}, {"backup", "pageable"}, {"auto_prepare", "0"},
-                             {"switch_zero", "0"}, {"host_max", "64G"}, {"spill_dir", "/tmp"}}) {
+                             {"switch_zero", "0"}, {"host_max", "64G"}, {"spill_dir", "/tmp"}, {"share_chunks", "1"}}) {
     ASSERT_TRUE(ApplyAllocatorOption(k, v, options).ok()) << k;
   }
   EXPECT_TRUE(options.bypass);
@@ -25,11 +25,12 @@ TEST(AllocatorOptionsTest, ParsesEveryKeyAndRoundTrips) {
   EXPECT_FALSE(options.switch_zero);
   EXPECT_EQ(options.host_max_bytes, std::size_t{64} << 30);
   EXPECT_EQ(options.spill_dir, "/tmp");
+  EXPECT_TRUE(options.share_chunks);
   std::string text;
   AppendAllocatorOptions(options, &text);
   EXPECT_EQ(text,
             "bypass:1,min_chunk:4M,max_chunk:1G,heap_va:64G,backup:pageable,auto_prepare:0,switch_zero:0,"
-            "host_max:64G,spill_dir:/tmp");
+            "host_max:64G,share_chunks:1,spill_dir:/tmp");
 }
 
 TEST(AllocatorOptionsTest, HostMaxAndSpillDirDefaultToNoCapAndNoSpill) {

@@ -25,7 +25,9 @@ absl::StatusOr<std::unique_ptr<CachingAllocator>> CachingAllocator::Create(Drive
                                                    " device(s) with driver ", driver->Name(), ")"));
   }
   VMSTASH_RETURN_IF_ERROR(CheckChunkBounds(options));
-  VMSTASH_ASSIGN_OR_RETURN(std::size_t gran, driver->Granularity(device, GranularityKind::kMinimum, ChunkOptions{}));
+  ChunkOptions chunk_options;
+  chunk_options.shareable_fd = options.share_chunks;
+  VMSTASH_ASSIGN_OR_RETURN(std::size_t gran, driver->Granularity(device, GranularityKind::kMinimum, chunk_options));
   VMSTASH_ASSIGN_OR_RETURN(DeviceMemoryInfo info, driver->MemoryInfo(device));
   return std::unique_ptr<CachingAllocator>(new CachingAllocator(driver, device, options, gran, info.total_bytes));
 }
@@ -97,6 +99,7 @@ absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy, 
   base.device = device_;
   base.granularity_bytes = granularity_bytes_;
   base.va_bytes = va;
+  base.chunk_options.shareable_fd = options_.share_chunks;
   HeapConfig small = base;
   small.name = absl::StrCat(TagName(tag), "/small");
   small.small = true;
@@ -585,7 +588,8 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Resume(TagId tag)
 absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std::vector<TagId>& pause,
                                                                      const std::vector<TagId>& resume,
                                                                      const LiveRangesByTag* live,
-                                                                     SwitchChanges* changed, const SwitchAgree* agree) {
+                                                                     SwitchChanges* changed, const SwitchAgree* agree,
+                                                                     SwitchExchange* exchange) {
   if (changed != nullptr) *changed = SwitchChanges();
   // Note [Agreed Switch]: a request refused here is this process's outcome too.
   auto refuse = [agree](absl::Status s) {
@@ -615,7 +619,7 @@ absl::StatusOr<CachingAllocator::Transition> CachingAllocator::Switch(const std:
       pools->push_back(*p);
     }
   }
-  return SwitchExecutor(this, std::move(out), std::move(in), live, agree).Run(changed);
+  return SwitchExecutor(this, std::move(out), std::move(in), live, agree, exchange).Run(changed);
 }
 
 std::size_t CachingAllocator::ReclaimPreparedArenas(const std::vector<const TagPool*>& transition,

@@ -177,10 +177,12 @@ class CachingAllocator : private TransitionHost {
   using SwitchChanges = vmstash::SwitchChanges;
   // `agree` (optional): the switch as one of several that all commit or all roll back
   // (Note [Agreed Switch] in switch.h); called exactly once, whatever happens.
+  // `exchange` (optional): chunks traded with the other processes of a switch across
+  // processes (switch_exchange.h).
   using SwitchAgree = vmstash::SwitchAgree;
   absl::StatusOr<Transition> Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume,
                                     const LiveRangesByTag* live = nullptr, SwitchChanges* changed = nullptr,
-                                    const SwitchAgree* agree = nullptr);
+                                    const SwitchAgree* agree = nullptr, SwitchExchange* exchange = nullptr);
   // Reserves (pins) the tag's backup arena ahead of the first pause: `bytes`, or the
   // tag's allocated bytes when 0. FailedPrecondition for a paused tag (its arena holds
   // the paused bytes and is never touched) or a discard tag.

@@ -216,11 +216,11 @@ absl::StatusOr<Block*> Heap::AllocateGrow(std::size_t size_bytes, Stream stream)
     gap = Gap{fresh.get(), fresh->reservation.address(), va, nullptr, RoundUp(size_bytes, gran)};
   }
   std::size_t chunk_bytes = std::min(gap.size_bytes, GrowthBytes(gap.need_bytes));
-  absl::StatusOr<Chunk> chunk = Chunk::Create(config_.driver, config_.device, chunk_bytes, ChunkOptions{});
+  absl::StatusOr<Chunk> chunk = Chunk::Create(config_.driver, config_.device, chunk_bytes, config_.chunk_options);
   if (!chunk.ok() && absl::IsResourceExhausted(chunk.status()) && chunk_bytes > gap.need_bytes) {
     VMSTASH_LOG(kDebug, "{}: {} byte chunk refused, retrying with {}", config_.name, chunk_bytes, gap.need_bytes);
     chunk_bytes = gap.need_bytes;
-    chunk = Chunk::Create(config_.driver, config_.device, chunk_bytes, ChunkOptions{});
+    chunk = Chunk::Create(config_.driver, config_.device, chunk_bytes, config_.chunk_options);
   }
   if (!chunk.ok()) return chunk.status();
   absl::StatusOr<Mapping> mapping =

@@ -61,6 +61,7 @@ struct HeapConfig {
   std::size_t max_chunk_bytes = 0;
   std::size_t va_bytes = 0;           // per reservation
   std::size_t min_split_bytes = 512;  // a remainder smaller than this is not split off
+  ChunkOptions chunk_options;         // every chunk it creates (shareable: AllocatorOptions::share_chunks)
 };
 
 // One mapped chunk, as snapshots and Validate see it.

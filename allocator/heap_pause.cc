@@ -137,7 +137,7 @@ absl::Status Heap::MakePiece(ResumeTxn::Cover* cover, DevicePtr va, std::size_t 
     VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
                                                         absl::MakeConstSpan(chunk, 1)));
   } else {
-    VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size_bytes, ChunkOptions{}));
+    VMSTASH_ASSIGN_OR_RETURN(p.chunk, Chunk::Create(config_.driver, config_.device, size_bytes, config_.chunk_options));
     VMSTASH_ASSIGN_OR_RETURN(p.mapping, Mapping::Create(config_.driver, config_.device, va,
                                                         absl::MakeConstSpan(&p.chunk, 1)));
   }

@@ -136,7 +136,7 @@ absl::Status SwitchExecutor::Transact() {
     OrderedLocks transition_locks(std::move(transition));
     for (TagPool* p : moving_out_) p->WithdrawTransition();
     for (TagPool* p : moving_in_) p->WithdrawTransition();
-    SwitchTransaction transaction(host_, std::move(out), moving_in_, agree_);
+    SwitchTransaction transaction(host_, std::move(out), moving_in_, agree_, exchange_);
     agreed_ = agree_ != nullptr;
     failed = transaction.Run(&broken);
   }

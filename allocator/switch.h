@@ -102,10 +102,11 @@ struct SwitchChanges {
 class SwitchExecutor {
  public:
   // `out` and `in`: the pools of the request, in its order (none twice); `live` optional.
-  // `agree` (optional): Note [Agreed Switch].
+  // `agree` (optional): Note [Agreed Switch]. `exchange` (optional): the transaction's
+  // (switch_transaction.h).
   SwitchExecutor(TransitionHost* host, std::vector<TagPool*> out, std::vector<TagPool*> in,
-                 const LiveRangesByTag* live, const SwitchAgree* agree = nullptr)
-      : host_(host), out_(std::move(out)), in_(std::move(in)), live_(live), agree_(agree) {}
+                 const LiveRangesByTag* live, const SwitchAgree* agree = nullptr, SwitchExchange* exchange = nullptr)
+      : host_(host), out_(std::move(out)), in_(std::move(in)), live_(live), agree_(agree), exchange_(exchange) {}
   SwitchExecutor(const SwitchExecutor&) = delete;
   SwitchExecutor& operator=(const SwitchExecutor&) = delete;
 
@@ -132,6 +133,7 @@ class SwitchExecutor {
   const std::vector<TagPool*> in_;
   const LiveRangesByTag* const live_;
   const SwitchAgree* const agree_;
+  SwitchExchange* const exchange_;
   bool agreed_ = false;  // the transaction called agree_
   // Chosen by Choose(): the pools that move, their hooks, and all their tags (the hooks'
   // own: a hook may not transition them).

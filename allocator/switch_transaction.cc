@@ -1,6 +1,8 @@
 // SwitchTransaction: see switch_transaction.h and Note [Switch Protocol] in switch.h.
 #include "allocator/switch_transaction.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -14,8 +16,8 @@
 namespace vmstash {
 
 SwitchTransaction::SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
-                                     std::vector<TagPool*> in, const SwitchAgree* agree)
-    : host_(host), driver_(host->driver()), device_(host->device()), agree_(agree) {
+                                     std::vector<TagPool*> in, const SwitchAgree* agree, SwitchExchange* exchange)
+    : host_(host), driver_(host->driver()), device_(host->device()), agree_(agree), exchange_(exchange) {
   for (const auto& [pool, live] : out) {
     Out& o = out_.emplace_back();
     o.pool = pool;
@@ -108,7 +110,7 @@ absl::Status SwitchTransaction::Plan() {
   }
   std::sort(donors_.begin(), donors_.end(),
             [](const Donor& a, const Donor& b) { return a.address < b.address; });
-  written_.assign(donors_.size(), false);
+  local_donors_ = donors_.size();
   std::vector<HandoffDonor> donors;
   for (const Donor& d : donors_) donors.push_back({d.chunk->size_bytes(), out_[d.out].pool->backup()});
   std::vector<HandoffRecipient> recipients;
@@ -128,6 +130,8 @@ absl::Status SwitchTransaction::Plan() {
   }
   plan_ = PlanHandoff(donors, recipients, host_->options().resume_first_piece_bytes,
                       host_->options().max_chunk_bytes, host_->granularity_bytes());
+  if (exchange_ != nullptr) TradeChunks(donors, recipients);
+  written_.assign(donors_.size(), false);
   Mark(Step::kPlanned);
   // A cover whose last donor overhangs it grows by that much (free space of the tag).
   std::size_t r = 0;
@@ -135,6 +139,69 @@ absl::Status SwitchTransaction::Plan() {
     for (CoverSpan& c : covers) c.size_bytes += plan_.overhang[r++];
   }
   return absl::OkStatus();
+}
+
+void SwitchTransaction::TradeChunks(const std::vector<HandoffDonor>& donors,
+                                    const std::vector<HandoffRecipient>& recipients) {
+  absl::StatusOr<std::string> device = driver_->DeviceUuid(device_);
+  if (!device.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk traded ({})", device.status().ToString());
+    return;
+  }
+  std::vector<bool> offered(local_donors_, false);
+  if (!out_.empty()) {  // every part that pauses offers, if only nothing: takers wait for it
+    std::vector<SharedChunk> chunks;
+    for (int d : plan_.leftover) {
+      absl::StatusOr<int> fd = donors_[d].chunk->ExportFd();
+      if (!fd.ok()) continue;  // not created exportable (share_chunks): released at the commit
+      chunks.push_back({*fd, donors_[d].chunk->size_bytes()});
+      offered[d] = true;
+    }
+    if (absl::Status s = exchange_->Offer(*device, std::move(chunks)); !s.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: node switch: this process's chunks were not offered ({})", s.ToString());
+    }
+  }
+  bool wanted = false;  // fresh memory planned where a foreign chunk may go
+  for (std::size_t r = 0; r < recipients.size() && !wanted; ++r) {
+    if (recipients[r].restores) continue;
+    for (const HandoffPiece& p : plan_.pieces[r]) wanted = wanted || p.donor == kNoDonor;
+  }
+  if (!wanted) return;
+  absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device);
+  if (!taken.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk taken from other processes ({})", taken.status().ToString());
+    return;
+  }
+  foreign_.reserve(taken->size());
+  for (const SharedChunk& c : *taken) {
+    absl::StatusOr<Chunk> chunk = Chunk::Import(driver_, device_, c.fd, c.size_bytes);
+    ::close(c.fd);
+    if (!chunk.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: node switch: a chunk of another process could not be imported ({})",
+                  chunk.status().ToString());
+      continue;
+    }
+    foreign_.push_back(std::move(*chunk));
+  }
+  if (foreign_.empty()) return;
+  for (const Chunk& c : foreign_) donors_.push_back({0, &c, c.handle(), kForeign});
+  // Plan again without the offered donors (another process may map them now) and with
+  // the foreign ones, which have no backup here: never into a restoring cover.
+  std::vector<HandoffDonor> available;
+  std::vector<int> index;  // available -> donors_
+  for (std::size_t d = 0; d < donors_.size(); ++d) {
+    if (d < local_donors_ && offered[d]) continue;
+    available.push_back(d < local_donors_ ? donors[d] : HandoffDonor{donors_[d].chunk->size_bytes(), false});
+    index.push_back(static_cast<int>(d));
+  }
+  plan_ = PlanHandoff(available, recipients, host_->options().resume_first_piece_bytes,
+                      host_->options().max_chunk_bytes, host_->granularity_bytes());
+  for (auto& pieces : plan_.pieces) {
+    for (HandoffPiece& p : pieces) {
+      if (p.donor != kNoDonor) p.donor = index[p.donor];
+    }
+  }
+  for (int& d : plan_.leftover) d = index[d];
 }
 
 absl::Status SwitchTransaction::PrepareBackups() {
@@ -156,8 +223,8 @@ absl::Status SwitchTransaction::PrepareBackups() {
   if (d2h_pool == nullptr) return absl::OkStatus();
   d2h_pool->AssertTransitionHeld();
   VMSTASH_ASSIGN_OR_RETURN(d2h_, d2h_pool->CopyStream());
-  std::vector<ChunkSpan> spans;
-  for (const Donor& d : donors_) spans.push_back({d.address, d.chunk->size_bytes()});
+  std::vector<ChunkSpan> spans;  // this process's chunks (only they are read)
+  for (std::size_t d = 0; d < local_donors_; ++d) spans.push_back({donors_[d].address, donors_[d].chunk->size_bytes()});
   for (Out& o : out_) {
     if (!o.pool->backup()) continue;
     const std::size_t first = copies_.empty() ? 0 : copies_.back().group + 1;
@@ -274,6 +341,7 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
     i.txn[0].reset();  // unmaps the incoming mappings; releases the fresh chunks
     i.txn[1].reset();
   }
+  foreign_.clear();  // unmapped above: the other process's memory is its own again
   for (Out& o : out_) {
     if (o.unmapped && o.undo_error.ok()) o.undo_error = o.pool->RemapHeaps();
   }
@@ -305,7 +373,9 @@ std::string SwitchTransaction::RollBack(const absl::Status& cause) {
     absl::Status s = driver_->SynchronizeStream(device_, h2d_);
     if (!s.ok()) {
       for (std::size_t d = 0; d < donors_.size(); ++d) {
-        if (written_[d] && out_[donors_[d].out].undo_error.ok()) out_[donors_[d].out].undo_error = s;
+        if (written_[d] && donors_[d].out != kForeign && out_[donors_[d].out].undo_error.ok()) {
+          out_[donors_[d].out].undo_error = s;
+        }
       }
     }
   }
@@ -359,6 +429,10 @@ void SwitchTransaction::Commit() {
     VMSTASH_LOG(kWarning, "vmstash: switch: a chunk release was refused ({}); it is retried later",
                 release_error.ToString());
   }
+  for (Chunk& c : foreign_) {
+    if (hand_over(c.handle())) handed.push_back(std::move(c));
+  }
+  foreign_.clear();  // those no cover took (the other process releases its own handle)
   absl::flat_hash_map<ChunkHandle, Chunk*> by_handle;
   for (Chunk& c : handed) by_handle[c.handle()] = &c;
   for (In& i : in_) {
@@ -405,12 +479,13 @@ void SwitchTransaction::Log() const {
   std::size_t overhang = 0, deferred_waits = 0;
   for (std::size_t o : plan_.overhang) overhang += o;
   for (const Deferred& q : deferred_) deferred_waits += q.wait.has_value();
+  const std::size_t foreign = donors_.size() - local_donors_;
   VMSTASH_LOG(kDebug,
-              "vmstash: switch on device {}: {} donors, {} handed over ({} overhanging), {} fresh, {} released; "
+              "vmstash: switch on device {}: {} donors ({} of other processes), {} handed over ({} overhanging), {} fresh, {} released; "
               "{} D2H copies in {} groups, {} restore copies into donors ({} waiting); at ms: planned {:.2f}, mapped "
               "{:.2f}, copies queued {:.2f}, copies done {:.2f}, unmapped {:.2f}, committed {:.2f}, "
               "zeroed {:.2f}",
-              device_, donors_.size(), HumanBytes(plan_.handed_bytes), HumanBytes(overhang),
+              device_, donors_.size(), foreign, HumanBytes(plan_.handed_bytes), HumanBytes(overhang),
               HumanBytes(plan_.fresh_bytes), HumanBytes(plan_.leftover_bytes), copies_.size(),
               copies_.empty() ? 0 : copies_.back().group + 1, deferred_.size(), deferred_waits, MsAt(Step::kPlanned),
               MsAt(Step::kRecipientsMapped), MsAt(Step::kCopiesQueued), MsAt(Step::kCopiesDone),

@@ -35,6 +35,7 @@
 #include "absl/status/status.h"
 #include "allocator/handoff_plan.h"
 #include "allocator/heap.h"
+#include "allocator/switch_exchange.h"
 #include "allocator/tag_pool.h"
 #include "allocator/transition_host.h"
 #include "allocator/transition_plan.h"
@@ -54,8 +55,12 @@ class SwitchTransaction {
   // `out`: the pools to pause, each with its live-range hint (or null); `in`: the pools to
   // resume. Every pool's transition lock is held by the caller for the transaction's life.
   // `agree` (optional, Note [Agreed Switch]) is called once by Run, between (4) and (5).
+  // `exchange` (optional, Note [Node Switch Handover] in node/node_switch.h): this is one
+  // process's part of a switch across processes; the chunks it would release are offered
+  // to the other parts, and theirs taken for its covers that receive no restore copies.
   SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
-                    std::vector<TagPool*> in, const SwitchAgree* agree = nullptr);
+                    std::vector<TagPool*> in, const SwitchAgree* agree = nullptr,
+                    SwitchExchange* exchange = nullptr);
   SwitchTransaction(const SwitchTransaction&) = delete;
   SwitchTransaction& operator=(const SwitchTransaction&) = delete;
 
@@ -83,11 +88,13 @@ class SwitchTransaction {
     // tag that restores nothing): zeroed before the tag is active (switch_zero).
     std::vector<std::pair<DevicePtr, std::size_t>> unwritten;
   };
+  // A donor of another process (taken through the exchange): no outgoing tag, no address.
+  static constexpr std::size_t kForeign = static_cast<std::size_t>(-1);
   struct Donor {
     DevicePtr address = 0;
     const Chunk* chunk = nullptr;  // valid until the commit hands it over
     ChunkHandle handle = 0;        // its handle, which stays valid through the commit
-    std::size_t out = 0;           // index into `out_`
+    std::size_t out = 0;           // index into `out_`, or kForeign (in `foreign_`)
   };
   // A restore copy, queued once every piece is mapped and every D2H copy queued.
   struct Deferred {
@@ -103,6 +110,11 @@ class SwitchTransaction {
   absl::Status Execute();
   // (2) The donors (outgoing chunks), the covers of the incoming heaps and the handoff plan.
   absl::Status Plan();
+  // Through the exchange: offers the donors `plan_` leaves over, takes other processes'
+  // chunks when a cover that receives no restore copy still needs fresh memory, and plans
+  // again with them (`donors`, `recipients`: the first plan's). Never fails the switch: a
+  // chunk not offered is released at the commit, fresh memory replaces one not taken.
+  void TradeChunks(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients);
   absl::Status PrepareBackups();
   absl::Status MapRecipients();
   absl::Status QueueBackups();
@@ -126,9 +138,12 @@ class SwitchTransaction {
   Driver* const driver_;
   const int device_;
   const SwitchAgree* const agree_;
+  SwitchExchange* const exchange_;
   std::vector<Out> out_;
   std::vector<In> in_;
-  std::vector<Donor> donors_;           // every mapped chunk of the outgoing tags, by address
+  std::vector<Donor> donors_;           // every mapped chunk of the outgoing tags, by address, then foreign ones
+  std::size_t local_donors_ = 0;        // donors_[0, local_donors_): this process's
+  std::vector<Chunk> foreign_;          // imported through the exchange (released unless handed over)
   std::vector<SwitchCopy> copies_;      // D2H, in queue order
   std::vector<std::vector<CoverSpan>> covers_;  // per (in, heap): index 2 * in + heap
   HandoffPlan plan_;

@@ -16,6 +16,12 @@ the copies run at link speed from the first cycle. Cases, each --cycles times ea
   node_serial   the same two processes, as users switch today: a node switch that only
                 pauses A, then one that only resumes B (two transactions, copies one after the other)
   *_discard     the same with the `kv` tags only (16 GiB each way, nothing copied)
+  node_fresh_discard  node_discard with share_chunks:0 in both processes: no chunk changes
+                process (A releases, B creates), as before Note [Node Switch Handover]
+
+Every process runs with share_chunks:1 (chunks exportable; in_process too, so both pay the
+same creation) unless the case says otherwise; each node case reports the chunks the
+resuming processes imported (`imported`: the handover happened).
 
 Bytes are checked bit for bit after every resume (not timed). The pinned link is measured in
 the same run (8 GiB D2H and H2D at once, on two streams, from pinned memory). Prints a table;
@@ -97,17 +103,22 @@ def child(args):
                 out["bad"] = bad(dst)
         elif cmd[0] == "check":
             out["bad"] = bad(cmd[1])
+        elif cmd[0] == "calls":
+            out["imports"] = vmstash.stats(0)["driver_calls"].get("import_chunk_fd", 0)
         elif cmd[0] == "quit":
             print(json.dumps(out), flush=True)
             os._exit(0)
         print(json.dumps(out), flush=True)
 
 
-def start(args, phases, link=False):
+def start(args, phases, link=False, share=True):
     """A child holding `phases` ("A", "B" or "A,B"), ready (its `ready` line read)."""
     cmd = [sys.executable, HERE, "--child", phases, "--weights-gib", str(args.weights_gib), "--tensors",
            str(args.tensors), "--discard-gib", str(args.discard_gib)] + (["--link"] if link else [])
-    p = Proc(cmd, dict(os.environ))
+    env = dict(os.environ)
+    conf = env.get("VMSTASH_CONF", "")
+    env["VMSTASH_CONF"] = (conf + "," if conf else "") + f"share_chunks:{1 if share else 0}"
+    p = Proc(cmd, env)
     p.ready = p.ask()
     p.pid = p.ready["pid"]
     return p
@@ -133,9 +144,9 @@ def in_process(args, kinds):
     return dict(ms=times, bad=bad), both.ready["link"]
 
 
-def node(args, kinds, serial):
+def node(args, kinds, serial, share=True):
     import vmstash
-    procs = {"A": start(args, "A"), "B": start(args, "B")}
+    procs = {"A": start(args, "A", share=share), "B": start(args, "B", share=share)}
     times, bad = [], 0
     try:
         for c in range(args.cycles):
@@ -151,10 +162,11 @@ def node(args, kinds, serial):
                 times.append((time.perf_counter() - t) * 1e3)
                 if "w" in kinds:
                     bad += procs[dst].ask(f"check {dst}")["bad"]
+        imported = sum(p.ask("calls")["imports"] for p in procs.values())
     finally:
         for p in procs.values():
             quit_child(p)
-    return dict(ms=times, bad=bad)
+    return dict(ms=times, bad=bad, imported=imported)
 
 
 def main():
@@ -179,13 +191,16 @@ def main():
             link = link or l
             results["node" + suffix] = node(args, kinds, serial=False)
             results["node_serial" + suffix] = node(args, kinds, serial=True)
+        results["node_fresh_discard"] = node(args, "kv", serial=False, share=False)
     finally:
         stop_daemon(runtime_dir, dict(os.environ))
     summary = {}
     for name, r in results.items():
         med = statistics.median(r["ms"][2:] or r["ms"])  # the first cycle each way left out
         summary[name] = dict(median_ms=med, min_ms=min(r["ms"]), max_ms=max(r["ms"]), bad=r["bad"])
-    for name in ("node", "node_serial", "node_discard", "node_serial_discard"):
+        if "imported" in r:
+            summary[name]["imported"] = r["imported"]
+    for name in ("node", "node_serial", "node_discard", "node_serial_discard", "node_fresh_discard"):
         twin = "in_process_discard" if name.endswith("_discard") else "in_process"
         summary[name]["vs_in_process"] = summary[name]["median_ms"] / summary[twin]["median_ms"]
     moved = args.weights_gib * GiB
@@ -195,10 +210,10 @@ def main():
     doc = dict(device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                args={k: v for k, v in vars(args).items() if k not in ("child", "json", "link")},
                link=link, summary=summary, runs=results)
-    print(f"{'case':22} {'median ms':>10} {'min':>8} {'max':>8} {'x in-proc':>9} {'GB/s each way':>13} bad")
+    print(f"{'case':22} {'median ms':>10} {'min':>8} {'max':>8} {'x in-proc':>9} {'GB/s each way':>13} bad imported")
     for name, s in summary.items():
         print(f"{name:22} {s['median_ms']:10.1f} {s['min_ms']:8.1f} {s['max_ms']:8.1f} "
-              f"{s.get('vs_in_process', 1.0):9.2f} {s.get('gbps_each_way', 0):13.1f} {s['bad']}")
+              f"{s.get('vs_in_process', 1.0):9.2f} {s.get('gbps_each_way', 0):13.1f} {s['bad']:3} {s.get('imported', '-')}")
     if link:
         print(f"pinned link, 8 GiB each way at once: {link['bidirectional_ms']:.1f} ms "
               f"({link['gbps_each_way']:.1f} GB/s each way)")

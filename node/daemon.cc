@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/json_writer.h"
 #include "base/log.h"
@@ -177,6 +178,7 @@ void NodeDaemon::Stop() {
     if (fd >= 0) ::close(fd);
   }
   pidfds_.clear();
+  while (!held_.empty()) DropOffers(held_.begin()->first);
   ::unlink(path_.c_str());
 }
 
@@ -227,35 +229,44 @@ void NodeDaemon::Loop() {
     for (std::size_t i = 2; i < first_pidfd; ++i) {
       if (fds[i].revents == 0) continue;
       const int fd = fds[i].fd;
-      absl::StatusOr<Received> got = Receive(fd, 0);
+      absl::StatusOr<Received> got = Receive(fd, 0, kMaxFdsPerPacket);
       if (!got.ok() && !absl::IsDeadlineExceeded(got.status()) && !absl::IsInvalidArgument(got.status())) {
         Drop(fd);  // closed: the client exited or died
         continue;
       }
       if (!got.ok() && absl::IsDeadlineExceeded(got.status())) continue;
       absl::Status bad = got.status();
-      if (got.ok() && got->fd >= 0) {
-        ::close(got->fd);
-        bad = absl::InvalidArgumentError("node protocol: clients pass no descriptors");
-      }
-      int pass_fd = -1;
-      std::optional<std::string> reply;
+      std::vector<int> received;
+      if (got.ok()) received.swap(got->fds);
+      std::optional<Reply> reply;
       bool refused = false;
       {
         MutexLock lock(&mu_);
         auto c = clients_.find(fd);
-        if (c == clients_.end()) continue;
+        if (c == clients_.end()) {
+          for (int f : received) ::close(f);
+          continue;
+        }
         if (!c->second.waiting.empty()) {
           refused = true;  // a request while its vote waits: the replies could no longer be told apart
           bad = absl::FailedPreconditionError("node protocol: a request sent while a vote waits for its decision");
         }
         if (!c->second.refused.ok()) bad = c->second.refused;
-        reply = bad.ok() ? Handle(c->second, got->message, &pass_fd) : FormatError(bad);
+        if (bad.ok()) {
+          reply = Handle(c->second, got->message, received);
+        } else {
+          reply = Reply{FormatError(bad), {}, false};
+        }
+        for (int f : received) ::close(f);  // those no offer kept
         refused = refused || !c->second.refused.ok();
       }
       if (!reply.has_value()) continue;  // a vote: answered when its switch is decided
       // A full send buffer (the client does not read its replies) or a closed peer: dropped.
-      if (absl::Status s = Send(fd, *reply, pass_fd); !s.ok() || refused) Drop(fd);
+      absl::Status s = SendFds(fd, reply->text, reply->fds);
+      if (reply->owned) {
+        for (int f : reply->fds) ::close(f);
+      }
+      if (!s.ok() || refused) Drop(fd);
     }
   }
 }
@@ -310,45 +321,57 @@ void NodeDaemon::Accept() {
   }
 }
 
-std::optional<std::string> NodeDaemon::Handle(Client& client, const std::string& message, int* pass_fd) {
+std::optional<NodeDaemon::Reply> NodeDaemon::Handle(Client& client, const std::string& message,
+                                                    std::vector<int>& received) {
+  auto text = [](std::string t) { return Reply{std::move(t), {}, false}; };
   absl::StatusOr<WireRequest> r = ParseRequest(message);
-  if (!r.ok()) return FormatError(r.status());
+  if (!r.ok()) return text(FormatError(r.status()));
+  if (!received.empty() && r->op != WireOp::kOffer) {
+    return text(FormatError(absl::InvalidArgumentError("node protocol: only an offer passes descriptors")));
+  }
   switch (r->op) {  // a node switch's requests need no hello
-    case WireOp::kBegin: return Begin(client, *r);
-    case WireOp::kVote: return Vote(client, *r);
-    case WireOp::kOutcome: return Outcome(client, *r);
+    case WireOp::kBegin: return text(Begin(client, *r));
+    case WireOp::kVote: {
+      std::optional<std::string> t = Vote(client, *r);
+      if (!t.has_value()) return std::nullopt;
+      return text(std::move(*t));
+    }
+    case WireOp::kOutcome: return text(Outcome(client, *r));
+    case WireOp::kOffer: return text(Offer(client, *r, received));
+    case WireOp::kTake: return Take(client, *r);
     default: break;
   }
   if ((r->op == WireOp::kHello) == client.said_hello) {
-    return FormatError(absl::FailedPreconditionError(client.said_hello ? "hello was said already"
-                                                                       : "say hello first"));
+    return text(FormatError(absl::FailedPreconditionError(client.said_hello ? "hello was said already"
+                                                                            : "say hello first")));
   }
   switch (r->op) {
     case WireOp::kHello: {
       client.said_hello = true;
       client.id = next_client_++;
-      *pass_fd = memory_->fd();
-      return OkReply([&](JsonWriter& w) {
-        w.Field("client", static_cast<std::uint64_t>(client.id));
-        w.Field("capacity", static_cast<std::uint64_t>(memory_->bytes()));
-      });
+      return Reply{OkReply([&](JsonWriter& w) {
+                     w.Field("client", static_cast<std::uint64_t>(client.id));
+                     w.Field("capacity", static_cast<std::uint64_t>(memory_->bytes()));
+                   }),
+                   {memory_->fd()},
+                   false};
     }
     case WireOp::kLease: {
       absl::StatusOr<PoolLease> lease = ledger_.Take(client.id, r->bytes, r->tag);
-      if (!lease.ok()) return FormatError(lease.status());
-      return OkReply([&](JsonWriter& w) {
+      if (!lease.ok()) return text(FormatError(lease.status()));
+      return text(OkReply([&](JsonWriter& w) {
         w.Field("offset", static_cast<std::uint64_t>(lease->offset));
         w.Field("bytes", static_cast<std::uint64_t>(lease->bytes));
-      });
+      }));
     }
     case WireOp::kGive: {
       absl::Status s = ledger_.Give(client.id, r->offset);
-      return s.ok() ? OkReply([](JsonWriter&) {}) : FormatError(s);
+      return text(s.ok() ? OkReply([](JsonWriter&) {}) : FormatError(s));
     }
     case WireOp::kStats: {
       const PoolStats s = ledger_.stats();
       const std::size_t connected = clients_.size();
-      return OkReply([&](JsonWriter& w) {
+      return text(OkReply([&](JsonWriter& w) {
         w.Field("capacity", static_cast<std::uint64_t>(s.capacity_bytes));
         w.Field("leased", static_cast<std::uint64_t>(s.leased_bytes));
         w.Field("peak", static_cast<std::uint64_t>(s.peak_bytes));
@@ -357,14 +380,16 @@ std::optional<std::string> NodeDaemon::Handle(Client& client, const std::string&
         w.Field("clients", static_cast<std::uint64_t>(s.clients));
         w.Field("refused", static_cast<std::uint64_t>(s.refused));
         w.Field("connected", static_cast<std::uint64_t>(connected));
-      });
+      }));
     }
     case WireOp::kBegin:
     case WireOp::kVote:
     case WireOp::kOutcome:
+    case WireOp::kOffer:
+    case WireOp::kTake:
       break;
   }
-  return FormatError(absl::InternalError("unhandled op"));
+  return text(FormatError(absl::InternalError("unhandled op")));
 }
 
 namespace {
@@ -383,7 +408,7 @@ std::string NodeDaemon::Begin(const Client& client, const WireRequest& r) {
     return FormatError(absl::InvalidArgumentError(
         absl::StrCat("node switch: timeout_ms ", r.timeout_ms, " (1 to ", kMaxSwitchTimeoutMs, ")")));
   }
-  std::vector<pid_t> pids;
+  std::vector<pid_t> pids, donors;
   for (absl::string_view p : absl::StrSplit(r.pids, ',')) {
     int pid = 0;
     if (!absl::SimpleAtoi(p, &pid) || pid <= 0) {
@@ -392,8 +417,18 @@ std::string NodeDaemon::Begin(const Client& client, const WireRequest& r) {
     if (!Alive(pid)) return FormatError(absl::NotFoundError(absl::StrCat("node switch: no process ", pid)));
     pids.push_back(pid);
   }
+  for (absl::string_view p : absl::StrSplit(r.donors, ',', absl::SkipEmpty())) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(p, &pid) || std::find(pids.begin(), pids.end(), pid) == pids.end()) {
+      return FormatError(absl::InvalidArgumentError(
+          absl::StrCat("node switch: donor \"", p, "\" is not one of the participants ", r.pids)));
+    }
+    donors.push_back(pid);
+  }
   absl::StatusOr<std::string> id = NewSwitchId();
-  absl::Status s = id.ok() ? switches_.Begin(*id, pids, NowMs() + static_cast<std::int64_t>(r.timeout_ms), client.pid) : id.status();
+  absl::Status s = id.ok() ? switches_.Begin(*id, pids, NowMs() + static_cast<std::int64_t>(r.timeout_ms),
+                                             client.pid, donors)
+                           : id.status();
   if (!s.ok()) return FormatError(s);
   VMSTASH_LOG(kDebug, "vmstashd: node switch {} of processes {} begun", *id, r.pids);
   return OkReply([&](JsonWriter& w) { w.Field("txn", *id); });
@@ -444,6 +479,75 @@ std::string NodeDaemon::Outcome(const Client& client, const WireRequest& r) {
   return DecisionReply(*recorded);
 }
 
+std::string NodeDaemon::Offer(const Client& client, const WireRequest& r, std::vector<int>& fds) {
+  if (r.pid != client.pid) {
+    return FormatError(absl::PermissionDeniedError(
+        absl::StrCat("node switch: process ", client.pid, " may offer its own chunks only, not those of ", r.pid)));
+  }
+  absl::StatusOr<std::vector<std::size_t>> sizes = ParseSizes(r.sizes);
+  if (!sizes.ok()) return FormatError(sizes.status());
+  if (sizes->size() != fds.size()) {
+    return FormatError(absl::InvalidArgumentError(
+        absl::StrCat("node switch: an offer of ", sizes->size(), " sizes came with ", fds.size(), " descriptors")));
+  }
+  if (absl::Status s = switches_.Offered(r.txn, static_cast<pid_t>(r.pid), r.last); !s.ok()) return FormatError(s);
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < fds.size() && held_count_ < kMaxHeldChunks; ++i, ++kept, ++held_count_) {
+    held_[r.txn].push_back(HeldChunk{static_cast<pid_t>(r.pid), r.device, (*sizes)[i], fds[i]});
+    fds[i] = -1;
+  }
+  fds.erase(std::remove(fds.begin(), fds.end(), -1), fds.end());  // the rest: closed by the caller
+  return OkReply([&](JsonWriter& w) { w.Field("kept", static_cast<std::uint64_t>(kept)); });
+}
+
+NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
+  if (r.pid != client.pid) {
+    return Reply{FormatError(absl::PermissionDeniedError(absl::StrCat(
+                     "node switch: process ", client.pid, " may take chunks for itself only, not for ", r.pid))),
+                 {}, false};
+  }
+  absl::StatusOr<bool> in = switches_.OffersIn(r.txn, static_cast<pid_t>(r.pid));
+  if (!in.ok()) return Reply{FormatError(in.status()), {}, false};
+  if (!*in) return Reply{OkReply([](JsonWriter& w) { w.Field("ready", false); }), {}, false};
+  Reply reply;
+  reply.owned = true;
+  std::vector<std::string> sizes;
+  bool more = false;
+  auto held = held_.find(r.txn);
+  if (held != held_.end()) {
+    std::vector<HeldChunk>& chunks = held->second;
+    for (auto c = chunks.begin(); c != chunks.end();) {
+      if (c->pid == r.pid || c->device != r.device) {
+        ++c;
+        continue;
+      }
+      if (reply.fds.size() == kMaxFdsPerPacket) {
+        more = true;
+        break;
+      }
+      reply.fds.push_back(c->fd);
+      sizes.push_back(absl::StrCat(c->size_bytes));
+      --held_count_;
+      c = chunks.erase(c);
+    }
+    if (chunks.empty()) held_.erase(held);
+  }
+  reply.text = OkReply([&](JsonWriter& w) {
+    w.Field("ready", true);
+    w.Field("sizes", absl::StrJoin(sizes, ","));
+    w.Field("more", more);
+  });
+  return reply;
+}
+
+void NodeDaemon::DropOffers(const std::string& id) {
+  auto held = held_.find(id);
+  if (held == held_.end()) return;
+  for (const HeldChunk& c : held->second) ::close(c.fd);
+  held_count_ -= held->second.size();
+  held_.erase(held);
+}
+
 SwitchDecision NodeDaemon::Decide(const std::string& id) {
   absl::StatusOr<std::optional<SwitchDecision>> d = switches_.Decision(id);
   if (!d.ok() || !d->has_value()) return SwitchDecision{false, "node switch: no decision"};
@@ -459,6 +563,7 @@ SwitchDecision NodeDaemon::Decide(const std::string& id) {
     decided = *recorded;
   }
   switches_.Settle(id, decided);
+  DropOffers(id);
   VMSTASH_LOG(kInfo, "vmstashd: node switch {}: {}{}", id, decided.commit ? "commit" : "abort: ", decided.reason);
   for (auto& [fd, client] : clients_) {
     if (client.waiting != id) continue;

@@ -97,14 +97,27 @@ class NodeDaemon {
              std::string path, int lock_fd, int spare_fd);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   void Accept() ABSL_LOCKS_EXCLUDED(mu_);
-  // The reply to one request of `fd`'s client (and the fd to pass with it, or -1); nothing
-  // for a vote whose reply waits for the decision.
-  std::optional<std::string> Handle(Client& client, const std::string& message, int* pass_fd)
+  // What goes back for one request: its text and the descriptors to pass with it (closed
+  // after the send when `owned`).
+  struct Reply {
+    std::string text;
+    std::vector<int> fds;
+    bool owned = false;
+  };
+  // The reply to one request of a client, which came with descriptors `received` (taken by
+  // an offer, else closed); nothing for a vote whose reply waits for the decision.
+  std::optional<Reply> Handle(Client& client, const std::string& message, std::vector<int>& received)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The node switch requests (Note [Node Switch]).
   std::string Begin(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<std::string> Vote(Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Outcome(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The handover of chunks (Note [Node Switch Handover]): an offer keeps `fds`.
+  std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the chunks still held for switch `id` (decided: no one takes them any more).
+  void DropOffers(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the ledger's decision of `id` (the record wins), makes it the ledger's, and
   // sends it to the votes waiting for it; returns it.
   SwitchDecision Decide(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -131,6 +144,15 @@ class NodeDaemon {
   ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
   SwitchLedger switches_ ABSL_GUARDED_BY(mu_);
   std::map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // watched participants (-1: no pidfd here)
+  // Chunks offered in undecided switches, not taken yet (at most kMaxHeldChunks in all).
+  struct HeldChunk {
+    pid_t pid = 0;
+    std::string device;
+    std::size_t size_bytes = 0;
+    int fd = -1;
+  };
+  std::map<std::string, std::vector<HeldChunk>> held_ ABSL_GUARDED_BY(mu_);
+  std::size_t held_count_ ABSL_GUARDED_BY(mu_) = 0;
   // Records of forgotten switches, removed kRecordLingerMs after (a late reader still finds them).
   std::deque<std::pair<std::int64_t, std::string>> lingering_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};

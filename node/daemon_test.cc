@@ -162,16 +162,6 @@ TEST(NodeDaemonTest, OneDaemonPerDirectoryAndOnlyAPrivateOne) {
   EXPECT_EQ(NodeClient::Connect(In(PrivateDir())).status().code(), absl::StatusCode::kUnavailable);
 }
 
-// How many descriptors process `pid` has open.
-int OpenFds(pid_t pid) {
-  int n = 0;
-  DIR* d = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
-  if (d == nullptr) return -1;
-  while (::readdir(d) != nullptr) ++n;
-  ::closedir(d);
-  return n;
-}
-
 // A raw connection to the daemon of `dir` (for what NodeClient never sends).
 int RawConnect(const std::string& dir) {
   absl::StatusOr<int> fd = Connect(SocketPath(dir));
@@ -323,7 +313,7 @@ TEST(NodeDaemonTest, DescriptorsAndEmptyPacketsFromAClientAreRefusedAndNothingLe
     ::close(fds[1]);
     absl::StatusOr<Received> r = Receive(raw, 5000);
     ASSERT_TRUE(r.ok()) << r.status();
-    EXPECT_THAT(ParseReply(r->message).status().message(), HasSubstr("clients pass no descriptors"));
+    EXPECT_THAT(ParseReply(r->message).status().message(), HasSubstr("only an offer passes descriptors"));
   }
   EXPECT_LE(OpenFds(daemon.pid()), before + 1) << "every descriptor sent was closed";
   // An empty packet is a bad request, not a closed connection: the lease stays.

@@ -43,11 +43,15 @@ absl::Status CheckRequest(const NodeSwitchRequest& r) {
 
 // Begins the switch with the daemon (started when none serves): its id.
 absl::StatusOr<std::string> Begin(const NodeSwitchRequest& r, const std::string& dir) {
-  std::vector<std::string> pids;
-  for (const NodeSwitchPart& p : r.parts) pids.push_back(absl::StrCat(p.pid));
+  std::vector<std::string> pids, donors;
+  for (const NodeSwitchPart& p : r.parts) {
+    pids.push_back(absl::StrCat(p.pid));
+    if (!p.pause.empty()) donors.push_back(absl::StrCat(p.pid));
+  }
   WireRequest begin;
   begin.op = WireOp::kBegin;
   begin.pids = absl::StrJoin(pids, ",");
+  begin.donors = absl::StrJoin(donors, ",");
   begin.timeout_ms = static_cast<std::uint64_t>(r.timeout_ms);
   absl::StatusOr<JsonValue> reply = AskOnce(dir, begin, 5000);
   if (!reply.ok() && absl::IsUnavailable(reply.status()) && DaemonGone(dir)) {

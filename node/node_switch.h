@@ -44,12 +44,45 @@
 //   initiator have been told or have exited; its record is removed a minute later (the
 //   daemon also sweeps, at start, records whose participants are all gone). One undecided
 //   switch per process: a second naming a process of an undecided one is refused.
-//   What is not done: physical memory is not handed from the pausing process to the
-//   resuming one — the pausing process releases its chunks at its commit and the
-//   resuming one creates its own — so during the copies both phases' device memory is
-//   held at once, as an in-process switch holds it only for the bytes it cannot hand
-//   over. A node whose GPU cannot hold both is refused with the resuming process's
-//   out-of-memory error, and every process rolls back.
+//
+// Note [Node Switch Handover]
+//   Physical memory changes process in a node switch as it changes tag in a switch of
+//   one process (Note [Switch Protocol], allocator/switch.h), where the handover plan
+//   allows it (allocator/handoff_plan.h) — through the daemon, during (2):
+//   (a) The initiator's begin names the donors: the participants that pause tags.
+//   (b) Each part plans its own handover first (its outgoing chunks into its own incoming
+//       covers). A part that pauses then offers the chunks that plan leaves over — those
+//       it would release at its commit — as descriptors (Driver::ExportChunkFd; only
+//       chunks made with share_chunks can be), with its device's UUID, to the daemon
+//       (wire.h: offer), if only to say it offers nothing. It never touches them again:
+//       its mappings of them go in (4) as for any outgoing chunk.
+//   (c) A part left with fresh memory to make for covers that receive no restore copy
+//       (a discard tag's, or a backup tag's with nothing backed up) asks the daemon for
+//       the chunks of its device offered by the others (take). The daemon answers once
+//       every other donor has offered, voted (an offer comes before a vote) or exited, or
+//       the switch is decided; each chunk goes to one taker. The part imports them
+//       (Driver::ImportChunkFd), closes the descriptors, and plans again without the
+//       chunks it offered and with the imported ones, which go only into such covers: no
+//       restore copy ever writes another process's memory, so a rollback never has to
+//       give that process its bytes back.
+//   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while
+//       any process holds a handle), zeroes them (switch_zero) — after the giver's
+//       backup copies are done, since the giver voted only then — and releases those no
+//       cover took; the giver releases its handles of every chunk it offered. Abort: the
+//       taker unmaps and releases its imports; the giver, which never released them,
+//       maps its chunks again as in any rollback, bytes untouched.
+//   The daemon holds at most kMaxHeldChunks descriptors (wire.h), closes those left at
+//   the decision, and keeps none past it. Nothing of this can fail a switch: an offer
+//   the daemon refuses, a chunk that cannot be exported or imported, a device of another
+//   UUID (CUDA_VISIBLE_DEVICES renumbering, another GPU) — each only means fresh memory
+//   where a chunk would have been handed over, and a release where it would have been
+//   given. A mapping of an imported chunk that fails fails the taker's part, so the
+//   switch aborts everywhere. What is not handed over: memory for covers that receive
+//   restore copies — into another process's chunk they would have to wait for that
+//   process's backup copies, which no stream of this process can wait for — so a
+//   switch of backed-up tags still holds both phases' backed-up bytes during its copies,
+//   and a GPU that cannot hold them refuses it (the resuming process's out-of-memory
+//   error), every process rolled back.
 //
 // Thread-safety: RunNodeSwitch may be called from any thread; it blocks for the switch.
 #ifndef VMSTASH_NODE_NODE_SWITCH_H_

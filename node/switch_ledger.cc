@@ -9,7 +9,7 @@
 namespace vmstash::node {
 
 absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
-                                 pid_t observer) {
+                                 pid_t observer, const std::vector<pid_t>& donors) {
   if (pids.empty()) return absl::InvalidArgumentError("node switch: no participant");
   if (pids.size() > kMaxParticipants) {
     return absl::InvalidArgumentError(
@@ -42,8 +42,39 @@ absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>
       return absl::InvalidArgumentError(absl::StrCat("node switch: process ", pid, " named twice"));
     }
   }
+  for (pid_t pid : donors) {
+    auto p = txn.participants.find(pid);
+    if (p != txn.participants.end()) p->second.donor = true;
+  }
   txns_.emplace(id, std::move(txn));
   return absl::OkStatus();
+}
+
+absl::Status SwitchLedger::Offered(const std::string& id, pid_t pid, bool last) {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  auto p = t->second.participants.find(pid);
+  if (p == t->second.participants.end()) {
+    return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
+  }
+  if (t->second.decision.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("node switch ", id, " is decided: nothing more is offered"));
+  }
+  p->second.offered = p->second.offered || last;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> SwitchLedger::OffersIn(const std::string& id, pid_t pid) const {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  if (t->second.participants.count(pid) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
+  }
+  if (t->second.decision.has_value()) return true;
+  for (const auto& [other, p] : t->second.participants) {
+    if (other != pid && p.donor && !p.offered && !p.voted && !p.exited) return false;
+  }
+  return true;
 }
 
 absl::StatusOr<std::optional<SwitchDecision>> SwitchLedger::Vote(const std::string& id, pid_t pid, bool ok,

@@ -9,7 +9,9 @@
 // (decision_record.h) before anyone is told, and when the record says otherwise (another
 // party recorded first), Settle makes the record's decision the ledger's. A transaction is
 // forgotten once every participant, and the initiator that began it (an observer: it
-// votes nothing), has been told its outcome or has exited.
+// votes nothing), has been told its outcome or has exited. For the handover of chunks
+// (Note [Node Switch Handover], node_switch.h) it knows which participants pause (donors)
+// and which have offered theirs, so a taker knows when every offer is in.
 //
 // No I/O, no clock, no locks (the daemon's serving thread is its one writer): times are
 // milliseconds on the caller's clock; every case is unit-tested alone
@@ -49,8 +51,17 @@ class SwitchLedger {
   // id, FailedPrecondition when a pid takes part in an undecided transaction (one at a
   // time per process: crossing ones would wait for each other's locks until both timed
   // out), ResourceExhausted beyond kMaxOpen undecided ones.
+  // `donors`: the participants that pause tags (others are ignored there).
   absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
-                     pid_t observer = 0);
+                     pid_t observer = 0, const std::vector<pid_t>& donors = {});
+  // `pid` offers chunks in `id`: its whole offer is made when `last`. NotFound for an
+  // unknown id, PermissionDenied for a pid that is not a participant, FailedPrecondition
+  // once decided.
+  absl::Status Offered(const std::string& id, pid_t pid, bool last = true);
+  // Whether `pid` may take the offered chunks of `id` now: every other donor has offered,
+  // voted (its offer, if any, came first) or exited — or `id` is decided (nothing is left
+  // to take then). NotFound / PermissionDenied as Offered.
+  absl::StatusOr<bool> OffersIn(const std::string& id, pid_t pid) const;
   // `pid`'s vote: OK, or its failure `reason`. Returns the decision when the transaction is
   // decided (now, or before: a late vote learns it). NotFound for an unknown id,
   // PermissionDenied for a pid that is not a participant, FailedPrecondition for a second
@@ -82,6 +93,8 @@ class SwitchLedger {
 
  private:
   struct Participant {
+    bool donor = false;    // it pauses tags: it offers chunks
+    bool offered = false;  // its offer is complete
     bool voted = false;
     bool told = false;
     bool exited = false;

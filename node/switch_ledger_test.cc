@@ -142,5 +142,30 @@ TEST(SwitchLedger, ASwitchDecidedByTheLastExitIsForgotten) {
   EXPECT_EQ(l.TakeForgotten(), (std::vector<std::string>{"t"}));
 }
 
+TEST(SwitchLedger, ATakerWaitsForEveryOtherDonorsOfferVoteOrExit) {
+  SwitchLedger l;
+  // 10 and 20 pause (donors), 30 only resumes.
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000, 0, {10, 20}).ok());
+  EXPECT_EQ(l.OffersIn("t", 30).value(), false);
+  ASSERT_TRUE(l.Offered("t", 10).ok());
+  EXPECT_EQ(l.OffersIn("t", 30).value(), false);
+  EXPECT_EQ(l.OffersIn("t", 20).value(), true) << "its own offer is not waited for";
+  ASSERT_TRUE(l.Vote("t", 20, true, "").ok());  // voted without offering: nothing more comes
+  EXPECT_EQ(l.OffersIn("t", 30).value(), true);
+
+  ASSERT_TRUE(l.Begin("u", {40, 50}, 1000, 0, {40}).ok());
+  EXPECT_EQ(l.OffersIn("u", 50).value(), false);
+  EXPECT_FALSE(l.Exited(40).empty());  // decided abort: taking finds nothing to wait for
+  EXPECT_EQ(l.OffersIn("u", 50).value(), true);
+  EXPECT_EQ(l.Offered("u", 50).code(), absl::StatusCode::kFailedPrecondition);
+
+  ASSERT_TRUE(l.Begin("v", {60, 70}, 1000).ok());  // no donors named: nothing to wait for
+  EXPECT_EQ(l.OffersIn("v", 70).value(), true);
+  EXPECT_EQ(l.OffersIn("v", 99).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(l.Offered("v", 99).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(l.OffersIn("w", 60).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(l.Offered("w", 60).code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace vmstash::node

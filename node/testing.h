@@ -1,8 +1,9 @@
 // Test support for node/ (tests only): private runtime directories removed at exit,
-// and a node daemon running in a child process.
+// a node daemon running in a child process, and a process's count of open descriptors.
 #ifndef VMSTASH_NODE_TESTING_H_
 #define VMSTASH_NODE_TESTING_H_
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "node/daemon.h"
 #include "node/host_pool.h"
 
@@ -39,6 +41,16 @@ inline std::string PrivateDir() {
   if (dir == nullptr) return "";
   Made().dirs.push_back(dir);
   return dir;
+}
+
+// How many descriptors process `pid` has open (-1: it cannot be told).
+inline int OpenFds(pid_t pid) {
+  int n = 0;
+  DIR* d = ::opendir(absl::StrCat("/proc/", pid, "/fd").c_str());
+  if (d == nullptr) return -1;
+  while (::readdir(d) != nullptr) ++n;
+  ::closedir(d);
+  return n;
 }
 
 // A daemon serving `dir` in a child process, until Stop() (or a kill).

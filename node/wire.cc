@@ -11,7 +11,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "base/json_writer.h"
 #include "control/runtime_dir.h"
 
@@ -27,6 +29,8 @@ const char* OpName(WireOp op) {
     case WireOp::kBegin: return "begin";
     case WireOp::kVote: return "vote";
     case WireOp::kOutcome: return "outcome";
+    case WireOp::kOffer: return "offer";
+    case WireOp::kTake: return "take";
   }
   return "?";
 }
@@ -71,6 +75,7 @@ std::string FormatRequest(const WireRequest& r) {
     case WireOp::kBegin:
       w.Field("pids", r.pids);
       w.Field("timeout_ms", r.timeout_ms);
+      if (!r.donors.empty()) w.Field("donors", r.donors);
       break;
     case WireOp::kVote:
       w.Field("txn", r.txn);
@@ -81,6 +86,16 @@ std::string FormatRequest(const WireRequest& r) {
     case WireOp::kOutcome:
       w.Field("txn", r.txn);
       w.Field("pid", r.pid);
+      break;
+    case WireOp::kOffer:
+    case WireOp::kTake:
+      w.Field("txn", r.txn);
+      w.Field("pid", r.pid);
+      w.Field("device", r.device);
+      if (r.op == WireOp::kOffer) {
+        w.Field("sizes", r.sizes);
+        w.Field("last", r.last);
+      }
       break;
   }
   w.EndObject();
@@ -129,9 +144,14 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
     if (!timeout.ok()) return timeout.status();
     r.pids = *pids;
     r.timeout_ms = *timeout;
-    keys.insert(keys.end(), {"pids", "timeout_ms"});
-  } else if (op == "vote" || op == "outcome") {
-    r.op = op == "vote" ? WireOp::kVote : WireOp::kOutcome;
+    keys.insert(keys.end(), {"pids", "timeout_ms", "donors"});
+    if ((*doc)["donors"].type() != JsonValue::Type::kNull) {
+      absl::StatusOr<std::string> donors = Text(*doc, "donors");
+      if (!donors.ok()) return donors.status();
+      r.donors = *donors;
+    }
+  } else if (op == "vote" || op == "outcome" || op == "offer" || op == "take") {
+    r.op = op == "vote" ? WireOp::kVote : op == "outcome" ? WireOp::kOutcome : op == "offer" ? WireOp::kOffer : WireOp::kTake;
     absl::StatusOr<std::string> txn = Text(*doc, "txn");
     absl::StatusOr<std::uint64_t> pid = Count(*doc, "pid");
     if (!txn.ok()) return txn.status();
@@ -149,6 +169,24 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
       r.reason = *reason;
       keys.insert(keys.end(), {"ok", "reason"});
     }
+    if (r.op == WireOp::kOffer || r.op == WireOp::kTake) {
+      absl::StatusOr<std::string> device = Text(*doc, "device");
+      if (!device.ok()) return device.status();
+      if (device->empty()) return absl::InvalidArgumentError("node protocol: \"device\" is empty");
+      r.device = *device;
+      keys.push_back("device");
+    }
+    if (r.op == WireOp::kOffer) {
+      absl::StatusOr<std::string> sizes = Text(*doc, "sizes");
+      if (!sizes.ok()) return sizes.status();
+      if (absl::Status s = ParseSizes(*sizes).status(); !s.ok()) return s;
+      if ((*doc)["last"].type() != JsonValue::Type::kBool) {
+        return absl::InvalidArgumentError("node protocol: \"last\" must be true or false");
+      }
+      r.sizes = *sizes;
+      r.last = (*doc)["last"].Bool();
+      keys.insert(keys.end(), {"sizes", "last"});
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: unknown op \"", op, "\""));
   }
@@ -158,6 +196,19 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
     }
   }
   return r;
+}
+
+absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes) {
+  std::vector<std::size_t> out;
+  if (sizes.empty()) return out;
+  for (absl::string_view s : absl::StrSplit(sizes, ',')) {
+    std::uint64_t n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", s, "\" in \"sizes\" is not a byte count"));
+    }
+    out.push_back(static_cast<std::size_t>(n));
+  }
+  return out;
 }
 
 std::string FormatError(const absl::Status& status) {
@@ -229,7 +280,7 @@ absl::StatusOr<JsonValue> AskOnce(const std::string& dir, const WireRequest& req
   absl::StatusOr<Received> got = s.ok() ? Receive(*fd, timeout_ms) : absl::StatusOr<Received>(s);
   ::close(*fd);
   if (!got.ok()) return got.status();
-  if (got->fd >= 0) ::close(got->fd);
+  CloseAll(*got);
   return ParseReply(got->message);
 }
 
@@ -245,23 +296,30 @@ bool DaemonGone(const std::string& dir_or_default) {
 }
 
 absl::Status Send(int socket, absl::string_view message, int fd) {
+  return SendFds(socket, message, fd >= 0 ? std::vector<int>{fd} : std::vector<int>{});
+}
+
+absl::Status SendFds(int socket, absl::string_view message, const std::vector<int>& fds) {
   if (message.size() > kMaxMessageBytes) {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: a message of ", message.size(), " bytes"));
+  }
+  if (fds.size() > kMaxFdsPerPacket) {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: ", fds.size(), " descriptors on one packet"));
   }
   iovec iov{const_cast<char*>(message.data()), message.size()};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerPacket)];
+  if (!fds.empty()) {
     std::memset(control, 0, sizeof(control));
     msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
     cmsghdr* c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
   }
   for (;;) {
     if (::sendmsg(socket, &msg, MSG_NOSIGNAL) >= 0) return absl::OkStatus();
@@ -271,7 +329,13 @@ absl::Status Send(int socket, absl::string_view message, int fd) {
   }
 }
 
-absl::StatusOr<Received> Receive(int socket, int timeout_ms) {
+void CloseAll(Received& r) {
+  for (int fd : r.fds) ::close(fd);
+  r.fds.clear();
+  r.fd = -1;
+}
+
+absl::StatusOr<Received> Receive(int socket, int timeout_ms, std::size_t max_fds) {
   pollfd p{socket, POLLIN | POLLRDHUP, 0};
   for (;;) {
     const int n = ::poll(&p, 1, timeout_ms);
@@ -281,7 +345,7 @@ absl::StatusOr<Received> Receive(int socket, int timeout_ms) {
   }
   std::string buf(kMaxMessageBytes + 1, '\0');
   iovec iov{buf.data(), buf.size()};
-  constexpr int kMaxFds = 16;  // room to see (and close) what a peer should not have sent
+  constexpr std::size_t kMaxFds = kMaxFdsPerPacket + 16;  // room to see (and close) what a peer should not have sent
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -297,7 +361,7 @@ absl::StatusOr<Received> Receive(int socket, int timeout_ms) {
   }
   if (got < 0 && errno == ECONNRESET) return absl::UnavailableError("node protocol: the peer closed the connection");
   if (got < 0) return control::Errno("node protocol: receive", errno);
-  // Every descriptor that came: the first is the message's, the others are closed.
+  // Every descriptor that came: the first max_fds are the message's, the others are closed.
   Received r;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -305,17 +369,18 @@ absl::StatusOr<Received> Receive(int socket, int timeout_ms) {
     for (std::size_t i = 0; i < n; ++i) {
       int fd;
       std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      if (r.fd < 0) r.fd = fd; else ::close(fd);
+      if (r.fds.size() < max_fds) r.fds.push_back(fd); else ::close(fd);
     }
   }
   const bool hung_up = (p.revents & (POLLHUP | POLLRDHUP)) != 0;
   if ((got == 0 && hung_up) || static_cast<std::size_t>(got) > kMaxMessageBytes ||
       (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
-    if (r.fd >= 0) ::close(r.fd);
+    CloseAll(r);
     if (got == 0) return absl::UnavailableError("node protocol: the peer closed the connection");
     return absl::InvalidArgumentError("node protocol: a message longer than the protocol allows");
   }
   r.message.assign(buf.data(), static_cast<std::size_t>(got));  // an empty packet: an empty message
+  r.fd = r.fds.empty() ? -1 : r.fds[0];
   return r;
 }
 

@@ -4,24 +4,35 @@
 // Transport: a Unix SOCK_SEQPACKET socket, `<runtime dir>/vmstashd.sock`
 // (control/runtime_dir.h: where, and the trust rules: both ends talk only to their own
 // uid). One message is one packet of at most kMaxMessageBytes holding a flat JSON object;
-// a packet may carry one file descriptor (SCM_RIGHTS). One reply per request, in order.
+// a packet may carry file descriptors (SCM_RIGHTS): one (hello's reply), or up to
+// kMaxFdsPerPacket chunks (offer, take's reply). One reply per request, in order.
 //
 // Requests (client -> daemon), each with "v":1:
 //   {"op":"hello","pid":P}             first, once: the reply carries the pool's memfd
 //   {"op":"lease","bytes":N,"tag":T}   N > 0 bytes of the pool for this client
 //   {"op":"give","offset":O}           returns this client's lease at O
 //   {"op":"stats"}
-//   {"op":"begin","pids":"P,Q","timeout_ms":T}   a node switch (Note [Node Switch],
-//                                      node_switch.h) of processes P, Q, decided within T ms
+//   {"op":"begin","pids":"P,Q","timeout_ms":T[,"donors":"P"]}   a node switch (Note
+//                                      [Node Switch], node_switch.h) of processes P, Q,
+//                                      decided within T ms; the donors pause tags
 //   {"op":"vote","txn":X,"pid":P,"ok":B,"reason":R}  P's outcome in switch X; the reply
 //                                      comes when X is decided
 //   {"op":"outcome","txn":X,"pid":P}   X's decision, "pending", or (X unknown to this
 //                                      daemon: begun by one that died) "abort", recorded
+//   {"op":"offer","txn":X,"pid":P,"device":D,"sizes":"N,...","last":B}  chunks of P on
+//                                      device D (a UUID) with one descriptor per size, for
+//                                      the other participants of X to take (Note [Node
+//                                      Switch Handover]); the last packet of P's offer says so
+//   {"op":"take","txn":X,"pid":P,"device":D}  offered chunks of device D for P: "ready"
+//                                      false while a donor's offer may still come, else
+//                                      "sizes" and their descriptors (at most
+//                                      kMaxFdsPerPacket) and "more" when there are more
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
-// "decision" ("commit", "abort" or "pending") and "reason" — or
+// "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
+// held; the daemon holds at most kMaxHeldChunks, closing the others); take: above — or
 // {"v":1,"ok":false,"code":"<absl status code name>","message":"..."}.
-// begin, vote and outcome need no hello (a connection of their own: a vote's reply waits
+// begin, vote, outcome, offer and take need no hello (a connection of their own: a vote's reply waits
 // for the decision, and no other request may be sent on it meanwhile). A lease, give or
 // stats before hello, a second hello, an unknown op or key, a missing or mistyped
 // field, or another version is an error reply; the daemon keeps serving.
@@ -33,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,8 +56,10 @@ namespace vmstash::node {
 inline constexpr int kWireVersion = 1;
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
+inline constexpr std::size_t kMaxFdsPerPacket = 32;
+inline constexpr std::size_t kMaxHeldChunks = 4096;
 
-enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome };
+enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOffer, kTake };
 
 struct WireRequest {
   WireOp op = WireOp::kStats;
@@ -55,10 +69,16 @@ struct WireRequest {
   std::uint64_t offset = 0;  // give
   std::string pids;          // begin: comma-separated
   std::uint64_t timeout_ms = 0;  // begin
-  std::string txn;           // vote, outcome
+  std::string donors;        // begin: comma-separated (optional)
+  std::string txn;           // vote, outcome, offer, take
   bool ok = false;           // vote
   std::string reason;        // vote
+  std::string device;        // offer, take
+  std::string sizes;         // offer: comma-separated byte counts
+  bool last = false;         // offer
 };
+// "N,N,..." (empty: none) as byte counts, each > 0; InvalidArgument otherwise.
+absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes);
 
 std::string FormatRequest(const WireRequest& request);
 absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);
@@ -86,15 +106,20 @@ bool DaemonGone(const std::string& dir);
 
 // One packet, with `fd` attached when >= 0 (it stays the caller's).
 absl::Status Send(int socket, absl::string_view message, int fd = -1);
+// One packet with `fds` attached (at most kMaxFdsPerPacket; they stay the caller's).
+absl::Status SendFds(int socket, absl::string_view message, const std::vector<int>& fds);
 struct Received {
   std::string message;
-  int fd = -1;  // attached to the packet: the receiver's to close
+  int fd = -1;           // the first descriptor attached: the receiver's to close
+  std::vector<int> fds;  // all of them, `fd` first (at most the max_fds asked for)
 };
 // The next packet, waiting up to `timeout_ms` (< 0: no limit; 0: only what is there).
 // Unavailable when the peer closed the connection (an empty packet is an empty message,
 // not a close); DeadlineExceeded on timeout; InvalidArgument for a packet too long. Of
-// several descriptors on one packet the first is kept, the others closed.
-absl::StatusOr<Received> Receive(int socket, int timeout_ms);
+// the descriptors on one packet the first `max_fds` are kept, the others closed.
+absl::StatusOr<Received> Receive(int socket, int timeout_ms, std::size_t max_fds = 1);
+// Closes every descriptor of `r`.
+void CloseAll(Received& r);
 
 }  // namespace vmstash::node
 

@@ -11,6 +11,7 @@
 #include "base/json_writer.h"
 #include "base/status_macros.h"
 #include "base/version.h"
+#include "node/chunk_trade.h"
 #include "node/switch_vote.h"
 
 namespace vmstash {
@@ -36,17 +37,48 @@ std::string Hello(const Runtime& runtime) {
   return w.str();
 }
 
+// The chunks of a node switch traded through the node daemon (Note [Node Switch
+// Handover], node/node_switch.h; allocator/switch_exchange.h).
+class NodeExchange final : public SwitchExchange {
+ public:
+  NodeExchange(std::string dir, std::string txn, std::chrono::steady_clock::time_point deadline) {
+    options_.dir = std::move(dir);
+    options_.txn = std::move(txn);
+    options_.deadline = deadline;
+  }
+  absl::Status Offer(const std::string& device, std::vector<SharedChunk> chunks) override {
+    node::TradeOptions o = options_;
+    o.device = device;
+    std::vector<node::TradedChunk> traded;
+    for (const SharedChunk& c : chunks) traded.push_back({c.fd, c.size_bytes});
+    return node::OfferChunks(o, std::move(traded)).status();
+  }
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) override {
+    node::TradeOptions o = options_;
+    o.device = device;
+    VMSTASH_ASSIGN_OR_RETURN(std::vector<node::TradedChunk> traded, node::TakeChunks(o));
+    std::vector<SharedChunk> chunks;
+    for (const node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes});
+    return chunks;
+  }
+
+ private:
+  node::TradeOptions options_;
+};
+
 // This process's part of a node switch (node/node_switch.h, Note [Node Switch]): an
-// agreed switch (Note [Agreed Switch]) whose agreement is the vote to the node daemon.
+// agreed switch (Note [Agreed Switch]) whose agreement is the vote to the node daemon,
+// trading chunks with the other parts (Note [Node Switch Handover]).
 absl::StatusOr<std::string> NodeSwitchPart(Runtime& runtime, const control::Request& r) {
   node::VoteOptions vote;
   vote.dir = runtime.node().dir();
   vote.txn = r.txn;
-  vote.hard_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(r.timeout_ms) +
-                       std::chrono::milliseconds(node::kVoteGraceMs);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(r.timeout_ms);
+  vote.hard_deadline = deadline + std::chrono::milliseconds(node::kVoteGraceMs);
   const CachingAllocator::SwitchAgree agree = [&vote](const absl::Status& local) {
     return node::VoteAndWait(vote, local);
   };
+  NodeExchange exchange(vote.dir, r.txn, deadline);
   std::vector<TagId> pause, resume;  // a name unknown here is this process's vote too
   for (const auto* names : {&r.pause, &r.resume}) {
     for (const std::string& t : *names) {
@@ -55,7 +87,7 @@ absl::StatusOr<std::string> NodeSwitchPart(Runtime& runtime, const control::Requ
       (names == &r.pause ? pause : resume).push_back(*id);
     }
   }
-  VMSTASH_ASSIGN_OR_RETURN(const bool changed, runtime.AgreedSwitch(pause, resume, r.device, nullptr, agree));
+  VMSTASH_ASSIGN_OR_RETURN(const bool changed, runtime.AgreedSwitch(pause, resume, r.device, nullptr, agree, &exchange));
   return std::string(changed ? R"({"changed":true})" : R"({"changed":false})");
 }
 

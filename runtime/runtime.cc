@@ -436,7 +436,7 @@ absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std:
 
 absl::StatusOr<bool> Runtime::AgreedSwitch(const std::vector<TagId>& pause, const std::vector<TagId>& resume,
                                            int device, const LiveRangesByDevice* live,
-                                           const CachingAllocator::SwitchAgree& agree) {
+                                           const CachingAllocator::SwitchAgree& agree, SwitchExchange* exchange) {
   // Note [Agreed Switch]: a refusal here is this process's outcome too.
   auto refuse = [&agree](absl::Status s) {
     (void)agree(s);
@@ -471,7 +471,8 @@ absl::StatusOr<bool> Runtime::AgreedSwitch(const std::vector<TagId>& pause, cons
   CachingAllocator* here = chosen[0];
   CachingAllocator::SwitchChanges changes;
   absl::StatusOr<CachingAllocator::Transition> s =
-      here->Switch(TagsOn(here, pause), TagsOn(here, resume), HintFor(live, here->device()), &changes, &agree);
+      here->Switch(TagsOn(here, pause), TagsOn(here, resume), HintFor(live, here->device()), &changes, &agree,
+                   exchange);
   const bool done = !changes.paused.empty() || !changes.resumed.empty();
   if (s.ok()) return done;
   if (done) {  // committed; after-resume hooks failed

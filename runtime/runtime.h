@@ -158,9 +158,11 @@ class Runtime {
   // [Agreed Switch] in allocator/switch.h): `agree` is called exactly once, whatever
   // happens. It covers one device of this process (one rank per GPU): `device`, or with
   // -1 the one device where these tags hold memory (or the one allocator where none
-  // does); InvalidArgument when several do.
+  // does); InvalidArgument when several do. `exchange` (optional): chunks traded with the
+  // other processes (allocator/switch_exchange.h).
   absl::StatusOr<bool> AgreedSwitch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
-                                    const LiveRangesByDevice* live, const CachingAllocator::SwitchAgree& agree);
+                                    const LiveRangesByDevice* live, const CachingAllocator::SwitchAgree& agree,
+                                    SwitchExchange* exchange = nullptr);
   // True for the error of a Pause/Resume/Switch that is done on every device although
   // after-resume hooks failed on some (Note [All-or-Nothing Transitions], case 2); false
   // for OK and for every other error.

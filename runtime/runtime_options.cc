@@ -30,7 +30,9 @@ absl::Status UnknownKey(absl::string_view key) {
 absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
   VMSTASH_ASSIGN_OR_RETURN(const ConfItems items, SplitConf(conf));
   RuntimeOptions options;
+  bool share_set = false;
   for (const auto& [key, value] : items) {
+    share_set = share_set || key == "share_chunks";
     if (Has(kVmmConfKeys, key)) {
       VMSTASH_RETURN_IF_ERROR(ApplyVmmOption(key, value, options.vmm));
     } else if (Has(kAllocatorConfKeys, key)) {
@@ -43,6 +45,9 @@ absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
       return UnknownKey(key);
     }
   }
+  // A process in the node pool is one of several on its GPU: its chunks are made
+  // exportable, so node switches can hand them over (allocator_options.h), unless it said.
+  if (options.node.enabled && !share_set) options.allocator.share_chunks = true;
   return options;
 }
 

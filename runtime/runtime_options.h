@@ -1,9 +1,10 @@
 // RuntimeOptions: the one VMSTASH_CONF table, composed from the keys each layer owns:
 // vmm's (driver, log_level, sim_*: vmm/vmm_options.h), the allocator's (bypass,
-// min_chunk, max_chunk, heap_va, backup, auto_prepare, switch_zero, host_max, spill_dir:
-// allocator/allocator_options.h) and
+// min_chunk, max_chunk, heap_va, backup, auto_prepare, switch_zero, host_max, spill_dir,
+// share_chunks: allocator/allocator_options.h) and
 // the control endpoint's (control: control/control_options.h) and the node pool's (node,
-// node_capacity: node/node_options.h). The syntax is base/conf.h.
+// node_capacity: node/node_options.h). The syntax is base/conf.h. `node:1` turns
+// share_chunks on unless the conf sets it.
 // An unknown key is the same InvalidArgument whichever layer's key was meant, naming the
 // key and listing every known one.
 //

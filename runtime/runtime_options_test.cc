@@ -38,6 +38,15 @@ TEST(RuntimeOptionsTest, EachLayersKeysReachThatLayer) {
   EXPECT_EQ(RuntimeOptionsToString(*again), RuntimeOptionsToString(*options));
 }
 
+TEST(RuntimeOptionsTest, TheNodePoolMakesChunksShareableUnlessSaidOtherwise) {
+  EXPECT_FALSE(ParseRuntimeOptions("").value().allocator.share_chunks);
+  EXPECT_TRUE(ParseRuntimeOptions("node:1").value().allocator.share_chunks);
+  EXPECT_FALSE(ParseRuntimeOptions("node:1,share_chunks:0").value().allocator.share_chunks);
+  EXPECT_FALSE(ParseRuntimeOptions("share_chunks:0,node:1").value().allocator.share_chunks);
+  EXPECT_TRUE(ParseRuntimeOptions("share_chunks:1").value().allocator.share_chunks);
+  EXPECT_FALSE(ParseRuntimeOptions("share_chunks:2").ok());
+}
+
 TEST(RuntimeOptionsTest, UnknownKeyIsOneErrorListingEveryLayersKeys) {
   absl::StatusOr<RuntimeOptions> options = ParseRuntimeOptions("driver:sim,expandable_segments:true");
   EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);

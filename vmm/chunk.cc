@@ -13,6 +13,11 @@ absl::StatusOr<Chunk> Chunk::Create(Driver* driver, int device, std::size_t size
   return Chunk(driver, device, handle, size_bytes);
 }
 
+absl::StatusOr<Chunk> Chunk::Import(Driver* driver, int device, int fd, std::size_t size_bytes) {
+  VMSTASH_ASSIGN_OR_RETURN(ChunkHandle handle, driver->ImportChunkFd(device, fd, size_bytes));
+  return Chunk(driver, device, handle, size_bytes);
+}
+
 Chunk::~Chunk() {
   absl::Status status = Release();
   if (!status.ok()) VMSTASH_LOG(kError, "Chunk {:#x} not released: {}", handle_, status.ToString());

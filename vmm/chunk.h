@@ -18,6 +18,9 @@ class Chunk {
   Chunk() = default;
   static absl::StatusOr<Chunk> Create(Driver* driver, int device, std::size_t size_bytes,
                                       ChunkOptions options = {});
+  // A chunk exported by another process (Driver::ImportChunkFd): its own handle of that
+  // memory, released like any. `fd` stays the caller's.
+  static absl::StatusOr<Chunk> Import(Driver* driver, int device, int fd, std::size_t size_bytes);
   ~Chunk();
   Chunk(Chunk&& other) noexcept;
   Chunk& operator=(Chunk&& other) noexcept;

@@ -14,6 +14,7 @@
   X(cuDeviceGet)                   \
   X(cuDeviceGetCount)              \
   X(cuDeviceGetAttribute)          \
+  X(cuDeviceGetUuid)               \
   X(cuDevicePrimaryCtxRetain)      \
   X(cuDevicePrimaryCtxRelease)     \
   X(cuCtxPushCurrent)              \

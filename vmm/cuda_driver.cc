@@ -191,6 +191,24 @@ absl::StatusOr<DeviceMemoryInfo> CudaDriver::MemoryInfo(int device) {
   return info;
 }
 
+absl::StatusOr<std::string> CudaDriver::DeviceUuid(int device) {
+  counters_.Count(DriverOp::kDeviceUuid);
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
+  CUdevice dev = 0;
+  CUresult r = api_.cuDeviceGet(&dev, device);
+  if (r != CUDA_SUCCESS) return Fail(r, "cuDeviceGet");
+  CUuuid uuid{};
+  r = api_.cuDeviceGetUuid(&uuid, dev);
+  if (r != CUDA_SUCCESS) return Fail(r, "cuDeviceGetUuid");
+  const auto* b = reinterpret_cast<const unsigned char*>(uuid.bytes);
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppend(&out, absl::Hex(b[i], absl::kZeroPad2));
+  }
+  return out;
+}
+
 absl::StatusOr<DevicePtr> CudaDriver::ReserveAddress(int device, std::size_t size_bytes, std::size_t alignment_bytes) {
   counters_.Count(DriverOp::kReserveAddress);
   VMSTASH_ASSIGN_OR_RETURN(std::size_t g, MinimumGranularity(device));

@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -79,6 +80,10 @@ class Driver {
   virtual absl::StatusOr<std::size_t> Granularity(int device, GranularityKind kind, ChunkOptions options) = 0;
   // Free and total device memory, as cuMemGetInfo reports it.
   virtual absl::StatusOr<DeviceMemoryInfo> MemoryInfo(int device) = 0;
+  // The device's identity across processes ("GPU-" and its UUID, as nvidia-smi -L prints
+  // it; the simulator: "sim-" and the ordinal): two processes share physical memory only on
+  // the same device, whatever ordinals CUDA_VISIBLE_DEVICES gave it in each.
+  virtual absl::StatusOr<std::string> DeviceUuid(int device) = 0;
 
   // --- Virtual address space ---------------------------------------------------------
   // Reserves `size_bytes` (a nonzero multiple of the granularity) of VA aligned to

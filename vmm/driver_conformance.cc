@@ -101,6 +101,16 @@ TEST_P(DriverConformanceTest, MemoryInfoIsConsistent) {
   EXPECT_GE(info.free_bytes - after.free_bytes, size) << "creating a chunk must consume device memory";
 }
 
+TEST_P(DriverConformanceTest, DeviceUuidIsStableAndPerDevice) {
+  const std::string uuid = Take(driver().DeviceUuid(kDevice));
+  EXPECT_FALSE(uuid.empty());
+  EXPECT_EQ(Take(driver().DeviceUuid(kDevice)), uuid);
+  const int count = Take(driver().DeviceCount());
+  if (count > 1) EXPECT_NE(Take(driver().DeviceUuid(1)), uuid);
+  EXPECT_EQ(driver().DeviceUuid(count).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(driver().DeviceUuid(-1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_P(DriverConformanceTest, BadSizesAreInvalidArgumentNamingTheValue) {
   const std::size_t g = granularity();
   absl::StatusOr<DevicePtr> va = driver().ReserveAddress(kDevice, 0, 0);

@@ -9,7 +9,7 @@ namespace vmstash {
 namespace {
 
 constexpr std::array<absl::string_view, kNumDriverOps> kOpNames = {
-    "device_count",     "granularity",       "memory_info",       "reserve_address",
+    "device_count",     "granularity",       "memory_info",       "device_uuid",       "reserve_address",
     "free_address",     "create_chunk",      "release_chunk",     "export_chunk_fd",
     "import_chunk_fd",
     "map",              "unmap",             "set_access",        "host_alloc",

@@ -24,6 +24,7 @@ enum class DriverOp : int {
   kDeviceCount,
   kGranularity,
   kMemoryInfo,
+  kDeviceUuid,
   kReserveAddress,
   kFreeAddress,
   kCreateChunk,

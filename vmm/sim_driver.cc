@@ -132,6 +132,12 @@ absl::StatusOr<std::size_t> SimDriver::Granularity(int device, GranularityKind k
   return options_.granularity_bytes;
 }
 
+absl::StatusOr<std::string> SimDriver::DeviceUuid(int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kDeviceUuid));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  return absl::StrCat("sim-", device);
+}
+
 absl::StatusOr<DeviceMemoryInfo> SimDriver::MemoryInfo(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kMemoryInfo));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));

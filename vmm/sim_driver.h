@@ -87,6 +87,7 @@ class SimDriver final : public Driver {
   absl::StatusOr<int> DeviceCount() override;
   absl::StatusOr<std::size_t> Granularity(int device, GranularityKind kind, ChunkOptions options) override;
   absl::StatusOr<DeviceMemoryInfo> MemoryInfo(int device) override;
+  absl::StatusOr<std::string> DeviceUuid(int device) override;
   absl::StatusOr<DevicePtr> ReserveAddress(int device, std::size_t size_bytes, std::size_t alignment_bytes) override;
   absl::Status FreeAddress(int device, DevicePtr va, std::size_t size_bytes) override;
   absl::StatusOr<ChunkHandle> CreateChunk(int device, std::size_t size_bytes, ChunkOptions options) override;

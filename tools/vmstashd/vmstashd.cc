@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <limits.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -52,6 +53,13 @@ int main(int argc, char** argv) {
     }
   }
   if (options.capacity_bytes == 0) return Usage("--capacity is required");
+  // A node switch's chunks wait here as descriptors (node/wire.h, kMaxHeldChunks): as many
+  // as the hard limit allows.
+  rlimit files{};
+  if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &files);
+  }
   if (!options.dir.empty() && options.dir[0] != '/') {  // --detach leaves the working directory
     char cwd[PATH_MAX];
     if (getcwd(cwd, sizeof(cwd)) != nullptr) options.dir = std::string(cwd) + "/" + options.dir;

@@ -4,6 +4,8 @@ backup tag, scratch memory in a discard tag and a CUDA graph captured over them,
 through node switches made by this process (which takes no part): after every switch the
 process switched in replays its graph, with outputs equal to its first replay's. A switch that
 fails in one process (a tag it does not have) rolls both back, and both graphs still replay.
+With share_chunks:1 the scratch tags' chunks change process at each switch (Note [Node Switch
+Handover]): the graph switched in computes in the other process's physical memory.
 
     python3 -m pytest -m gpu gpu_node_switch.py   (VMSTASH_DAEMON: vmstashd; else it is looked for)
 """
@@ -64,6 +66,8 @@ for line in sys.stdin:
         say(step="replay", equal=bool(torch.equal(y, first)))
     elif cmd == "state":
         say(step="state", **{t: vmstash.tag_stats(t, 0)["state"] for t in (f"{role}_weights", f"{role}_scratch")})
+    elif cmd == "imports":
+        say(step="imports", n=vmstash.stats(0)["driver_calls"].get("import_chunk_fd", 0))
     elif cmd == "quit":
         break
 say(step="end")
@@ -92,13 +96,15 @@ class _Side:
         return [(self.pid, f"{self.role}_weights"), (self.pid, f"{self.role}_scratch")]
 
 
-def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeypatch):
+@pytest.mark.parametrize("share", [0, 1])
+def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeypatch, share):
     import vmstash
     runtime_dir = tempfile.mkdtemp(prefix="vmstash-gpu-node-switch-")
     os.chmod(runtime_dir, 0o700)
     monkeypatch.setenv("VMSTASH_RUNTIME_DIR", runtime_dir)
     monkeypatch.setenv("VMSTASH_DAEMON", daemon_binary())
     env = dict(os.environ)
+    env["VMSTASH_CONF"] = f"share_chunks:{share}"
     sides = []
     try:
         trainer = _Side(env, "trainer", 1, "active")
@@ -120,6 +126,8 @@ def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeyp
         assert other.ask("state")[f"{other.role}_weights"] == "paused"
         r = vmstash.node.switch(pause=active.tags(), resume=other.tags())
         assert other.ask("replay")["equal"]
+        imports = [s.ask("imports")["n"] for s in sides]
+        assert (min(imports) > 0) if share else (max(imports) == 0), imports
         for s in sides:
             s.ask("quit")
             assert s.p.wait(60) == 0

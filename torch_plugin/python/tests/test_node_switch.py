@@ -26,6 +26,8 @@ MiB = 1 << 20
 # from stdin: "check" (each tag's state, and for an active backup tag whether its bytes are
 # intact), "stall NAME SECONDS" (NAME's before-pause hook says {"hook": NAME} and sleeps),
 # "alloc NAME MIB" (more memory in NAME), "resume NAME", "node" (vmstash.node.stats()),
+# "calls" (the driver calls on device 0), "zero NAME" (whether NAME's bytes all read 0),
+# "fill NAME" (NAME's bytes set to its pattern again),
 # "switch PAUSE RESUME" (a node switch of PID:TAG lists, made by this process), "exit".
 PART = r'''
 import ctypes, json, os, sys, time
@@ -86,6 +88,14 @@ for line in sys.stdin:
         say(resumed=cmd[1])
     elif cmd[0] == "node":
         say(node=vmstash.node.stats())
+    elif cmd[0] == "calls":
+        say(calls=vmstash.stats(0)["driver_calls"])
+    elif cmd[0] == "zero":
+        say(zero=all(ctypes.string_at(p, n) == bytes(n) for p, n in tags[cmd[1]]))
+    elif cmd[0] == "fill":
+        for p, n in tags[cmd[1]]:
+            ctypes.memset(p, fill_of(cmd[1]), n)
+        say(filled=cmd[1])
     elif cmd[0] == "switch":  # switch PID:TAG,... PID:TAG,...: a node switch made by this process
         pairs = [[(int(p), t) for p, t in (e.split(":") for e in arg.split(",") if e)] for arg in cmd[1:3]]
         say(switched=vmstash.node.switch(pause=pairs[0], resume=pairs[1])["committed"])
@@ -228,6 +238,40 @@ def test_processes_backed_up_in_the_node_pool_switch_through_it(node):
         assert src.ask("node")["node"]["process_leases"] == 1
         after = dst.ask("node")["node"]
         assert after["process_leases"] == 0 and after["leases"] == 1, after
+
+
+def test_discard_memory_changes_process_instead_of_being_made_again(node):
+    # Note [Node Switch Handover]: the pausing process's chunks are mapped into the resuming
+    # one's discard tag; nothing is created there, the bytes read zero, and back again.
+    shared = f"{SIM_CONF},share_chunks:1"
+    a = node("akv:discard:24:active", "aw:backup:8:active", conf=shared)
+    b = node("bkv:discard:24:paused", "bw:backup:8:paused", conf=shared)
+    before = b.ask("calls")["calls"]
+    r = vmstash.node.switch(pause=[(a.pid, "akv"), (a.pid, "aw")], resume=[(b.pid, "bkv"), (b.pid, "bw")])
+    assert r["committed"]
+    after = b.ask("calls")["calls"]
+    assert after.get("import_chunk_fd", 0) > before.get("import_chunk_fd", 0), after
+    assert b.ask("zero bkv")["zero"] is True
+    assert b.check()["bw"] == {"state": "active", "ok": True}
+    assert b.ask("fill bkv")["filled"] == "bkv"
+    back = vmstash.node.switch(pause=[(b.pid, "bkv"), (b.pid, "bw")], resume=[(a.pid, "akv"), (a.pid, "aw")])
+    assert back["committed"]
+    assert a.ask("zero akv")["zero"] is True
+    assert a.check()["aw"] == {"state": "active", "ok": True}
+    assert a.ask("calls")["calls"].get("import_chunk_fd", 0) > 0
+
+
+def test_a_failed_map_of_the_other_process_memory_rolls_back_both(node):
+    shared = f"{SIM_CONF},share_chunks:1"
+    a = node("akv:discard:24:active", conf=shared)
+    # Its first map made its own tag; the switch's first map is of a's chunk.
+    b = node("bkv:discard:24:paused", conf=f"{shared},sim_fail:map@2x1=internal")
+    with pytest.raises(vmstash.Error) as e:
+        vmstash.node.switch(pause=[(a.pid, "akv")], resume=[(b.pid, "bkv")])
+    assert e.value.code_name == "ABORTED" and f"process {b.pid}: " in str(e.value), str(e.value)
+    assert a.check()["akv"]["state"] == "active" and b.check()["bkv"]["state"] == "paused"
+    r = vmstash.node.switch(pause=[(a.pid, "akv")], resume=[(b.pid, "bkv")])  # and then it goes through
+    assert r["committed"] and b.ask("zero bkv")["zero"] is True
 
 
 def test_a_process_out_of_device_memory_rolls_back_every_process(node):

@@ -1,0 +1,305 @@
+// The handover of chunks between two processes' parts of one switch (Note [Node Switch
+// Handover] in node/node_switch.h; allocator/switch_exchange.h), on the simulated driver:
+// two allocators, each on its own SimDriver (two "processes" on one device: the chunks
+// cross as memfd descriptors, as they would as CUDA's), each part run on its own thread,
+// the exchange and the vote played by an in-memory board in the daemon's place. A commit
+// maps the pausing side's chunks into the resuming side's discard covers (nothing created,
+// zeroed bytes), and back; a veto, a failed map of a foreign chunk, or a failed import
+// leaves both sides as they were or falls back to fresh memory, and no handle leaks.
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/switch_exchange.h"
+#include "allocator/switch_scenario.h"
+#include "allocator/testing.h"
+#include "base/byte_pattern.h"
+#include "gtest/gtest.h"
+#include "vmm/sim_driver.h"
+
+namespace vmstash {
+namespace {
+
+using ::vmstash::testing::FillBlocks;
+using ::vmstash::testing::PatternBlock;
+using ::vmstash::testing::TagStatsOf;
+using ::vmstash::testing::WrongBlocks;
+
+// The daemon's part, in memory: offers by side, votes, and the decision.
+struct Board {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<SharedChunk> offered[2];
+  bool offered_all[2] = {false, false};
+  bool voted[2] = {false, false};
+  absl::Status local[2];
+  bool veto = false;  // a third party's "no"
+  std::string device[2];
+  ~Board() {
+    for (auto& v : offered) {
+      for (const SharedChunk& c : v) ::close(c.fd);
+    }
+  }
+};
+
+class BoardExchange final : public SwitchExchange {
+ public:
+  BoardExchange(Board* board, int me) : b_(board), me_(me) {}
+  absl::Status Offer(const std::string& device, std::vector<SharedChunk> chunks) override {
+    std::lock_guard<std::mutex> lock(b_->mu);
+    b_->device[me_] = device;
+    for (const SharedChunk& c : chunks) b_->offered[me_].push_back(c);
+    b_->offered_all[me_] = true;
+    b_->cv.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) override {
+    std::unique_lock<std::mutex> lock(b_->mu);
+    const int other = 1 - me_;
+    b_->cv.wait(lock, [&] { return b_->offered_all[other] || b_->voted[other]; });
+    ++takes;
+    if (b_->device[other] != device) return std::vector<SharedChunk>();
+    std::vector<SharedChunk> out;
+    out.swap(b_->offered[other]);
+    return out;
+  }
+  int takes = 0;
+
+ private:
+  Board* const b_;
+  const int me_;
+};
+
+// Both sides' votes: commit when both are OK and nobody vetoed.
+CachingAllocator::SwitchAgree Vote(Board* b, int me) {
+  return [b, me](const absl::Status& local) -> absl::Status {
+    std::unique_lock<std::mutex> lock(b->mu);
+    b->local[me] = local;
+    b->voted[me] = true;
+    b->cv.notify_all();
+    b->cv.wait(lock, [&] { return b->voted[1 - me]; });
+    if (b->local[0].ok() && b->local[1].ok() && !b->veto) return absl::OkStatus();
+    return absl::AbortedError("the other side said no");
+  };
+}
+
+struct Side {
+  std::unique_ptr<SimDriver> sim;
+  std::unique_ptr<CachingAllocator> alloc;
+  TagId w = 0, kv = 0;  // backup, discard
+  std::vector<PatternBlock> w_blocks, kv_blocks;
+
+  std::uint64_t Calls(DriverOp op) const { return sim->Counters().Calls(op); }
+  std::string State(TagId t) const { return TagStatsOf(*alloc, t).state; }
+};
+
+class SwitchHandoverTest : public ::testing::Test {
+ protected:
+  // Side `name`: `w` (backup, 12 MiB + 3 MiB) and `kv` (discard, 24 MiB in 8 MiB blocks),
+  // active, every byte patterned.
+  static Side MakeSide(const std::string& name, bool share, std::uint8_t seed) {
+    Side s;
+    s.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
+    AllocatorOptions options = testing::TestOptions();
+    options.auto_prepare = false;
+    options.switch_group_bytes = 4 * kMiB;
+    options.resume_first_piece_bytes = 4 * kMiB;
+    options.min_chunk_bytes = 8 * kMiB;
+    options.max_chunk_bytes = 8 * kMiB;
+    options.share_chunks = share;
+    s.alloc = *CachingAllocator::Create(s.sim.get(), 0, options);
+    s.w = *InternTag(name + "_w");
+    s.kv = *InternTag(name + "_kv");
+    EXPECT_TRUE(s.alloc->CreateTag(s.w, Policy::kBackup).ok());
+    EXPECT_TRUE(s.alloc->CreateTag(s.kv, Policy::kDiscard).ok());
+    s.w_blocks = FillBlocks(*s.alloc, s.w, {12 * kMiB, 3 * kMiB}, seed);
+    s.kv_blocks = FillBlocks(*s.alloc, s.kv, {8 * kMiB, 8 * kMiB, 8 * kMiB}, static_cast<std::uint8_t>(seed + 100));
+    return s;
+  }
+
+  void SetUp() override {
+    a_ = MakeSide("ho_a", true, 1);
+    b_ = MakeSide("ho_b", true, 50);
+    ASSERT_TRUE(b_.alloc->Switch({b_.w, b_.kv}, {}).ok());  // B's phase is paused
+  }
+
+  void TearDown() override {
+    for (Side* s : {&a_, &b_}) {
+      s->alloc.reset();
+      absl::Status leaks = s->sim->CheckNoLeaks();
+      EXPECT_TRUE(leaks.ok()) << leaks;
+    }
+  }
+
+  // One switch over both sides: `from` pauses `out`, `to` resumes `in`, each part on its
+  // own thread with the board between them. Returns both parts' results.
+  std::pair<absl::Status, absl::Status> Cross(Side& from, std::vector<TagId> out, Side& to, std::vector<TagId> in,
+                                              Board* board) {
+    BoardExchange ex_from(board, 0), ex_to(board, 1);
+    const CachingAllocator::SwitchAgree agree_from = Vote(board, 0), agree_to = Vote(board, 1);
+    absl::Status r_from, r_to;
+    std::thread t([&] { r_from = from.alloc->Switch(out, {}, nullptr, nullptr, &agree_from, &ex_from).status(); });
+    r_to = to.alloc->Switch({}, in, nullptr, nullptr, &agree_to, &ex_to).status();
+    t.join();
+    takes_ = ex_to.takes;
+    return {r_from, r_to};
+  }
+
+  static bool Zero(const PatternBlock& b) {
+    const auto* p = reinterpret_cast<const unsigned char*>(b.address);
+    for (std::size_t i = 0; i < b.size; ++i) {
+      if (p[i] != 0) return false;
+    }
+    return true;
+  }
+
+  Side a_, b_;
+  int takes_ = 0;
+};
+
+TEST_F(SwitchHandoverTest, ReleasedChunksReachTheOtherSidesDiscardTagAndComeBack) {
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  const std::size_t a_used = a_.sim->UsedBytes(0), b_used = b_.sim->UsedBytes(0);
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.kv}, b_, {b_.kv}, &board);
+  ASSERT_TRUE(ra.ok()) << ra;
+  ASSERT_TRUE(rb.ok()) << rb;
+  EXPECT_EQ(takes_, 1);
+  EXPECT_EQ(a_.State(a_.kv), "paused");
+  EXPECT_EQ(b_.State(b_.kv), "active");
+  EXPECT_EQ(b_.Calls(DriverOp::kCreateChunk), b_creates) << "B's discard tag got A's chunks, not new ones";
+  EXPECT_GE(b_.Calls(DriverOp::kImportChunkFd), 3u);
+  for (const PatternBlock& blk : b_.kv_blocks) EXPECT_TRUE(Zero(blk)) << "handed-over memory reads zeros";
+  EXPECT_EQ(a_used - a_.sim->UsedBytes(0), 24 * kMiB) << "A's handles went at its commit";
+  EXPECT_EQ(b_.sim->UsedBytes(0), b_used) << "B made none: it maps A's memory, which lives on";
+  // B uses the memory, then hands it back.
+  for (const PatternBlock& blk : b_.kv_blocks) FillPattern(blk.address, blk.size, 9);
+  const std::uint64_t a_creates = a_.Calls(DriverOp::kCreateChunk);
+  Board back;
+  auto [rb2, ra2] = Cross(b_, {b_.kv}, a_, {a_.kv}, &back);
+  ASSERT_TRUE(rb2.ok()) << rb2;
+  ASSERT_TRUE(ra2.ok()) << ra2;
+  EXPECT_EQ(a_.Calls(DriverOp::kCreateChunk), a_creates);
+  for (const PatternBlock& blk : a_.kv_blocks) EXPECT_TRUE(Zero(blk));
+  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
+  EXPECT_TRUE(a_.alloc->Validate().ok());
+  EXPECT_TRUE(b_.alloc->Validate().ok());
+}
+
+TEST_F(SwitchHandoverTest, BackupTagsRestoreIntoFreshMemoryWhileDiscardCoversTakeTheRest) {
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
+  ASSERT_TRUE(ra.ok()) << ra;
+  ASSERT_TRUE(rb.ok()) << rb;
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u) << "B's backup restored whole";
+  for (const PatternBlock& blk : b_.kv_blocks) EXPECT_TRUE(Zero(blk));
+  Board back;
+  auto [rb2, ra2] = Cross(b_, {b_.w, b_.kv}, a_, {a_.w, a_.kv}, &back);
+  ASSERT_TRUE(rb2.ok() && ra2.ok()) << rb2 << " / " << ra2;
+  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u) << "A's backup, made while B mapped A's chunks, is whole";
+  EXPECT_TRUE(a_.alloc->Validate().ok());
+  EXPECT_TRUE(b_.alloc->Validate().ok());
+}
+
+TEST_F(SwitchHandoverTest, AVetoLeavesBothSidesAsTheyWereAndReleasesTheImports) {
+  Board board;
+  board.veto = true;
+  auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
+  EXPECT_EQ(ra.code(), absl::StatusCode::kAborted) << ra;
+  EXPECT_EQ(rb.code(), absl::StatusCode::kAborted) << rb;
+  EXPECT_GE(b_.Calls(DriverOp::kImportChunkFd), 1u);
+  EXPECT_EQ(a_.State(a_.kv), "active");
+  EXPECT_EQ(b_.State(b_.kv), "paused");
+  EXPECT_EQ(WrongBlocks(a_.kv_blocks), 0u) << "A's discard bytes survive a rolled-back pause, though B mapped them";
+  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
+  ASSERT_TRUE(b_.alloc->Switch({}, {b_.w}).ok());
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
+  EXPECT_TRUE(a_.alloc->Validate().ok());
+  EXPECT_TRUE(b_.alloc->Validate().ok());
+}
+
+TEST_F(SwitchHandoverTest, AForeignChunkThatCannotBeMappedRollsBothBack) {
+  b_.sim->InjectFault(FaultRule{DriverOp::kMap, 1, 1, absl::StatusCode::kInternal});
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.kv}, b_, {b_.kv}, &board);
+  EXPECT_FALSE(rb.ok());
+  EXPECT_EQ(ra.code(), absl::StatusCode::kAborted) << ra;
+  EXPECT_EQ(a_.State(a_.kv), "active");
+  EXPECT_EQ(b_.State(b_.kv), "paused");
+  EXPECT_EQ(WrongBlocks(a_.kv_blocks), 0u);
+  b_.sim->ClearFaults();
+  Board again;  // and the same switch then goes through
+  auto [ra2, rb2] = Cross(a_, {a_.kv}, b_, {b_.kv}, &again);
+  EXPECT_TRUE(ra2.ok() && rb2.ok()) << ra2 << " / " << rb2;
+}
+
+TEST_F(SwitchHandoverTest, AnImportThatFailsIsReplacedByFreshMemory) {
+  b_.sim->InjectFault(FaultRule{DriverOp::kImportChunkFd, 1, 1, absl::StatusCode::kInternal});
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.kv}, b_, {b_.kv}, &board);
+  ASSERT_TRUE(ra.ok()) << ra;
+  ASSERT_TRUE(rb.ok()) << rb;
+  EXPECT_GT(b_.Calls(DriverOp::kCreateChunk), b_creates) << "the chunk not imported was made here";
+  for (const PatternBlock& blk : b_.kv_blocks) EXPECT_TRUE(Zero(blk));
+}
+
+TEST_F(SwitchHandoverTest, ChunksThatCannotBeExportedAreNotOffered) {
+  a_.sim->InjectFault(FaultRule{DriverOp::kExportChunkFd, 1, 100, absl::StatusCode::kInternal});
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  const std::size_t a_used = a_.sim->UsedBytes(0);
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.kv}, b_, {b_.kv}, &board);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra << " / " << rb;
+  EXPECT_EQ(b_.Calls(DriverOp::kImportChunkFd), 0u);
+  EXPECT_GT(b_.Calls(DriverOp::kCreateChunk), b_creates);
+  EXPECT_EQ(a_used - a_.sim->UsedBytes(0), 24 * kMiB) << "A released what it could not hand over";
+}
+
+TEST(SwitchHandoverUnshared, AProcessWithoutShareChunksOffersNothingAndTheSwitchStillCommits) {
+  // share_chunks off on the pausing side: its chunks cannot be exported.
+  Side a = [] {
+    Side s;
+    s.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
+    AllocatorOptions options = testing::TestOptions();
+    options.auto_prepare = false;
+    s.alloc = *CachingAllocator::Create(s.sim.get(), 0, options);
+    s.kv = *InternTag("ho_u_kv");
+    EXPECT_TRUE(s.alloc->CreateTag(s.kv, Policy::kDiscard).ok());
+    s.kv_blocks = FillBlocks(*s.alloc, s.kv, {8 * kMiB}, 3);
+    return s;
+  }();
+  Side b;
+  b.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
+  AllocatorOptions options = testing::TestOptions();
+  options.auto_prepare = false;
+  options.share_chunks = true;
+  b.alloc = *CachingAllocator::Create(b.sim.get(), 0, options);
+  b.kv = *InternTag("ho_u_kv_b");
+  ASSERT_TRUE(b.alloc->CreateTag(b.kv, Policy::kDiscard).ok());
+  b.kv_blocks = FillBlocks(*b.alloc, b.kv, {8 * kMiB}, 4);
+  ASSERT_TRUE(b.alloc->Pause(b.kv).ok());
+  Board board;
+  BoardExchange ex_a(&board, 0), ex_b(&board, 1);
+  const CachingAllocator::SwitchAgree agree_a = Vote(&board, 0), agree_b = Vote(&board, 1);
+  absl::Status ra;
+  std::thread t([&] { ra = a.alloc->Switch({a.kv}, {}, nullptr, nullptr, &agree_a, &ex_a).status(); });
+  absl::Status rb = b.alloc->Switch({}, {b.kv}, nullptr, nullptr, &agree_b, &ex_b).status();
+  t.join();
+  EXPECT_TRUE(ra.ok() && rb.ok()) << ra << " / " << rb;
+  EXPECT_EQ(b.Calls(DriverOp::kImportChunkFd), 0u);
+  EXPECT_EQ(a.sim->UsedBytes(0), 0u);
+  for (Side* s : {&a, &b}) {
+    s->alloc.reset();
+    EXPECT_TRUE(s->sim->CheckNoLeaks().ok());
+  }
+}
+
+}  // namespace
+}  // namespace vmstash

@@ -1,0 +1,127 @@
+// The handover of chunks, participant's side: see chunk_trade.h.
+#include "node/chunk_trade.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "node/wire.h"
+
+namespace vmstash::node {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int MsLeft(Clock::time_point deadline) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return static_cast<int>(std::clamp<std::int64_t>(ms, 0, 600000));
+}
+
+// One request on `socket` and its reply (the descriptors attached: the caller's).
+absl::StatusOr<Received> Ask(int socket, const WireRequest& request, const std::vector<int>& fds, int timeout_ms) {
+  if (absl::Status s = SendFds(socket, FormatRequest(request), fds); !s.ok()) return s;
+  return Receive(socket, timeout_ms, kMaxFdsPerPacket);
+}
+
+}  // namespace
+
+absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector<TradedChunk> chunks) {
+  auto close_from = [&chunks](std::size_t first) {
+    for (std::size_t i = first; i < chunks.size(); ++i) ::close(chunks[i].fd);
+  };
+  absl::StatusOr<int> socket = ConnectTrusted(options.dir);
+  if (!socket.ok()) {
+    close_from(0);
+    return socket.status();
+  }
+  std::size_t kept = 0;
+  absl::Status failed;
+  std::size_t at = 0;
+  do {  // at least one packet: an empty offer says "nothing more" too
+    const std::size_t n = std::min(kMaxFdsPerPacket, chunks.size() - at);
+    WireRequest r;
+    r.op = WireOp::kOffer;
+    r.txn = options.txn;
+    r.pid = ::getpid();
+    r.device = options.device;
+    std::vector<std::string> sizes;
+    std::vector<int> fds;
+    for (std::size_t i = at; i < at + n; ++i) {
+      sizes.push_back(absl::StrCat(chunks[i].size_bytes));
+      fds.push_back(chunks[i].fd);
+    }
+    r.sizes = absl::StrJoin(sizes, ",");
+    r.last = at + n == chunks.size();
+    absl::StatusOr<Received> got = Ask(*socket, r, fds, std::max(MsLeft(options.deadline), 1000));
+    for (int fd : fds) ::close(fd);  // the daemon has its own copies now
+    at += n;
+    if (!got.ok()) {
+      failed = got.status();
+      break;
+    }
+    CloseAll(*got);
+    absl::StatusOr<JsonValue> doc = ParseReply(got->message);
+    if (!doc.ok()) {
+      failed = doc.status();
+      break;
+    }
+    kept += static_cast<std::size_t>((*doc)["kept"].Int(0));
+  } while (at < chunks.size());
+  close_from(at);
+  ::close(*socket);
+  if (!failed.ok()) return failed;
+  return kept;
+}
+
+absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options) {
+  absl::StatusOr<int> socket = ConnectTrusted(options.dir);
+  if (!socket.ok()) return socket.status();
+  std::vector<TradedChunk> taken;
+  absl::Status failed;
+  for (;;) {
+    if (Clock::now() >= options.deadline) {
+      failed = absl::DeadlineExceededError("node switch: the other processes' chunks did not come in time");
+      break;
+    }
+    WireRequest r;
+    r.op = WireOp::kTake;
+    r.txn = options.txn;
+    r.pid = ::getpid();
+    r.device = options.device;
+    absl::StatusOr<Received> got = Ask(*socket, r, {}, std::max(MsLeft(options.deadline), 1));
+    if (!got.ok()) {
+      failed = got.status();
+      break;
+    }
+    absl::StatusOr<JsonValue> doc = ParseReply(got->message);
+    if (!doc.ok()) {
+      CloseAll(*got);
+      failed = doc.status();
+      break;
+    }
+    if (!(*doc)["ready"].Bool(false)) {  // a donor's offer may still come
+      CloseAll(*got);
+      std::this_thread::sleep_for(std::chrono::microseconds(options.poll_us));
+      continue;
+    }
+    absl::StatusOr<std::vector<std::size_t>> sizes = ParseSizes((*doc)["sizes"].String());
+    if (!sizes.ok() || sizes->size() != got->fds.size()) {
+      CloseAll(*got);
+      failed = absl::InternalError("node switch: the daemon's chunks do not match their sizes");
+      break;
+    }
+    for (std::size_t i = 0; i < sizes->size(); ++i) taken.push_back({got->fds[i], (*sizes)[i]});
+    if (!(*doc)["more"].Bool(false)) break;
+  }
+  ::close(*socket);
+  if (!failed.ok()) {
+    for (const TradedChunk& c : taken) ::close(c.fd);
+    return failed;
+  }
+  return taken;
+}
+
+}  // namespace vmstash::node

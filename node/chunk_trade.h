@@ -1,0 +1,47 @@
+// The participant's side of the handover of chunks in a node switch (Note [Node Switch
+// Handover], node_switch.h): offering the chunks this process releases at its commit to
+// the other participants, and taking theirs, through the node daemon (wire.h: offer,
+// take).
+//
+// Thread-safety: pure functions of the daemon; they block (TakeChunks until the offers
+// are in, or its deadline).
+#ifndef VMSTASH_NODE_CHUNK_TRADE_H_
+#define VMSTASH_NODE_CHUNK_TRADE_H_
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace vmstash::node {
+
+// An exported chunk (Driver::ExportChunkFd) and its size.
+struct TradedChunk {
+  int fd = -1;
+  std::size_t size_bytes = 0;
+};
+
+struct TradeOptions {
+  std::string dir;  // the runtime directory (empty: control::DefaultRuntimeDir())
+  std::string txn;  // the switch
+  std::string device;  // Driver::DeviceUuid of the chunks' device
+  std::chrono::steady_clock::time_point deadline;  // TakeChunks waits no longer
+  int poll_us = 200;  // between asks while a donor's offer may still come
+};
+
+// Offers `chunks` (possibly none: "this process offers nothing more") as this process's
+// whole offer in the switch. The descriptors are closed here, whatever happens; the
+// daemon's copies are given to takers or closed at the decision. Returns how many the
+// daemon kept (it holds a bounded number), or why none was.
+absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector<TradedChunk> chunks);
+// The chunks other participants offered for this device, once every other participant
+// that pauses has offered, voted or exited (or the switch is decided: then none). The
+// descriptors are the caller's. DeadlineExceeded at the deadline; the daemon's errors.
+absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options);
+
+}  // namespace vmstash::node
+
+#endif  // VMSTASH_NODE_CHUNK_TRADE_H_

@@ -1,0 +1,295 @@
+// The handover of chunks through the daemon (Note [Node Switch Handover], node_switch.h;
+// chunk_trade.h, wire.h offer/take) between real processes: the daemon in a child, this
+// process a donor, a taker in another child. Offered descriptors (memfds standing for
+// chunks) reach one taker of the same device, once, after every other donor is in; bad
+// offers and takes are refused; the daemon keeps no descriptor past the decision.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "node/chunk_trade.h"
+#include "node/switch_vote.h"
+#include "node/testing.h"
+#include "node/wire.h"
+
+namespace vmstash::node {
+namespace {
+
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+absl::StatusOr<std::string> Begin(const std::string& dir, const std::vector<pid_t>& pids,
+                                  const std::vector<pid_t>& donors, int timeout_ms = 20000) {
+  WireRequest r;
+  r.op = WireOp::kBegin;
+  r.pids = absl::StrJoin(pids, ",");
+  r.donors = absl::StrJoin(donors, ",");
+  r.timeout_ms = static_cast<std::uint64_t>(timeout_ms);
+  absl::StatusOr<JsonValue> reply = AskOnce(dir, r, 5000);
+  if (!reply.ok()) return reply.status();
+  return (*reply)["txn"].String();
+}
+
+// This process, the initiator and a participant of `txn`, is told its outcome in both
+// roles, so the daemon forgets the switch (and stops watching this process); then waits
+// up to 5 s for the daemon to hold `want` descriptors.
+int ForgetAndCountFds(const std::string& dir, const std::string& txn, pid_t daemon, int want) {
+  WireRequest r;
+  r.op = WireOp::kOutcome;
+  r.txn = txn;
+  r.pid = ::getpid();
+  for (int role = 0; role < 2; ++role) EXPECT_TRUE(AskOnce(dir, r, 5000).ok());
+  int n = OpenFds(daemon);
+  for (int i = 0; i < 250 && n != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    n = OpenFds(daemon);
+  }
+  return n;
+}
+
+// A chunk stand-in: a memfd whose first bytes say `text`.
+TradedChunk Marked(const std::string& text, std::size_t size = 4096) {
+  const int fd = ::memfd_create("chunk", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::ftruncate(fd, static_cast<off_t>(size)), 0);
+  EXPECT_EQ(::pwrite(fd, text.data(), text.size(), 0), static_cast<ssize_t>(text.size()));
+  return {fd, size};
+}
+
+std::string Mark(int fd) {
+  char buf[32] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)).c_str() : "";
+}
+
+TradeOptions Options(const std::string& dir, const std::string& txn, const std::string& device, int ms = 5000) {
+  TradeOptions o;
+  o.dir = dir;
+  o.txn = txn;
+  o.device = device;
+  o.deadline = Clock::now() + std::chrono::milliseconds(ms);
+  return o;
+}
+
+// A child that takes the chunks of `device` in the switch it reads from a pipe, and
+// writes back how long it waited and the marks of what it got ("ms|mark,mark,...", or
+// "CODE|message" on failure), then takes again ("|again:N").
+class Taker {
+ public:
+  Taker(const std::string& dir, const std::string& device) {
+    int go[2], out[2];
+    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(go[1]);
+      ::close(out[0]);
+      char id[33] = {};
+      if (::read(go[0], id, 32) != 32) ::_exit(3);
+      const auto start = Clock::now();
+      absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, id, device));
+      std::string text;
+      if (!got.ok()) {
+        text = absl::StrCat(absl::StatusCodeToString(got.status().code()), "|", got.status().message());
+      } else {
+        std::vector<std::string> marks;
+        for (const TradedChunk& c : *got) {
+          marks.push_back(absl::StrCat(Mark(c.fd), ":", c.size_bytes));
+          ::close(c.fd);
+        }
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+        absl::StatusOr<std::vector<TradedChunk>> again = TakeChunks(Options(dir, id, device));
+        text = absl::StrCat(ms, "|", absl::StrJoin(marks, ","), "|again:", again.ok() ? again->size() : 999);
+      }
+      (void)!::write(out[1], text.data(), text.size());
+      ::_exit(0);
+    }
+    ::close(go[0]);
+    ::close(out[1]);
+    go_ = go[1];
+    out_ = out[0];
+  }
+  ~Taker() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (go_ >= 0) ::close(go_);
+    if (out_ >= 0) ::close(out_);
+  }
+  pid_t pid() const { return pid_; }
+  void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
+  std::string Result() {
+    std::string text;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    return text;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int go_ = -1, out_ = -1;
+};
+
+TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  const int before = OpenFds(daemon.pid());
+  Taker taker(dir, "dev-1");
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), taker.pid()}, {::getpid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  taker.Go(*txn);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the taker waits for this donor
+  std::vector<TradedChunk> chunks;
+  std::vector<std::string> want;
+  for (int i = 0; i < 40; ++i) {  // more than one packet holds
+    chunks.push_back(Marked(absl::StrCat("c", i), 4096 * (i + 1)));
+    want.push_back(absl::StrCat("c", i, ":", 4096 * (i + 1)));
+  }
+  absl::StatusOr<std::size_t> kept = OfferChunks(Options(dir, *txn, "dev-1"), chunks);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, 40u);
+  // Another device's chunk, offered by the same donor in a second call, goes to nobody here.
+  kept = OfferChunks(Options(dir, *txn, "dev-2"), {Marked("other")});
+  EXPECT_TRUE(kept.ok()) << kept.status();
+  const std::string result = taker.Result();
+  const std::vector<std::string> parts = absl::StrSplit(result, '|');
+  ASSERT_EQ(parts.size(), 3u) << result;
+  EXPECT_GE(std::stoi(parts[0]), 250) << "it waited for the donor's offer";
+  EXPECT_EQ(parts[1], absl::StrJoin(want, ",")) << "every chunk, in order, with its size";
+  EXPECT_EQ(parts[2], "again:0") << "a chunk is given once";
+  // This donor takes nothing of its own.
+  absl::StatusOr<std::vector<TradedChunk>> mine = TakeChunks(Options(dir, *txn, "dev-2"));
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_TRUE(mine->empty());
+  // The decision closes what is left (the dev-2 chunk).
+  VoteOptions v;
+  v.dir = dir;
+  v.txn = *txn;
+  v.hard_deadline = Clock::now() + std::chrono::seconds(10);
+  EXPECT_FALSE(VoteAndWait(v, absl::InternalError("done")).ok());
+  EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before)
+      << "the daemon keeps no descriptor past the decision";
+}
+
+TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  // A donor that exits without offering: the switch aborts, the take returns nothing.
+  const pid_t quiet = ::fork();
+  if (quiet == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), quiet}, {quiet});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  std::thread killer([quiet] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ::kill(quiet, SIGKILL);
+  });
+  absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, *txn, "dev-1"));
+  killer.join();
+  ::waitpid(quiet, nullptr, 0);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->empty());
+  // A donor that hangs: the take gives up at its own deadline.
+  const pid_t hung = ::fork();
+  if (hung == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  txn = Begin(dir, {::getpid(), hung}, {hung});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  got = TakeChunks(Options(dir, *txn, "dev-1", 300));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+  ::kill(hung, SIGKILL);
+  ::waitpid(hung, nullptr, 0);
+}
+
+TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  const int before = OpenFds(daemon.pid());
+  const pid_t other = ::fork();
+  if (other == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), other}, {::getpid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  // Unknown switch.
+  EXPECT_EQ(OfferChunks(Options(dir, std::string(32, 'a'), "d"), {Marked("x")}).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(TakeChunks(Options(dir, std::string(32, 'a'), "d")).status().code(), absl::StatusCode::kNotFound);
+  // Raw requests: another pid's offer, sizes that do not match the descriptors, a take
+  // for another pid.
+  absl::StatusOr<int> s = ConnectTrusted(dir);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto ask = [&](WireRequest r, std::vector<int> fds) {
+    EXPECT_TRUE(SendFds(*s, FormatRequest(r), fds).ok());
+    for (int fd : fds) ::close(fd);
+    absl::StatusOr<Received> got = Receive(*s, 5000);
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? ParseReply(got->message).status() : got.status();
+  };
+  WireRequest r;
+  r.op = WireOp::kOffer;
+  r.txn = *txn;
+  r.pid = other;
+  r.device = "d";
+  r.sizes = "4096";
+  r.last = true;
+  absl::Status refused = ask(r, {Marked("x").fd});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  r.pid = ::getpid();
+  r.sizes = "4096,4096";
+  refused = ask(r, {Marked("x").fd});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("2 sizes came with 1 descriptors"));
+  r.sizes = "0";
+  refused = ask(r, {Marked("x").fd});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  WireRequest t;
+  t.op = WireOp::kTake;
+  t.txn = *txn;
+  t.pid = other;
+  t.device = "d";
+  refused = ask(t, {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  WireRequest stats;
+  stats.op = WireOp::kStats;
+  refused = ask(stats, {Marked("x").fd});
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("only an offer passes descriptors"));
+  ::close(*s);
+  // After the decision, an offer is refused.
+  ::kill(other, SIGKILL);
+  ::waitpid(other, nullptr, 0);
+  absl::Status late;
+  for (int i = 0; i < 100; ++i) {  // the daemon learns the exit from its pidfd
+    late = OfferChunks(Options(dir, *txn, "d"), {Marked("x")}).status();
+    if (late.code() == absl::StatusCode::kFailedPrecondition) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before) << "every descriptor sent was closed";
+}
+
+}  // namespace
+}  // namespace vmstash::node
