@@ -18,6 +18,8 @@ the copies run at link speed from the first cycle. Cases, each --cycles times ea
   *_discard     the same with the `kv` tags only (16 GiB each way, nothing copied)
   node_fresh_discard  node_discard with share_chunks:0 in both processes: no chunk changes
                 process (A releases, B creates), as before Note [Node Switch Handover]
+  *_discard_nozero  in_process_discard and node_discard with switch_zero:0: the memory handed
+                over is not zeroed (16 GiB of memset, which the discard policy does not need)
 
 Every process runs with share_chunks:1 (chunks exportable; in_process too, so both pay the
 same creation) unless the case says otherwise; each node case reports the chunks the
@@ -111,13 +113,13 @@ def child(args):
         print(json.dumps(out), flush=True)
 
 
-def start(args, phases, link=False, share=True):
+def start(args, phases, link=False, share=True, zero=True):
     """A child holding `phases` ("A", "B" or "A,B"), ready (its `ready` line read)."""
     cmd = [sys.executable, HERE, "--child", phases, "--weights-gib", str(args.weights_gib), "--tensors",
            str(args.tensors), "--discard-gib", str(args.discard_gib)] + (["--link"] if link else [])
     env = dict(os.environ)
     conf = env.get("VMSTASH_CONF", "")
-    env["VMSTASH_CONF"] = (conf + "," if conf else "") + f"share_chunks:{1 if share else 0}"
+    env["VMSTASH_CONF"] = (conf + "," if conf else "") + f"share_chunks:{int(share)},switch_zero:{int(zero)}"
     p = Proc(cmd, env)
     p.ready = p.ask()
     p.pid = p.ready["pid"]
@@ -130,8 +132,8 @@ def quit_child(p):
         p.p.wait(120)
 
 
-def in_process(args, kinds):
-    both = start(args, "A,B", link=(kinds == "w,kv"))
+def in_process(args, kinds, zero=True):
+    both = start(args, "A,B", link=(kinds == "w,kv"), zero=zero)
     times, bad = [], 0
     try:
         for c in range(args.cycles):
@@ -144,9 +146,9 @@ def in_process(args, kinds):
     return dict(ms=times, bad=bad), both.ready["link"]
 
 
-def node(args, kinds, serial, share=True):
+def node(args, kinds, serial, share=True, zero=True):
     import vmstash
-    procs = {"A": start(args, "A", share=share), "B": start(args, "B", share=share)}
+    procs = {"A": start(args, "A", share=share, zero=zero), "B": start(args, "B", share=share, zero=zero)}
     times, bad = [], 0
     try:
         for c in range(args.cycles):
@@ -192,6 +194,8 @@ def main():
             results["node" + suffix] = node(args, kinds, serial=False)
             results["node_serial" + suffix] = node(args, kinds, serial=True)
         results["node_fresh_discard"] = node(args, "kv", serial=False, share=False)
+        results["in_process_discard_nozero"], _ = in_process(args, "kv", zero=False)
+        results["node_discard_nozero"] = node(args, "kv", serial=False, zero=False)
     finally:
         stop_daemon(runtime_dir, dict(os.environ))
     summary = {}
@@ -200,8 +204,10 @@ def main():
         summary[name] = dict(median_ms=med, min_ms=min(r["ms"]), max_ms=max(r["ms"]), bad=r["bad"])
         if "imported" in r:
             summary[name]["imported"] = r["imported"]
-    for name in ("node", "node_serial", "node_discard", "node_serial_discard", "node_fresh_discard"):
-        twin = "in_process_discard" if name.endswith("_discard") else "in_process"
+    for name in ("node", "node_serial", "node_discard", "node_serial_discard", "node_fresh_discard",
+                 "node_discard_nozero"):
+        twin = ("in_process_discard_nozero" if name.endswith("_nozero")
+                else "in_process_discard" if name.endswith("_discard") else "in_process")
         summary[name]["vs_in_process"] = summary[name]["median_ms"] / summary[twin]["median_ms"]
     moved = args.weights_gib * GiB
     for name in ("in_process", "node", "node_serial"):

@@ -1,6 +1,11 @@
 #include "vmm/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdint>
 
@@ -293,6 +298,7 @@ absl::Status CudaDriver::ReleaseChunk(ChunkHandle chunk) {
     ledger_.UnreleaseChunk(chunk, released.first);
     return Fail(r, "cuMemRelease");
   }
+  if (released.first.backend >= 0) ::close(static_cast<int>(released.first.backend));  // an import's descriptor
   return absl::OkStatus();
 }
 
@@ -304,6 +310,11 @@ absl::StatusOr<int> CudaDriver::ExportChunkFd(ChunkHandle chunk) {
         absl::StrCat("ExportChunkFd: chunk ", chunk, " was created without shareable_fd"));
   }
   int fd = -1;
+  if (record.backend >= 0) {  // imported: CUDA exports no imported handle; the descriptor it came by does
+    fd = ::fcntl(static_cast<int>(record.backend), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return absl::ResourceExhaustedError(absl::StrCat("ExportChunkFd: fcntl: ", std::strerror(errno)));
+    return fd;
+  }
   CUresult r = api_.cuMemExportToShareableHandle(&fd, chunk, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
   if (r != CUDA_SUCCESS) return Fail(r, "cuMemExportToShareableHandle");
   return fd;
@@ -316,10 +327,15 @@ absl::StatusOr<ChunkHandle> CudaDriver::ImportChunkFd(int device, int fd, std::s
   VMSTASH_ASSIGN_OR_RETURN(std::size_t g, MinimumGranularity(device));
   VMSTASH_RETURN_IF_ERROR(CheckGranularSize("ImportChunkFd", size_bytes, g));
   VMSTASH_WITH_CONTEXT(device);
+  // Kept while the handle lives: CUDA does not export an imported handle again, so
+  // ExportChunkFd passes on a copy of this descriptor instead.
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return absl::ResourceExhaustedError(absl::StrCat("ImportChunkFd: fcntl: ", std::strerror(errno)));
   CUmemGenericAllocationHandle handle = 0;
   CUresult r = api_.cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<std::intptr_t>(fd)),
                                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   if (r != CUDA_SUCCESS) {  // a descriptor that is no exported chunk: CUDA_ERROR_INVALID_VALUE (InvalidArgument)
+    ::close(own);
     return Fail(r, "cuMemImportFromShareableHandle", absl::StrCat("descriptor ", fd, ", ", size_bytes, " bytes"));
   }
   // CUDA tells no handle's size: a handle shorter than `size_bytes` is refused by its Map.
@@ -328,6 +344,7 @@ absl::StatusOr<ChunkHandle> CudaDriver::ImportChunkFd(int device, int fd, std::s
   record.size_bytes = size_bytes;
   record.options.shareable_fd = true;
   record.imported = true;
+  record.backend = own;
   ledger_.AddChunk(handle, record);
   return static_cast<ChunkHandle>(handle);
 }

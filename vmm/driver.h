@@ -111,7 +111,9 @@ class Driver {
   // `device` (the exporter's). `fd` stays the caller's (close it when done). The memory is
   // the exporter's: importing it takes no device memory, and it lives until every handle
   // of it, in any process, is released and unmapped. Map, SetAccess, Unmap and
-  // ReleaseChunk as for any chunk; ExportChunkFd works on it too. InvalidArgument for a
+  // ReleaseChunk as for any chunk; ExportChunkFd works on it too (CUDA exports no imported
+  // handle: the driver keeps a copy of `fd` while the handle lives, one descriptor per
+  // imported chunk, and passes on copies of it). InvalidArgument for a
   // negative descriptor, a bad size or device, or a descriptor that is not an exported
   // chunk. A chunk smaller than `size_bytes`: InvalidArgument here on the simulator; CUDA
   // tells no handle's size, so the CUDA driver does not check it (its Map fails).

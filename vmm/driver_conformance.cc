@@ -206,8 +206,20 @@ TEST_P(DriverConformanceTest, AnImportedChunkIsTheSamePhysicalMemory) {
   ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), b.address(), size, stream));
   ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
   EXPECT_TRUE(HasPattern(host.data(), size, 41));
+  // The imported chunk exports again (passed on to a third holder), with the exporter gone.
+  const int again_fd = Take(driver().ExportChunkFd(imported));
+  ChunkHandle again = Take(driver().ImportChunkFd(kDevice, again_fd, size));
+  ::close(again_fd);
   ASSERT_OK(driver().Unmap(kDevice, b.address(), size));
   ASSERT_OK(driver().ReleaseChunk(imported));
+  ASSERT_OK(driver().Map(b.address(), size, again));
+  ASSERT_OK(driver().SetAccess(b.address(), size, kDevice));
+  std::memset(host.data(), 0, size);
+  ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), b.address(), size, stream));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
+  EXPECT_TRUE(HasPattern(host.data(), size, 41)) << "the same memory, through a descriptor passed on";
+  ASSERT_OK(driver().Unmap(kDevice, b.address(), size));
+  ASSERT_OK(driver().ReleaseChunk(again));
   ASSERT_OK(driver().DestroyStream(kDevice, stream));
 }
 

@@ -41,7 +41,7 @@ struct ChunkRecord {
   ChunkOptions options;
   bool released = false;  // handle released; memory lives until the last unmap
   int map_count = 0;
-  std::int64_t backend = -1;  // backend-private (SimDriver: the memfd)
+  std::int64_t backend = -1;  // backend-private (SimDriver: the memfd; CudaDriver: an import's descriptor)
   bool imported = false;      // ImportChunkFd: the exporter's memory, not this driver's
   std::uint64_t physical = 0;  // backend-private (SimDriver: the memfd's inode, its memory's identity)
 };
