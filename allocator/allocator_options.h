@@ -17,7 +17,8 @@
 //                 0: only explicit Prepare)
 //   switch_zero   1 | 0   a switch zeroes the memory it hands to tags that receive no
 //                 restore copies (discard tags), as freshly created memory reads (default
-//                 1; 0: their contents are another tag's old bytes, which the discard
+//                 1; 0: their contents are another tag's old bytes — in a node switch
+//                 another process's (Note [Node Switch Handover]) — which the discard
 //                 policy allows; saves a device memset; Note [Switch Protocol])
 //   host_max      cap on the host memory the process's backup arenas hold, pinned or
 //                 pageable pages (a size, e.g. 64G; default 0 = no cap; across every

@@ -173,12 +173,20 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffDonor>& donors,
     return;
   }
   foreign_.reserve(taken->size());
+  absl::flat_hash_set<ChunkHandle> held;  // a handle twice would be one chunk in two covers
+  for (const Donor& d : donors_) held.insert(d.handle);
+  std::vector<Chunk> twice;  // released here, after the loop: an import of a chunk held already
   for (const SharedChunk& c : *taken) {
     absl::StatusOr<Chunk> chunk = Chunk::Import(driver_, device_, c.fd, c.size_bytes);
     ::close(c.fd);
     if (!chunk.ok()) {
       VMSTASH_LOG(kWarning, "vmstash: node switch: a chunk of another process could not be imported ({})",
                   chunk.status().ToString());
+      continue;
+    }
+    if (!held.insert(chunk->handle()).second) {
+      VMSTASH_LOG(kWarning, "vmstash: node switch: a chunk offered twice was imported once only");
+      twice.push_back(std::move(*chunk));
       continue;
     }
     foreign_.push_back(std::move(*chunk));

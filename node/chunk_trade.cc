@@ -81,6 +81,7 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
   if (!socket.ok()) return socket.status();
   std::vector<TradedChunk> taken;
   absl::Status failed;
+  int pause_us = options.poll_us;
   for (;;) {
     if (Clock::now() >= options.deadline) {
       failed = absl::DeadlineExceededError("node switch: the other processes' chunks did not come in time");
@@ -104,7 +105,8 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
     }
     if (!(*doc)["ready"].Bool(false)) {  // a donor's offer may still come
       CloseAll(*got);
-      std::this_thread::sleep_for(std::chrono::microseconds(options.poll_us));
+      std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+      pause_us = std::min(2 * pause_us, 1000);
       continue;
     }
     absl::StatusOr<std::vector<std::size_t>> sizes = ParseSizes((*doc)["sizes"].String());

@@ -222,6 +222,25 @@ TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {
   ::waitpid(hung, nullptr, 0);
 }
 
+TEST(ChunkTrade, TwoDonorsThatOfferNothingAndTakeDoNotWaitForEachOther) {
+  // Both named donors (their requests name tags to pause, all already paused): neither
+  // offers, both take. A take counts as the taker's offer: neither waits for the other.
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  Taker taker(dir, "dev-1");
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), taker.pid()}, {::getpid(), taker.pid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  taker.Go(*txn);
+  const auto start = Clock::now();
+  absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, *txn, "dev-1", 10000));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->empty());
+  const std::string result = taker.Result();
+  EXPECT_THAT(result, ::testing::EndsWith("||again:0")) << result;
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(5)) << "they waited for each other";
+}
+
 TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);

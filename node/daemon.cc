@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -479,6 +480,15 @@ std::string NodeDaemon::Outcome(const Client& client, const WireRequest& r) {
   return DecisionReply(*recorded);
 }
 
+std::size_t NodeDaemon::HeldCap() {
+  // Room is left for connections (votes, clients) and the daemon's own files.
+  constexpr std::size_t kReserve = 512;
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY) return kMaxHeldChunks;
+  const std::size_t limit = static_cast<std::size_t>(files.rlim_cur);
+  return std::min(kMaxHeldChunks, limit > 2 * kReserve ? limit - kReserve : limit / 4);
+}
+
 std::string NodeDaemon::Offer(const Client& client, const WireRequest& r, std::vector<int>& fds) {
   if (r.pid != client.pid) {
     return FormatError(absl::PermissionDeniedError(
@@ -492,7 +502,7 @@ std::string NodeDaemon::Offer(const Client& client, const WireRequest& r, std::v
   }
   if (absl::Status s = switches_.Offered(r.txn, static_cast<pid_t>(r.pid), r.last); !s.ok()) return FormatError(s);
   std::size_t kept = 0;
-  for (std::size_t i = 0; i < fds.size() && held_count_ < kMaxHeldChunks; ++i, ++kept, ++held_count_) {
+  for (std::size_t i = 0; i < fds.size() && held_count_ < HeldCap(); ++i, ++kept, ++held_count_) {
     held_[r.txn].push_back(HeldChunk{static_cast<pid_t>(r.pid), r.device, (*sizes)[i], fds[i]});
     fds[i] = -1;
   }
@@ -506,6 +516,9 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
                      "node switch: process ", client.pid, " may take chunks for itself only, not for ", r.pid))),
                  {}, false};
   }
+  // A part offers before it takes, if at all: nothing more comes from this one (so two
+  // parts named donors that offer nothing never wait for each other).
+  (void)switches_.Offered(r.txn, static_cast<pid_t>(r.pid), true);
   absl::StatusOr<bool> in = switches_.OffersIn(r.txn, static_cast<pid_t>(r.pid));
   if (!in.ok()) return Reply{FormatError(in.status()), {}, false};
   if (!*in) return Reply{OkReply([](JsonWriter& w) { w.Field("ready", false); }), {}, false};

@@ -116,6 +116,9 @@ class NodeDaemon {
   std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many chunks may be held at once: kMaxHeldChunks, less where the descriptor limit
+  // would leave too little room for connections.
+  static std::size_t HeldCap();
   // Closes the chunks still held for switch `id` (decided: no one takes them any more).
   void DropOffers(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the ledger's decision of `id` (the record wins), makes it the ledger's, and
@@ -144,7 +147,7 @@ class NodeDaemon {
   ClientId next_client_ ABSL_GUARDED_BY(mu_) = 1;
   SwitchLedger switches_ ABSL_GUARDED_BY(mu_);
   std::map<pid_t, int> pidfds_ ABSL_GUARDED_BY(mu_);  // watched participants (-1: no pidfd here)
-  // Chunks offered in undecided switches, not taken yet (at most kMaxHeldChunks in all).
+  // Chunks offered in undecided switches, not taken yet (at most HeldCap() in all).
   struct HeldChunk {
     pid_t pid = 0;
     std::string device;

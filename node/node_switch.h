@@ -54,14 +54,21 @@
 //       covers). A part that pauses then offers the chunks that plan leaves over — those
 //       it would release at its commit — as descriptors (Driver::ExportChunkFd; only
 //       chunks made with share_chunks can be), with its device's UUID, to the daemon
-//       (wire.h: offer), if only to say it offers nothing. It never touches them again:
-//       its mappings of them go in (4) as for any outgoing chunk.
+//       (wire.h: offer), if only to say it offers nothing. It never writes them again
+//       (its backup copies still read them): its mappings of them go in (4) as for any
+//       outgoing chunk.
 //   (c) A part left with fresh memory to make for covers that receive no restore copy
 //       (a discard tag's, or a backup tag's with nothing backed up) asks the daemon for
-//       the chunks of its device offered by the others (take). The daemon answers once
-//       every other donor has offered, voted (an offer comes before a vote) or exited, or
-//       the switch is decided; each chunk goes to one taker. The part imports them
-//       (Driver::ImportChunkFd), closes the descriptors, and plans again without the
+//       the chunks of its device offered by the others (take; a part that takes has made
+//       its offer, if any). The daemon answers "not yet" until every other donor has
+//       offered, voted (an offer comes before a vote) or exited, or the switch is decided
+//       (the part asks again, after 0.1 ms doubling to 1 ms, until its deadline); then
+//       with the chunks, each going to one taker (the first to ask takes all of its
+//       device's, and releases at its commit those no cover took). The part imports them
+//       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
+//       be handed on again; closed with the handle, and in a child forked without exec),
+//       drops an import whose handle it holds already (a giver offering one chunk twice),
+//       closes the descriptors, and plans again without the
 //       chunks it offered and with the imported ones, which go only into such covers: no
 //       restore copy ever writes another process's memory, so a rollback never has to
 //       give that process its bytes back.
@@ -71,7 +78,8 @@
 //       cover took; the giver releases its handles of every chunk it offered. Abort: the
 //       taker unmaps and releases its imports; the giver, which never released them,
 //       maps its chunks again as in any rollback, bytes untouched.
-//   The daemon holds at most kMaxHeldChunks descriptors (wire.h), closes those left at
+//   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low
+//   descriptor limit), closes those left at
 //   the decision, and keeps none past it. Nothing of this can fail a switch: an offer
 //   the daemon refuses, a chunk that cannot be exported or imported, a device of another
 //   UUID (CUDA_VISIBLE_DEVICES renumbering, another GPU) — each only means fresh memory

@@ -377,6 +377,11 @@ absl::StatusOr<Received> Receive(int socket, int timeout_ms, std::size_t max_fds
       (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
     CloseAll(r);
     if (got == 0) return absl::UnavailableError("node protocol: the peer closed the connection");
+    if ((msg.msg_flags & MSG_CTRUNC) != 0) {
+      return absl::InvalidArgumentError(
+          "node protocol: descriptors of a message were dropped (more than the protocol allows, or this "
+          "process is out of descriptors)");
+    }
     return absl::InvalidArgumentError("node protocol: a message longer than the protocol allows");
   }
   r.message.assign(buf.data(), static_cast<std::size_t>(got));  // an empty packet: an empty message

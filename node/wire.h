@@ -30,7 +30,8 @@
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
-// held; the daemon holds at most kMaxHeldChunks, closing the others); take: above — or
+// held; the daemon holds at most kMaxHeldChunks, fewer under a low descriptor limit,
+// closing the others); take: above — or
 // {"v":1,"ok":false,"code":"<absl status code name>","message":"..."}.
 // begin, vote, outcome, offer and take need no hello (a connection of their own: a vote's reply waits
 // for the decision, and no other request may be sent on it meanwhile). A lease, give or

@@ -2,10 +2,13 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <set>
 
 #include <cstdint>
 
@@ -20,6 +23,39 @@ namespace vmstash {
 namespace {
 
 using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+// The descriptors imported chunks keep (ImportChunkFd), process-wide: a child forked
+// without exec closes its copies at once — it cannot use the parent's CUDA context, and
+// its copies would keep the memory allocated until it exits. The lock is held across
+// fork (pthread_atfork), so the child never finds it taken.
+class KeptDescriptors {
+ public:
+  static KeptDescriptors& Get() {
+    static KeptDescriptors* kept = new KeptDescriptors();  // never destroyed: fork may come late
+    return *kept;
+  }
+  void Add(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.insert(fd);
+  }
+  void Remove(int fd) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fds_.erase(fd);
+  }
+
+ private:
+  KeptDescriptors() {
+    (void)::pthread_atfork([] { Get().mu_.lock(); }, [] { Get().mu_.unlock(); },
+                           [] {
+                             KeptDescriptors& k = Get();
+                             for (int fd : k.fds_) ::close(fd);
+                             k.fds_.clear();
+                             k.mu_.unlock();
+                           });
+  }
+  std::mutex mu_;
+  std::set<int> fds_;
+};
 
 CUmemAllocationProp ChunkProperties(int device, ChunkOptions options) {
   CUmemAllocationProp prop{};
@@ -298,7 +334,10 @@ absl::Status CudaDriver::ReleaseChunk(ChunkHandle chunk) {
     ledger_.UnreleaseChunk(chunk, released.first);
     return Fail(r, "cuMemRelease");
   }
-  if (released.first.backend >= 0) ::close(static_cast<int>(released.first.backend));  // an import's descriptor
+  if (released.first.backend >= 0) {  // an import's descriptor
+    KeptDescriptors::Get().Remove(static_cast<int>(released.first.backend));
+    ::close(static_cast<int>(released.first.backend));
+  }
   return absl::OkStatus();
 }
 
@@ -345,6 +384,7 @@ absl::StatusOr<ChunkHandle> CudaDriver::ImportChunkFd(int device, int fd, std::s
   record.options.shareable_fd = true;
   record.imported = true;
   record.backend = own;
+  KeptDescriptors::Get().Add(own);
   ledger_.AddChunk(handle, record);
   return static_cast<ChunkHandle>(handle);
 }

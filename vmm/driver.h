@@ -113,7 +113,7 @@ class Driver {
   // of it, in any process, is released and unmapped. Map, SetAccess, Unmap and
   // ReleaseChunk as for any chunk; ExportChunkFd works on it too (CUDA exports no imported
   // handle: the driver keeps a copy of `fd` while the handle lives, one descriptor per
-  // imported chunk, and passes on copies of it). InvalidArgument for a
+  // imported chunk, closed in a child forked without exec, and passes on copies of it). InvalidArgument for a
   // negative descriptor, a bad size or device, or a descriptor that is not an exported
   // chunk. A chunk smaller than `size_bytes`: InvalidArgument here on the simulator; CUDA
   // tells no handle's size, so the CUDA driver does not check it (its Map fails).

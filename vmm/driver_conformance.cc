@@ -233,6 +233,12 @@ TEST_P(DriverConformanceTest, ImportRefusesBadArguments) {
   EXPECT_EQ(driver().ImportChunkFd(kDevice, fd, size / 2).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(driver().ImportChunkFd(kDevice, fd, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(driver().ImportChunkFd(-1, fd, size).status().code(), absl::StatusCode::kInvalidArgument);
+  // One descriptor imported twice: two handles, each released on its own.
+  ChunkHandle first = Take(driver().ImportChunkFd(kDevice, fd, size));
+  ChunkHandle second = Take(driver().ImportChunkFd(kDevice, fd, size));
+  EXPECT_NE(first, second);
+  ASSERT_OK(driver().ReleaseChunk(first));
+  ASSERT_OK(driver().ReleaseChunk(second));
   ::close(fd);
   ASSERT_OK(driver().ReleaseChunk(exported));
 }
