@@ -155,6 +155,10 @@ def fake_vllm(monkeypatch):
                 raise ValueError(f"Sleep-mode backend '{name}' is already registered.")
             cls._registry[name] = (module_path, class_name)
 
+        @classmethod
+        def create_backend(cls, model_config):
+            return model_config.sleep_mode_backend  # the name it was made for
+
     class Theirs:
         pass
 
@@ -162,8 +166,8 @@ def fake_vllm(monkeypatch):
     current = {"config": None}
 
     class VllmConfig:
-        def __init__(self, backend="cumem", offload_graphs=False, mode="FULL"):
-            self.model_config = types.SimpleNamespace(sleep_mode_backend=backend, enable_sleep_mode=True,
+        def __init__(self, backend="cumem", offload_graphs=False, mode="FULL", sleep=True):
+            self.model_config = types.SimpleNamespace(sleep_mode_backend=backend, enable_sleep_mode=sleep,
                                                       sleep_mode_offload_cudagraph=offload_graphs)
             self.compilation_config = types.SimpleNamespace(cudagraph_mode=types.SimpleNamespace(name=mode))
 
@@ -275,6 +279,48 @@ def test_graph_pool_router_holds_for_vmstash_under_vllms_conditions(fake_vllm):
     assert not f.VllmConfig("other", offload_graphs=True).use_cumem_cudagraph_pool
     f.plugin.register()  # not wrapped twice
     assert f.VllmConfig("vmstash", offload_graphs=True).use_cumem_cudagraph_pool
+
+
+def test_the_environment_switch_puts_vmstash_in_place_of_vllms_default_backend(fake_vllm, monkeypatch):
+    """VMSTASH_VLLM_SLEEP_BACKEND=1 (item 2 of the frameworks issue): engines whose arguments
+    the framework builds (OpenRLHF) get vmstash without code changes, in every process of
+    the tree; an engine naming another backend, or without sleep mode, keeps its own."""
+    from vmstash.compat.vllm.allocator import VmstashMemAllocator
+    f = fake_vllm
+    monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "1")
+    f.plugin.register()
+    f.plugin.register()  # not wrapped twice
+    ours = VmstashMemAllocator.get_instance()
+    f.current["config"] = f.VllmConfig("cumem")  # the engine core's own copy, untouched
+    assert f.da.get_mem_allocator_instance() is ours
+    assert f.VllmConfig("cumem", offload_graphs=True).use_cumem_cudagraph_pool
+    f.current["config"] = None
+    worker = f.WorkerBase(f.VllmConfig("cumem"))  # the worker's copy says vmstash from here on
+    assert worker.vllm_config.model_config.sleep_mode_backend == "vmstash"
+    assert f.gpu_worker.get_mem_allocator_instance() is ours
+    assert f.Factory.create_backend(f.VllmConfig("cumem").model_config) == "vmstash"
+    for kept in (f.VllmConfig("other"), f.VllmConfig("cumem", sleep=False)):
+        assert f.Factory.create_backend(kept.model_config) == kept.model_config.sleep_mode_backend
+        f.WorkerBase(kept)
+        assert f.gpu_worker.get_mem_allocator_instance() is f.theirs
+    monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "0")
+    f.WorkerBase(f.VllmConfig("cumem"))
+    assert f.gpu_worker.get_mem_allocator_instance() is f.theirs
+    assert f.Factory.create_backend(f.VllmConfig("cumem").model_config) == "cumem"
+
+
+def test_a_bad_environment_switch_is_a_warning_and_changes_nothing(fake_vllm, monkeypatch, caplog):
+    import logging
+    f = fake_vllm
+    monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "maybe")
+    with caplog.at_level(logging.WARNING, logger="vmstash.compat.vllm"):
+        f.plugin.register()
+    assert any("VMSTASH_VLLM_SLEEP_BACKEND='maybe'" in r.getMessage() for r in caplog.records)
+    f.WorkerBase(f.VllmConfig("cumem"))
+    assert f.gpu_worker.get_mem_allocator_instance() is f.theirs  # never raises in vLLM's path
+    assert f.Factory.create_backend(f.VllmConfig("cumem").model_config) == "cumem"
+    with pytest.raises(ValueError, match="expected 1"):
+        f.plugin.switched_on()
 
 
 @pytest.fixture

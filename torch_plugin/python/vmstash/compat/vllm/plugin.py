@@ -13,15 +13,24 @@ it is idempotent). What it changes in vLLM, where the names exist (vLLM 0.33):
   - VllmConfig.use_cumem_cudagraph_pool, which vLLM limits to its cumem backend, holds for
     "vmstash" too under the same conditions (sleep mode on, sleep_mode_offload_cudagraph,
     CUDA graphs on, a CUDA device), so graphs captured then allocate in tag "cudagraph".
+  - With VMSTASH_VLLM_SLEEP_BACKEND=1 in the environment (inherited by every process of the
+    tree: engine cores, workers), an engine with sleep mode on and vLLM's default backend
+    ("cumem") uses "vmstash" instead — for frameworks that build the engine arguments
+    themselves (OpenRLHF, verl's server mode). Its worker's model config is changed when the
+    worker is made (WorkerBase.__init__) and again when a backend is made
+    (SleepModeBackendFactory.create_backend), so everything after reads "vmstash"; an engine
+    that names another backend keeps it. 0 or unset: off.
 """
 import functools
 import logging
+import os
 import sys
 import threading
 
 logger = logging.getLogger("vmstash.compat.vllm")
 
 BACKEND_NAME = "vmstash"
+ENV_SWITCH = "VMSTASH_VLLM_SLEEP_BACKEND"
 _lock = threading.Lock()
 _choice = {"forced": None, "noted": None}  # select()'s choice; the worker's config's
 _original = {}
@@ -50,13 +59,56 @@ def selected():
     return bool(_choice["noted"])
 
 
+def switched_on():
+    """Whether VMSTASH_VLLM_SLEEP_BACKEND asks for vmstash in place of vLLM's default backend
+    (1/true/yes/on; 0/false/no/off or unset: no). Another value is a ValueError naming it."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"{ENV_SWITCH}={os.environ.get(ENV_SWITCH)!r}: expected 1 (vmstash in place of vLLM's "
+                     "default sleep-mode backend) or 0")
+
+
+def _switch():
+    """switched_on(), a bad value counting as off (register() said why): the routing never raises."""
+    try:
+        return switched_on()
+    except ValueError:
+        return False
+
+
+def _backend_of(model_config):
+    """The sleep-mode backend `model_config` gets: its own, or vmstash in place of "cumem"
+    where the switch is on and sleep mode is."""
+    name = getattr(model_config, "sleep_mode_backend", None)
+    if name == "cumem" and getattr(model_config, "enable_sleep_mode", False) and _switch():
+        return BACKEND_NAME
+    return name
+
+
+def _apply_switch(model_config):
+    """Writes the backend the switch gives into `model_config` (a worker's own copy), so
+    vLLM's code after it reads "vmstash" too."""
+    if model_config is None or _backend_of(model_config) == getattr(model_config, "sleep_mode_backend", None):
+        return
+    try:
+        model_config.sleep_mode_backend = BACKEND_NAME
+    except Exception:  # noqa: BLE001 - a config that refuses it (frozen): the routing still follows the switch
+        logger.warning("vmstash vLLM plugin: %s is on, but the model config refused sleep_mode_backend=\"vmstash\"",
+                       ENV_SWITCH, exc_info=True)
+        return
+    logger.info("vmstash vLLM plugin: %s is on: sleep-mode backend \"vmstash\" in place of \"cumem\"", ENV_SWITCH)
+
+
 def _selects(vllm_config):
-    model_config = getattr(vllm_config, "model_config", None)
-    return getattr(model_config, "sleep_mode_backend", None) == BACKEND_NAME
+    return _backend_of(getattr(vllm_config, "model_config", None)) == BACKEND_NAME
 
 
 def _note_config(vllm_config):
     if vllm_config is not None:
+        _apply_switch(getattr(vllm_config, "model_config", None))
         _choice["noted"] = _selects(vllm_config)
 
 
@@ -71,6 +123,11 @@ def register():
         _register(strict=False)
     except Exception:  # noqa: BLE001 - a plugin must never take down its host
         logger.warning("vmstash vLLM plugin: not registered; vLLM runs without the vmstash backend", exc_info=True)
+        return
+    try:
+        switched_on()
+    except ValueError as e:  # said once per process; the switch counts as off
+        logger.warning("vmstash vLLM plugin: %s; vLLM keeps its own backend", e)
 
 
 def _register(strict):
@@ -79,6 +136,7 @@ def _register(strict):
         if factory is None:
             return False
         _register_backend(factory)
+        _switch_created_backends(factory)
         _route_allocator()
         _wrap_worker_init()
         _extend_cudagraph_pool()
@@ -105,6 +163,25 @@ def _register_backend(factory):
         factory.register_backend(BACKEND_NAME, "vmstash.compat.vllm.backend", "VmstashSleepBackend")
     except ValueError:  # registered by an earlier load of the plugins
         pass
+
+
+def _switch_created_backends(factory):
+    create = factory.__dict__.get("create_backend")
+    if create is None or getattr(create, "_vmstash_switch", False):
+        return
+    original = create.__func__ if isinstance(create, classmethod) else None
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def create_backend(cls, model_config, *args, **kwargs):
+        _apply_switch(model_config)
+        return original(cls, model_config, *args, **kwargs)
+
+    create_backend._vmstash_switch = True
+    wrapped = classmethod(create_backend)
+    wrapped._vmstash_switch = True  # seen on the class's __dict__ entry
+    setattr(factory, "create_backend", wrapped)
 
 
 def _route_allocator():
@@ -168,7 +245,7 @@ def _extend_cudagraph_pool():
         if fget(self):
             return True
         mc = self.model_config
-        if mc is None or getattr(mc, "sleep_mode_backend", None) != BACKEND_NAME:
+        if mc is None or _backend_of(mc) != BACKEND_NAME:
             return False
         if not (getattr(mc, "enable_sleep_mode", False) and getattr(mc, "sleep_mode_offload_cudagraph", False)):
             return False
