@@ -49,6 +49,8 @@ def child_env(name, env):
         env["VMSTASH_VLLM_MISSING"] = _env["missing"]
     if name == "test_expandable_segments_stay_on":
         env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    if name == "test_the_environment_switch":
+        env["VMSTASH_VLLM_SLEEP_BACKEND"] = "1"
     return env
 
 
@@ -219,6 +221,27 @@ def test_plugin_selection():
     graph_cfg = VllmConfig(ModelConfig(sleep_mode_backend="vmstash", sleep_mode_offload_cudagraph=True))
     assert graph_cfg.use_cumem_cudagraph_pool
     assert not VllmConfig(ModelConfig(sleep_mode_backend="vmstash")).use_cumem_cudagraph_pool
+
+
+def test_the_environment_switch():
+    """VMSTASH_VLLM_SLEEP_BACKEND=1 with vLLM 0.33's own backend factory: a model config with
+    sleep mode on and the default backend gets vmstash's backend (and says so from then on),
+    its allocations vmstash's allocator; sleep mode off, or another backend named, is left."""
+    vm = _vllm()
+    import vllm.device_allocator as da
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.device_allocator.cumem import CuMemAllocator
+    from vllm.device_allocator.sleep_mode_backend import CuMemBackend, SleepModeBackendFactory
+    mc = ModelConfig()
+    assert mc.sleep_mode_backend == "cumem" and mc.enable_sleep_mode
+    with set_current_vllm_config(VllmConfig(ModelConfig())):
+        assert isinstance(da.get_mem_allocator_instance(), vm.VmstashMemAllocator)
+    backend = SleepModeBackendFactory.create_backend(mc)
+    assert type(backend).__name__ == "VmstashSleepBackend" and mc.sleep_mode_backend == "vmstash"
+    off = ModelConfig(enable_sleep_mode=False)
+    assert isinstance(SleepModeBackendFactory.create_backend(off), CuMemBackend)
+    with set_current_vllm_config(VllmConfig(off)):
+        assert isinstance(da.get_mem_allocator_instance(), CuMemAllocator)
 
 
 def test_verl_order_level1():
