@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,15 @@ absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
 absl::StatusOr<RuntimeOptions> RuntimeOptionsFromEnvironment() {
   const char* conf = std::getenv("VMSTASH_CONF");
   VMSTASH_ASSIGN_OR_RETURN(RuntimeOptions options, ParseRuntimeOptions(conf == nullptr ? "" : conf));
+  // torch_memory_saver's TMS_DEBUG_LOG (its users set it for the drop-in too): the debug log,
+  // unless VMSTASH_CONF names a level.
+  if (const char* debug = std::getenv("TMS_DEBUG_LOG");
+      debug != nullptr && (std::strcmp(debug, "1") == 0 || std::strcmp(debug, "true") == 0)) {
+    absl::StatusOr<ConfItems> items = SplitConf(conf == nullptr ? "" : conf);
+    bool named = false;
+    for (const auto& [key, value] : items.ok() ? *items : ConfItems()) named = named || key == "log_level";
+    if (!named) options.vmm.log_level = LogLevel::kDebug;
+  }
   if (const char* driver = std::getenv("VMSTASH_DRIVER"); driver != nullptr && *driver != '\0') {
     absl::StatusOr<DriverKind> kind = ParseDriverKind(driver);
     if (!kind.ok()) return absl::InvalidArgumentError(absl::StrCat("VMSTASH_DRIVER: ", kind.status().message()));

@@ -9,8 +9,9 @@
 // key and listing every known one.
 //
 // RuntimeOptionsFromEnvironment() is the only place in the project that reads the
-// environment for options: VMSTASH_CONF, and VMSTASH_DRIVER (same values as `driver`,
-// overrides it).
+// environment for options: VMSTASH_CONF, VMSTASH_DRIVER (same values as `driver`,
+// overrides it), and torch_memory_saver's TMS_DEBUG_LOG (1 or true: log_level debug,
+// unless VMSTASH_CONF names a level).
 //
 // Thread-safety: pure functions (the environment read is a read).
 #ifndef VMSTASH_RUNTIME_RUNTIME_OPTIONS_H_

@@ -65,6 +65,17 @@ TEST(RuntimeOptionsTest, BadValuesAndDuplicatesAreErrors) {
   EXPECT_EQ(ParseRuntimeOptions("spill_dir:/nonexistent/vmstash-spill").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(RuntimeOptionsTest, TorchMemorySaversDebugLogTurnsOnTheDebugLogUnlessTheConfNamesALevel) {
+  ::setenv("TMS_DEBUG_LOG", "1", 1);
+  EXPECT_EQ(RuntimeOptionsFromEnvironment().value().vmm.log_level, LogLevel::kDebug);
+  ::setenv("VMSTASH_CONF", "log_level:error", 1);
+  EXPECT_EQ(RuntimeOptionsFromEnvironment().value().vmm.log_level, LogLevel::kError);
+  ::unsetenv("VMSTASH_CONF");
+  ::setenv("TMS_DEBUG_LOG", "0", 1);
+  EXPECT_EQ(RuntimeOptionsFromEnvironment().value().vmm.log_level, LogLevel::kWarning);
+  ::unsetenv("TMS_DEBUG_LOG");
+}
+
 TEST(RuntimeOptionsTest, EnvironmentIsReadOnce) {
   ::setenv("VMSTASH_CONF", "driver:cuda,sim_devices:2", 1);
   ::setenv("VMSTASH_DRIVER", "sim", 1);

@@ -208,6 +208,37 @@ def sglang_scheduler():
     print("sglang_scheduler: OK")
 
 
+def test_cuda_graph_pools_as_torch_chooses_them():
+    """cuda_graph(pool=...) as torch.cuda.graph(pool=...): graphs given one pool (SGLang's
+    graph_pool_handle(), an earlier graph's pool()) share it, a graph given none has its own;
+    all their memory is the tag's, released by a pause, and every graph replays after the
+    resume."""
+    import torch
+    from torch_memory_saver import torch_memory_saver as tms
+    x = torch.randn(1024, 1024, device="cuda")
+    torch.cuda.synchronize()
+    share = torch.cuda.graph_pool_handle()
+    graphs, outs, factors = [], [], (2.0, 3.0, 5.0, 7.0)
+    for k, f in enumerate(factors):
+        g = torch.cuda.CUDAGraph()
+        pool = share if k < 2 else (graphs[0].pool() if k == 2 else None)
+        with tms.cuda_graph(cuda_graph=g, pool=pool, tag="graphs"):
+            outs.append((x * f).sin())
+        graphs.append(g)
+    p = [g.pool() for g in graphs]
+    assert p[0] == p[1] == p[2], p  # the handle, then an earlier graph's pool
+    assert p[3] != p[0], p  # no pool given: a private one
+    free = _free()
+    tms.pause("graphs")
+    assert _free() - free >= 4 * 4 * MiB, "the graphs' outputs (4 x 4 MiB) are the tag's memory"
+    tms.resume("graphs")
+    for g, y, f in zip(graphs, outs, factors):
+        y.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y, (x * f).sin()), f
+
+
 def test_slime_training_disk():
     test_slime_training()  # with the environment of child_env below
 

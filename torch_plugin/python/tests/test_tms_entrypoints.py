@@ -580,3 +580,29 @@ def test_dropin_utils(monkeypatch, tmp_path):
     with configure_subprocess():
         assert os.environ["LD_PRELOAD"] == "/x/tms.so"
     assert "LD_PRELOAD" not in os.environ
+
+
+def test_the_drop_in_says_that_vmstash_is_missing_beside_it():
+    """The drop-in installed without the vmstash package: a clear ImportError, not a bare
+    "No module named vmstash" (or the loader's libabsl_hash.so message)."""
+    code = ("import sys\n"
+            f"sys.path[:] = [{DROPIN!r}] + [p for p in sys.path if 'packages' not in p and p]\n"
+            "import torch_memory_saver\n")
+    r = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=""))
+    assert r.returncode != 0
+    assert "needs the vmstash package of the same version installed beside it" in r.stderr, r.stderr
+
+
+def test_the_drop_in_says_why_its_preload_library_is_not_loaded(sim, tmp_path):
+    """LD_PRELOAD naming the drop-in's preload library where the loader refused it (here: a
+    file that is no library): a warning with the loader's reason."""
+    bad = tmp_path / "torch_memory_saver_hook_mode_preload.abi3.so"
+    bad.write_bytes(b"not a library")
+    out = _run("import warnings\nwarnings.simplefilter('always')\n"
+               f"import sys; sys.path.insert(0, {DROPIN!r})\n"
+               "with warnings.catch_warnings(record=True) as w:\n"
+               "    import torch_memory_saver\n"
+               "print([str(x.message) for x in w])\n", LD_PRELOAD=str(bad))
+    assert f"LD_PRELOAD names {bad}, which is not loaded (the loader refused it:" in out, out
+    assert "install the vmstash package of the same version beside it" in out

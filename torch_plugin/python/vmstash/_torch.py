@@ -14,12 +14,18 @@ import collections
 import contextlib
 import threading
 import warnings
+import weakref
 
 from . import _api, _lib
 
 _lock = threading.RLock()
 _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
+# More MemPools of a tag, for graph captures that say which pool (graph_pool): by the pool id
+# the captures share (kept for the process's life, as a shared graph pool is), and private
+# ones (weakly: PyTorch's graph holds its pool, which goes back to the tag with the graph).
+_graph_pools = {}  # (tag, device) -> {pool id tuple: MemPool}
+_private_pools = {}  # (tag, device) -> WeakSet of MemPool
 
 
 _torch_module = None
@@ -72,6 +78,44 @@ def pool(tag, policy="discard", device=None):
             mp = torch.cuda.MemPool(alloc.allocator())
         _pools[(tag, dev)] = mp
         return mp
+
+
+def graph_pool(tag, policy="discard", device=None, share=None):
+    """A MemPool of `tag` on `device` for a graph capture, as torch.cuda.graph(pool=share)
+    would choose: share None, a private pool of its own (freed with the graph); else the
+    pool that `share` (a pool id: torch.cuda.graph_pool_handle(), a graph's pool(), a
+    MemPool's id) names — the tag's own pool or another of this tag's graph pools when it is
+    one of theirs, else one made for it and kept, so every capture given `share` shares it.
+    Its memory is the tag's, as the tag's own pool's (pause and resume take it)."""
+    torch = _torch()
+    dev = _device_index(torch, device)
+    primary = pool(tag, policy, device)
+    with _lock:
+        shared = _graph_pools.setdefault((tag, dev), {})
+        key = None if share is None else tuple(share.id if hasattr(share, "id") else share)
+        if key is not None:
+            if tuple(primary.id) == key:
+                return primary
+            found = shared.get(key) or next((mp for mp in shared.values() if tuple(mp.id) == key), None)
+            if found is not None:
+                return found
+        with torch.cuda.device(dev):
+            mp = torch.cuda.MemPool(_allocators[tag].allocator())
+        if key is not None:
+            shared[key] = mp
+        else:
+            _private_pools.setdefault((tag, dev), weakref.WeakSet()).add(mp)
+        return mp
+
+
+def _tag_pools(tag, device):
+    """Every MemPool of `tag` on `device` this module made: its own, then its graph pools."""
+    with _lock:
+        own = _pools.get((tag, device))
+        pools = [own] if own is not None else []
+        pools += list(_graph_pools.get((tag, device), {}).values())
+        pools += list(_private_pools.get((tag, device), ()))
+    return pools
 
 
 # Regions open in any thread: while one is, its MemPool context is active on the device,
@@ -231,14 +275,15 @@ def warm_blas_workspaces(stream=None, device=None):
 
 
 @contextlib.contextmanager
-def cuda_graph(graph, tag="cuda_graph", policy="backup", *, device=None, **graph_kwargs):
+def cuda_graph(graph, tag="cuda_graph", policy="backup", *, device=None, mem_pool=None, **graph_kwargs):
     """torch.cuda.graph(graph, pool=<tag's MemPool>): the graph's private memory is in
     `tag` and pauses with it, no LD_PRELOAD needed. Extra keyword arguments go to
-    torch.cuda.graph (stream, capture_error_mode)."""
+    torch.cuda.graph (stream, capture_error_mode). `mem_pool` (a MemPool of `tag`:
+    graph_pool) replaces the tag's own pool (torch_memory_saver's cuda_graph(pool=...))."""
     torch = _torch()
     if "pool" in graph_kwargs:
         raise ValueError("vmstash.cuda_graph chooses the pool (the tag's MemPool); do not pass pool=")
-    mp = pool(tag, policy, device)
+    mp = pool(tag, policy, device) if mem_pool is None else mem_pool
     if graph_kwargs.get("stream") is None:
         # A capture stream per tag: PyTorch keeps one cuBLAS workspace per stream, made in
         # whatever pool is current at its first use, and torch.cuda.graph's default capture
@@ -317,15 +362,17 @@ def hint_from_segments(segments, device=None):
 
 
 def live_ranges(tag, device):
-    """The liveness hint of `tag` on `device` from its MemPool there (hint_from_segments);
-    None without one."""
-    mp = _pools.get((tag, device))
-    if mp is None:
+    """The liveness hint of `tag` on `device` from its MemPools there, its own and its
+    graph pools' (hint_from_segments over all their segments); None without one."""
+    pools = _tag_pools(tag, device)
+    if not pools:
         return None
-    try:
-        segments = mp.snapshot(include_traces=False)
-    except TypeError:
-        segments = mp.snapshot()
+    segments = []
+    for mp in pools:
+        try:
+            segments += mp.snapshot(include_traces=False)
+        except TypeError:
+            segments += mp.snapshot()
     return hint_from_segments(segments, device)
 
 
@@ -346,6 +393,8 @@ def _release_pools():
     # Pools before their allocators; errors at exit are not worth a traceback.
     with _lock:
         _pools.clear()
+        _graph_pools.clear()
+        _private_pools.clear()
     try:
         import gc
         gc.collect()

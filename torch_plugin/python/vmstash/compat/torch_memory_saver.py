@@ -34,7 +34,10 @@ What differs, on purpose:
     mmap, disk): the first setting seen keeps the name, the others get ":<setting>"
     appended; pause(tag) and resume(tag) act on all of them (Note [TMS Tags]).
   * Pause copies only PyTorch's live blocks of a region's pool.
-  * cuda_graph works in torch mode too: the graph's memory goes to the tag's MemPool.
+  * cuda_graph works in torch mode too: the graph's memory goes to a MemPool of the tag,
+    chosen as torch.cuda.graph(pool=...) chooses (vmstash._torch.graph_pool): graphs given
+    one pool (torch.cuda.graph_pool_handle(), an earlier graph's pool()) share it, a graph
+    given none has a private one, freed with the graph; either way its memory is the tag's.
   * Backups go to vmstash backup stores (vmstash.set_backup_store): cpu_backup_backend
     "pinned" -> "pinned", "mmap" -> "pageable", enable_disk_backup -> "disk_files" in the
     disk backup directory (TMS_DISK_BACKUP_DIR or set_disk_backup_dir(), default /tmp;
@@ -333,7 +336,9 @@ class TorchMemorySaver:
         kwargs = {"capture_error_mode": capture_error_mode}
         if stream is not None:
             kwargs["stream"] = stream
-        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, **kwargs), \
+        # torch.cuda.graph's pool= semantics inside the tag (the module's docstring).
+        mem_pool = _torch.graph_pool(name, policy, share=pool)
+        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, mem_pool=mem_pool, **kwargs), \
                 self._impl._with_region_config(tag, enable_cpu_backup, cpu_backup_backend):
             yield
 
