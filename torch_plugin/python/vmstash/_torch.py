@@ -22,10 +22,13 @@ _lock = threading.RLock()
 _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
 # More MemPools of a tag, for graph captures that say which pool (graph_pool): by the pool id
-# the captures share (kept for the process's life, as a shared graph pool is), and private
-# ones (weakly: PyTorch's graph holds its pool, which goes back to the tag with the graph).
+# the captures share, and private ones. Kept for the process's life, as the tag's own pool
+# is: PyTorch aborts the process when a MemPool is destroyed while any pool context is
+# active on its device (Note [Throw-Away Pools] in compat/torch_memory_saver.py), which a
+# region in another thread may be. A private pool's memory stays cached in its tag after
+# its graph is gone (a pause releases it as any cached memory of the tag).
 _graph_pools = {}  # (tag, device) -> {pool id tuple: MemPool}
-_private_pools = {}  # (tag, device) -> WeakSet of MemPool
+_private_pools = {}  # (tag, device) -> [MemPool]
 
 
 _torch_module = None
@@ -104,7 +107,7 @@ def graph_pool(tag, policy="discard", device=None, share=None):
         if key is not None:
             shared[key] = mp
         else:
-            _private_pools.setdefault((tag, dev), weakref.WeakSet()).add(mp)
+            _private_pools.setdefault((tag, dev), []).append(mp)
         return mp
 
 
