@@ -14,7 +14,6 @@ import collections
 import contextlib
 import threading
 import warnings
-import weakref
 
 from . import _api, _lib
 
@@ -85,7 +84,7 @@ def pool(tag, policy="discard", device=None):
 
 def graph_pool(tag, policy="discard", device=None, share=None):
     """A MemPool of `tag` on `device` for a graph capture, as torch.cuda.graph(pool=share)
-    would choose: share None, a private pool of its own (freed with the graph); else the
+    would choose: share None, a private pool of its own (kept: see _graph_pools); else the
     pool that `share` (a pool id: torch.cuda.graph_pool_handle(), a graph's pool(), a
     MemPool's id) names — the tag's own pool or another of this tag's graph pools when it is
     one of theirs, else one made for it and kept, so every capture given `share` shares it.

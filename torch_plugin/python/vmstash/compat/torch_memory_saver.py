@@ -37,7 +37,7 @@ What differs, on purpose:
   * cuda_graph works in torch mode too: the graph's memory goes to a MemPool of the tag,
     chosen as torch.cuda.graph(pool=...) chooses (vmstash._torch.graph_pool): graphs given
     one pool (torch.cuda.graph_pool_handle(), an earlier graph's pool()) share it, a graph
-    given none has a private one, freed with the graph; either way its memory is the tag's.
+    given none has a private one; either way its memory is the tag's.
   * Backups go to vmstash backup stores (vmstash.set_backup_store): cpu_backup_backend
     "pinned" -> "pinned", "mmap" -> "pageable", enable_disk_backup -> "disk_files" in the
     disk backup directory (TMS_DISK_BACKUP_DIR or set_disk_backup_dir(), default /tmp;
