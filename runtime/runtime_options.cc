@@ -55,8 +55,8 @@ absl::StatusOr<RuntimeOptions> ParseRuntimeOptions(absl::string_view conf) {
 absl::StatusOr<RuntimeOptions> RuntimeOptionsFromEnvironment() {
   const char* conf = std::getenv("VMSTASH_CONF");
   VMSTASH_ASSIGN_OR_RETURN(RuntimeOptions options, ParseRuntimeOptions(conf == nullptr ? "" : conf));
-  // torch_memory_saver's TMS_DEBUG_LOG (its users set it for the drop-in too): the debug log,
-  // unless VMSTASH_CONF names a level.
+  // TMS_DEBUG_LOG, torch_memory_saver's debug switch (a build-time one in its 0.0.10 C++; an
+  // environment variable for the drop-in): the debug log, unless VMSTASH_CONF names a level.
   if (const char* debug = std::getenv("TMS_DEBUG_LOG");
       debug != nullptr && (std::strcmp(debug, "1") == 0 || std::strcmp(debug, "true") == 0)) {
     absl::StatusOr<ConfItems> items = SplitConf(conf == nullptr ? "" : conf);

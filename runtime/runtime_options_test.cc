@@ -66,6 +66,7 @@ TEST(RuntimeOptionsTest, BadValuesAndDuplicatesAreErrors) {
 }
 
 TEST(RuntimeOptionsTest, TorchMemorySaversDebugLogTurnsOnTheDebugLogUnlessTheConfNamesALevel) {
+  ::unsetenv("VMSTASH_CONF");
   ::setenv("TMS_DEBUG_LOG", "1", 1);
   EXPECT_EQ(RuntimeOptionsFromEnvironment().value().vmm.log_level, LogLevel::kDebug);
   ::setenv("VMSTASH_CONF", "log_level:error", 1);

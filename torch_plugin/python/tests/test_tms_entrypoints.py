@@ -604,5 +604,6 @@ def test_the_drop_in_says_why_its_preload_library_is_not_loaded(sim, tmp_path):
                "with warnings.catch_warnings(record=True) as w:\n"
                "    import torch_memory_saver\n"
                "print([str(x.message) for x in w])\n", LD_PRELOAD=str(bad))
-    assert f"LD_PRELOAD names {bad}, which is not loaded (the loader refused it:" in out, out
-    assert "install the vmstash package of the same version beside it" in out
+    assert f"LD_PRELOAD names {bad}, which is not vmstash's loaded preload library (the dynamic loader " \
+           "refused it at the start" in out, out
+    assert "the vmstash package of the same version is missing beside it" in out

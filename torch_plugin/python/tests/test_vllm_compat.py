@@ -288,6 +288,8 @@ def test_the_environment_switch_puts_vmstash_in_place_of_vllms_default_backend(f
     from vmstash.compat.vllm.allocator import VmstashMemAllocator
     f = fake_vllm
     monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "1")
+    from vmstash.compat.vllm.backend import VmstashSleepBackend
+    monkeypatch.setattr(VmstashSleepBackend, "is_supported", classmethod(lambda cls: True))
     f.plugin.register()
     f.plugin.register()  # not wrapped twice
     ours = VmstashMemAllocator.get_instance()
@@ -303,10 +305,25 @@ def test_the_environment_switch_puts_vmstash_in_place_of_vllms_default_backend(f
         assert f.Factory.create_backend(kept.model_config) == kept.model_config.sleep_mode_backend
         f.WorkerBase(kept)
         assert f.gpu_worker.get_mem_allocator_instance() is f.theirs
-    monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "0")
-    f.WorkerBase(f.VllmConfig("cumem"))
+    assert f.Factory.create_backend(model_config=f.VllmConfig("cumem").model_config) == "vmstash"  # by keyword
+
+
+def test_the_environment_switch_is_off_where_vmstash_cannot_run(fake_vllm, monkeypatch, caplog):
+    """No CUDA device or no library here: the engine keeps vLLM's backend (one warning),
+    instead of failing where it would have worked; and the switch is read once."""
+    import logging
+    f = fake_vllm
+    monkeypatch.setenv("VMSTASH_VLLM_SLEEP_BACKEND", "1")
+    from vmstash.compat.vllm.backend import VmstashSleepBackend
+    monkeypatch.setattr(VmstashSleepBackend, "is_supported", classmethod(lambda cls: False))
+    with caplog.at_level(logging.WARNING, logger="vmstash.compat.vllm"):
+        f.plugin.register()
+        worker = f.WorkerBase(f.VllmConfig("cumem"))
+        f.WorkerBase(f.VllmConfig("cumem"))
+    assert worker.vllm_config.model_config.sleep_mode_backend == "cumem"
     assert f.gpu_worker.get_mem_allocator_instance() is f.theirs
     assert f.Factory.create_backend(f.VllmConfig("cumem").model_config) == "cumem"
+    assert sum("cannot run in this process" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_a_bad_environment_switch_is_a_warning_and_changes_nothing(fake_vllm, monkeypatch, caplog):

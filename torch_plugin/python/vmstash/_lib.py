@@ -66,8 +66,10 @@ def preloaded_library():
 
 
 def _is_vmstash_preload(path):
+    """Whether `path` is loaded (never loading it: a late dlopen would run its constructors)
+    and is vmstash's preload library."""
     try:
-        return hasattr(ctypes.CDLL(path), "vmstash_preload_routed")  # already loaded: same handle
+        return hasattr(ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY), "vmstash_preload_routed")
     except OSError:
         return False
 

@@ -14,20 +14,28 @@ import collections
 import contextlib
 import threading
 import warnings
+import weakref
 
 from . import _api, _lib
 
 _lock = threading.RLock()
 _allocators = {}  # tag -> CUDAPluggableAllocator (kept alive as long as its pools)
 _pools = {}  # (tag, device) -> torch.cuda.MemPool
-# More MemPools of a tag, for graph captures that say which pool (graph_pool): by the pool id
-# the captures share, and private ones. Kept for the process's life, as the tag's own pool
-# is: PyTorch aborts the process when a MemPool is destroyed while any pool context is
-# active on its device (Note [Throw-Away Pools] in compat/torch_memory_saver.py), which a
-# region in another thread may be. A private pool's memory stays cached in its tag after
-# its graph is gone (a pause releases it as any cached memory of the tag).
-_graph_pools = {}  # (tag, device) -> {pool id tuple: MemPool}
-_private_pools = {}  # (tag, device) -> [MemPool]
+# More MemPools of a tag, for graph captures that say which pool (graph_pool), each with
+# the pool id its captures were given (None: private) and how many of its graphs live. A
+# pool whose graphs are all gone is reused by the next capture that needs a pool of its
+# own: its cached memory serves again, as PyTorch's would once freed. Never destroyed
+# before exit: PyTorch aborts the process when a MemPool is destroyed while any pool
+# context is active on its device (Note [Throw-Away Pools] in
+# compat/torch_memory_saver.py), which a region in another thread may be.
+class _GraphPool:
+    __slots__ = ("mp", "key", "graphs")
+
+    def __init__(self, mp, key):
+        self.mp, self.key, self.graphs = mp, key, 0
+
+
+_graph_pools = {}  # (tag, device) -> [_GraphPool]
 
 
 _torch_module = None
@@ -82,32 +90,49 @@ def pool(tag, policy="discard", device=None):
         return mp
 
 
-def graph_pool(tag, policy="discard", device=None, share=None):
-    """A MemPool of `tag` on `device` for a graph capture, as torch.cuda.graph(pool=share)
-    would choose: share None, a private pool of its own (kept: see _graph_pools); else the
-    pool that `share` (a pool id: torch.cuda.graph_pool_handle(), a graph's pool(), a
-    MemPool's id) names — the tag's own pool or another of this tag's graph pools when it is
-    one of theirs, else one made for it and kept, so every capture given `share` shares it.
-    Its memory is the tag's, as the tag's own pool's (pause and resume take it)."""
+def graph_pool(tag, policy="discard", device=None, share=None, graph=None):
+    """A MemPool of `tag` on `device` for capturing `graph`, as torch.cuda.graph(pool=share)
+    would choose: share None, a pool of its own; else the pool `share` (a pool id:
+    torch.cuda.graph_pool_handle(), a graph's pool(), a MemPool's id) names — the tag's own
+    pool, or a graph pool of this tag whose id it is or that captures were given it for —
+    else one of its own, which every later capture given `share` shares. A pool of its own
+    is an idle one (its graphs all gone) when there is one, else a new one. Its memory is
+    the tag's (pause and resume take it). Unlike torch, the graph captures into that pool's
+    id, not into `share` itself: memory routed to `share` by other means
+    (pynccl's set_graph_pool_id, a user's own MemPool) is not the tag's."""
     torch = _torch()
     dev = _device_index(torch, device)
     primary = pool(tag, policy, device)
+    key = None if share is None else tuple(share.id if hasattr(share, "id") else share)
     with _lock:
-        shared = _graph_pools.setdefault((tag, dev), {})
-        key = None if share is None else tuple(share.id if hasattr(share, "id") else share)
+        entries = _graph_pools.setdefault((tag, dev), [])
+        if key is not None and tuple(primary.id) == key:
+            return primary
+        entry = None
         if key is not None:
-            if tuple(primary.id) == key:
-                return primary
-            found = shared.get(key) or next((mp for mp in shared.values() if tuple(mp.id) == key), None)
-            if found is not None:
-                return found
-        with torch.cuda.device(dev):
-            mp = torch.cuda.MemPool(_allocators[tag].allocator())
-        if key is not None:
-            shared[key] = mp
-        else:
-            _private_pools.setdefault((tag, dev), []).append(mp)
-        return mp
+            entry = next((e for e in entries if e.key == key or tuple(e.mp.id) == key), None)
+            if entry is not None and entry.key is None:
+                entry.key = key  # a private pool named by its graph's pool(): shared from here
+        if entry is None:
+            entry = next((e for e in entries if e.graphs == 0), None)
+            if entry is not None:
+                entry.key = key
+        if entry is None:
+            with torch.cuda.device(dev):
+                entry = _GraphPool(torch.cuda.MemPool(_allocators[tag].allocator()), key)
+            entries.append(entry)
+        if graph is not None:
+            try:
+                weakref.finalize(graph, _graph_gone, entry)
+                entry.graphs += 1
+            except TypeError:  # no weak reference: counted as living for good
+                entry.graphs += 1 << 30
+        return entry.mp
+
+
+def _graph_gone(entry):
+    with _lock:
+        entry.graphs -= 1
 
 
 def _tag_pools(tag, device):
@@ -115,8 +140,7 @@ def _tag_pools(tag, device):
     with _lock:
         own = _pools.get((tag, device))
         pools = [own] if own is not None else []
-        pools += list(_graph_pools.get((tag, device), {}).values())
-        pools += list(_private_pools.get((tag, device), ()))
+        pools += [e.mp for e in _graph_pools.get((tag, device), ())]
     return pools
 
 
@@ -396,7 +420,6 @@ def _release_pools():
     with _lock:
         _pools.clear()
         _graph_pools.clear()
-        _private_pools.clear()
     try:
         import gc
         gc.collect()

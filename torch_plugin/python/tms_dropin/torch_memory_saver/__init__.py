@@ -25,11 +25,12 @@ from .hooks.mode_preload import configure_subprocess
 
 
 def _say_why_the_preload_library_is_missing():
-    """A process started with the drop-in's preload library in LD_PRELOAD that the loader
-    refused (it prints one line and goes on; the usual cause: the vmstash package, whose
-    libraries it needs, is not installed beside it) is told here, with the loader's reason:
-    the drop-in then serves regions without the preload hooks, and TMS_INIT_ENABLE=1 is
-    refused."""
+    """A process started with a torch_memory_saver preload library in LD_PRELOAD that is not
+    vmstash's loaded one is told so (a RuntimeWarning): the loader refused it (it printed
+    why on stderr and went on; the usual cause: the vmstash package, whose libraries it
+    needs, is not installed beside it), or it is torch_memory_saver's own. The drop-in then
+    serves regions without preload hooks, and TMS_INIT_ENABLE=1 is refused. Nothing is
+    loaded here (a late dlopen would run a preload library's constructors)."""
     from vmstash import _lib
     if _lib.preloaded_library() is not None:
         return
@@ -37,15 +38,19 @@ def _say_why_the_preload_library_is_missing():
         if not os.path.basename(entry).startswith("torch_memory_saver_hook_mode_preload"):
             continue
         try:
-            ctypes.CDLL(entry)
-            why = "it is not vmstash's preload library (torch_memory_saver's own is installed there?)"
-        except OSError as e:
-            why = f"the loader refused it: {e}; install the vmstash package of the same version beside it"
-        warnings.warn(f"torch_memory_saver (vmstash's drop-in): LD_PRELOAD names {entry}, which is not loaded ({why})",
-                      RuntimeWarning, stacklevel=2)
+            ctypes.CDLL(entry, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+            why = "it is loaded, but it is torch_memory_saver's own preload library, not vmstash's"
+        except OSError:
+            why = ("the dynamic loader refused it at the start, saying why on stderr; usually the vmstash package "
+                   "of the same version is missing beside it")
+        warnings.warn(f"torch_memory_saver (vmstash's drop-in): LD_PRELOAD names {entry}, which is not vmstash's "
+                      f"loaded preload library ({why})", RuntimeWarning, stacklevel=2)
 
 
-_say_why_the_preload_library_is_missing()
+try:
+    _say_why_the_preload_library_is_missing()
+except Exception:  # noqa: BLE001 - a warning turned into an error (-W error) must not fail the import
+    pass
 
 __all__ = ["TorchMemorySaver", "configure_subprocess", "torch_memory_saver"]
 served_by = "vmstash"

@@ -37,7 +37,10 @@ What differs, on purpose:
   * cuda_graph works in torch mode too: the graph's memory goes to a MemPool of the tag,
     chosen as torch.cuda.graph(pool=...) chooses (vmstash._torch.graph_pool): graphs given
     one pool (torch.cuda.graph_pool_handle(), an earlier graph's pool()) share it, a graph
-    given none has a private one; either way its memory is the tag's.
+    given none has one of its own (an idle one reused); either way its memory is the tag's.
+    The capture goes to that vmstash pool's id, not to the id given: memory routed to the
+    given id by other means (pynccl's set_graph_pool_id, a user's own MemPool) is not the
+    tag's.
   * Backups go to vmstash backup stores (vmstash.set_backup_store): cpu_backup_backend
     "pinned" -> "pinned", "mmap" -> "pageable", enable_disk_backup -> "disk_files" in the
     disk backup directory (TMS_DISK_BACKUP_DIR or set_disk_backup_dir(), default /tmp;
@@ -336,9 +339,11 @@ class TorchMemorySaver:
         kwargs = {"capture_error_mode": capture_error_mode}
         if stream is not None:
             kwargs["stream"] = stream
-        # torch.cuda.graph's pool= semantics inside the tag (the module's docstring).
-        mem_pool = _torch.graph_pool(name, policy, share=pool)
-        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, mem_pool=mem_pool, **kwargs), \
+        # torch.cuda.graph's pool= semantics inside the tag (the module's docstring), on the
+        # device the capture runs on.
+        device = stream.device if stream is not None else None
+        mem_pool = _torch.graph_pool(name, policy, device=device, share=pool, graph=cuda_graph)
+        with _torch.cuda_graph(cuda_graph, tag=name, policy=policy, device=device, mem_pool=mem_pool, **kwargs), \
                 self._impl._with_region_config(tag, enable_cpu_backup, cpu_backup_backend):
             yield
 

@@ -19,7 +19,10 @@ it is idempotent). What it changes in vLLM, where the names exist (vLLM 0.33):
     themselves (OpenRLHF, verl's server mode). Its worker's model config is changed when the
     worker is made (WorkerBase.__init__) and again when a backend is made
     (SleepModeBackendFactory.create_backend), so everything after reads "vmstash"; an engine
-    that names another backend keeps it. 0 or unset: off.
+    that names another backend keeps it (one that names "cumem" cannot be told from the
+    default: it is switched too). Read once per process; where vmstash's backend cannot run
+    (no CUDA device, its library missing) vLLM keeps its own, with one warning. 0 or unset:
+    off.
 """
 import functools
 import logging
@@ -33,6 +36,7 @@ BACKEND_NAME = "vmstash"
 ENV_SWITCH = "VMSTASH_VLLM_SLEEP_BACKEND"
 _lock = threading.Lock()
 _choice = {"forced": None, "noted": None}  # select()'s choice; the worker's config's
+_switch_state = {}  # "on": the switch as read once (register()); "usable": vmstash's backend can run here
 _original = {}
 
 
@@ -72,11 +76,25 @@ def switched_on():
 
 
 def _switch():
-    """switched_on(), a bad value counting as off (register() said why): the routing never raises."""
-    try:
-        return switched_on()
-    except ValueError:
-        return False
+    """The switch as read once per process (a bad value counting as off: register() said
+    why), and only where vmstash's backend can run here (else vLLM keeps its own, said
+    once): the routing never raises, and never fails an engine that would work without it."""
+    with _lock:
+        if "on" not in _switch_state:
+            try:
+                _switch_state["on"] = switched_on()
+            except ValueError:
+                _switch_state["on"] = False
+        if not _switch_state["on"]:
+            return False
+        if "usable" not in _switch_state:
+            from .backend import VmstashSleepBackend
+            _switch_state["usable"] = bool(VmstashSleepBackend.is_supported())
+            if not _switch_state["usable"]:
+                logger.warning("vmstash vLLM plugin: %s is on, but vmstash's backend cannot run in this process "
+                               "(no CUDA device, or its library does not load); vLLM keeps its own backend",
+                               ENV_SWITCH)
+        return _switch_state["usable"]
 
 
 def _backend_of(model_config):
@@ -89,8 +107,9 @@ def _backend_of(model_config):
 
 
 def _apply_switch(model_config):
-    """Writes the backend the switch gives into `model_config` (a worker's own copy), so
-    vLLM's code after it reads "vmstash" too."""
+    """Writes the backend the switch gives into `model_config` (a worker's copy; in an
+    engine that runs its worker in the process, the engine's own config), so vLLM's code
+    after it reads "vmstash" too."""
     if model_config is None or _backend_of(model_config) == getattr(model_config, "sleep_mode_backend", None):
         return
     try:
@@ -174,9 +193,9 @@ def _switch_created_backends(factory):
         return
 
     @functools.wraps(original)
-    def create_backend(cls, model_config, *args, **kwargs):
-        _apply_switch(model_config)
-        return original(cls, model_config, *args, **kwargs)
+    def create_backend(cls, *args, **kwargs):
+        _apply_switch(args[0] if args else kwargs.get("model_config"))
+        return original(cls, *args, **kwargs)
 
     create_backend._vmstash_switch = True
     wrapped = classmethod(create_backend)
