@@ -237,6 +237,24 @@ def test_cuda_graph_pools_as_torch_chooses_them():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(y, (x * f).sin()), f
+    # A graph given its pool() (SGLang's loop: the first capture without a pool, then its
+    # pool for the next ones) shares that private pool.
+    g5 = torch.cuda.CUDAGraph()
+    with tms.cuda_graph(cuda_graph=g5, pool=graphs[3].pool(), tag="graphs"):
+        y5 = (x * 11.0).sin()
+    assert g5.pool() == p[3]
+    # A pool whose graphs are all gone serves the next capture that needs one of its own.
+    import gc
+    del graphs[3], outs[3], g5, y5
+    gc.collect()
+    g6 = torch.cuda.CUDAGraph()
+    with tms.cuda_graph(cuda_graph=g6, tag="graphs"):
+        y6 = (x * 13.0).sin()
+    assert g6.pool() == p[3], "an idle pool is reused"
+    y6.zero_()
+    g6.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y6, (x * 13.0).sin())
 
 
 def test_slime_training_disk():
