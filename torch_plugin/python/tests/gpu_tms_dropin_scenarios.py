@@ -245,7 +245,9 @@ def test_cuda_graph_pools_as_torch_chooses_them():
     assert g5.pool() == p[3]
     # A pool whose graphs are all gone serves the next capture that needs one of its own.
     import gc
-    del graphs[3], outs[3], g5, y5
+    import weakref
+    weakref.ref(g5)  # CUDAGraph must be weakly referable, or no pool is ever seen idle
+    del graphs[3], outs[3], g5, y5, g, y  # (g and y: the last graph and output of the loop above)
     gc.collect()
     g6 = torch.cuda.CUDAGraph()
     with tms.cuda_graph(cuda_graph=g6, tag="graphs"):
