@@ -86,63 +86,24 @@ TradeOptions Options(const std::string& dir, const std::string& txn, const std::
 // A child that takes the chunks of `device` in the switch it reads from a pipe, and
 // writes back how long it waited and the marks of what it got ("ms|mark,mark,...", or
 // "CODE|message" on failure), then takes again ("|again:N").
-class Taker {
+class Taker : public SwitchChild {
  public:
-  Taker(const std::string& dir, const std::string& device) {
-    int go[2], out[2];
-    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(go[1]);
-      ::close(out[0]);
-      char id[33] = {};
-      if (::read(go[0], id, 32) != 32) ::_exit(3);
-      const auto start = Clock::now();
-      absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, id, device));
-      std::string text;
-      if (!got.ok()) {
-        text = absl::StrCat(absl::StatusCodeToString(got.status().code()), "|", got.status().message());
-      } else {
-        std::vector<std::string> marks;
-        for (const TradedChunk& c : *got) {
-          marks.push_back(absl::StrCat(Mark(c.fd), ":", c.size_bytes));
-          ::close(c.fd);
-        }
-        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-        absl::StatusOr<std::vector<TradedChunk>> again = TakeChunks(Options(dir, id, device));
-        text = absl::StrCat(ms, "|", absl::StrJoin(marks, ","), "|again:", again.ok() ? again->size() : 999);
-      }
-      (void)!::write(out[1], text.data(), text.size());
-      ::_exit(0);
-    }
-    ::close(go[0]);
-    ::close(out[1]);
-    go_ = go[1];
-    out_ = out[0];
-  }
-  ~Taker() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (go_ >= 0) ::close(go_);
-    if (out_ >= 0) ::close(out_);
-  }
-  pid_t pid() const { return pid_; }
-  void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
-  std::string Result() {
-    std::string text;
-    char buf[65536];
-    ssize_t n;
-    while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-    return text;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int go_ = -1, out_ = -1;
+  Taker(const std::string& dir, const std::string& device)
+      : SwitchChild([=](const std::string& txn) {
+          const auto start = Clock::now();
+          absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, txn, device));
+          if (!got.ok()) {
+            return absl::StrCat(absl::StatusCodeToString(got.status().code()), "|", got.status().message());
+          }
+          std::vector<std::string> marks;
+          for (const TradedChunk& c : *got) {
+            marks.push_back(absl::StrCat(Mark(c.fd), ":", c.size_bytes));
+            ::close(c.fd);
+          }
+          const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+          absl::StatusOr<std::vector<TradedChunk>> again = TakeChunks(Options(dir, txn, device));
+          return absl::StrCat(ms, "|", absl::StrJoin(marks, ","), "|again:", again.ok() ? again->size() : 999);
+        }) {}
 };
 
 TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {

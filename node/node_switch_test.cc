@@ -46,62 +46,19 @@ absl::StatusOr<std::string> Begin(const std::string& dir, const std::vector<pid_
 }
 
 // A participant in a child process: it waits for the switch's id on a pipe, then (after
-// `delay_ms`) votes `local` and reports what VoteAndWait returned.
-class Participant {
+// `delay_ms`) votes `local` and reports what VoteAndWait returned ("CODE|message").
+class Participant : public SwitchChild {
  public:
-  Participant(const std::string& dir, absl::Status local, int delay_ms = 0, int hard_ms = 10000) {
-    int go[2], out[2];
-    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::close(go[1]);
-      ::close(out[0]);
-      char id[33] = {};
-      if (::read(go[0], id, 32) != 32) ::_exit(3);
-      std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
-      VoteOptions o;
-      o.dir = dir;
-      o.txn = id;
-      o.hard_deadline = Clock::now() + std::chrono::milliseconds(hard_ms);
-      const absl::Status s = VoteAndWait(o, local);
-      const std::string text = absl::StrCat(absl::StatusCodeToString(s.code()), "|", s.message());
-      (void)!::write(out[1], text.data(), text.size());
-      ::_exit(0);
-    }
-    ::close(go[0]);
-    ::close(out[1]);
-    go_ = go[1];
-    out_ = out[0];
-  }
-  ~Participant() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (go_ >= 0) ::close(go_);
-    if (out_ >= 0) ::close(out_);
-  }
-  pid_t pid() const { return pid_; }
-  void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
-  // What VoteAndWait returned: "CODE|message".
-  std::string Result() {
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-    return text;
-  }
-  void Kill() {
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int go_ = -1, out_ = -1;
+  Participant(const std::string& dir, absl::Status local, int delay_ms = 0, int hard_ms = 10000)
+      : SwitchChild([=](const std::string& txn) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+          VoteOptions o;
+          o.dir = dir;
+          o.txn = txn;
+          o.hard_deadline = Clock::now() + std::chrono::milliseconds(hard_ms);
+          const absl::Status s = VoteAndWait(o, local);
+          return absl::StrCat(absl::StatusCodeToString(s.code()), "|", s.message());
+        }) {}
 };
 
 // Polls until `pred()` or 5 s.

@@ -1,5 +1,6 @@
 // Test support for node/ (tests only): private runtime directories removed at exit,
-// a node daemon running in a child process, and a process's count of open descriptors.
+// a node daemon running in a child process, a switch's participant in a child process,
+// and a process's count of open descriptors.
 #ifndef VMSTASH_NODE_TESTING_H_
 #define VMSTASH_NODE_TESTING_H_
 
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,6 +104,59 @@ class DaemonProcess {
   pid_t pid_ = -1;
   int stop_ = -1;
   bool started_ = false;
+};
+
+// A child process that waits for a switch's id (32 characters) on a pipe, runs `work(id)`
+// and writes back what it returns; killed, if still running, when this object goes.
+class SwitchChild {
+ public:
+  explicit SwitchChild(const std::function<std::string(const std::string& txn)>& work) {
+    int go[2], out[2];
+    if (::pipe(go) != 0 || ::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::close(go[1]);
+      ::close(out[0]);
+      char id[33] = {};
+      if (::read(go[0], id, 32) != 32) ::_exit(3);
+      const std::string text = work(id);
+      (void)!::write(out[1], text.data(), text.size());
+      ::_exit(0);
+    }
+    ::close(go[0]);
+    ::close(out[1]);
+    go_ = go[1];
+    out_ = out[0];
+  }
+  ~SwitchChild() {
+    Kill();
+    if (go_ >= 0) ::close(go_);
+    if (out_ >= 0) ::close(out_);
+  }
+  SwitchChild(const SwitchChild&) = delete;
+  SwitchChild& operator=(const SwitchChild&) = delete;
+  pid_t pid() const { return pid_; }
+  void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
+  // What `work` returned (waits for the child's end).
+  std::string Result() {
+    std::string text;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    return text;
+  }
+  void Kill() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int go_ = -1, out_ = -1;
 };
 
 }  // namespace vmstash::node
