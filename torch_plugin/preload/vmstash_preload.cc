@@ -221,13 +221,19 @@ void* RoutedMalloc(size_t size, int device, cudaStream_t stream) {
 
 // At load: torch_memory_saver's entry points learn the process tag (its tag "default" in
 // whole-process mode); whole-process mode cannot see expandable segments (cuMemCreate).
+// PyTorch reads PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF (the Python drop-in
+// refuses the start and a pause that would leave live tensors behind: _alloc_conf.py).
 __attribute__((constructor)) void AtLoad() {
   if (RouteAll()) vmstash::tms::SetProcessTag(ProcessTagName());
-  const char* conf = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
-  if (RouteAll() && conf != nullptr && std::strstr(conf, "expandable_segments:True") != nullptr) {
-    std::fprintf(stderr, "vmstash preload: whole-process mode (TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL) cannot see "
-                         "PyTorch's expandable segments (cuMemCreate is not interposed); unset "
-                         "expandable_segments:True in PYTORCH_CUDA_ALLOC_CONF\n");
+  for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
+    const char* conf = std::getenv(name);
+    if (conf == nullptr || *conf == '\0') continue;
+    if (RouteAll() && std::strstr(conf, "expandable_segments:True") != nullptr) {
+      std::fprintf(stderr, "vmstash preload: whole-process mode (TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL) cannot see "
+                           "PyTorch's expandable segments (cuMemCreate is not interposed); unset "
+                           "expandable_segments:True in %s\n", name);
+    }
+    break;  // the one PyTorch reads
   }
 }
 

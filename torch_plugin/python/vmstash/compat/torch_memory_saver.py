@@ -67,7 +67,7 @@ import os
 import threading
 import warnings
 
-from .. import _api, _lib, _torch
+from .. import _alloc_conf, _api, _lib, _torch
 from .._lib import Error
 
 __all__ = ["torch_memory_saver", "configure_subprocess", "TorchMemorySaver"]
@@ -218,8 +218,10 @@ class TorchMemorySaver:
 
     def _ensure_initialized(self):
         """Checks the process set-up once (torch_memory_saver does it at the first use):
-        whole-process mode needs the preload library and cannot work with PyTorch's
-        expandable segments; both are refused with a clear error."""
+        whole-process mode needs the preload library and cannot pause PyTorch's expandable
+        segments (vmstash/_alloc_conf.py); both are refused with a clear error. Regions,
+        graphs and disable() work with expandable segments on, in either hook mode: their
+        pools have vmstash's allocator, for which PyTorch turns expandable segments off."""
         if self._impl is not None:
             return
         whole = _lib.lib().vmstash_tms_whole_process() == 1
@@ -227,11 +229,9 @@ class TorchMemorySaver:
             raise _lib.Error("TMS_INIT_ENABLE=1 (every CUDA allocation of the process managed) needs the process "
                              "started with LD_PRELOAD=<libvmstash_preload.so> (configure_subprocess() does it for "
                              "children); refusing to manage nothing", _lib.FAILED_PRECONDITION)
-        if (whole or self.hook_mode == "preload") and \
-                "expandable_segments:True" in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
-            raise RuntimeError("torch_memory_saver on vmstash: PyTorch's expandable_segments allocates through "
-                               "cuMemCreate, which the preload library cannot see; unset expandable_segments:True "
-                               "in PYTORCH_CUDA_ALLOC_CONF (torch_memory_saver refuses it too)")
+        refusal = _alloc_conf.whole_process_refusal(os.environ) if whole else None
+        if refusal is not None:
+            raise RuntimeError(refusal)
         _check_env_backend()
         self._impl = _Impl(self)
 
@@ -380,9 +380,28 @@ class TorchMemorySaver:
         """Pauses every vmstash tag of `tag` (None: all), with PyTorch's live blocks of their
         MemPools as liveness hints; on failure every tag is as it was."""
         self._ensure_initialized()
+        if not tag or tag == "default":
+            self._check_expandable()
         targets = [(name, name.encode()) for name in self._targets(tag)]
         with _api._hinted(targets, -1) as (live, n_live):
             _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
+
+    def _check_expandable(self):
+        """A whole-process pause refuses while PyTorch's expandable segments (turned on at
+        run time, as frameworks do around a training step) hold live tensors it cannot
+        pause; their free cached memory only gets a warning (torch.cuda.empty_cache())."""
+        if _lib.lib().vmstash_tms_whole_process() != 1:
+            return
+        import torch
+        segments = torch.cuda.memory_snapshot()
+        refusal = _alloc_conf.pause_refusal(segments)
+        if refusal is not None:
+            raise _lib.Error(refusal, _lib.FAILED_PRECONDITION)
+        reserved = _alloc_conf.expandable_bytes(segments)[1]
+        if reserved:
+            warnings.warn(f"torch_memory_saver on vmstash: PyTorch's expandable segments keep {reserved >> 20} MiB "
+                          f"cached on the device through this pause (whole-process mode cannot pause them); "
+                          f"torch.cuda.empty_cache() before the pause gives them back", RuntimeWarning, stacklevel=3)
 
     def resume(self, tag=None):
         self._ensure_initialized()
