@@ -20,6 +20,9 @@ unchanged, each in a fresh process, the way the frameworks start them:
                    retain_cpu_backup False and True: device memory, host memory (RSS,
                    MemAvailable) and disk space measured at each step; the disk backup as
                    torch_memory_saver lays it out (a file per allocation while paused)
+  expandable_segments_with_regions / _whole_process  PyTorch's expandable segments on:
+                   regions and a graph pause beside them; whole-process mode refuses a
+                   pause while expandable segments turned on at run time hold tensors
   backups_under_pressure  the pinned and mmap backends' bytes when another process takes
                    the host's memory: after a resume handed the pinned backup back lazily
                    (MADV_FREE: the kernel takes those pages), and again while paused (a
@@ -257,6 +260,80 @@ def test_cuda_graph_pools_as_torch_chooses_them():
     g6.replay()
     torch.cuda.synchronize()
     assert torch.equal(y6, (x * 13.0).sin())
+
+
+def _set_allocator_settings(torch, conf):
+    """PyTorch's allocator settings changed at run time, as frameworks toggle
+    expandable_segments around a training step."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or \
+        torch.cuda.memory._set_allocator_settings
+    setter(conf)
+
+
+def _expandable_segments(torch):
+    return [s for s in torch.cuda.memory_snapshot() if s.get("is_expandable")]
+
+
+def test_expandable_segments_with_regions():
+    """PYTORCH_ALLOC_CONF=expandable_segments:True, the preload library in place (SGLang's
+    set-up with the setting on): regions and a graph pause and resume, their memory freed,
+    while PyTorch's own memory stays expandable."""
+    import torch
+    from torch_memory_saver import torch_memory_saver as tms
+    assert tms.hook_mode == "preload"
+    outside = torch.arange(1 << 20, device="cuda")
+    assert _expandable_segments(torch), "PyTorch's own pool is not expandable"
+    with tms.region(tag="weights", enable_cpu_backup=True):
+        w = torch.arange(64 * MiB, device="cuda", dtype=torch.int32)
+    with tms.region(tag="kv_cache"):
+        kv = torch.ones(256 * MiB, device="cuda", dtype=torch.uint8)
+    g = torch.cuda.CUDAGraph()
+    with tms.cuda_graph(cuda_graph=g, tag="graphs"):
+        y = (w[:1 << 20].float() * 2.0)
+    free = _free()
+    tms.pause()
+    freed = _free() - free
+    assert freed >= w.nbytes + kv.nbytes, (freed, w.nbytes + kv.nbytes)
+    tms.resume()
+    assert torch.equal(w, torch.arange(64 * MiB, device="cuda", dtype=torch.int32))
+    y.zero_()
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, torch.arange(1 << 20, device="cuda", dtype=torch.float32) * 2.0)
+    assert torch.equal(outside, torch.arange(1 << 20, device="cuda"))
+    print(f"expandable_segments_with_regions: OK (freed {freed / MiB:.0f} MiB)")
+
+
+def test_expandable_segments_whole_process():
+    """slime's training actor (preload library, TMS_INIT_ENABLE=1) with expandable segments
+    turned on at run time around a step: the pause refuses with the setting named while
+    they hold live tensors, nothing paused; with the setting off again and those tensors
+    freed, the pause releases the process's memory and the resume brings it back."""
+    import torch
+    import vmstash
+    from torch_memory_saver import torch_memory_saver as tms
+    torch.zeros(1, device="cuda")
+    free0 = _free()
+    model = torch.nn.Linear(4096, 4096).cuda()
+    ref = model.weight.detach().clone()
+    _set_allocator_settings(torch, "expandable_segments:True")
+    act = torch.randn(64 * MiB // 4, device="cuda")  # a training step's activation
+    assert _expandable_segments(torch), "the setting did not reach PyTorch"
+    with pytest.raises(vmstash.Error, match="expandable segments hold") as e:
+        tms.pause()
+    from vmstash import _lib
+    assert e.value.code == _lib.FAILED_PRECONDITION
+    assert torch.equal(model.weight, ref), "a refused pause changed the model"
+    del act
+    _set_allocator_settings(torch, "expandable_segments:False")
+    torch.cuda.empty_cache()
+    assert not _expandable_segments(torch)
+    held = free0 - _free()
+    tms.pause()
+    assert _free() >= free0 - 64 * MiB, "the process's memory was not released"
+    tms.resume()
+    assert torch.equal(model.weight, ref)
+    print(f"expandable_segments_whole_process: OK (held {held / MiB:.0f} MiB)")
 
 
 def test_slime_training_disk():
@@ -561,6 +638,10 @@ def child_env(name, env):
     env["PYTHONPATH"] = os.pathsep.join([site, os.path.join(ROOT, "torch_plugin", "python")])
     env.pop("LD_PRELOAD", None)
     if name == "test_slime_training":
+        env.update(LD_PRELOAD=slime_preload_path(site, env), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+    elif name == "test_expandable_segments_with_regions":
+        env.update(LD_PRELOAD=slime_preload_path(site, env), PYTORCH_ALLOC_CONF="expandable_segments:True")
+    elif name == "test_expandable_segments_whole_process":
         env.update(LD_PRELOAD=slime_preload_path(site, env), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
     elif name == "test_slime_training_disk":
         env.update(LD_PRELOAD=slime_preload_path(site, env), TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_DISK_BACKUP="1",
