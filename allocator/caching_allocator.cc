@@ -356,8 +356,9 @@ void CachingAllocator::NoteReservedLocked(TagPool* pool) {
   const std::size_t bytes = pool->mapped_bytes();
   // Only pinned arenas: the others cost nothing to make at pause time (and a disk arena
   // made early would take the disk before it is needed).
-  if (preparer_ != nullptr && pool->policy() == Policy::kBackup && pool->state() == TagState::kActive &&
-      pool->store().kind == BackupStore::Kind::kPinned && bytes > pool->auto_prepare().requested_bytes &&
+  if (preparer_ != nullptr && pool->auto_prepare().ahead && pool->policy() == Policy::kBackup &&
+      pool->state() == TagState::kActive && pool->store().kind == BackupStore::Kind::kPinned &&
+      bytes > pool->auto_prepare().requested_bytes &&
       bytes > pool->auto_prepare().floor_bytes) {
     pool->auto_prepare().requested_bytes = RoundUp(bytes + bytes / 4, std::size_t{64} << 20);
     preparer_->Request(pool->id(), pool->auto_prepare().requested_bytes);
@@ -677,6 +678,17 @@ absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
     VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "release_backup"));
   }
   return pool->ReleaseBackup();
+}
+
+absl::Status CachingAllocator::SetPrepareAhead(TagId tag, bool ahead) {
+  MutexLock lock(&mu_);
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPoolLocked(tag, "set_prepare_ahead"));
+  if (pool->auto_prepare().ahead == ahead) return absl::OkStatus();
+  pool->auto_prepare().ahead = ahead;
+  // Off: a queued request finds nothing asked and does nothing. On: asked again from zero.
+  pool->auto_prepare().requested_bytes = 0;
+  if (ahead) NoteReservedLocked(pool);
+  return absl::OkStatus();
 }
 
 absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {

@@ -4,7 +4,8 @@
 // back instead of releasing it); retention flipped between a pause and its resume; a
 // failed resume after the pieces were unpinned; the statistic in every state; the last
 // free of a paused tag; a store change while pieces are pinned; foreground and background
-// preparations failing half-way or racing transitions; PinnedPieces' bounds.
+// preparations failing half-way or racing transitions; a tag not prepared ahead;
+// PinnedPieces' bounds.
 #include <atomic>
 #include <cstdint>
 #include <limits>
@@ -479,6 +480,39 @@ TEST_F(PinnedBackupTest, BackgroundPreparationRacingEverything) {
   stop = true;
   churn.join();
   alloc_->WaitForBackgroundPrepare();
+  EXPECT_TRUE(alloc_->Validate().ok());
+  FreeAllAndCheckNoLeaks();
+}
+
+// SetPrepareAhead: a tag not prepared ahead holds no pinned memory however it grows (its
+// first pause makes the arena, and keeps every byte); the arena is kept when the flag goes
+// off; on again, the tag's present size is prepared. The other tag is prepared meanwhile.
+TEST_F(PinnedBackupTest, ATagNotPreparedAheadPinsNothingUntilItsPause) {
+  Make(BackupRetention{}, 1 * kGiB, /*auto_prepare=*/true);
+  ASSERT_TRUE(alloc_->SetPrepareAhead(a_, false).ok());
+  Fill(a_, {96 * kMiB});
+  Fill(b_, {32 * kMiB});
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0);
+  EXPECT_GE(TagStatsOf(*alloc_, b_).backup_arena_bytes, static_cast<std::int64_t>(32 * kMiB));
+  ASSERT_TRUE(alloc_->Pause(a_).ok());  // made on first need
+  EXPECT_TRUE(Intact(a_));
+  ASSERT_TRUE(alloc_->Resume(a_).ok());
+  EXPECT_TRUE(Intact(a_));
+  const std::int64_t kept = TagStatsOf(*alloc_, a_).backup_arena_bytes;
+  EXPECT_GE(kept, static_cast<std::int64_t>(96 * kMiB));  // kept after the resume (default retention)
+  ASSERT_TRUE(alloc_->SetPrepareAhead(a_, true).ok());
+  ASSERT_TRUE(alloc_->SetPrepareAhead(a_, false).ok());  // off again: the arena stays
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, kept);
+  ASSERT_TRUE(alloc_->ReleaseBackup(a_).ok());
+  Fill(a_, {64 * kMiB});
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_EQ(TagStatsOf(*alloc_, a_).backup_arena_bytes, 0);
+  ASSERT_TRUE(alloc_->SetPrepareAhead(a_, true).ok());  // on: the present 160 MiB, with headroom
+  alloc_->WaitForBackgroundPrepare();
+  EXPECT_GE(TagStatsOf(*alloc_, a_).backup_arena_bytes, static_cast<std::int64_t>(160 * kMiB));
+  EXPECT_EQ(alloc_->SetPrepareAhead(*InternTag("review_none"), false).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(alloc_->Validate().ok());
   FreeAllAndCheckNoLeaks();
 }

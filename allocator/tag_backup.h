@@ -79,6 +79,8 @@ class TagBackup {
     // A release's reserved bytes: background preparation waits until the tag grows past
     // them, so a released arena is not pinned again at the next resume.
     std::size_t floor_bytes = 0;
+    // Whether background preparation serves this tag at all (CachingAllocator::SetPrepareAhead).
+    bool ahead = true;
   };
   // Takes back other tags' prepared arenas for a pause over the cap: called with the
   // bytes wanted, returns the bytes refunded (TransitionHost::ReclaimPreparedArenas).

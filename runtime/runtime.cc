@@ -55,6 +55,7 @@ absl::StatusOr<CachingAllocator*> Runtime::Allocator(int device) {
     for (const auto& [tag, store] : registry_.Stores()) {
       VMSTASH_RETURN_IF_ERROR(a->SetBackupStore(tag, store, /*directory_must_exist=*/false));
     }
+    for (TagId tag : registry_.NotPreparedAhead()) VMSTASH_RETURN_IF_ERROR(a->SetPrepareAhead(tag, false));
     for (const TagHooks& h : registry_.Hooks()) {
       VMSTASH_RETURN_IF_ERROR(a->AddHooks(h.tag, h.before_pause, h.after_resume));
     }
@@ -179,6 +180,19 @@ absl::Status Runtime::SetBackupStore(TagId tag, const BackupStore& store, bool d
     }
   }
   return failed;
+}
+
+absl::Status Runtime::SetPrepareAhead(TagId tag, bool ahead) {
+  MutexLock lock(&mu_);
+  if (!registry_.PolicyOf(tag)) {
+    return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' was never declared; declare it before choosing "
+                                            "whether its backup is prepared ahead"));
+  }
+  registry_.SetPrepareAhead(tag, ahead);  // a device used for the first time from here on gets it
+  for (auto& a : owned_) {
+    if (a != nullptr) VMSTASH_RETURN_IF_ERROR(a->SetPrepareAhead(tag, ahead));
+  }
+  return absl::OkStatus();
 }
 
 BackupStore Runtime::TagBackupStore(TagId tag) const {

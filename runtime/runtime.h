@@ -131,6 +131,9 @@ class Runtime {
   // without it the pause that writes there checks (torch_memory_saver's directory, read at
   // each pause). FailedPrecondition for a discard tag or one paused on some device.
   absl::Status SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist = true);
+  // Whether the declared tag's backup is prepared ahead of its pauses, on every device,
+  // present and future (CachingAllocator::SetPrepareAhead). NotFound for an undeclared tag.
+  absl::Status SetPrepareAhead(TagId tag, bool ahead);
   // The tag's store: its choice, else the allocator options' default.
   BackupStore TagBackupStore(TagId tag) const;
   absl::StatusOr<int> BindSlot(TagId tag);

@@ -52,6 +52,12 @@ std::optional<BackupStore> TagRegistry::StoreOf(TagId tag) const {
   return std::nullopt;
 }
 
+void TagRegistry::SetPrepareAhead(TagId tag, bool ahead) {
+  auto it = std::find(not_ahead_.begin(), not_ahead_.end(), tag);
+  if (ahead && it != not_ahead_.end()) not_ahead_.erase(it);
+  if (!ahead && it == not_ahead_.end()) not_ahead_.push_back(tag);
+}
+
 absl::StatusOr<int> TagRegistry::BindSlot(TagId tag) {
   for (int s = 0; s < kSlots; ++s) {
     const TagId bound = slots_[s].load(std::memory_order_relaxed);

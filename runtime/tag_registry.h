@@ -1,5 +1,6 @@
 // TagRegistry: the runtime's one record of the tags a process declared: each tag's
-// policy (in declaration order), the backup stores chosen for tags, the tag bound to each allocation slot, and the pause/
+// policy (in declaration order), the backup stores chosen for tags, the tags not prepared
+// ahead, the tag bound to each allocation slot, and the pause/
 // resume hooks. Tag names and ids are the intern table's (allocator/tag.h, names only);
 // each CachingAllocator keeps the policy of the pools it holds, created from this record
 // (Runtime applies every declaration and hook to every allocator, and to each new one).
@@ -46,6 +47,10 @@ class TagRegistry {
   void SetStore(TagId tag, const BackupStore& store);
   std::optional<BackupStore> StoreOf(TagId tag) const;
   const std::vector<std::pair<TagId, BackupStore>>& Stores() const { return stores_; }
+  // Tags whose backup is not prepared ahead (CachingAllocator::SetPrepareAhead): every
+  // other tag's is.
+  void SetPrepareAhead(TagId tag, bool ahead);
+  const std::vector<TagId>& NotPreparedAhead() const { return not_ahead_; }
 
   // The slot bound to `tag`, binding the first free one; ResourceExhausted when all are bound.
   absl::StatusOr<int> BindSlot(TagId tag);
@@ -58,6 +63,7 @@ class TagRegistry {
  private:
   std::vector<std::pair<TagId, Policy>> declared_;
   std::vector<std::pair<TagId, BackupStore>> stores_;
+  std::vector<TagId> not_ahead_;
   std::vector<TagHooks> hooks_;
   std::atomic<TagId> slots_[kSlots];
 };

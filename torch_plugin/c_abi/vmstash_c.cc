@@ -488,6 +488,14 @@ int vmstash_set_backup_store(const char* tag, const char* store, const char* dir
   });
 }
 
+int vmstash_set_prepare_ahead(const char* tag, int ahead) noexcept {
+  return WithRuntime([&](Runtime& rt) {
+    absl::StatusOr<TagId> id = ExistingTagArg(tag);
+    if (!id.ok()) return Fail(id.status());
+    return Code(rt.SetPrepareAhead(*id, ahead != 0));
+  });
+}
+
 char* vmstash_backup_store(const char* tag) noexcept {
   return JsonCall([&](Runtime& rt) -> absl::StatusOr<std::string> {
     absl::StatusOr<TagId> id = ExistingTagArg(tag);

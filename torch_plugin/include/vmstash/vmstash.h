@@ -230,6 +230,11 @@ int vmstash_release_backup(const char* tag, int device) VMSTASH_NOEXCEPT;
  * or a missing directory; VMSTASH_FAILED_PRECONDITION for a discard tag or one paused on
  * some device (nothing changed). The default is VMSTASH_CONF's backup key. */
 int vmstash_set_backup_store(const char* tag, const char* store, const char* directory) VMSTASH_NOEXCEPT;
+/* Whether the declared tag's pinned backup is prepared ahead of its pauses by the
+ * background preparation (VMSTASH_CONF auto_prepare; `ahead` 1, the default) or made by
+ * the pause that first needs it (0; an arena already made is kept), on every device,
+ * present and future. VMSTASH_NOT_FOUND for an undeclared tag. */
+int vmstash_set_prepare_ahead(const char* tag, int ahead) VMSTASH_NOEXCEPT;
 /* The tag's store as "pinned", "pageable" or "disk:<directory>"; free with
  * vmstash_string_free. NULL on failure. */
 char* vmstash_backup_store(const char* tag) VMSTASH_NOEXCEPT;

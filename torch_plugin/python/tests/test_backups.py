@@ -108,3 +108,51 @@ def test_backup_stores(sim):
         vmstash.set_backup_store("cpu_store_kv", "pageable")
     assert e.value.code_name == "FAILED_PRECONDITION"
     vmstash.release_backup("cpu_store")
+
+
+_PREPARE_AHEAD_CASE = r"""
+import ctypes, time
+import vmstash
+from vmstash import _lib
+l = _lib.lib()
+MiB = 1 << 20
+try:
+    vmstash.set_prepare_ahead("pa_never_declared", False)
+except vmstash.Error as e:
+    print("undeclared:", e.code_name)
+for tag in ("pa_lazy", "pa_ahead"):
+    vmstash.create_tag(tag, "backup")
+vmstash.set_prepare_ahead("pa_lazy", False)  # before device 1 is first used
+def grow(tag, size):
+    vmstash.set_current_tag(tag)
+    p = l.vmstash_malloc(size, 1, None)
+    vmstash.set_current_tag("default")
+    ctypes.memset(p, 0x3C, size)
+    return p
+lazy, ahead = grow("pa_lazy", 64 * MiB), grow("pa_ahead", 64 * MiB)
+arena = lambda tag: vmstash.tag_stats(tag, 1)["backup_arena_bytes"]
+deadline = time.monotonic() + 60
+while arena("pa_ahead") == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("arenas:", arena("pa_ahead") > 0, arena("pa_lazy"))
+vmstash.pause("pa_lazy", 1)  # the arena made by the pause that needs it, every byte kept
+vmstash.resume("pa_lazy", 1)
+print("kept:", ctypes.string_at(lazy, 64 * MiB) == b"\x3c" * (64 * MiB))
+"""
+
+
+def test_prepare_ahead_is_chosen_per_tag_and_reaches_devices_used_later():
+    """vmstash.set_prepare_ahead(tag, False) with background preparation on: the tag's
+    backup is not pinned ahead on a device first used after the call (the other tag's is),
+    its pause makes it and loses nothing; an undeclared tag is NOT_FOUND. A fresh Python
+    (auto_prepare is off in this process's simulated runtime)."""
+    import subprocess
+    import sys
+    env = dict(os.environ, VMSTASH_CONF="driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here)] + sys.path)
+    r = subprocess.run([sys.executable, "-c", _PREPARE_AHEAD_CASE], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "undeclared: NOT_FOUND" in r.stdout, r.stdout
+    assert "arenas: True 0" in r.stdout and "kept: True" in r.stdout, r.stdout

@@ -423,3 +423,87 @@ def test_threads_sleeping_waking_and_discarding_at_once(sim_alloc, sim):
     a.wake_up()
     assert a.asleep_tags() == []
     assert sim.holds(w, 3 * MiB, 0x61) and sim.holds(rt, 1 * MiB, 0x62)
+
+
+# -- which backups are prepared ahead (the allocator's docstring; vmstash.set_prepare_ahead) --------
+
+_PREPARE_CASE = r"""
+import ctypes, time, types
+import vmstash
+from vmstash import _lib, _torch
+from vmstash.compat.vllm import allocator as A
+MiB = 1 << 20
+fake = types.SimpleNamespace(
+    accelerator=types.SimpleNamespace(empty_cache=lambda *_: None, synchronize=lambda d=None: None),
+    cuda=types.SimpleNamespace(current_device=lambda: 0,
+                               memory=types.SimpleNamespace(_snapshot=lambda: {"segments": []},
+                                                            empty_cache=lambda *_: None)))
+_torch._torch = lambda: fake
+a = A.VmstashMemAllocator()  # VMSTASH_VLLM_PREPARE_TAGS from the environment
+l = _lib.lib()
+live = {}
+def grow(tag, size, byte):  # memory of a vLLM tag, as its pool's segments would be
+    t = a._tag(tag)
+    t.devices.add(0)
+    vmstash.set_current_tag(t.name)
+    p = l.vmstash_malloc(size, 0, None)
+    vmstash.set_current_tag("default")
+    ctypes.memset(p, byte, size)
+    live.setdefault(tag, []).append((p, size, byte))
+def arena(tag):
+    return vmstash.tag_stats(A.TAG_PREFIX + tag, 0)["backup_arena_bytes"]
+def settle(tag):  # the background preparation of a tag prepared ahead has run
+    deadline = time.monotonic() + 60
+    while arena(tag) == 0:
+        assert time.monotonic() < deadline, "the named tag was never prepared"
+        time.sleep(0.05)
+def intact():
+    return all(ctypes.string_at(p, n) == bytes([b]) * n for ps in live.values() for p, n, b in ps)
+grow("weights", 64 * MiB, 0x11)
+grow("lora", 96 * MiB, 0x22)
+grow("kv_cache", 128 * MiB, 0x33)
+for tag in ("weights", "lora"):
+    if tag in a._prepare_tags:
+        settle(tag)
+print("prepared before the first sleep:", {t: arena(t) > 0 for t in ("weights", "lora", "kv_cache")})
+a.sleep(offload_tags=())  # level 2: weights and the LoRA pool dropped
+print("after level 2:", {t: arena(t) for t in ("weights", "lora")})
+a.wake_up()
+for tag in ("weights", "lora"):  # reloaded, as verl syncs the weights after a level-2 wake
+    for p, n, b in live[tag]:
+        ctypes.memset(p, b, n)
+del live["kv_cache"]  # never kept
+grow("lora", 32 * MiB, 0x44)
+a.sleep(offload_tags=("weights", "lora"))  # level 1: both kept, the LoRA pool's arena made now
+a.wake_up()
+print("intact:", intact())
+kept = arena("lora")
+grow("lora", 256 * MiB, 0x55)  # kept at its last sleep: prepared ahead from now on
+deadline = time.monotonic() + 60
+while arena("lora") <= kept and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("lora grows prepared:", arena("lora") > kept)
+"""
+
+
+@pytest.mark.parametrize("named", [None, "lora"])
+def test_backups_are_prepared_ahead_only_for_named_tags_and_those_kept_at_a_sleep(named):
+    """With background preparation on (auto_prepare:1), the named tags' backups (default
+    weights and cudagraph) are pinned ahead of the first sleep; another backup tag (a LoRA
+    pool) holds no host memory until a sleep keeps its bytes, so a level-2 sleep dropping it
+    has nothing to give back; once a sleep kept it, its growth is prepared ahead."""
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "VMSTASH_VLLM_PREPARE_TAGS"}
+    env["VMSTASH_CONF"] = "driver:sim,sim_devices:1,sim_capacity:2G,auto_prepare:1"
+    if named is not None:
+        env["VMSTASH_VLLM_PREPARE_TAGS"] = "weights," + named
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here)] + sys.path)
+    r = subprocess.run([sys.executable, "-c", _PREPARE_CASE], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    lora_ahead = named == "lora"
+    assert f"prepared before the first sleep: {{'weights': True, 'lora': {lora_ahead}, 'kv_cache': False}}" in out, out
+    assert "after level 2: {'weights': 0, 'lora': 0}" in out, out
+    assert "intact: True" in out and "lora grows prepared: True" in out, out

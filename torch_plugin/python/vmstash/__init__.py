@@ -19,7 +19,8 @@ vmstash.__version__ is version(): the loaded library's version (base/version.h, 
 place), read on first use so that importing vmstash loads no library.
 """
 from ._api import (backup_store, create_tag, current_tag, empty_cache, init, pause, prepare, read_backup,
-                   release_backup, resume, set_backup_store, set_current_tag, set_memory_margin, snapshot, stats,
+                   release_backup, resume, set_backup_store, set_current_tag, set_memory_margin, set_prepare_ahead,
+                   snapshot, stats,
                    switch, tag_stats, tags, version)
 from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, preloaded_library
 from ._torch import cuda_graph, install, pool, region, warm_blas_workspaces
@@ -29,7 +30,7 @@ from . import node  # noqa: F401  (vmstash.node: the node pool)
 __all__ = [
     "Error", "OutOfMemoryError", "backup_store", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",
     "library_path", "pause", "preload_library_path", "preloaded_library", "pool", "prepare", "read_backup", "region", "release_backup", "resume",
-    "set_backup_store", "set_current_tag", "set_memory_margin",
+    "set_backup_store", "set_current_tag", "set_memory_margin", "set_prepare_ahead",
     "node", "snapshot", "stash", "stats", "switch", "tag_stats", "tags", "version", "warm_blas_workspaces",
 ]
 

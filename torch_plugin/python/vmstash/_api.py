@@ -259,6 +259,14 @@ def release_backup(tag, device=None):
     _lib.check(_lib.lib().vmstash_release_backup(_lib.encode(tag), _device_arg(device)), f"release_backup({tag!r})")
 
 
+def set_prepare_ahead(tag, ahead=True):
+    """Whether the declared tag's pinned backup is prepared ahead of its pauses in the
+    background (the default, with auto_prepare on) or made by the pause that first needs
+    it (ahead=False; an arena already made is kept), on every device."""
+    _lib.check(_lib.lib().vmstash_set_prepare_ahead(_lib.encode(tag), int(bool(ahead))),
+               f"set_prepare_ahead({tag!r})")
+
+
 def set_backup_store(tag, store, directory=None):
     """Where the later pauses of a declared `backup` tag put its bytes, on every device:
     "pinned" (pinned host memory; link speed; the default unless VMSTASH_CONF's backup key

@@ -173,6 +173,7 @@ def _declare(l):
         "vmstash_prepare": (c_int, [c_char_p, c_int, c_size_t]),
         "vmstash_release_backup": (c_int, [c_char_p, c_int]),
         "vmstash_set_backup_store": (c_int, [c_char_p, c_char_p, c_char_p]),
+        "vmstash_set_prepare_ahead": (c_int, [c_char_p, c_int]),
         "vmstash_backup_store": (c_void_p, [c_char_p]),
         "vmstash_empty_cache": (c_int, [c_int, c_char_p]),
         "vmstash_stats_json": (c_void_p, [c_int]),

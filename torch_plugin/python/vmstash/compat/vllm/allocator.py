@@ -15,8 +15,12 @@ is the vmstash tag "vllm.<tag>" with one MemPool per entry of use_memory_pool, a
 segments go back (after a device synchronize) once no region is open. Tags named in
 VMSTASH_VLLM_DISCARD_TAGS (comma-separated; default "kv_cache,workspace", the tags vLLM's
 backends never keep) have policy "discard": no host backup is ever prepared for them.
-The others have policy "backup", so vmstash prepares their pinned backup ahead of the
-first sleep. Every call is one vmstash switch: all or nothing, including the device memory
+The others have policy "backup". The pinned backup of those named in
+VMSTASH_VLLM_PREPARE_TAGS (comma-separated; default "weights,cudagraph", the tags a level-1
+sleep keeps) is prepared ahead of the first sleep (vmstash.set_prepare_ahead); any other's
+is made by the first sleep that keeps its bytes, and prepared ahead from then on while its
+sleeps keep it, so a tag that is only ever dropped (a LoRA pool at level 2, a user's own)
+never holds pinned host memory and costs its sleep nothing to give back. Every call is one vmstash switch: all or nothing, including the device memory
 that a wake cannot find (vmstash.OutOfMemoryError, a torch.OutOfMemoryError and a
 RuntimeError, with every tag as it was). A sleep that drops a backup tag (level 2's
 weights) first gives that tag's prepared host memory back.
@@ -45,6 +49,7 @@ logger = logging.getLogger("vmstash.compat.vllm")
 
 TAG_PREFIX = "vllm."
 _DEFAULT_DISCARD_TAGS = ("kv_cache", "workspace")
+_DEFAULT_PREPARE_TAGS = ("weights", "cudagraph")
 
 
 _MAX_TAG = 64 - len(TAG_PREFIX)  # vmstash tag names: 1..64 printable ASCII characters
@@ -93,10 +98,10 @@ def _tag_hooks():
     return (before, after) if callable(before) and callable(after) else None
 
 
-def _discard_tags_from_env():
-    raw = os.environ.get("VMSTASH_VLLM_DISCARD_TAGS")
+def _tags_from_env(variable, default):
+    raw = os.environ.get(variable)
     if raw is None:
-        return _DEFAULT_DISCARD_TAGS
+        return default
     return tuple(t.strip() for t in raw.split(",") if t.strip())
 
 
@@ -114,9 +119,12 @@ class VmstashMemAllocator:
                 VmstashMemAllocator.instance = VmstashMemAllocator()
             return VmstashMemAllocator.instance
 
-    def __init__(self, discard_tags=None):
+    def __init__(self, discard_tags=None, prepare_tags=None):
         self.current_tag = VmstashMemAllocator.default_tag
-        self._discard_tags = tuple(discard_tags) if discard_tags is not None else _discard_tags_from_env()
+        self._discard_tags = tuple(discard_tags) if discard_tags is not None else \
+            _tags_from_env("VMSTASH_VLLM_DISCARD_TAGS", _DEFAULT_DISCARD_TAGS)
+        self._prepare_tags = tuple(prepare_tags) if prepare_tags is not None else \
+            _tags_from_env("VMSTASH_VLLM_PREPARE_TAGS", _DEFAULT_PREPARE_TAGS)
         self._tags = {}  # vLLM tag -> _Tag
         self._retired = []  # MemPools left by a new entry of their tag, dropped when no region is open
         self._exchange = None  # plan.Exchange
@@ -128,8 +136,24 @@ class VmstashMemAllocator:
         t = self._tags.get(tag)
         if t is None:
             policy = "discard" if tag in self._discard_tags else "backup"
-            t = self._tags[tag] = _Tag(TAG_PREFIX + tag, policy, set(), set())
+            name = TAG_PREFIX + tag
+            if policy == "backup":  # declared before its first byte, so that nothing is prepared early
+                _api.create_tag(name, policy)
+                _api.set_prepare_ahead(name, tag in self._prepare_tags)
+            t = self._tags[tag] = _Tag(name, policy, set(), set())
         return t
+
+    def _prepare_as_slept(self, step):
+        """After a sleep: a backup tag not named in prepare_tags is prepared ahead while its
+        sleeps keep its bytes, and not once one dropped them."""
+        for tags, ahead in ((step.keep, True), (step.drop, False)):
+            for tag in tags:
+                t = self._tags[tag]
+                if t.policy == "backup" and tag not in self._prepare_tags:
+                    try:
+                        _api.set_prepare_ahead(t.name, ahead)
+                    except _lib.Error as e:
+                        logger.warning("vmstash vLLM allocator: could not change the preparation of %s: %s", t.name, e)
 
     @contextlib.contextmanager
     def use_memory_pool(self, tag=None):
@@ -330,10 +354,12 @@ class VmstashMemAllocator:
         except BaseException as e:
             if isinstance(e, _lib.Error) and e.done:  # done on every device; only after-resume hooks
                 self._record(step)                    # failed: record it, then say so
+                self._prepare_as_slept(step)
             elif hooks:
                 self._run_after_map_hooks(after=e)
             raise
         self._record(step)
+        self._prepare_as_slept(step)
 
     def _run_after_map_hooks(self, after=None):
         """vLLM's after_map hooks of every tag with nothing asleep (Note [vLLM Tag Hooks]).

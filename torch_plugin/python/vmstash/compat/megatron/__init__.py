@@ -32,10 +32,10 @@ import threading
 
 import torch
 
-from .. import _api
-from .. import stash as _stash
+from ... import _api
+from ... import stash as _stash
 
-from .megatron_training import (GMB_TAG, GRADS_TAG, OPTIM_TAG, PARAMS_TAG, TRAINING_STATE_TAGS,  # noqa: E402,F401
+from ..megatron_training import (GMB_TAG, GRADS_TAG, OPTIM_TAG, PARAMS_TAG, TRAINING_STATE_TAGS,  # noqa: E402,F401
                                 TRAINING_TAGS, optimizer_region, place_ddp_buffers, place_training_state,
                                 prepare_switch_out, tag_global_memory_buffer, wrap_optimizer_steps)
 
