@@ -84,6 +84,12 @@ def benchmarks(build, torch_ok):
          "sleep 3 s after the tags stopped growing, 5 cycles of sleep(1) and a whole wake, then 3 with "
          "selective wakes (weights, then the KV cache), against the same run's pinned link.",
          [py, "bench/vllm_sleep_bench.py", "--json", "bench/results/vllm_sleep.json"], {}, [r"."], True),
+        ("verl_cycle_bench", "verl's rollout cycle at sleep level 2 (bench/verl_cycle_bench.py): vmstash's "
+         "sleep-mode backend (default preparation, and verl's recipe VMSTASH_VLLM_PREPARE_TAGS=cudagraph) and "
+         "vLLM 0.33's CuMemAllocator, each in its own process; 8 GiB of weights in 512 tensors, a 16 GiB KV "
+         "cache, a 1 GiB CUDA graph pool; 5 cycles of suspend(level=2), resume(weights), the trainer's "
+         "weights copied in, resume(kv_cache), every weight and the graph checked.",
+         [py, "bench/verl_cycle_bench.py", "--json", "bench/results/verl_cycle.json"], {}, [r"."], True),
         ("megatron_rl_offload_bench", "Megatron-LM RL's offload of its inference model and KV cache through "
          "torch_memory_saver's API (bench/megatron_rl_offload_bench.py): megatron-core 0.19's own GPTModel "
          "(1.67 B parameters, 3.11 GiB bf16) built in region('rl_inference_model', enable_cpu_backup=True) and "

@@ -41,6 +41,7 @@ Note [Megatron-RL Offload]
   accumulation buffers), which get one warning each. uninstall() puts the methods back.
 """
 import functools
+import importlib
 import logging
 import threading
 import weakref
@@ -176,7 +177,7 @@ def install():
             _api.create_tag(tag, policy)
         owners = [core_optimizer]
         try:  # the name setup_model_and_optimizer calls (imported from megatron.core.optimizer)
-            import megatron.training.training as training
+            training = importlib.import_module("megatron.training.training")
             if getattr(training, "get_megatron_optimizer", None) is core_optimizer.get_megatron_optimizer:
                 owners.append(training)
         except Exception as e:  # noqa: BLE001 - megatron.training is optional (megatron-core alone)
