@@ -85,7 +85,7 @@ def benchmarks(build, torch_ok):
          "selective wakes (weights, then the KV cache), against the same run's pinned link.",
          [py, "bench/vllm_sleep_bench.py", "--json", "bench/results/vllm_sleep.json"], {}, [r"."], True),
         ("verl_cycle_bench", "verl's rollout cycle at sleep level 2 (bench/verl_cycle_bench.py): vmstash's "
-         "sleep-mode backend (default preparation, and verl's recipe VMSTASH_VLLM_PREPARE_TAGS=cudagraph) and "
+         "sleep-mode backend (default preparation, and verl's recipe VMSTASH_VLLM_PREPARE_TAGS=runtime,cudagraph) and "
          "vLLM 0.33's CuMemAllocator, each in its own process; 8 GiB of weights in 512 tensors, a 16 GiB KV "
          "cache, a 1 GiB CUDA graph pool; 5 cycles of suspend(level=2), resume(weights), the trainer's "
          "weights copied in, resume(kv_cache), every weight and the graph checked.",

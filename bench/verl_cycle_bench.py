@@ -17,8 +17,8 @@ The tags, as vLLM's worker makes them: weights 8 GiB in 512 tensors, kv_cache 16
 cudagraph 1 GiB (a CUDA graph's output captured into the allocator's graph pool, kept
 at both levels, its graph replayed after each cycle). Peers:
   vmstash       sleep_mode_backend "vmstash" with the default VMSTASH_VLLM_PREPARE_TAGS
-                (weights and cudagraph backups prepared ahead: what a level-1 user wants)
-  vmstash_verl  the same with VMSTASH_VLLM_PREPARE_TAGS=cudagraph (docs/frameworks.md's
+                (weights, runtime and cudagraph backups prepared ahead: what a level-1 user wants)
+  vmstash_verl  the same with VMSTASH_VLLM_PREPARE_TAGS=runtime,cudagraph (docs/frameworks.md's
                 verl recipe: the weights are never kept, so no backup is made for them)
   cumem         vLLM's CuMemAllocator
 Per cycle: each step's wall time (the device synchronized) and the whole cycle; host
@@ -115,7 +115,7 @@ def child(args):
 def run_peer(peer, args, env):
     env = dict(env)
     if peer == "vmstash_verl":
-        env["VMSTASH_VLLM_PREPARE_TAGS"] = "cudagraph"
+        env["VMSTASH_VLLM_PREPARE_TAGS"] = "runtime,cudagraph"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--cycles", str(args.cycles),
            "--settle", str(args.settle), "--tensors", str(args.tensors), "--weights-gib", str(args.weights_gib),
            "--discard-gib", str(args.discard_gib), "--graph-gib", str(args.graph_gib), "--gap", str(args.gap),

@@ -489,7 +489,7 @@ print("lora grows prepared:", arena("lora") > kept)
 @pytest.mark.parametrize("named", [None, "lora"])
 def test_backups_are_prepared_ahead_only_for_named_tags_and_those_kept_at_a_sleep(named):
     """With background preparation on (auto_prepare:1), the named tags' backups (default
-    weights and cudagraph) are pinned ahead of the first sleep; another backup tag (a LoRA
+    weights, runtime and cudagraph) are pinned ahead of the first sleep; another backup tag (a LoRA
     pool) holds no host memory until a sleep keeps its bytes, so a level-2 sleep dropping it
     has nothing to give back; once a sleep kept it, its growth is prepared ahead."""
     import os

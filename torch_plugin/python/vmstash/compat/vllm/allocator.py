@@ -16,8 +16,8 @@ segments go back (after a device synchronize) once no region is open. Tags named
 VMSTASH_VLLM_DISCARD_TAGS (comma-separated; default "kv_cache,workspace", the tags vLLM's
 backends never keep) have policy "discard": no host backup is ever prepared for them.
 The others have policy "backup". The pinned backup of those named in
-VMSTASH_VLLM_PREPARE_TAGS (comma-separated; default "weights,cudagraph", the tags a level-1
-sleep keeps) is prepared ahead of the first sleep (vmstash.set_prepare_ahead); any other's
+VMSTASH_VLLM_PREPARE_TAGS (comma-separated; default "weights,runtime,cudagraph", the tags
+vLLM's level-1 sleep keeps) is prepared ahead of the first sleep (vmstash.set_prepare_ahead); any other's
 is made by the first sleep that keeps its bytes, and prepared ahead from then on while its
 sleeps keep it, so a tag that is only ever dropped (a LoRA pool at level 2, a user's own)
 never holds pinned host memory and costs its sleep nothing to give back. Every call is one vmstash switch: all or nothing, including the device memory
@@ -49,7 +49,7 @@ logger = logging.getLogger("vmstash.compat.vllm")
 
 TAG_PREFIX = "vllm."
 _DEFAULT_DISCARD_TAGS = ("kv_cache", "workspace")
-_DEFAULT_PREPARE_TAGS = ("weights", "cudagraph")
+_DEFAULT_PREPARE_TAGS = ("weights", "runtime", "cudagraph")
 
 
 _MAX_TAG = 64 - len(TAG_PREFIX)  # vmstash tag names: 1..64 printable ASCII characters
