@@ -21,8 +21,9 @@ at both levels, its graph replayed after each cycle). Peers:
   vmstash_verl  the same with VMSTASH_VLLM_PREPARE_TAGS=runtime,cudagraph (docs/frameworks.md's
                 verl recipe: the weights are never kept, so no backup is made for them)
   cumem         vLLM's CuMemAllocator
-Per cycle: each step's wall time (the device synchronized) and the whole cycle; host
-MemAvailable after the sleep (pinned backups held). The bound of the load: its bytes over
+Per cycle: each step's wall time (the device synchronized) and the whole cycle; the device
+memory the sleep gave back to the driver (cudaMemGetInfo) and host MemAvailable after it
+(pinned backups held). The bound of the load: its bytes over
 the device-to-device copy rate of the same run.
 """
 import json
@@ -91,7 +92,9 @@ def child(args):
         for i, s in enumerate(sources):  # the trainer's step made new weights
             s.copy_(pattern(n_w, 1000 * (cycle + 1) + i))
         copy_ms.append(timed(lambda: [s.add_(0) for s in sources]))  # a device pass over the same bytes
+        dev_before = torch.cuda.mem_get_info()[0]
         ms = {"sleep": timed(lambda: backend.suspend(level=2))}
+        device_freed = torch.cuda.mem_get_info()[0] - dev_before
         avail_asleep = meminfo("MemAvailable") - baseline
         time.sleep(args.train)
         ms["weights"] = timed(lambda: backend.resume(["weights"]))
@@ -103,7 +106,8 @@ def child(args):
         graph.replay()  # and its graph replays into it
         bad += 0 if torch.equal(graph_mem, base * 3 + 1) else 1
         kv[0].fill_(cycle)  # the KV cache is usable
-        rows.append(dict(cycle=cycle + 1, ms=ms, total_ms=sum(ms.values()), avail_asleep=avail_asleep,
+        rows.append(dict(cycle=cycle + 1, ms=ms, total_ms=sum(ms.values()), device_freed=device_freed,
+                         avail_asleep=avail_asleep,
                          mismatches=bad, state=backend.state()))
         print(json.dumps(dict(peer=peer, **rows[-1])), file=sys.stderr, flush=True)
         time.sleep(args.gap)
@@ -127,8 +131,10 @@ def run_peer(peer, args, env):
 
 
 def table(results):
-    lines = ["verl's level-2 cycle: times in ms; MemAvailable after the sleep in GiB relative to the start",
-             f"{'peer':<13} {'cycle':>5} " + " ".join(f"{s:>9}" for s in STEPS) + f" {'cycle':>9} {'avail':>7} bad"]
+    lines = ["verl's level-2 cycle: times in ms; device memory the sleep gave back (freed) and host MemAvailable "
+             "after it relative to the start (avail), in GiB",
+             f"{'peer':<13} {'cycle':>5} " + " ".join(f"{s:>9}" for s in STEPS) +
+             f" {'cycle':>9} {'freed':>7} {'avail':>7} bad"]
     ok = {}
     for r in results:
         if "error" in r:
@@ -137,7 +143,8 @@ def table(results):
         ok[r["peer"]] = r
         for row in r["rows"]:
             lines.append(f"{r['peer']:<13} {row['cycle']:>5} " + " ".join(f"{row['ms'][s]:9.1f}" for s in STEPS) +
-                         f" {row['total_ms']:9.1f} {row['avail_asleep'] / GiB:7.2f} {row['mismatches']}")
+                         f" {row['total_ms']:9.1f} {row['device_freed'] / GiB:7.2f} {row['avail_asleep'] / GiB:7.2f} "
+                         f"{row['mismatches']}")
         if r.get("prepared") is not None:
             lines.append(f"{r['peer']:<13} host backup prepared before the first sleep: {r['prepared'] / GiB:.2f} GiB")
         lines.append(f"{r['peer']:<13} load bound: {r['loaded'] / GiB:.0f} GiB at this run's device pass rate "

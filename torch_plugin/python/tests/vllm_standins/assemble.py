@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Puts vLLM 0.33's allocator files (scripts/fetch_vllm.py: third_party/vllm) and the
-stand-ins of this folder together:
+"""Puts vLLM's allocator files (scripts/fetch_vllm.py: third_party/vllm for 0.33, or
+third_party/vllm-V for an earlier release V) and the stand-ins of this folder together:
 
     python3 assemble.py DEST [--vllm DIR]      (DIR default: <repo>/third_party/vllm)
 
@@ -22,9 +22,9 @@ def vllm_dir(given=None):
 
 def missing(src):
     """Why the vLLM files cannot be used (None when they can)."""
-    if not os.path.isfile(os.path.join(src, "pkg", "vllm", "device_allocator", "sleep_mode_backend.py")):
-        return (f"vLLM 0.33's files are not in {src}: run `python3 scripts/fetch_vllm.py` on a machine with "
-                "network and carry third_party/vllm (or set VMSTASH_VLLM_DIR)")
+    if not os.path.isfile(os.path.join(src, "pkg", "vllm", "device_allocator", "cumem.py")):
+        return (f"vLLM's files are not in {src}: run `python3 scripts/fetch_vllm.py [--version V]` on a machine "
+                "with network and carry third_party/vllm (or third_party/vllm-V; or set VMSTASH_VLLM_DIR)")
     return None
 
 
