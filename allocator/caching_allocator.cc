@@ -685,9 +685,13 @@ absl::Status CachingAllocator::SetPrepareAhead(TagId tag, bool ahead) {
   VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPoolLocked(tag, "set_prepare_ahead"));
   if (pool->auto_prepare().ahead == ahead) return absl::OkStatus();
   pool->auto_prepare().ahead = ahead;
-  // Off: a queued request finds nothing asked and does nothing. On: asked again from zero.
+  // Off: a queued request finds nothing asked and does nothing. On: asked again from zero,
+  // a release's floor forgotten (the caller asks for the tag's present size).
   pool->auto_prepare().requested_bytes = 0;
-  if (ahead) NoteReservedLocked(pool);
+  if (ahead) {
+    pool->auto_prepare().floor_bytes = 0;
+    NoteReservedLocked(pool);
+  }
   return absl::OkStatus();
 }
 

@@ -209,8 +209,8 @@ class CachingAllocator : private TransitionHost {
   // Whether background preparation (AllocatorOptions::auto_prepare) pins the `backup`
   // tag's arena ahead of its pauses (the default) or leaves it to the pause that first
   // needs it (or an explicit Prepare). Turning it off keeps an arena already made and
-  // drops a queued request; turning it on requests the tag's present size. NotFound when
-  // the tag has no pool here.
+  // drops a queued request; turning it on requests the tag's present size, even after a
+  // ReleaseBackup. NotFound when the tag has no pool here.
   absl::Status SetPrepareAhead(TagId tag, bool ahead);
   // Where the `backup` tag's later pauses put its bytes (backup_arena.h; default
   // AllocatorOptions::backup_store). A different store drops the tag's present arena.

@@ -188,9 +188,20 @@ absl::Status Runtime::SetPrepareAhead(TagId tag, bool ahead) {
     return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' was never declared; declare it before choosing "
                                             "whether its backup is prepared ahead"));
   }
+  const bool before = std::find(registry_.NotPreparedAhead().begin(), registry_.NotPreparedAhead().end(), tag) ==
+                      registry_.NotPreparedAhead().end();
+  if (before == ahead) return absl::OkStatus();
   registry_.SetPrepareAhead(tag, ahead);  // a device used for the first time from here on gets it
-  for (auto& a : owned_) {
-    if (a != nullptr) VMSTASH_RETURN_IF_ERROR(a->SetPrepareAhead(tag, ahead));
+  // All or nothing: a device that refuses puts the others back.
+  for (int i = 0; i < kMaxDevices; ++i) {
+    if (owned_[i] == nullptr) continue;
+    absl::Status s = owned_[i]->SetPrepareAhead(tag, ahead);
+    if (s.ok()) continue;
+    registry_.SetPrepareAhead(tag, before);
+    for (int j = 0; j < i; ++j) {
+      if (owned_[j] != nullptr) (void)owned_[j]->SetPrepareAhead(tag, before);
+    }
+    return s;
   }
   return absl::OkStatus();
 }

@@ -77,14 +77,15 @@ def default_dest(root, version):
 
 def main(argv):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    version = DEFAULT_VERSION
-    if "--version" in argv:
-        i = argv.index("--version")
-        version = argv[i + 1]
-        argv = argv[:i] + argv[i + 2:]
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--version", default=DEFAULT_VERSION)
+    ap.add_argument("dest", nargs="?")
+    args = ap.parse_args(argv)
+    version = args.version
     if not re.fullmatch(r"\d+\.\d+\.\d+", version):
         raise SystemExit(f"fetch_vllm: --version wants a release such as 0.25.0, got {version!r}")
-    dest = argv[0] if argv else default_dest(root, version)
+    dest = args.dest or default_dest(root, version)
     found = links()
     wheel = f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
     with zipfile.ZipFile(io.BytesIO(download(wheel, found))) as z:

@@ -552,6 +552,8 @@ VMSTASH_TMS_EXPORT int vmstash_tms_check_env(void) noexcept {
 
 VMSTASH_TMS_EXPORT int vmstash_tms_whole_process(void) noexcept { return vmstash::tms::Env().whole_process ? 1 : 0; }
 
+VMSTASH_TMS_EXPORT const char* vmstash_tms_process_tag(void) noexcept { return vmstash::tms::process_tag.load(); }
+
 VMSTASH_TMS_EXPORT int vmstash_tms_pause(const char* tms_tag, const vmstash_live_ranges* live,
                                          size_t n_live) noexcept {
   if (live == nullptr && n_live > 0) {  // refused with or without a runtime

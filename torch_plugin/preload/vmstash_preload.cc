@@ -227,7 +227,7 @@ __attribute__((constructor)) void AtLoad() {
   if (RouteAll()) vmstash::tms::SetProcessTag(ProcessTagName());
   for (const char* name : {"PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"}) {
     const char* conf = std::getenv(name);
-    if (conf == nullptr || *conf == '\0') continue;
+    if (conf == nullptr) continue;  // set, even empty, it is the one PyTorch reads
     if (RouteAll() && std::strstr(conf, "expandable_segments:True") != nullptr) {
       std::fprintf(stderr, "vmstash preload: whole-process mode (TMS_INIT_ENABLE / VMSTASH_PRELOAD_ALL) cannot see "
                            "PyTorch's expandable segments (cuMemCreate is not interposed); unset "

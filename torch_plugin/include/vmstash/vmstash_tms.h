@@ -114,6 +114,9 @@ int vmstash_tms_targets(const char* tms_tag, const char** names, size_t capacity
  * VMSTASH_PRELOAD_ALL) "1" or "true". */
 int vmstash_tms_check_env(void) VMSTASH_NOEXCEPT;
 int vmstash_tms_whole_process(void) VMSTASH_NOEXCEPT;
+/* The vmstash tag of whole-process mode's allocations (the preload library's process tag,
+ * torch_memory_saver's tag "default"), or NULL in a process without the preload library. */
+const char* vmstash_tms_process_tag(void) VMSTASH_NOEXCEPT;
 /* tms_pause with liveness hints (vmstash.h, Note [Liveness Hints]): an entry of `live`
  * applies to the vmstash tag its `tag` names (entries naming other tags are skipped), on
  * its device; an entry naming a device that is not this process's is

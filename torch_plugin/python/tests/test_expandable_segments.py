@@ -25,7 +25,7 @@ def test_the_setting_is_read_as_pytorch_reads_it():
     both = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:512", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
     assert _alloc_conf.env_setting(both) == ("PYTORCH_ALLOC_CONF", False)
     assert _alloc_conf.env_setting({"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}) \
-        == ("PYTORCH_CUDA_ALLOC_CONF", True)  # an empty variable is not set
+        == ("PYTORCH_ALLOC_CONF", False)  # set though empty, it is the one PyTorch reads
     assert _alloc_conf.flag("max_split_size_mb:512, expandable_segments : True")
     assert not _alloc_conf.flag("expandable_segments:True,expandable_segments:False")  # the last one wins
     assert not _alloc_conf.flag("expandable_segments_x:True")
@@ -48,7 +48,11 @@ _real = _lib.library_path()
 _lib.library_path = lambda: _real
 _lib.preloaded_library = lambda: "/opt/libvmstash_preload.so"
 SEGMENTS = []
-sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_snapshot=lambda: list(SEGMENTS)))
+sys.modules["torch"] = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_snapshot=lambda: list(SEGMENTS),
+                                                                        is_initialized=lambda: True))
+# The preload library names its process tag at load; here a tag of the simulated runtime.
+vmstash.create_tag("cpu_process", "backup")
+_lib.lib().vmstash_tms_process_tag = lambda: b"cpu_process"
 from vmstash.compat.torch_memory_saver import torch_memory_saver as tms
 """
 
@@ -58,7 +62,7 @@ def _run(code, **env):
     full.update(PYTHONPATH=os.pathsep.join([os.path.dirname(HERE)] + sys.path), **env)
     r = subprocess.run([sys.executable, "-c", _PRELUDE + code], env=full, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
+    return r.stdout + r.stderr
 
 
 def test_whole_process_mode_is_refused_at_the_first_use_naming_the_variable():
@@ -101,6 +105,15 @@ print("state:", vmstash.tag_stats(name, 0)["state"])
 tms.pause("kv")  # a tag of its own is not the process's memory: no refusal
 print("kv:", vmstash.tag_stats(name, 0)["state"])
 tms.resume()
+# Any other path to the process tag's pause meets the guard: a veto, the reason on stderr.
+vmstash.set_current_tag("cpu_process")
+assert l.vmstash_malloc(2 << 20, 0, None)
+vmstash.set_current_tag("default")
+try:
+    vmstash.pause("cpu_process")
+except _lib.Error as e:
+    print("vetoed:", e.code_name)
+print("process tag:", vmstash.tag_stats("cpu_process", 0)["state"])
 SEGMENTS[0]["allocated_size"] = 0  # freed, still cached: only a warning
 with warnings.catch_warnings(record=True) as seen:
     warnings.simplefilter("always")
@@ -110,4 +123,6 @@ tms.resume()
 """, TMS_INIT_ENABLE="1")
     assert "refused: True" in out and "64 MiB of live tensors" in out and "Nothing was paused" in out, out
     assert "state: active" in out and "kv: paused" in out, out
+    assert "vetoed: ABORTED" in out and "process tag: active" in out, out
+    assert out.count("MiB of live tensors") >= 2, out  # the guard's reason, on stderr
     assert "warned:" in out and "80 MiB cached" in out and "torch.cuda.empty_cache()" in out, out

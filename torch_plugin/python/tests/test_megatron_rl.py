@@ -147,25 +147,76 @@ def test_the_rl_loops_calls_pause_and_resume_what_install_placed(megatron):
     assert [c[0] for c in m.calls[1:]] == ["megatron offload_to_cpu"] * 2, m.calls
 
 
-def test_a_layout_placement_refuses_keeps_megatrons_own_offload(megatron, monkeypatch, caplog):
+def test_a_layout_placement_refuses_keeps_megatrons_own_offload(megatron, caplog):
     m = megatron
-
-    def refuse(ddps, make):
-        raise ValueError("place_ddp_buffers: the buffers are in Megatron's NCCL memory pool (nccl_ub)")
-
-    monkeypatch.setattr(M, "place_training_state", refuse)
     m.rl.install()
-    model = m.DDP(Buffer())
+    refused = Buffer()
+    refused.nccl_mem_pool = object()  # Megatron's NCCL memory pool (nccl_ub)
+    model = m.DDP(refused)
     with caplog.at_level("WARNING", logger="vmstash.compat.megatron.rl"):
         opt = m.core.get_megatron_optimizer(None, [model])
     assert "stays Megatron's" in caplog.text and "nccl_ub" in caplog.text
     assert not m.rl.placed(model) and not m.rl.placed(opt)
+    assert m.placed == [] and [c for c in m.calls if c[0] == "megatron get_megatron_optimizer"] == \
+        [("megatron get_megatron_optimizer", 1)]  # built once, by Megatron
     m.calls.clear()
     model.offload_grad_buffers()
     opt.offload_to_cpu()
     assert [c[0] for c in m.calls] == ["megatron offload_grad_buffers"] + ["megatron offload_to_cpu"] * 2, m.calls
     # A model without Megatron's buffers (not DDP-wrapped) is built as Megatron builds it.
     assert m.core.get_megatron_optimizer(None, [types.SimpleNamespace()]) is not None
+
+
+def test_megatrons_own_build_failing_is_raised_once_and_not_retried(megatron, monkeypatch):
+    """A config error of Megatron's (a ValueError from get_megatron_optimizer) reaches the
+    caller as it is; the optimizer is not built a second time."""
+    m = megatron
+    m.rl.install()
+
+    def place(ddps, make):
+        m.placed.append(list(ddps))
+        return make()
+
+    def bad_config(config, model_chunks, *args, **kwargs):
+        m.calls.append(("megatron get_megatron_optimizer", len(model_chunks)))
+        raise ValueError("Invalid optimizer type")
+
+    monkeypatch.setattr(M, "place_training_state", place)
+    wrapped = m.rl._make_get_megatron_optimizer(bad_config)
+    with pytest.raises(ValueError, match="Invalid optimizer"):
+        wrapped(None, [m.DDP(Buffer())])
+    assert [c for c in m.calls if c[0] == "megatron get_megatron_optimizer"] == [("megatron get_megatron_optimizer", 1)]
+
+
+def test_restore_zeroes_only_after_an_offload(megatron):
+    m = megatron
+    m.rl.install()
+    b = Buffer()
+    model = m.DDP(b)
+    m.core.get_megatron_optimizer(None, [model])
+    model.restore_grad_buffers()  # nothing offloaded: the gradients are left alone
+    assert b.grad_data.zeroed == 0
+    model.offload_grad_buffers()
+    model.restore_grad_buffers()
+    model.restore_grad_buffers()
+    assert b.grad_data.zeroed == 1
+
+
+def test_an_install_that_fails_half_way_leaves_nothing_installed(megatron, monkeypatch):
+    m = megatron
+
+    def broken(owner, name, make):
+        if name == "restore_grad_buffers":
+            raise AttributeError("restore_grad_buffers moved")
+        m.rl._originals[(owner, name)] = (vars(owner).get(name), getattr(owner, name))
+        setattr(owner, name, make(getattr(owner, name)))
+
+    monkeypatch.setattr(m.rl, "_patch", broken)
+    with pytest.raises(AttributeError):
+        m.rl.install()
+    assert not m.rl.installed()
+    assert m.core.get_megatron_optimizer is m.originals["get"]
+    assert m.DDP.offload_grad_buffers is m.originals["ddp"][0]
 
 
 def test_uninstall_puts_every_name_back(megatron):

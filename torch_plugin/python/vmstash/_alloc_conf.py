@@ -8,7 +8,8 @@ device. Tags' own pools are not concerned: PyTorch turns expandable segments off
 MemPool with a custom allocator (vmstash's regions, cuda_graph, the vLLM backend).
 
 The setting reaches PyTorch three ways, all seen here:
-  * PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF (PyTorch reads the first one set);
+  * PYTORCH_ALLOC_CONF, else PYTORCH_CUDA_ALLOC_CONF (PyTorch 2.11 reads the first one set,
+    an empty one included);
   * at run time (torch._C._accelerator_setAllocatorSettings,
     torch.cuda.memory._set_allocator_settings), as frameworks do around their training
     step: only the memory itself shows it, so a pause looks at PyTorch's segments.
@@ -19,11 +20,12 @@ KEY = "expandable_segments"
 
 
 def env_setting(environ):
-    """(variable, on) for the variable PyTorch reads (the first of ENV_VARS set, non-empty),
-    on: whether it turns expandable segments on; (None, False) when none is set."""
+    """(variable, on) for the variable PyTorch reads (the first of ENV_VARS set, even empty:
+    PyTorch 2.11's allocator config takes a set PYTORCH_ALLOC_CONF over the other), on:
+    whether it turns expandable segments on; (None, False) when none is set."""
     for name in ENV_VARS:
         conf = environ.get(name)
-        if conf:
+        if conf is not None:
             return name, flag(conf)
     return None, False
 

@@ -191,6 +191,7 @@ def _declare(l):
         "vmstash_tms_targets": (c_int, [c_char_p, ctypes.POINTER(c_char_p), c_size_t, ctypes.POINTER(c_size_t)]),
         "vmstash_tms_check_env": (c_int, []),
         "vmstash_tms_whole_process": (c_int, []),
+        "vmstash_tms_process_tag": (c_char_p, []),
         "vmstash_tms_pause": (c_int, [c_char_p, ctypes.POINTER(LiveRanges), c_size_t]),
         "vmstash_tms_push_region": (c_int, [c_char_p, c_int, c_char_p, c_int]),
         "vmstash_tms_pop_region": (c_int, []),

@@ -54,8 +54,13 @@ TRAINING_TAGS = TRAINING_STATE_TAGS + [GMB_TAG]
 _POLICY = {PARAMS_TAG: "backup", GRADS_TAG: "discard", OPTIM_TAG: "backup", GMB_TAG: "discard"}
 
 __all__ = ["TRAINING_TAGS", "TRAINING_STATE_TAGS", "PARAMS_TAG", "GRADS_TAG", "OPTIM_TAG", "GMB_TAG", "place_ddp_buffers",
+           "check_layouts", "UnsupportedLayout",
            "optimizer_region", "wrap_optimizer_steps", "tag_global_memory_buffer", "place_training_state",
            "prepare_switch_out"]
+
+
+class UnsupportedLayout(ValueError):
+    """place_ddp_buffers refuses these buffers, before anything moved."""
 
 
 def _buffers(ddp):
@@ -64,24 +69,31 @@ def _buffers(ddp):
     return list(attrs.get("buffers", [])) + list(attrs.get("expert_parallel_buffers", []))
 
 
-def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
-    """Moves the parameter and gradient buffers of each Megatron DistributedDataParallel in
-    `ddp_models` into their tags (Note [Megatron Training Tags]). Returns the bytes moved
-    per tag. Refuses buffers whose layout it does not know (shared MXFP8 buffers, separate
-    fp32 accumulation buffers) before moving anything."""
+def check_layouts(ddp_models):
+    """The _ParamAndGradBuffers of `ddp_models`, checked as place_ddp_buffers needs them:
+    ValueError without any; UnsupportedLayout for a layout it does not know (NCCL memory
+    pools, shared MXFP8 buffers, separate fp32 accumulation buffers). Moves nothing."""
     buffers = [b for ddp in ddp_models for b in _buffers(ddp)]
     if not buffers:
         raise ValueError("place_ddp_buffers: no _ParamAndGradBuffer in these models (not Megatron DDP modules?)")
     for b in buffers:
         if getattr(b, "nccl_mem_pool", None) is not None:
-            raise ValueError("place_ddp_buffers: the buffers are in Megatron's NCCL memory pool (nccl_ub); "
-                             "memory registered with NCCL is not supported")
+            raise UnsupportedLayout("place_ddp_buffers: the buffers are in Megatron's NCCL memory pool (nccl_ub); "
+                                    "memory registered with NCCL is not supported")
         if getattr(b, "shared_buffer", None) is not None:
-            raise ValueError("place_ddp_buffers: a buffer shares one allocation between parameters and "
-                             "gradients (MXFP8 with the distributed optimizer); not supported")
+            raise UnsupportedLayout("place_ddp_buffers: a buffer shares one allocation between parameters and "
+                                    "gradients (MXFP8 with the distributed optimizer); not supported")
         if getattr(b, "extra_main_grads", None):
-            raise ValueError("place_ddp_buffers: a buffer has separate fp32 accumulation gradients "
-                             "(param_name_patterns_for_fp32_local_accumulation); not supported")
+            raise UnsupportedLayout("place_ddp_buffers: a buffer has separate fp32 accumulation gradients "
+                                    "(param_name_patterns_for_fp32_local_accumulation); not supported")
+    return buffers
+
+
+def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
+    """Moves the parameter and gradient buffers of each Megatron DistributedDataParallel in
+    `ddp_models` into their tags (Note [Megatron Training Tags]). Returns the bytes moved
+    per tag. Refuses what check_layouts refuses, before moving anything."""
+    buffers = check_layouts(ddp_models)
     if _torch.open_regions():
         raise RuntimeError("place_ddp_buffers: a vmstash region is open; call it outside regions")
     moved = {params_tag: 0, grads_tag: 0}

@@ -64,6 +64,7 @@ What differs, on purpose:
 import contextlib
 import ctypes
 import os
+import sys
 import threading
 import warnings
 
@@ -203,6 +204,54 @@ class _Impl:
             _lib.check(l.vmstash_tms_pop_region(), f"region config ({tag!r}) exit")
 
 
+# --- Expandable segments in whole-process mode (vmstash/_alloc_conf.py) ----------------------
+
+def _torch_segments():
+    """PyTorch's memory snapshot's segments, or [] when PyTorch has not made a CUDA context
+    (then it holds no device memory)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return []
+    return torch.cuda.memory_snapshot()
+
+
+_HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+_guard = []  # the process tag's before-pause callback, alive as long as the process
+_checked = threading.local()  # set while pause() runs, which checked already
+
+
+def _guard_process_tag():
+    """Every pause of the process tag, from any caller (tms_pause from C, vmstash.pause, a
+    switch), is vetoed while PyTorch's expandable segments hold live tensors: the refusal goes
+    to stderr (the caller's error says a hook vetoed it). pause() here checks first and says
+    so in its own error. Registered once, at the first use in whole-process mode."""
+    if _guard:
+        return
+    l = _lib.lib()
+    name = l.vmstash_tms_process_tag()
+    if not name:
+        return
+
+    def before_pause(tag, device, user):
+        if getattr(_checked, "done", False):
+            return 0
+        try:
+            refusal = _alloc_conf.pause_refusal(_torch_segments())
+        except Exception as e:  # noqa: BLE001 - a guard that cannot look never blocks a pause
+            sys.stderr.write(f"vmstash: could not check PyTorch's expandable segments before a pause: {e}\n")
+            return 0
+        if refusal is None:
+            return 0
+        sys.stderr.write(refusal + "\n")
+        return 1
+
+    callback = _HOOK(before_pause)
+    register = l.vmstash_register_hooks
+    register.restype, register.argtypes = ctypes.c_int, [ctypes.c_char_p, _HOOK, _HOOK, ctypes.c_void_p]
+    _lib.check(register(name, callback, _HOOK(), None), "the process tag's expandable-segments guard")
+    _guard.append(callback)
+
+
 # --- The singleton's class --------------------------------------------------------------------
 
 class TorchMemorySaver:
@@ -233,6 +282,8 @@ class TorchMemorySaver:
         if refusal is not None:
             raise RuntimeError(refusal)
         _check_env_backend()
+        if whole:
+            _guard_process_tag()
         self._impl = _Impl(self)
 
     # --- configuration ---------------------------------------------------------------
@@ -383,8 +434,12 @@ class TorchMemorySaver:
         if not tag or tag == "default":
             self._check_expandable()
         targets = [(name, name.encode()) for name in self._targets(tag)]
-        with _api._hinted(targets, -1) as (live, n_live):
-            _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
+        _checked.done = True  # the process tag's guard need not look again (_guard_process_tag)
+        try:
+            with _api._hinted(targets, -1) as (live, n_live):
+                _lib.check(_lib.lib().vmstash_tms_pause(_tag_arg(tag), live, n_live), f"pause({tag!r})")
+        finally:
+            _checked.done = False
 
     def _check_expandable(self):
         """A whole-process pause refuses while PyTorch's expandable segments (turned on at
@@ -392,8 +447,7 @@ class TorchMemorySaver:
         pause; their free cached memory only gets a warning (torch.cuda.empty_cache())."""
         if _lib.lib().vmstash_tms_whole_process() != 1:
             return
-        import torch
-        segments = torch.cuda.memory_snapshot()
+        segments = _torch_segments()
         refusal = _alloc_conf.pause_refusal(segments)
         if refusal is not None:
             raise _lib.Error(refusal, _lib.FAILED_PRECONDITION)

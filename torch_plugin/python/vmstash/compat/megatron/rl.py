@@ -46,7 +46,7 @@ import logging
 import threading
 import weakref
 
-from ... import _api
+from ... import _api, _lib
 from .. import megatron_training as _mt
 
 logger = logging.getLogger("vmstash.compat.megatron.rl")
@@ -90,13 +90,22 @@ def _pause(tag):
 
 
 def _resume(tag):
+    """Resumes `tag` where it is paused; whether it did."""
     if _state(tag) == "paused":
         _api.resume(tag)
+        return True
+    return False
 
 
 def _ddp_modules(model_chunks):
     chunks = model_chunks if isinstance(model_chunks, (list, tuple)) else [model_chunks]
     return [c for c in chunks if _mt._buffers(c)]
+
+
+def _in_tags(ddp):
+    """Whether the DDP module's gradient buffers were moved into vmstash's memory."""
+    ptrs = [getattr(getattr(b, "grad_data", None), "data_ptr", lambda: 0)() for b in _mt._buffers(ddp)]
+    return bool(ptrs) and all(p and _lib.lib().vmstash_owner_device(p) >= 0 for p in ptrs)
 
 
 def _children(optimizer):
@@ -112,10 +121,17 @@ def _make_get_megatron_optimizer(original):
         if not ddps:
             return build()
         try:
-            optimizer = _mt.place_training_state(ddps, build)
-        except ValueError as e:  # a layout placement refuses, before anything moved
+            _mt.check_layouts(ddps)
+        except _mt.UnsupportedLayout as e:  # nothing moved: Megatron's own build and offload
             logger.warning("vmstash Megatron-RL: the training state stays Megatron's (its own offload runs): %s", e)
             return build()
+        try:
+            optimizer = _mt.place_training_state(ddps, build)
+        except BaseException:
+            # Raised to the caller (Megatron's own build failing included); buffers already in
+            # the tags stay vmstash's, so that Megatron's offload never frees their storage.
+            _placed_models.update(d for d in ddps if _in_tags(d))
+            raise
         _placed_models.update(ddps)
         todo = [optimizer]
         while todo:
@@ -143,10 +159,10 @@ def _make_restore_grads(original):
     def restore_grad_buffers(self, synchronize=True):
         if self not in _placed_models:
             return original(self, synchronize=synchronize)
-        _resume(GRADS_TAG)
-        for ddp in list(_placed_models):  # the tag holds every placed model's gradients
-            for b in _mt._buffers(ddp):
-                b.grad_data.zero_()
+        if _resume(GRADS_TAG):  # zeroed once, as Megatron's restore zeroes after an offload
+            for ddp in list(_placed_models):  # the tag holds every placed model's gradients
+                for b in _mt._buffers(ddp):
+                    b.grad_data.zero_()
         if synchronize:
             import torch
             torch.cuda.synchronize()
@@ -170,37 +186,49 @@ def install():
     with _lock:
         if _originals:
             return
-        import megatron.core.optimizer as core_optimizer
-        from megatron.core.distributed import DistributedDataParallel
-        from megatron.core.optimizer.optimizer import ChainedOptimizer, MegatronOptimizer
-        for tag, policy in ((GRADS_TAG, "discard"), (OPTIM_TAG, "backup")):
-            _api.create_tag(tag, policy)
-        owners = [core_optimizer]
-        try:  # the name setup_model_and_optimizer calls (imported from megatron.core.optimizer)
-            training = importlib.import_module("megatron.training.training")
-            if getattr(training, "get_megatron_optimizer", None) is core_optimizer.get_megatron_optimizer:
-                owners.append(training)
-        except Exception as e:  # noqa: BLE001 - megatron.training is optional (megatron-core alone)
-            logger.debug("vmstash Megatron-RL: megatron.training not importable (%s); megatron.core's "
-                         "get_megatron_optimizer is wrapped", e)
-        wrapped = _make_get_megatron_optimizer(core_optimizer.get_megatron_optimizer)
-        for owner in owners:
-            _originals[(owner, "get_megatron_optimizer")] = (owner.get_megatron_optimizer, None)
-            owner.get_megatron_optimizer = wrapped
-        _patch(DistributedDataParallel, "offload_grad_buffers", _make_offload_grads)
-        _patch(DistributedDataParallel, "restore_grad_buffers", _make_restore_grads)
-        for cls in (MegatronOptimizer, ChainedOptimizer):
-            _patch(cls, "offload_to_cpu", _make_optimizer_move(_pause))
-            _patch(cls, "restore_from_cpu", _make_optimizer_move(_resume))
+        try:
+            _install()
+        except BaseException:
+            _restore()  # nothing half-installed
+            raise
+
+
+def _install():
+    import megatron.core.optimizer as core_optimizer
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer.optimizer import ChainedOptimizer, MegatronOptimizer
+    for tag, policy in ((GRADS_TAG, "discard"), (OPTIM_TAG, "backup")):
+        _api.create_tag(tag, policy)
+    owners = [core_optimizer]
+    try:  # the name setup_model_and_optimizer calls (imported from megatron.core.optimizer)
+        training = importlib.import_module("megatron.training.training")
+        if getattr(training, "get_megatron_optimizer", None) is core_optimizer.get_megatron_optimizer:
+            owners.append(training)
+    except Exception as e:  # noqa: BLE001 - megatron.training is optional (megatron-core alone)
+        logger.debug("vmstash Megatron-RL: megatron.training not importable (%s); megatron.core's "
+                     "get_megatron_optimizer is wrapped", e)
+    wrapped = _make_get_megatron_optimizer(core_optimizer.get_megatron_optimizer)
+    for owner in owners:
+        _originals[(owner, "get_megatron_optimizer")] = (owner.get_megatron_optimizer, None)
+        owner.get_megatron_optimizer = wrapped
+    _patch(DistributedDataParallel, "offload_grad_buffers", _make_offload_grads)
+    _patch(DistributedDataParallel, "restore_grad_buffers", _make_restore_grads)
+    for cls in (MegatronOptimizer, ChainedOptimizer):
+        _patch(cls, "offload_to_cpu", _make_optimizer_move(_pause))
+        _patch(cls, "restore_from_cpu", _make_optimizer_move(_resume))
 
 
 def uninstall():
     """Puts Megatron's functions and methods back (placed state stays in its tags)."""
     with _lock:
-        for (owner, name), (own, _) in reversed(list(_originals.items())):
-            if own is None:
-                delattr(owner, name)  # it was inherited: the base's shows again
-            else:
-                setattr(owner, name, own)
-        _originals.clear()
+        _restore()
+
+
+def _restore():
+    for (owner, name), (own, _) in reversed(list(_originals.items())):
+        if own is None:
+            delattr(owner, name)  # it was inherited: the base's shows again
+        else:
+            setattr(owner, name, own)
+    _originals.clear()
 
