@@ -323,6 +323,10 @@ def test_expandable_segments_whole_process():
         tms.pause()
     from vmstash import _lib
     assert e.value.code == _lib.FAILED_PRECONDITION
+    import ctypes
+    c_pause = ctypes.CDLL(None).tms_pause  # torch_memory_saver's C entry point, as C callers reach it
+    c_pause.restype, c_pause.argtypes = ctypes.c_int, [ctypes.c_char_p]
+    assert c_pause(None) != 0, "tms_pause from C paused the process past live expandable segments"
     assert torch.equal(model.weight, ref), "a refused pause changed the model"
     del act
     _set_allocator_settings(torch, "expandable_segments:False")
