@@ -28,6 +28,8 @@ MiB = 1 << 20
 # "alloc NAME MIB" (more memory in NAME), "resume NAME", "node" (vmstash.node.stats()),
 # "calls" (the driver calls on device 0), "zero NAME" (whether NAME's bytes all read 0),
 # "fill NAME" (NAME's bytes set to its pattern again),
+# "churn NAME" (a thread of this process allocates, writes, checks and frees in NAME until
+# "unchurn", which says how many rounds it made and what went wrong),
 # "switch PAUSE RESUME" (a node switch of PID:TAG lists, made by this process), "exit".
 PART = r'''
 import ctypes, json, os, sys, time
@@ -57,6 +59,24 @@ def say(**kw):
     print(json.dumps(kw), flush=True)
 HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
 hooks = []
+import threading
+churning = {}
+def churn(name, stop, report):
+    vmstash.set_current_tag(name)
+    i = 0
+    while not stop.is_set():
+        n = (i % 7 + 1) << 18
+        p = L.vmstash_malloc(n, 0, None)
+        if not p:
+            report["errors"].append(_lib.last_error())
+            break
+        byte = i % 250 + 1
+        ctypes.memset(p, byte, n)
+        if ctypes.string_at(p, n) != bytes([byte]) * n:
+            report["errors"].append(f"round {i}: bytes changed")
+        L.vmstash_free(p, n, 0, None)
+        i += 1
+        report["rounds"] = i
 say(ready=os.getpid())
 for line in sys.stdin:
     cmd = line.split()
@@ -96,6 +116,17 @@ for line in sys.stdin:
         for p, n in tags[cmd[1]]:
             ctypes.memset(p, fill_of(cmd[1]), n)
         say(filled=cmd[1])
+    elif cmd[0] == "churn":
+        stop, report = threading.Event(), {"rounds": 0, "errors": []}
+        t = threading.Thread(target=churn, args=(cmd[1], stop, report))
+        t.start()
+        churning[cmd[1]] = (t, stop, report)
+        say(churning=cmd[1])
+    elif cmd[0] == "unchurn":
+        t, stop, report = churning.pop(cmd[1])
+        stop.set()
+        t.join(60)
+        say(churned=report, alive=t.is_alive())
     elif cmd[0] == "switch":  # switch PID:TAG,... PID:TAG,...: a node switch made by this process
         pairs = [[(int(p), t) for p, t in (e.split(":") for e in arg.split(",") if e)] for arg in cmd[1:3]]
         say(switched=vmstash.node.switch(pause=pairs[0], resume=pairs[1])["committed"])
@@ -259,6 +290,27 @@ def test_discard_memory_changes_process_instead_of_being_made_again(node):
     assert a.ask("zero akv")["zero"] is True
     assert a.check()["aw"] == {"state": "active", "ok": True}
     assert a.ask("calls")["calls"].get("import_chunk_fd", 0) > 0
+
+
+def test_threads_allocating_in_both_processes_during_node_switches(node):
+    # Another thread of each process allocates, writes, checks and frees in a tag of its own
+    # while node switches (chunks handed over) move the others: every switch commits, no
+    # byte of theirs or of the switched tags changes, and the allocator stays whole.
+    shared = f"{SIM_CONF},share_chunks:1"
+    a = node("akv:discard:16:active", "aw:backup:8:active", "awork:discard:1:active", conf=shared)
+    b = node("bkv:discard:16:paused", "bw:backup:8:paused", "bwork:discard:1:active", conf=shared)
+    assert a.ask("churn awork") == {"churning": "awork"} and b.ask("churn bwork") == {"churning": "bwork"}
+    out, into = [(a.pid, "akv"), (a.pid, "aw")], [(b.pid, "bkv"), (b.pid, "bw")]
+    for i in range(6):
+        r = vmstash.node.switch(pause=out, resume=into)
+        assert r["committed"], r
+        out, into = into, out
+    for part, tag in ((a, "awork"), (b, "bwork")):
+        done = part.ask(f"unchurn {tag}")
+        assert done["alive"] is False and done["churned"]["errors"] == [], done
+        assert done["churned"]["rounds"] > 0, done
+    assert a.check()["aw"] == {"state": "active", "ok": True}  # six switches: back where they began
+    assert b.check()["bw"]["state"] == "paused"
 
 
 def test_a_failed_map_of_the_other_process_memory_rolls_back_both(node):
