@@ -51,7 +51,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import (GiB, failure_line, link_line, meminfo, pinned_link, report, rss,  # noqa: E402
+from tms_backup_bench import (GiB, failure_line, link_line, meminfo, pinned_link, report, rss, timed_ms,  # noqa: E402
                               run_peers, workload_args)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -242,13 +242,6 @@ def training_step(torch, dev, gib, tensors):
     del acts, w, total
 
 
-def timed(torch, call):
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    call()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) * 1e3
-
 
 class Run:
     """One child's state: the model, the context, what was written, and the host figures."""
@@ -305,16 +298,16 @@ class Run:
     def cycle(self, n, args):
         torch, ctx, tms, dev = self.torch, self.ctx, self.tms, self.ctx.memory_buffer.device
         row, f0 = {"cycle": n}, self.free()
-        row["kv_pause_ms"] = timed(torch, ctx.deallocate_inference_state_buffers)
+        row["kv_pause_ms"] = timed_ms(torch, ctx.deallocate_inference_state_buffers)
         f1 = self.free()
-        row["model_pause_ms"] = timed(torch, lambda: tms.pause(MODEL_TAG))
+        row["model_pause_ms"] = timed_ms(torch, lambda: tms.pause(MODEL_TAG))
         f2 = self.free()
         row.update(kv_freed=f1 - f0, model_freed=f2 - f1, **self.host("suspended"))
-        row["train_ms"] = timed(torch, lambda: training_step(torch, dev, args.train_gib, args.tensors))
+        row["train_ms"] = timed_ms(torch, lambda: training_step(torch, dev, args.train_gib, args.tensors))
         f3 = self.free()
-        row["model_resume_ms"] = timed(torch, lambda: tms.resume(MODEL_TAG))
+        row["model_resume_ms"] = timed_ms(torch, lambda: tms.resume(MODEL_TAG))
         f4 = self.free()
-        row["kv_resume_ms"] = timed(torch, ctx.reinitialize_inference_state_buffers)
+        row["kv_resume_ms"] = timed_ms(torch, ctx.reinitialize_inference_state_buffers)
         resumed = time.perf_counter()
         row.update(model_taken=f3 - f4, kv_taken=f4 - self.free(), **self.host("resumed"))
         row["given_back_ms"] = self.given_back_ms(resumed)

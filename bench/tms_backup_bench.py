@@ -49,6 +49,15 @@ MiB = 1 << 20
 PEERS = ("native", "dropin", "dropin_retain", "tms", "dropin_mmap", "tms_mmap")
 
 
+def timed_ms(torch, call):
+    """call()'s wall time in ms, the device synchronized before and after."""
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    call()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e3
+
+
 def meminfo(key):
     with open("/proc/meminfo") as f:
         for line in f:

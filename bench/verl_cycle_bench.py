@@ -33,8 +33,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import GiB, meminfo, run_peers, workload_args  # noqa: E402
-from vllm_sleep_bench import backend_for, prepared_bytes, vllm_env  # noqa: E402
+from tms_backup_bench import GiB, meminfo, run_peers, timed_ms, workload_args  # noqa: E402
+from vllm_sleep_bench import backend_for, engine_tags, prepared_bytes, vllm_env  # noqa: E402
 
 PEERS = ("vmstash", "vmstash_verl", "cumem")
 STEPS = ("sleep", "weights", "load", "kv_cache")
@@ -48,16 +48,8 @@ def child(args):
     backend = backend_for("cumem" if peer == "cumem" else "vmstash")
     from vllm.device_allocator import get_mem_allocator_instance
     allocator = get_mem_allocator_instance()
-
-    def pattern(n, seed):
-        return torch.arange(n, dtype=torch.int64, device=dev).mul_(2654435761).add_(seed)
-
     baseline = meminfo("MemAvailable")
-    n_w = int(args.weights_gib * GiB) // args.tensors // 8
-    with allocator.use_memory_pool("weights"):
-        weights = [pattern(n_w, i) for i in range(args.tensors)]
-    with allocator.use_memory_pool("kv_cache"):
-        kv = [torch.empty(int(args.discard_gib * GiB) // 4 // 8, dtype=torch.int64, device=dev) for _ in range(4)]
+    pattern, n_w, weights, kv = engine_tags(torch, dev, allocator, args)
     # A CUDA graph captured into the allocator's graph pool, as vLLM captures its graphs.
     base = pattern(int(args.graph_gib * GiB) // 8, 7)
     graph = torch.cuda.CUDAGraph()
@@ -76,11 +68,7 @@ def child(args):
     prepared = prepared_bytes("vmstash" if peer != "cumem" else peer)
 
     def timed(call):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
+        return timed_ms(torch, call)
 
     def load():
         for w, s in zip(weights, sources):

@@ -30,7 +30,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tms_backup_bench import (GiB, link_line, meminfo, peer_rows, pinned_link, report, run_peers,  # noqa: E402
+from tms_backup_bench import (GiB, link_line, meminfo, peer_rows, pinned_link, report, run_peers, timed_ms,  # noqa: E402
                               workload_args)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +57,26 @@ def prepared_bytes(peer):
                if t.startswith("vllm."))
 
 
+def pattern_of(torch, dev):
+    """pattern(n, seed): n int64 values on `dev`, different for each seed."""
+    def pattern(n, seed):
+        return torch.arange(n, dtype=torch.int64, device=dev).mul_(2654435761).add_(seed)
+    return pattern
+
+
+def engine_tags(torch, dev, allocator, args):
+    """vLLM's tags as its worker makes them: weights (args.tensors tensors of a pattern,
+    args.weights_gib in all) and kv_cache (4 tensors, args.discard_gib in all). Returns
+    (pattern, elements per weight tensor, weights, kv)."""
+    pattern = pattern_of(torch, dev)
+    n_w = int(args.weights_gib * GiB) // args.tensors // 8
+    with allocator.use_memory_pool("weights"):
+        weights = [pattern(n_w, i) for i in range(args.tensors)]
+    with allocator.use_memory_pool("kv_cache"):
+        kv = [torch.empty(int(args.discard_gib * GiB) // 4 // 8, dtype=torch.int64, device=dev) for _ in range(4)]
+    return pattern, n_w, weights, kv
+
+
 def child(args):
     import torch
     dev = torch.device("cuda", 0)
@@ -64,16 +84,8 @@ def child(args):
     backend = backend_for(args.child)
     from vllm.device_allocator import get_mem_allocator_instance
     allocator = get_mem_allocator_instance()
-
-    def pattern(n, seed):
-        return torch.arange(n, dtype=torch.int64, device=dev).mul_(2654435761).add_(seed)
-
     baseline = meminfo("MemAvailable")
-    n_w = int(args.weights_gib * GiB) // args.tensors // 8
-    with allocator.use_memory_pool("weights"):
-        weights = [pattern(n_w, i) for i in range(args.tensors)]
-    with allocator.use_memory_pool("kv_cache"):
-        kv = [torch.empty(int(args.discard_gib * GiB) // 4 // 8, dtype=torch.int64, device=dev) for _ in range(4)]
+    pattern, _, weights, kv = engine_tags(torch, dev, allocator, args)
     n_r = int(args.runtime_gib * GiB) // 64 // 8
     with allocator.use_memory_pool("runtime"):
         runtime = [pattern(n_r, 10_000 + i) for i in range(64)]
@@ -85,11 +97,7 @@ def child(args):
     prepared = prepared_bytes(args.child)  # host backup ready when the first sleep comes
 
     def timed(call):
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        call()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) * 1e3
+        return timed_ms(torch, call)
 
     rows = []
     plan = ["full"] * args.cycles + ["selective"] * args.selective

@@ -74,14 +74,10 @@ def job(mode, out):
     gen = torch.Generator(device="cuda").manual_seed(7)
     data = torch.randint(0, vocab, (3, 3, batch, seq), generator=gen, device="cuda")
 
+    from vmstash.demo.megatron_training import megatron_step
+
     def train_step(x):
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
-        loss = ddp(x, pos, None, labels=x).mean()
-        loss.backward()
-        ddp.finish_grad_sync()
-        opt.step()
-        return loss.item().hex()
+        return megatron_step(ddp, opt, x, pos)
 
     def state():
         tensors = [b.param_data for b in ddp.buffers] + [b.grad_data for b in ddp.buffers]

@@ -100,6 +100,18 @@ class Rollout:
         return ((got.float() - eager.float()).abs().max() / eager.float().abs().max().clamp(min=1e-12)).item()
 
 
+def megatron_step(ddp, opt, x, pos):
+    """One training step of a GPT in Megatron's DDP with its optimizer, on tokens `x` at
+    positions `pos` (labels: the tokens); the loss as float hex."""
+    ddp.zero_grad_buffer()
+    opt.zero_grad()
+    loss = ddp(x, pos, None, labels=x).mean()
+    loss.backward()
+    ddp.finish_grad_sync()
+    opt.step()
+    return loss.item().hex()
+
+
 def scenario(rank, world, port, switch, cycles, steps):
     """One rank's run: trains (steps) x (cycles + 1) steps; with `switch`, a rollout phase
     between each group. Returns the losses (float hex), the final state's SHA-256 per tensor
@@ -140,13 +152,7 @@ def scenario(rank, world, port, switch, cycles, steps):
         return model, ddp, (vm_megatron.place_training_state([ddp], make) if place else make())
 
     def train_step(ddp, opt, x):
-        ddp.zero_grad_buffer()
-        opt.zero_grad()
-        loss = ddp(x, pos, None, labels=x).mean()
-        loss.backward()
-        ddp.finish_grad_sync()
-        opt.step()
-        return loss.item().hex()
+        return megatron_step(ddp, opt, x, pos)
 
     def phase_switch(pause, resume, label):
         """One switch, on every rank (vmstash.distributed) or this process's; its time."""
