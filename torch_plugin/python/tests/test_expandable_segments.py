@@ -95,8 +95,8 @@ name = l.vmstash_tms_tag(b"kv", b"discard").decode()
 vmstash.set_current_tag(name)
 assert l.vmstash_malloc(4 << 20, 0, None)
 vmstash.set_current_tag("default")
-SEGMENTS.append({"is_expandable": True, "allocated_size": 64 << 20, "total_size": 80 << 20})
-SEGMENTS.append({"is_expandable": False, "allocated_size": 8 << 20, "total_size": 8 << 20})
+SEGMENTS.append({"is_expandable": True, "allocated_size": 64 << 20, "total_size": 80 << 20, "device": 0})
+SEGMENTS.append({"is_expandable": False, "allocated_size": 8 << 20, "total_size": 8 << 20, "device": 0})
 try:
     tms.pause()
 except _lib.Error as e:
@@ -109,6 +109,11 @@ tms.resume()
 vmstash.set_current_tag("cpu_process")
 assert l.vmstash_malloc(2 << 20, 0, None)
 vmstash.set_current_tag("default")
+SEGMENTS[0]["device"] = 1  # live expandable tensors on another device: this one pauses
+vmstash.pause("cpu_process", 0)
+print("other device:", vmstash.tag_stats("cpu_process", 0)["state"])
+vmstash.resume("cpu_process", 0)
+SEGMENTS[0]["device"] = 0
 try:
     vmstash.pause("cpu_process")
 except _lib.Error as e:
@@ -123,6 +128,25 @@ tms.resume()
 """, TMS_INIT_ENABLE="1")
     assert "refused: True" in out and "64 MiB of live tensors" in out and "Nothing was paused" in out, out
     assert "state: active" in out and "kv: paused" in out, out
+    assert "other device: paused" in out, out
     assert "vetoed: ABORTED" in out and "process tag: active" in out, out
     assert out.count("MiB of live tensors") >= 2, out  # the guard's reason, on stderr
     assert "warned:" in out and "80 MiB cached" in out and "torch.cuda.empty_cache()" in out, out
+
+
+def test_the_guard_waits_for_the_process_tag_and_never_makes_it():
+    """Hooks registered for a tag with no pool yet would make it with policy discard; the
+    preload library makes its process tag at the first routed allocation (backup with
+    TMS_INIT_ENABLE_CPU_BACKUP=1). So the guard is registered only once the tag exists."""
+    out = _run(r"""
+_lib.lib().vmstash_tms_process_tag = lambda: b"late_process"
+tms.pause()  # the first use: no process tag yet, no guard
+print("guard before:", len(__import__("vmstash.compat.torch_memory_saver", fromlist=["x"])._guard))
+vmstash.create_tag("late_process", "backup")  # as the preload library makes it
+print("policy:", vmstash.backup_store("late_process") is not None)
+tms.resume()
+tms.pause()  # now it is registered
+print("guard after:", len(__import__("vmstash.compat.torch_memory_saver", fromlist=["x"])._guard))
+tms.resume()
+""", TMS_INIT_ENABLE="1", TMS_INIT_ENABLE_CPU_BACKUP="1")
+    assert "guard before: 0" in out and "policy: True" in out and "guard after: 1" in out, out

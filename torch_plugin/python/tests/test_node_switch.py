@@ -118,7 +118,7 @@ for line in sys.stdin:
         say(filled=cmd[1])
     elif cmd[0] == "churn":
         stop, report = threading.Event(), {"rounds": 0, "errors": []}
-        t = threading.Thread(target=churn, args=(cmd[1], stop, report))
+        t = threading.Thread(target=churn, args=(cmd[1], stop, report), daemon=True)
         t.start()
         churning[cmd[1]] = (t, stop, report)
         say(churning=cmd[1])

@@ -103,6 +103,7 @@ def place_ddp_buffers(ddp_models, params_tag=PARAMS_TAG, grads_tag=GRADS_TAG):
         b.offload_to_cpu(move_params=False, move_grads=True)
         with _torch.region(grads_tag, "discard"):
             b.reload_from_cpu(move_params=False, move_grads=True)
+        b._vmstash_grads_tag = grads_tag  # in the tag from here on (compat/megatron/rl.py reads it)
         moved[grads_tag] += b.grad_data.numel() * b.grad_data.element_size()
         if b.param_data is not None:
             b.offload_to_cpu(move_params=True, move_grads=False)

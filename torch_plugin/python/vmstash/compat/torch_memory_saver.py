@@ -61,6 +61,7 @@ What differs, on purpose:
     mapping; torch_memory_saver returns None).
   * memory_margin_bytes and hook_mode can be read (torch_memory_saver raises).
 """
+import atexit
 import contextlib
 import ctypes
 import os
@@ -216,40 +217,51 @@ def _torch_segments():
 
 
 _HOOK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
-_guard = []  # the process tag's before-pause callback, alive as long as the process
+_REGISTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, _HOOK, _HOOK, ctypes.c_void_p)
+_guard = []  # the process tag's before-pause callback, never freed (see _guard_process_tag)
+_guard_lock = threading.Lock()
 _checked = threading.local()  # set while pause() runs, which checked already
+_exiting = []  # set at exit: the guard lets every pause through from then on
 
 
 def _guard_process_tag():
     """Every pause of the process tag, from any caller (tms_pause from C, vmstash.pause, a
-    switch), is vetoed while PyTorch's expandable segments hold live tensors: the refusal goes
-    to stderr (the caller's error says a hook vetoed it). pause() here checks first and says
-    so in its own error. Registered once, at the first use in whole-process mode."""
+    switch), is vetoed while PyTorch's expandable segments hold live tensors on that device:
+    the refusal goes to stderr (the caller's error says a hook vetoed it). pause() here checks
+    first and says so in its own error. Registered once the preload library has made its
+    process tag (registering hooks for a tag with no pool yet would make it, with policy
+    discard): tried at the first use and at each pause() until then. The callback is never
+    freed (a pause from the control thread may come during the interpreter's exit)."""
     if _guard:
         return
-    l = _lib.lib()
-    name = l.vmstash_tms_process_tag()
-    if not name:
-        return
+    with _guard_lock:
+        if _guard:
+            return
+        l = _lib.lib()
+        name = l.vmstash_tms_process_tag()
+        if not name or _api.policy_of(name.decode()) is None:
+            return
 
-    def before_pause(tag, device, user):
-        if getattr(_checked, "done", False):
-            return 0
-        try:
-            refusal = _alloc_conf.pause_refusal(_torch_segments())
-        except Exception as e:  # noqa: BLE001 - a guard that cannot look never blocks a pause
-            sys.stderr.write(f"vmstash: could not check PyTorch's expandable segments before a pause: {e}\n")
-            return 0
-        if refusal is None:
-            return 0
-        sys.stderr.write(refusal + "\n")
-        return 1
+        def before_pause(tag, device, user):
+            if _exiting or getattr(_checked, "done", False):
+                return 0
+            try:
+                segments = [s for s in _torch_segments() if device < 0 or s.get("device") == device]
+                refusal = _alloc_conf.pause_refusal(segments)
+            except Exception as e:  # noqa: BLE001 - a guard that cannot look never blocks a pause
+                sys.stderr.write(f"vmstash: could not check PyTorch's expandable segments before a pause: {e}\n")
+                return 0
+            if refusal is None:
+                return 0
+            sys.stderr.write(refusal + "\n")
+            return 1
 
-    callback = _HOOK(before_pause)
-    register = l.vmstash_register_hooks
-    register.restype, register.argtypes = ctypes.c_int, [ctypes.c_char_p, _HOOK, _HOOK, ctypes.c_void_p]
-    _lib.check(register(name, callback, _HOOK(), None), "the process tag's expandable-segments guard")
-    _guard.append(callback)
+        callback = _HOOK(before_pause)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(callback))  # kept past the module's teardown
+        register = _REGISTER(("vmstash_register_hooks", l))
+        _lib.check(register(name, callback, _HOOK(), None), "the process tag's expandable-segments guard")
+        _guard.append(callback)
+        atexit.register(_exiting.append, True)
 
 
 # --- The singleton's class --------------------------------------------------------------------
@@ -433,6 +445,8 @@ class TorchMemorySaver:
         self._ensure_initialized()
         if not tag or tag == "default":
             self._check_expandable()
+        if _lib.lib().vmstash_tms_whole_process() == 1:
+            _guard_process_tag()  # once the process tag exists
         targets = [(name, name.encode()) for name in self._targets(tag)]
         _checked.done = True  # the process tag's guard need not look again (_guard_process_tag)
         try:

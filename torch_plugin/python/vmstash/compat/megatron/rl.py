@@ -46,7 +46,7 @@ import logging
 import threading
 import weakref
 
-from ... import _api, _lib
+from ... import _api
 from .. import megatron_training as _mt
 
 logger = logging.getLogger("vmstash.compat.megatron.rl")
@@ -103,9 +103,9 @@ def _ddp_modules(model_chunks):
 
 
 def _in_tags(ddp):
-    """Whether the DDP module's gradient buffers were moved into vmstash's memory."""
-    ptrs = [getattr(getattr(b, "grad_data", None), "data_ptr", lambda: 0)() for b in _mt._buffers(ddp)]
-    return bool(ptrs) and all(p and _lib.lib().vmstash_owner_device(p) >= 0 for p in ptrs)
+    """Whether any gradient buffer of the DDP module was moved into a tag (place_ddp_buffers
+    marks each one it moved)."""
+    return any(getattr(b, "_vmstash_grads_tag", None) for b in _mt._buffers(ddp))
 
 
 def _children(optimizer):
