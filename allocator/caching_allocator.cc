@@ -88,6 +88,11 @@ absl::StatusOr<TagPool*> CachingAllocator::FindPoolLocked(TagId tag, const char*
                                           " (create it or allocate in it first)"));
 }
 
+absl::StatusOr<TagPool*> CachingAllocator::FindPool(TagId tag, const char* what) const {
+  MutexLock lock(&mu_);
+  return FindPoolLocked(tag, what);
+}
+
 absl::StatusOr<TagPool*> CachingAllocator::PoolLocked(TagId tag, Policy policy, const char* what) {
   absl::StatusOr<TagPool*> found = FindPoolLocked(tag, what);
   if (!absl::IsNotFound(found.status())) return found;
@@ -654,29 +659,17 @@ absl::Status CachingAllocator::AddHooks(TagId tag, TransitionHook before_pause, 
 absl::Status CachingAllocator::Prepare(TagId tag, std::size_t bytes) { return PrepareTag(tag, bytes, false); }
 
 absl::Status CachingAllocator::GiveBackTag(TagId tag) {
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "give back"));
-  }
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPool(tag, "give back"));
   return pool->GiveBack();
 }
 
 absl::Status CachingAllocator::PrepareTag(TagId tag, std::size_t bytes, bool background) {
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "prepare"));
-  }
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPool(tag, "prepare"));
   return pool->Prepare(bytes, background);
 }
 
 absl::Status CachingAllocator::ReleaseBackup(TagId tag) {
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "release_backup"));
-  }
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPool(tag, "release_backup"));
   return pool->ReleaseBackup();
 }
 
@@ -697,21 +690,13 @@ absl::Status CachingAllocator::SetPrepareAhead(TagId tag, bool ahead) {
 
 absl::Status CachingAllocator::SetBackupStore(TagId tag, const BackupStore& store, bool directory_must_exist) {
   VMSTASH_RETURN_IF_ERROR(CheckBackupStore(store, directory_must_exist));
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_store"));
-  }
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPool(tag, "set_backup_store"));
   std::unique_ptr<BackupArena> dropped;  // freed after the locks are released
   return pool->SetStore(store, &dropped);
 }
 
 absl::Status CachingAllocator::SetBackupRetention(TagId tag, BackupRetention retention) {
-  TagPool* pool;
-  {
-    MutexLock lock(&mu_);
-    VMSTASH_ASSIGN_OR_RETURN(pool, FindPoolLocked(tag, "set_backup_retention"));
-  }
+  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPool(tag, "set_backup_retention"));
   pool->SetRetention(retention);
   return absl::OkStatus();
 }

@@ -263,6 +263,9 @@ class CachingAllocator : private TransitionHost {
   // The pool `what` (a request's name, for the message) needs: InvalidArgument for a tag
   // id never interned, NotFound for a tag without a pool on this device (one message).
   absl::StatusOr<TagPool*> FindPoolLocked(TagId tag, const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FindPoolLocked under mu_, for calls that then work on the pool without it (pools are
+  // retired, never freed, while the allocator lives).
+  absl::StatusOr<TagPool*> FindPool(TagId tag, const char* what) const ABSL_LOCKS_EXCLUDED(mu_);
   // The tag's pool, created with `policy` when it has none here (`what` as for FindPoolLocked).
   absl::StatusOr<TagPool*> PoolLocked(TagId tag, Policy policy, const char* what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<Block*> AllocateSlowLocked(TagPool* pool, Heap* heap, std::size_t size_bytes, Stream stream)
