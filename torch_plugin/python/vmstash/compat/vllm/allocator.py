@@ -17,11 +17,12 @@ VMSTASH_VLLM_DISCARD_TAGS (comma-separated; default "kv_cache,workspace", the ta
 backends never keep) have policy "discard": no host backup is ever prepared for them.
 The others have policy "backup". The pinned backup of those named in
 VMSTASH_VLLM_PREPARE_TAGS (comma-separated; default "weights,runtime,cudagraph", the tags
-vLLM's level-1 sleep keeps) is prepared ahead of the first sleep (vmstash.set_prepare_ahead); any other's
-is made by the first sleep that keeps its bytes, and prepared ahead from then on while its
-sleeps keep it, so a tag that is only ever dropped (a LoRA pool at level 2, a user's own)
-never holds pinned host memory and costs its sleep nothing to give back. Every call is one vmstash switch: all or nothing, including the device memory
-that a wake cannot find (vmstash.OutOfMemoryError, a torch.OutOfMemoryError and a
+vLLM's level-1 sleep keeps) is prepared ahead of the first sleep (vmstash.set_prepare_ahead);
+any other's is made by the first sleep that keeps its bytes, and prepared ahead from then on
+while its sleeps keep it, so a tag that is only ever dropped (a LoRA pool at level 2, a
+user's own) never holds pinned host memory and costs its sleep nothing to give back. Every
+call is one vmstash switch: all or nothing, including the device memory that a wake cannot
+find (vmstash.OutOfMemoryError, a torch.OutOfMemoryError and a
 RuntimeError, with every tag as it was). A sleep that drops a backup tag (level 2's
 weights) first gives that tag's prepared host memory back.
 
