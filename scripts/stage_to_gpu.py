@@ -8,7 +8,9 @@ goes over in consecutive calls, one part each, and a last call puts it together:
 
   here:       python3 scripts/stage_to_gpu.py pack FILE_OR_DIR... --out build/stage
                   -> build/stage/p0000 ... p00NN, each one part (at most --part-mib, default
-                     56) with the manifest; prints the calls to make
+                     56) with the manifest; prints the calls to make. The stream is gzipped
+                     (--compress none leaves it as is): unpacked shared objects shrink by
+                     a quarter to three quarters
   each call:  carry ["build/stage/p000K"], command
               python3 scripts/stage_to_gpu.py receive build/stage/p000K
                   -> the part checked against its SHA-256 and kept in build/staged/parts
@@ -86,9 +88,14 @@ class _PartWriter(io.RawIOBase):
         super().close()
 
 
-def pack(inputs, out, part_mib):
+COMPRESSIONS = ("gz", "none")
+
+
+def pack(inputs, out, part_mib, compress="gz"):
     if part_mib <= 0 or part_mib > 60:
         raise SystemExit("stage_to_gpu: --part-mib must be 1..60 (a device call carries 64 MiB with the tree)")
+    if compress not in COMPRESSIONS:
+        raise SystemExit(f"stage_to_gpu: --compress must be one of {', '.join(COMPRESSIONS)}, not {compress!r}")
     names = set()
     for path in inputs:
         if not os.path.exists(path):
@@ -101,11 +108,12 @@ def pack(inputs, out, part_mib):
         raise SystemExit(f"stage_to_gpu: {out} is not empty; remove it or name another folder")
     os.makedirs(out, exist_ok=True)
     writer = _PartWriter(out, part_mib * MiB)
-    with tarfile.open(fileobj=writer, mode="w|") as tar:
+    with tarfile.open(fileobj=writer, mode="w|" + ("" if compress == "none" else compress)) as tar:
         for path in inputs:
             tar.add(path, arcname=os.path.basename(os.path.normpath(path)))
     writer.close()
     manifest = {"id": writer.total.hexdigest(), "inputs": sorted(names), "sha256": writer.total.hexdigest(),
+                "compress": compress,
                 "bytes": sum(p[1] for p in writer.parts),
                 "parts": [{"name": n, "bytes": b, "sha256": h.hexdigest()} for n, b, h in writer.parts]}
     for name, _, _ in writer.parts:  # each part folder carries the manifest: receive checks against it
@@ -186,7 +194,10 @@ def assemble(into):
                 self.files.pop(0).close()
             return 0
 
-    with tarfile.open(fileobj=Joined(), mode="r|") as tar:
+    compress = manifest.get("compress", "none")
+    if compress not in COMPRESSIONS:
+        raise SystemExit(f"stage_to_gpu: the manifest names an unknown compression {compress!r}")
+    with tarfile.open(fileobj=Joined(), mode="r|" + ("" if compress == "none" else compress)) as tar:
         for member in tar:
             target = os.path.realpath(os.path.join(root, member.name))
             if not target.startswith(os.path.realpath(root) + os.sep) or member.issym() or member.islnk():
@@ -205,6 +216,7 @@ def main(argv):
     p.add_argument("inputs", nargs="+")
     p.add_argument("--out", default="build/stage")
     p.add_argument("--part-mib", type=int, default=56)
+    p.add_argument("--compress", choices=COMPRESSIONS, default="gz")
     r = sub.add_parser("receive")
     r.add_argument("part")
     r.add_argument("--into", default="build/staged")
@@ -213,7 +225,7 @@ def main(argv):
         s.add_argument("--into", default="build/staged")
     args = ap.parse_args(argv)
     if args.cmd == "pack":
-        m = pack(args.inputs, args.out, args.part_mib)
+        m = pack(args.inputs, args.out, args.part_mib, args.compress)
         print(f"stage_to_gpu: {m['bytes'] / MiB:.1f} MiB in {len(m['parts'])} parts under {args.out}; one device "
               f"call each (carry the part's folder), then one that assembles:")
         for part in m["parts"]:

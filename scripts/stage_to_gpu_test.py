@@ -2,7 +2,7 @@
 each received (checked against the manifest) into a folder standing for the GPU machine's,
 then assembled into the same bytes; a part that changed on the way, one missing, a parcel
 packed again, a stream that would write outside the folder, and bad input, each refused with
-a message that says what to do."""
+a message that says what to do; gzip and plain streams alike."""
 import hashlib
 import io
 import json
@@ -64,6 +64,26 @@ class StageToGpuTest(unittest.TestCase):
         self.assertEqual(st.sha256_file(os.path.join(done["root"], "model.safetensors")), st.sha256_file(self.single))
         st.receive(os.path.join(self.out, m["parts"][0]["name"]), self.into)  # received twice: harmless
         st.assemble(self.into)
+
+    def test_both_compressions_give_back_the_same_bytes_and_gzip_shrinks_what_compresses(self):
+        text = os.path.join(self.src, "pkg", "sub", "lib.so")
+        with open(text, "wb") as f:
+            f.write(b"\x00" * (3 * MiB) + os.urandom(1024))
+        digest = st.sha256_file(text)
+        for compress, most in (("none", None), ("gz", 6)):
+            out = os.path.join(self.dir, "stage_" + compress)
+            m = st.pack([os.path.join(self.src, "pkg")], out, 1, compress)
+            self.assertEqual(m["compress"], compress)
+            if most:
+                self.assertLessEqual(len(m["parts"]), most)  # 3 MiB of zeros shrink to almost nothing
+            into = os.path.join(self.dir, "gpu_" + compress)
+            for part in m["parts"]:
+                st.receive(os.path.join(out, part["name"]), into)
+            root = st.assemble(into)["root"]
+            self.assertEqual(st.sha256_file(os.path.join(root, "pkg", "sub", "lib.so")), digest)
+            self.assertEqual(st.sha256_file(os.path.join(root, "pkg", "a.whl")), self.files["pkg/a.whl"])
+        with self.assertRaisesRegex(SystemExit, "--compress must be one of gz, none"):
+            st.pack([self.single], os.path.join(self.dir, "stage_xz"), 1, "xz")
 
     def test_a_part_changed_on_the_way_is_refused(self):
         m = self.pack()
