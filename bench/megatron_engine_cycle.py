@@ -1,0 +1,234 @@
+"""Megatron-core's own inference engine (DynamicInferenceEngine, the one Megatron-LM's RL loop
+rolls out with) generating with its CUDA graphs, suspended and resumed through the
+torch_memory_saver API: vmstash's drop-in and torch_memory_saver 0.0.10 itself, side by side in
+one run (GPU).
+
+    python3 bench/megatron_engine_cycle.py [--peers dropin,tms] [--modes offload,recompute]
+        [--cycles 3] [--json out.json] [--tms-path /tmp/tms_real]
+
+SGLang, the serving engine that calls torch_memory_saver, does not load on the GPU machine (its
+newest release on the index, 0.5.10.post1, pins torch 2.9.1 and sglang-kernel 0.4.1, whose
+libraries link CUDA 12's runtime and torch 2.9's C++ symbols; the machine has CUDA 13 and torch
+2.11): this is the closest real consumer of that API that does. Megatron's dynamic engine needs
+flash-attn for its paged attention, which the machine lacks and PyPI has no binary of: --site
+(scripts/vllm_engine_site.py's folder, staged as docs/usage.md §18 says) provides vLLM's
+FlashAttention 3 build, which bench/flash_attn_standin/flash_attn exposes as the two flash-attn
+functions Megatron calls (its attention code unchanged). megatron-core 0.19.2's code in each
+process (its wheel importable; no Transformer Engine):
+  * a GPTModel of the local layer spec in bf16 with Megatron's own CUDA graphs
+    (cuda_graph_impl "local"), built inside torch_memory_saver.region("rl_inference_model",
+    enable_cpu_backup=True) as megatron/training builds the RL inference model;
+  * the engine pipeline as megatron.core.inference.apis builds it: DynamicInferenceContext with
+    static_kv_memory_pointers (its KV buffer in region("inference_context"), backed up in mode
+    offload, discarded in recompute), GPTInferenceWrapper, TextGenerationController (a stand-in
+    tokenizer: prompts are token ids), DynamicInferenceEngine, which captures its CUDA graphs
+    when it is made.
+Per peer and mode, in its own process: generate --prompts prompts, --tokens tokens each, greedy
+(top_k 1, no early stop): the reference. Then --cycles times, as Megatron's RL loop: engine.suspend()
+(pause of the KV region), pause("rl_inference_model"), a training step outside any region,
+resume("rl_inference_model"), engine.resume() (resume of the KV region; with static pointers
+the graphs are kept, not captured again), generate: the same tokens, replayed through the same
+graphs. Each call is timed with the device synchronized; the device memory each pause frees
+(cudaMemGetInfo).
+Exit status 1 when a run failed, tokens differ after a cycle, or the peers' references differ.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megatron_rl_offload_bench import (MODEL_TAG, init_distributed, import_saver, megatron, peer_env,  # noqa: E402
+                                       real_tms_dir, training_step)
+from tms_backup_bench import timed_ms  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_SITE = os.path.join(os.path.dirname(HERE), "build", "staged", "root", "vllm-0.25.0-site")
+STANDIN = os.path.join(HERE, "flash_attn_standin")
+
+PEERS = ("dropin", "tms")
+MODES = ("offload", "recompute")
+MiB = 1 << 20
+
+
+class StandInTokenizer:
+    """What the controller and engine ask of a tokenizer when prompts are token ids."""
+
+    def __init__(self, vocab):
+        self.vocab_size, self.eod, self.bos = vocab, vocab - 1, None
+
+    def tokenize(self, text):
+        return [int(x) for x in text.split()]
+
+    def detokenize(self, tokens, **_):
+        return " ".join(str(int(t)) for t in tokens)
+
+    def offsets(self, tokens, text):
+        out, pos = [], 0
+        for t in tokens:
+            out.append(pos)
+            pos += len(str(int(t))) + 1
+        return out
+
+
+def engine_parts():
+    from megatron.core.inference.engines.dynamic_engine import DynamicInferenceEngine
+    from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import GPTInferenceWrapper
+    from megatron.core.inference.sampling_params import SamplingParams
+    from megatron.core.inference.text_generation_controllers.text_generation_controller import (
+        TextGenerationController)
+    return DynamicInferenceEngine, GPTInferenceWrapper, SamplingParams, TextGenerationController
+
+
+def child(args):
+    import torch
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    tms = import_saver(args.child)
+    m = megatron(False)
+    Engine, Wrapper, SamplingParams, Controller = engine_parts()
+    init_distributed(torch, m)
+    cfg = m.TransformerConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.hidden // 128,
+                              num_query_groups=max(1, args.hidden // 512), ffn_hidden_size=4 * args.hidden, bf16=True,
+                              params_dtype=torch.bfloat16, transformer_impl="local", hidden_dropout=0.0,
+                              attention_dropout=0.0, init_method_std=0.02, cuda_graph_impl="local")
+    with tms.region(tag=MODEL_TAG, enable_cpu_backup=True):
+        gpt = m.GPTModel(cfg, m.local_spec(), vocab_size=args.vocab, max_sequence_length=args.seq,
+                         position_embedding_type="rope")
+        gpt.cuda(dev)
+        model = m.Float16Module(cfg, gpt).eval()
+    offload = args.mode == "offload"
+    inference = m.InferenceConfig(block_size_tokens=256, buffer_size_gb=args.kv_gib, max_requests=args.prompts,
+                                  max_sequence_length=args.seq, static_kv_memory_pointers=True,
+                                  kv_cache_management_mode=m.Mode.OFFLOAD if offload else m.Mode.RECOMPUTE,
+                                  num_cuda_graphs=args.graphs, unified_memory_level=0)
+    t = time.perf_counter()
+    ctx = m.Context(cfg, inference)
+    engine = Engine(controller=Controller(inference_wrapped_model=Wrapper(model, ctx),
+                                          tokenizer=StandInTokenizer(args.vocab)), context=ctx)
+    made_s = time.perf_counter() - t
+    graphs = len(getattr(ctx, "cuda_graph_batch_dimensions_list", []) or [])
+    import random
+    rng = random.Random(99)
+    prompts = [[rng.randrange(1, args.vocab - 1) for _ in range(rng.randrange(16, 64))] for _ in range(args.prompts)]
+    params = SamplingParams(top_k=1, num_tokens_to_generate=args.tokens, termination_id=-1)
+
+    def generate():
+        t = time.perf_counter()
+        records = engine.generate(prompts, params)
+        torch.cuda.synchronize()
+        return [list(map(int, r.merge().generated_tokens)) for r in records], (time.perf_counter() - t) * 1e3
+
+    reference, gen_ms = generate()
+    free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
+    rows = []
+    for n in range(1, args.cycles + 1):
+        row = {"cycle": n}
+        f0 = free()
+        row["engine_suspend_ms"] = timed_ms(torch, engine.suspend)
+        f1 = free()
+        row["model_pause_ms"] = timed_ms(torch, lambda: tms.pause(MODEL_TAG))
+        f2 = free()
+        row.update(kv_freed_mib=(f1 - f0) / MiB, model_freed_mib=(f2 - f1) / MiB)
+        row["train_ms"] = timed_ms(torch, lambda: training_step(torch, dev, args.train_gib, 64))
+        row["model_resume_ms"] = timed_ms(torch, lambda: tms.resume(MODEL_TAG))
+        row["engine_resume_ms"] = timed_ms(torch, engine.resume)
+        tokens, row["generate_ms"] = generate()
+        row["tokens_equal"] = tokens == reference
+        row["tokens_differ"] = sum(a != b for x, y in zip(tokens, reference) for a, b in zip(x, y))
+        rows.append(row)
+        print(json.dumps(dict(peer=f"{args.child}/{args.mode}", **row)), file=sys.stderr, flush=True)
+    out = {"peer": f"{args.child}/{args.mode}", "engine_made_s": made_s, "graphs": graphs, "generate_ms": gen_ms,
+           "params": sum(p.numel() for p in model.parameters()), "reference": reference, "rows": rows,
+           "kv_bytes": ctx.memory_buffer.numel() * ctx.memory_buffer.element_size()}
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)  # no teardown: torch_memory_saver's torch mode refuses frees outside a region
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--peers", default=",".join(PEERS))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--seq", type=int, default=512)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--graphs", type=int, default=8)
+    ap.add_argument("--kv-gib", type=float, default=4.0)
+    ap.add_argument("--train-gib", type=float, default=2.0)
+    ap.add_argument("--tms-path")
+    ap.add_argument("--site", default=DEFAULT_SITE, help="vLLM's wheel unpacked (scripts/vllm_engine_site.py)")
+    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--json")
+    ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+    tms_dir = real_tms_dir(args.tms_path)
+    site = os.path.abspath(args.site)
+    if not os.path.isfile(os.path.join(site, "vllm", "vllm_flash_attn", "_vllm_fa3_C.abi3.so")):
+        print(f"megatron_engine_cycle: no FlashAttention 3 build at {site}: Megatron's dynamic engine needs one; make "
+              "it with scripts/vllm_engine_site.py and stage it with scripts/stage_to_gpu.py (docs/usage.md §18)",
+              file=sys.stderr)
+        return 2
+    results = {}
+    for peer in [p for p in args.peers.split(",") if p]:
+        if peer not in PEERS:
+            ap.error(f"--peers: {peer!r} is not one of {', '.join(PEERS)}")
+        if peer == "tms" and not tms_dir:
+            print("torch_memory_saver 0.0.10 itself is not importable (--tms-path): left out", flush=True)
+            continue
+        for mode in [x for x in args.modes.split(",") if x]:
+            keep = ["--layers", args.layers, "--hidden", args.hidden, "--vocab", args.vocab, "--seq", args.seq,
+                    "--prompts", args.prompts, "--tokens", args.tokens, "--graphs", args.graphs,
+                    "--kv-gib", args.kv_gib, "--train-gib", args.train_gib, "--cycles", args.cycles]
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--mode", mode] + [str(x) for x in keep]
+            name = f"{peer}/{mode}"
+            try:
+                env = dict(peer_env(peer, tms_dir), PYTHONUNBUFFERED="1")
+                first = env["PYTHONPATH"].split(os.pathsep)[:2 if peer == "dropin" else 1]
+                rest = env["PYTHONPATH"].split(os.pathsep)[len(first):]
+                env["PYTHONPATH"] = os.pathsep.join(first + [STANDIN, site] + rest)
+                r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+                line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
+                results[name] = json.loads(line[-1][7:]) if line else {"error": (r.stdout + r.stderr)[-6000:]}
+            except subprocess.TimeoutExpired as e:
+                results[name] = {"error": f"timed out after {args.timeout} s: {str(e.stderr)[-3000:]}"}
+    refs = {n: r["reference"] for n, r in results.items() if "error" not in r}
+    passed = bool(results) and all("error" not in r and all(x["tokens_equal"] for x in r["rows"])
+                                   for r in results.values()) and len({json.dumps(v) for v in refs.values()}) <= 1
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name}: FAILED\n{r['error'][-3000:]}")
+            continue
+        print(f"{name}: {r['params'] / 1e6:.0f}M parameters, KV buffer {r['kv_bytes'] / MiB:.0f} MiB, "
+              f"{r['graphs']} CUDA graphs, engine made in {r['engine_made_s']:.1f} s")
+        for x in r["rows"]:
+            print(f"  cycle {x['cycle']}: suspend {x['engine_suspend_ms']:.1f} ms (freed {x['kv_freed_mib']:.0f} MiB), "
+                  f"model pause {x['model_pause_ms']:.1f} ({x['model_freed_mib']:.0f} MiB), model resume "
+                  f"{x['model_resume_ms']:.1f}, resume {x['engine_resume_ms']:.1f} ms, tokens equal "
+                  f"{x['tokens_equal']} ({x['tokens_differ']} differ)")
+    for mode in MODES:
+        a, b = results.get(f"dropin/{mode}"), results.get(f"tms/{mode}")
+        if a and b and "error" not in a and "error" not in b:
+            for key in ("engine_suspend_ms", "model_pause_ms", "model_resume_ms", "engine_resume_ms"):
+                print(f"{mode}: torch_memory_saver / drop-in, {key}: " +
+                      ", ".join(f"{y[key] / x[key]:.2f}x" for x, y in zip(a["rows"], b["rows"]) if x[key] > 0))
+    print(f"references equal across runs: {len({json.dumps(v) for v in refs.values()}) <= 1}; "
+          f"{'PASSED' if passed else 'FAILED'}")
+    if args.json:
+        for r in results.values():
+            r.pop("reference", None)
+        with open(args.json, "w") as f:
+            json.dump({"runs": results, "passed": passed}, f, indent=1)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
