@@ -90,6 +90,7 @@ def child(args):
     m = megatron(False)
     Engine, Wrapper, SamplingParams, Controller = engine_parts()
     init_distributed(torch, m)
+    m.seed(123, inference_rng_tracker=True, force_reset_rng=True)  # CUDA graphs need it (as Megatron's inference)
     cfg = m.TransformerConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.hidden // 128,
                               num_query_groups=max(1, args.hidden // 512), ffn_hidden_size=4 * args.hidden, bf16=True,
                               params_dtype=torch.bfloat16, transformer_impl="local", hidden_dropout=0.0,
