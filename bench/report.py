@@ -90,6 +90,23 @@ def benchmarks(build, torch_ok):
          "cache, a 1 GiB CUDA graph pool; 5 cycles of suspend(level=2), resume(weights), the trainer's "
          "weights copied in, resume(kv_cache), every weight and the graph checked.",
          [py, "bench/verl_cycle_bench.py", "--json", "bench/results/verl_cycle.json"], {}, [r"."], True),
+        ("vllm_engine_cycle", "vLLM 0.25.0's own engine through sleep and wake (bench/vllm_engine_cycle.py): "
+         "LLM() with sleep mode, CUDA graphs and torch.compile over a Llama of random weights (16 x 2048, "
+         "886 M parameters, bf16) loaded from disk; 3 level-1 cycles (sleep, wake weights, wake KV cache, "
+         "generate) and a level-2 cycle with the weights reloaded through collective_rpc as verl does; "
+         "vmstash's backend, vLLM's default with vmstash's plugin loaded, and without it, each in its own "
+         "process; greedy tokens, the weights' digest and the device memory each sleep frees, per cycle. "
+         "Needs vLLM's wheel staged (scripts/vllm_engine_site.py, docs/usage.md §18).",
+         [py, "bench/vllm_engine_cycle.py", "--json", "bench/results/vllm_engine.json"], {},
+         [r"^\S+: (backend|FAILED)", r"^  level", r"^cumem / vmstash", r"^references"], True),
+        ("megatron_engine_cycle", "Megatron-core's dynamic inference engine through torch_memory_saver's API "
+         "(bench/megatron_engine_cycle.py): a GPTModel (8 x 2048, bf16) in region('rl_inference_model') and "
+         "the engine with a 4 GiB KV buffer (offload, recompute) and Megatron's own CUDA graphs, generating "
+         "greedily; 3 cycles of engine.suspend, model pause, a training step, model resume, engine.resume "
+         "and generate; vmstash's drop-in and torch_memory_saver itself where importable. Its attention "
+         "runs vLLM's FlashAttention 3 build, so it needs vLLM's wheel staged (docs/usage.md §18).",
+         [py, "bench/megatron_engine_cycle.py", "--json", "bench/results/megatron_engine.json"], {}, [r"."],
+         True),
         ("megatron_rl_offload_bench", "Megatron-LM RL's offload of its inference model and KV cache through "
          "torch_memory_saver's API (bench/megatron_rl_offload_bench.py): megatron-core 0.19's own GPTModel "
          "(1.67 B parameters, 3.11 GiB bf16) built in region('rl_inference_model', enable_cpu_backup=True) and "
