@@ -212,15 +212,11 @@ def run_engine(name, model_dir, args):
     return out
 
 
-def _plugin_folder(dest):
-    """vmstash's vllm.general_plugins entry point, declared as the wheel's metadata does."""
-    info = os.path.join(dest, "vmstash-0+bench.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: vmstash\nVersion: 0+bench\n")
-    with open(os.path.join(info, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\nvmstash = vmstash.compat.vllm.plugin:register\n")
-    return dest
+def _declare_plugin(dest):
+    """vmstash's vllm.general_plugins entry point, declared as the wheel does."""
+    sys.path.insert(0, os.path.join(ROOT, "torch_plugin", "python", "tests", "vllm_standins"))
+    import assemble
+    return assemble.declare_entry_point(dest, "0+bench")
 
 
 def _child(args, extra, env, timeout):
@@ -299,7 +295,7 @@ def main(argv):
     base = dict(os.environ, PYTHONUNBUFFERED="1", VLLM_USE_FLASHINFER_SAMPLER="0",
                 VLLM_ALLOW_INSECURE_SERIALIZATION="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     base["PYTHONPATH"] = os.pathsep.join(p for p in [site, os.path.join(ROOT, "torch_plugin", "python"),
-                                                     _plugin_folder(os.path.join(tmp, "plugin")),
+                                                     _declare_plugin(os.path.join(tmp, "plugin")),
                                                      os.environ.get("PYTHONPATH", "")] if p)
     for var in ("VMSTASH_VLLM_SLEEP_BACKEND", "VLLM_PLUGINS"):
         base.pop(var, None)

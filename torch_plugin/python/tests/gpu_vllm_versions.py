@@ -69,23 +69,13 @@ print("PROBE " + json.dumps(out))
 """
 
 
-def _entry_point(dest):
-    """vmstash's vllm.general_plugins entry point, as the wheel's metadata declares it."""
-    info = os.path.join(dest, "vmstash-0+test.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write("Metadata-Version: 2.1\nName: vmstash\nVersion: 0+test\n")
-    with open(os.path.join(info, "entry_points.txt"), "w") as f:
-        f.write("[vllm.general_plugins]\nvmstash = vmstash.compat.vllm.plugin:register\n")
-
-
 def _probe(release):
     sys.path.insert(0, os.path.join(HERE, "vllm_standins"))
     import assemble
     dest = tempfile.mkdtemp(prefix=f"vmstash_vllm_{release}_")
     try:
         assemble.assemble(dest, _folder(release))
-        _entry_point(dest)
+        assemble.declare_entry_point(dest)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [dest, os.path.join(ROOT, "torch_plugin", "python"), os.environ.get("PYTHONPATH", "")]))
         env.pop("VLLM_PLUGINS", None)

@@ -6,7 +6,8 @@ third_party/vllm-V for an earlier release V) and the stand-ins of this folder to
 
 DEST/vllm: the stand-in package with vLLM's own files over it; DEST/tests: vLLM's test files
 with the stand-in tests/utils.py. Put DEST first on sys.path. Prints DEST. Fails, saying
-what to fetch, when the vLLM files are missing.
+what to fetch, when the vLLM files are missing. declare_entry_point() declares vmstash's
+plugin as the wheel does, for vLLM's own loader.
 """
 import os
 import shutil
@@ -43,6 +44,18 @@ def assemble(dest, src=None):
     for folder, _, files in os.walk(os.path.join(dest, "tests")):  # vLLM's tests are packages
         if "__init__.py" not in files:
             open(os.path.join(folder, "__init__.py"), "w").close()
+    return dest
+
+
+def declare_entry_point(dest, version="0+test"):
+    """A dist-info in `dest` declaring vmstash's vllm.general_plugins entry point as the wheel
+    does (pyproject.toml), so that vLLM's plugin loader finds it with `dest` on sys.path."""
+    info = os.path.join(dest, f"vmstash-{version}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vmstash\nVersion: {version}\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        f.write("[vllm.general_plugins]\nvmstash = vmstash.compat.vllm.plugin:register\n")
     return dest
 
 
