@@ -1,21 +1,34 @@
-"""The engine benchmarks' CPU side (bench/vllm_engine_cycle.py, bench/megatron_engine_cycle.py) and
-scripts/vllm_engine_site.py: without the staged engine both benchmarks stop with exit status 2
-and say how to make it, before starting anything; bad arguments are refused; the site's
-package list is pinned and a folder in use is never overwritten."""
+"""The engine benchmarks' CPU side (bench/vllm_engine_cycle.py, bench/megatron_engine_cycle.py,
+bench/child_run.py) and scripts/vllm_engine_site.py: without the staged engine both benchmarks
+stop with exit status 2 and say how to make it, before starting anything; bad arguments
+(unknown or repeated names, no cycle) are refused before anything runs; a child past its time
+is killed with the processes it started, and what it said comes back as text; machine paths
+are scrubbed; the site's package list is pinned and a folder in use is never overwritten."""
 import contextlib
 import io
 import os
 import shutil
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "scripts"))
+import child_run  # noqa: E402
 import megatron_engine_cycle  # noqa: E402
 import vllm_engine_cycle  # noqa: E402
 import vllm_engine_site  # noqa: E402
+
+
+def _running(pid):
+    """Whether `pid` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 class EngineCyclesTest(unittest.TestCase):
@@ -42,11 +55,52 @@ class EngineCyclesTest(unittest.TestCase):
         self.assertIn("scripts/vllm_engine_site.py", err)
 
     def test_bad_arguments_are_refused(self):
-        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as e:
-            vllm_engine_cycle.main(["--engines", "vmstash,sglang", "--site", self.dir])
-        self.assertEqual(e.exception.code, 2)
-        with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit):
-            megatron_engine_cycle.main(["--child", "nobody"])
+        for main, argv in ((vllm_engine_cycle.main, ["--engines", "vmstash,sglang"]),
+                           (vllm_engine_cycle.main, ["--engines", "vmstash,vmstash"]),
+                           (vllm_engine_cycle.main, ["--engines", ""]),
+                           (vllm_engine_cycle.main, ["--cycles", "0"]),
+                           (vllm_engine_cycle.main, ["--zero-kv-cycles", "0"]),
+                           (vllm_engine_cycle.main, ["--zero-kv-cycles", "one"]),
+                           (megatron_engine_cycle.main, ["--peers", "dropin,tsm"]),
+                           (megatron_engine_cycle.main, ["--modes", "offload,offload"]),
+                           (megatron_engine_cycle.main, ["--peers", ""]),
+                           (megatron_engine_cycle.main, ["--cycles", "0"]),
+                           (megatron_engine_cycle.main, ["--child", "nobody"])):
+            with contextlib.redirect_stderr(io.StringIO()), self.assertRaises(SystemExit) as e:
+                main(argv + ["--site", self.dir])
+            self.assertEqual(e.exception.code, 2, argv)
+
+    def test_a_child_past_its_time_is_killed_with_what_it_started(self):
+        pid_file = os.path.join(self.dir, "grandchild")
+        script = ("import subprocess, sys, time\n"
+                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                  f"open({pid_file!r}, 'w').write(str(p.pid))\n"
+                  "print('started', flush=True)\n"
+                  "time.sleep(60)\n")
+        rc, out, err = child_run.run_child([sys.executable, "-c", script], dict(os.environ), 3)
+        self.assertIsNone(rc)
+        self.assertIn("started", out)
+        self.assertIn("killed after 3 s", err)
+        with open(pid_file) as f:
+            grandchild = int(f.read())
+        for _ in range(100):
+            if not _running(grandchild):
+                break
+            time.sleep(0.05)
+        else:
+            self.fail("the child's own child outlived the kill")
+        rc, out, err = child_run.run_child([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"],
+                                           dict(os.environ), 30)
+        self.assertEqual((rc, out), (3, "x\n"))
+
+    def test_deadline_and_scrub(self):
+        d = child_run.Deadline(100)
+        self.assertLessEqual(d.left(30), 30)
+        self.assertGreater(child_run.Deadline(100).left(1000), 90)
+        self.assertEqual(child_run.Deadline(-5).left(30), 0.0)
+        text = "/a/b/site/vllm and /a/b and /tmp/x/model"
+        self.assertEqual(child_run.scrub(text, {"/a/b": "<repo>", "/a/b/site": "<site>", "/tmp/x": "<tmp>"}),
+                         "<site>/vllm and <repo> and <tmp>/model")
 
     def test_the_site_is_pinned_and_a_folder_in_use_is_kept(self):
         for spec in (vllm_engine_site.VLLM,) + vllm_engine_site.DEPENDENCIES:

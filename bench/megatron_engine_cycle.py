@@ -35,7 +35,6 @@ Exit status 1 when a run failed, tokens differ after a cycle, or the peers' refe
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -43,9 +42,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from megatron_rl_offload_bench import (MODEL_TAG, init_distributed, import_saver, megatron, peer_env,  # noqa: E402
                                        real_tms_dir, training_step)
 from tms_backup_bench import timed_ms  # noqa: E402
+from child_run import Deadline, run_child, scrub  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_SITE = os.path.join(os.path.dirname(HERE), "build", "staged", "root", "vllm-0.25.0-site")
+ROOT = os.path.dirname(HERE)
+DEFAULT_SITE = os.path.join(ROOT, "build", "staged", "root", "vllm-0.25.0-site")
 STANDIN = os.path.join(HERE, "flash_attn_standin")
 
 PEERS = ("dropin", "tms")
@@ -82,15 +83,10 @@ def engine_parts():
     return DynamicInferenceEngine, GPTInferenceWrapper, SamplingParams, TextGenerationController
 
 
-def child(args):
-    import torch
-    dev = torch.device("cuda", 0)
-    torch.cuda.set_device(dev)
-    tms = import_saver(args.child)
-    m = megatron(False)
-    Engine, Wrapper, SamplingParams, Controller = engine_parts()
-    init_distributed(torch, m)
-    m.seed(123, inference_rng_tracker=True, force_reset_rng=True)  # CUDA graphs need it (as Megatron's inference)
+def build(torch, m, tms, args, dev):
+    """The model in its region, then the engine pipeline as megatron.core.inference.apis makes it
+    (the engine captures its CUDA graphs when it is made): (model, context, engine, seconds)."""
+    Engine, Wrapper, _, Controller = engine_parts()
     cfg = m.TransformerConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.hidden // 128,
                               num_query_groups=max(1, args.hidden // 512), ffn_hidden_size=4 * args.hidden, bf16=True,
                               params_dtype=torch.bfloat16, transformer_impl="local", hidden_dropout=0.0,
@@ -100,21 +96,55 @@ def child(args):
                          position_embedding_type="rope")
         gpt.cuda(dev)
         model = m.Float16Module(cfg, gpt).eval()
-    offload = args.mode == "offload"
     inference = m.InferenceConfig(block_size_tokens=256, buffer_size_gb=args.kv_gib, max_requests=args.prompts,
                                   max_sequence_length=args.seq, static_kv_memory_pointers=True,
-                                  kv_cache_management_mode=m.Mode.OFFLOAD if offload else m.Mode.RECOMPUTE,
-                                  num_cuda_graphs=args.graphs, unified_memory_level=0)
+                                  kv_cache_management_mode=m.Mode.OFFLOAD if args.mode == "offload" else
+                                  m.Mode.RECOMPUTE, num_cuda_graphs=args.graphs, unified_memory_level=0)
     t = time.perf_counter()
     ctx = m.Context(cfg, inference)
     engine = Engine(controller=Controller(inference_wrapped_model=Wrapper(model, ctx),
                                           tokenizer=StandInTokenizer(args.vocab)), context=ctx)
-    made_s = time.perf_counter() - t
-    graphs = len(getattr(ctx, "cuda_graph_batch_dimensions_list", []) or [])
+    return model, ctx, engine, time.perf_counter() - t
+
+
+def kv_digest(torch, buf):
+    """The KV buffer's bytes summed (in slices: int64 temporaries of 2 GiB at most)."""
+    flat = buf.reshape(-1).view(torch.uint8)
+    return sum(int(flat[i:i + (1 << 28)].to(torch.int64).sum().item()) for i in range(0, flat.numel(), 1 << 28))
+
+
+def cycle(torch, tms, engine, ctx, dev, args):
+    """One RL-loop cycle, each call timed, the KV buffer's bytes compared in mode offload."""
+    free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
+    before = kv_digest(torch, ctx.memory_buffer) if args.mode == "offload" else None
+    row, f0 = {}, free()
+    row["engine_suspend_ms"] = timed_ms(torch, engine.suspend)
+    f1 = free()
+    row["model_pause_ms"] = timed_ms(torch, lambda: tms.pause(MODEL_TAG))
+    f2 = free()
+    row.update(kv_freed_mib=(f1 - f0) / MiB, model_freed_mib=(f2 - f1) / MiB)
+    row["train_ms"] = timed_ms(torch, lambda: training_step(torch, dev, args.train_gib, 64))
+    row["model_resume_ms"] = timed_ms(torch, lambda: tms.resume(MODEL_TAG))
+    row["engine_resume_ms"] = timed_ms(torch, engine.resume)
+    if before is not None:
+        row["kv_equal"] = kv_digest(torch, ctx.memory_buffer) == before
+    return row
+
+
+def child(args):
     import random
+
+    import torch
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    tms = import_saver(args.child)
+    m = megatron(False)
+    init_distributed(torch, m)
+    m.seed(123, inference_rng_tracker=True, force_reset_rng=True)  # CUDA graphs need it (as Megatron's inference)
+    model, ctx, engine, made_s = build(torch, m, tms, args, dev)
     rng = random.Random(99)
     prompts = [[rng.randrange(1, args.vocab - 1) for _ in range(rng.randrange(16, 64))] for _ in range(args.prompts)]
-    params = SamplingParams(top_k=1, num_tokens_to_generate=args.tokens, termination_id=-1)
+    params = engine_parts()[2](top_k=1, num_tokens_to_generate=args.tokens, termination_id=-1)
 
     def generate():
         t = time.perf_counter()
@@ -123,32 +153,23 @@ def child(args):
         return [list(map(int, r.merge().generated_tokens)) for r in records], (time.perf_counter() - t) * 1e3
 
     reference, gen_ms = generate()
-    free = lambda: torch.cuda.mem_get_info()[0]  # noqa: E731
     rows = []
     for n in range(1, args.cycles + 1):
-        row = {"cycle": n}
-        f0 = free()
-        row["engine_suspend_ms"] = timed_ms(torch, engine.suspend)
-        f1 = free()
-        row["model_pause_ms"] = timed_ms(torch, lambda: tms.pause(MODEL_TAG))
-        f2 = free()
-        row.update(kv_freed_mib=(f1 - f0) / MiB, model_freed_mib=(f2 - f1) / MiB)
-        row["train_ms"] = timed_ms(torch, lambda: training_step(torch, dev, args.train_gib, 64))
-        row["model_resume_ms"] = timed_ms(torch, lambda: tms.resume(MODEL_TAG))
-        row["engine_resume_ms"] = timed_ms(torch, engine.resume)
+        row = dict(cycle=n, **cycle(torch, tms, engine, ctx, dev, args))
         tokens, row["generate_ms"] = generate()
         row["tokens_equal"] = tokens == reference
         row["tokens_differ"] = sum(a != b for x, y in zip(tokens, reference) for a, b in zip(x, y))
         rows.append(row)
         print(json.dumps(dict(peer=f"{args.child}/{args.mode}", **row)), file=sys.stderr, flush=True)
-    out = {"peer": f"{args.child}/{args.mode}", "engine_made_s": made_s, "graphs": graphs, "generate_ms": gen_ms,
-           "params": sum(p.numel() for p in model.parameters()), "reference": reference, "rows": rows,
+    out = {"peer": f"{args.child}/{args.mode}", "engine_made_s": made_s, "generate_ms": gen_ms, "rows": rows,
+           "graphs": len(getattr(ctx, "cuda_graph_batch_dimensions_list", []) or []),
+           "params": sum(p.numel() for p in model.parameters()), "reference": reference,
            "kv_bytes": ctx.memory_buffer.numel() * ctx.memory_buffer.element_size()}
     print("RESULT " + json.dumps(out), flush=True)
     os._exit(0)  # no teardown: torch_memory_saver's torch mode refuses frees outside a region
 
 
-def main(argv):
+def _parse(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--modes", default=",".join(MODES))
@@ -164,46 +185,43 @@ def main(argv):
     ap.add_argument("--train-gib", type=float, default=2.0)
     ap.add_argument("--tms-path")
     ap.add_argument("--site", default=DEFAULT_SITE, help="vLLM's wheel unpacked (scripts/vllm_engine_site.py)")
-    ap.add_argument("--timeout", type=int, default=300)
+    ap.add_argument("--timeout", type=int, default=300, help="seconds for one run's process")
+    ap.add_argument("--deadline", type=int, default=840, help="seconds for the whole run (report.py gives 900)")
     ap.add_argument("--json")
     ap.add_argument("--child", choices=PEERS, help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        return child(args)
-    tms_dir = real_tms_dir(args.tms_path)
-    site = os.path.abspath(args.site)
-    if not os.path.isfile(os.path.join(site, "vllm", "vllm_flash_attn", "_vllm_fa3_C.abi3.so")):
-        print(f"megatron_engine_cycle: no FlashAttention 3 build at {site}: Megatron's dynamic engine needs one; make "
-              "it with scripts/vllm_engine_site.py and stage it with scripts/stage_to_gpu.py (docs/usage.md §18)",
-              file=sys.stderr)
-        return 2
-    results = {}
-    for peer in [p for p in args.peers.split(",") if p]:
-        if peer not in PEERS:
-            ap.error(f"--peers: {peer!r} is not one of {', '.join(PEERS)}")
-        if peer == "tms" and not tms_dir:
-            print("torch_memory_saver 0.0.10 itself is not importable (--tms-path): left out", flush=True)
-            continue
-        for mode in [x for x in args.modes.split(",") if x]:
-            keep = ["--layers", args.layers, "--hidden", args.hidden, "--vocab", args.vocab, "--seq", args.seq,
-                    "--prompts", args.prompts, "--tokens", args.tokens, "--graphs", args.graphs,
-                    "--kv-gib", args.kv_gib, "--train-gib", args.train_gib, "--cycles", args.cycles]
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--mode", mode] + [str(x) for x in keep]
-            name = f"{peer}/{mode}"
-            try:
-                env = dict(peer_env(peer, tms_dir), PYTHONUNBUFFERED="1")
-                first = env["PYTHONPATH"].split(os.pathsep)[:2 if peer == "dropin" else 1]
-                rest = env["PYTHONPATH"].split(os.pathsep)[len(first):]
-                env["PYTHONPATH"] = os.pathsep.join(first + [STANDIN, site] + rest)
-                r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-                line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
-                results[name] = json.loads(line[-1][7:]) if line else {"error": (r.stdout + r.stderr)[-6000:]}
-            except subprocess.TimeoutExpired as e:
-                results[name] = {"error": f"timed out after {args.timeout} s: {str(e.stderr)[-3000:]}"}
-    refs = {n: r["reference"] for n, r in results.items() if "error" not in r}
-    passed = bool(results) and all("error" not in r and all(x["tokens_equal"] for x in r["rows"])
-                                   for r in results.values()) and len({json.dumps(v) for v in refs.values()}) <= 1
+    return ap, ap.parse_args(argv)
+
+
+def _names(ap, value, known, option):
+    names = [x for x in value.split(",") if x]
+    if not names or len(set(names)) != len(names) or any(x not in known for x in names):
+        ap.error(f"{option} {value!r}: name each of {', '.join(known)} at most once")
+    return names
+
+
+def _run(peer, mode, args, site, tms_dir, deadline):
+    """One (peer, mode) in its own process: its result, or {"error": ...} saying why there is none."""
+    timeout = deadline.left(args.timeout)
+    if timeout < 30:
+        return {"error": f"not started: the run's --deadline ({args.deadline} s) has passed"}
+    keep = ["--layers", args.layers, "--hidden", args.hidden, "--vocab", args.vocab, "--seq", args.seq,
+            "--prompts", args.prompts, "--tokens", args.tokens, "--graphs", args.graphs,
+            "--kv-gib", args.kv_gib, "--train-gib", args.train_gib, "--cycles", args.cycles]
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--mode", mode] + [str(x) for x in keep]
+    env = dict(peer_env(peer, tms_dir), PYTHONUNBUFFERED="1")
+    first = env["PYTHONPATH"].split(os.pathsep)[:2 if peer == "dropin" else 1]
+    rest = env["PYTHONPATH"].split(os.pathsep)[len(first):]
+    env["PYTHONPATH"] = os.pathsep.join(first + [STANDIN, site] + rest)
+    rc, out, err = run_child(cmd, env, timeout)
+    line = [x for x in out.splitlines() if x.startswith("RESULT ")]
+    if rc == 0 and line:
+        return json.loads(line[-1][7:])
+    why = "killed at its time limit" if rc is None else f"exit status {rc}" + ("" if rc else ", no result")
+    return {"error": f"{why}\n{(out + err)[-6000:]}"}
+
+
+def _print(results):
     for name, r in results.items():
         if "error" in r:
             print(f"{name}: FAILED\n{r['error'][-3000:]}")
@@ -214,18 +232,48 @@ def main(argv):
             print(f"  cycle {x['cycle']}: suspend {x['engine_suspend_ms']:.1f} ms (freed {x['kv_freed_mib']:.0f} MiB), "
                   f"model pause {x['model_pause_ms']:.1f} ({x['model_freed_mib']:.0f} MiB), model resume "
                   f"{x['model_resume_ms']:.1f}, resume {x['engine_resume_ms']:.1f} ms, tokens equal "
-                  f"{x['tokens_equal']} ({x['tokens_differ']} differ)")
+                  f"{x['tokens_equal']} ({x['tokens_differ']} differ), KV bytes equal {x.get('kv_equal', '-')}")
     for mode in MODES:
         a, b = results.get(f"dropin/{mode}"), results.get(f"tms/{mode}")
         if a and b and "error" not in a and "error" not in b:
             for key in ("engine_suspend_ms", "model_pause_ms", "model_resume_ms", "engine_resume_ms"):
                 print(f"{mode}: torch_memory_saver / drop-in, {key}: " +
                       ", ".join(f"{y[key] / x[key]:.2f}x" for x, y in zip(a["rows"], b["rows"]) if x[key] > 0))
-    print(f"references equal across runs: {len({json.dumps(v) for v in refs.values()}) <= 1}; "
-          f"{'PASSED' if passed else 'FAILED'}")
+
+
+def main(argv):
+    ap, args = _parse(argv)
+    if args.child:
+        return child(args)
+    peers, modes = _names(ap, args.peers, PEERS, "--peers"), _names(ap, args.modes, MODES, "--modes")
+    if args.cycles < 1:
+        ap.error("--cycles: at least 1")
+    tms_dir = real_tms_dir(args.tms_path)
+    site = os.path.abspath(args.site)
+    if not os.path.isfile(os.path.join(site, "vllm", "vllm_flash_attn", "_vllm_fa3_C.abi3.so")):
+        print(f"megatron_engine_cycle: no FlashAttention 3 build at {site}: Megatron's dynamic engine needs one; make "
+              "it with scripts/vllm_engine_site.py and stage it with scripts/stage_to_gpu.py (docs/usage.md §18)",
+              file=sys.stderr)
+        return 2
+    deadline, results = Deadline(args.deadline), {}
+    for peer in peers:
+        if peer == "tms" and not tms_dir:
+            print("torch_memory_saver 0.0.10 itself is not importable (--tms-path): left out", flush=True)
+            continue
+        for mode in modes:
+            results[f"{peer}/{mode}"] = _run(peer, mode, args, site, tms_dir, deadline)
+    ok = {n: r for n, r in results.items() if "error" not in r}
+    refs_equal = len({json.dumps(r["reference"]) for r in ok.values()}) <= 1
+    passed = bool(results) and len(ok) == len(results) and refs_equal and all(
+        x["tokens_equal"] and x.get("kv_equal", True) for r in ok.values() for x in r["rows"])
+    _print(results)
+    print(f"references equal across runs: {refs_equal}; {'PASSED' if passed else 'FAILED'}")
     if args.json:
+        names = {site: "<site>", ROOT: "<repo>"}
         for r in results.values():
             r.pop("reference", None)
+            if "error" in r:
+                r["error"] = scrub(r["error"], names)
         with open(args.json, "w") as f:
             json.dump({"runs": results, "passed": passed}, f, indent=1)
     return 0 if passed else 1

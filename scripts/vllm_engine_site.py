@@ -71,34 +71,47 @@ def pip(*args):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="build/engine/vllm-0.25.0-site")
-    ap.add_argument("--wheels", help="a folder of already downloaded wheels to take first (else a temporary one)")
+    ap.add_argument("--wheels", help="a folder to download the wheels into and keep (else a temporary one, removed)")
     args = ap.parse_args(argv)
     if os.path.exists(args.out) and os.listdir(args.out):
         raise SystemExit(f"vllm_engine_site: {args.out} is not empty; remove it or name another folder")
     wheels = args.wheels or tempfile.mkdtemp(prefix="vllm_engine_wheels_")
+    try:
+        return make(args.out, wheels)
+    finally:
+        if not args.wheels:
+            shutil.rmtree(wheels, ignore_errors=True)
+
+
+def make(out, wheels):
     os.makedirs(wheels, exist_ok=True)
     print(f"vllm_engine_site: downloading {VLLM} and {len(DEPENDENCIES)} pinned packages into {wheels}",
           file=sys.stderr)
     pip("download", "--no-deps", *PLATFORM, "-d", wheels, VLLM, *DEPENDENCIES)
-    names = {spec.split("==")[0].lower().replace("-", "_") for spec in (VLLM,) + DEPENDENCIES}
-    files = [w for w in glob.glob(os.path.join(wheels, "*.whl"))
-             if os.path.basename(w).split("-")[0].lower() in names]
-    if len(files) != len(names):
-        raise SystemExit(f"vllm_engine_site: {len(files)} wheels in {wheels} for {len(names)} packages")
-    pip("install", "--no-deps", "--no-compile", "--no-index", *PLATFORM, "--target", args.out, *files)
+    files, missing = [], []
+    for spec in (VLLM,) + DEPENDENCIES:  # the wheel of each pinned version (the folder may hold others)
+        name, version = spec.split("==")
+        found = glob.glob(os.path.join(wheels, f"{name.lower().replace('-', '_')}-{version}-*.whl"))
+        if len(found) == 1:
+            files.append(found[0])
+        else:
+            missing.append(spec)
+    if missing:
+        raise SystemExit(f"vllm_engine_site: no single wheel in {wheels} for {', '.join(missing)}")
+    pip("install", "--no-deps", "--no-compile", "--no-index", *PLATFORM, "--target", out, *files)
     for rel in LEFT_OUT:
-        path = os.path.join(args.out, rel)
+        path = os.path.join(out, rel)
         if os.path.isdir(path):
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
     manifest = {"vllm": VLLM, "dependencies": list(DEPENDENCIES), "left_out": LEFT_OUT,
                 "wheels": sorted(os.path.basename(f) for f in files)}
-    with open(os.path.join(args.out, "MANIFEST.json"), "w") as f:
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
         json.dump(manifest, f, indent=1)
-    size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(args.out) for n in ns)
-    print(f"vllm_engine_site: {args.out}: {size / (1 << 20):.0f} MiB unpacked; next: "
-          f"python3 scripts/stage_to_gpu.py pack {args.out}", file=sys.stderr)
+    size = sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(out) for n in ns)
+    print(f"vllm_engine_site: {out}: {size / (1 << 20):.0f} MiB unpacked; next: "
+          f"python3 scripts/stage_to_gpu.py pack {out}", file=sys.stderr)
     return 0
 
 

@@ -22,7 +22,7 @@ def _window(window_size):
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                           deterministic=False, return_attn_probs=False, block_table=None):
+                           deterministic=False, return_attn_probs=False, *, block_table=None):
     if dropout_p or alibi_slopes is not None or softcap:
         raise NotImplementedError("flash_attn stand-in: dropout, ALiBi and softcap are not supported")
     kw = dict(softmax_scale=softmax_scale, causal=causal, window_size=_window(window_size),
@@ -38,7 +38,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return out
 
 
-def flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=None, softmax_scale=None, causal=False,
+def flash_attn_with_kvcache(q, k_cache, v_cache, *, cache_seqlens=None, softmax_scale=None, causal=False,
                             window_size=(-1, -1), block_table=None, num_splits=0, return_softmax_lse=False):
     if block_table is None or cache_seqlens is None or return_softmax_lse:
         raise NotImplementedError("flash_attn stand-in: only paged caches with their lengths, without the LSE")

@@ -1,22 +1,26 @@
 """vLLM 0.25.0's own engine with vmstash's sleep-mode backend, end to end (gpu): the LLM class,
-its engine core process, torch.compile and CUDA graphs, a Llama of random weights loaded from
-disk. bench/vllm_engine_cycle.py runs three engines one after another, each in its own process:
-vmstash's backend, vLLM's default backend with vmstash's plugin loaded, and vLLM's default
-without it. Judged here:
+its engine core (in the LLM's process, as verl's colocated rollout runs it), torch.compile and
+CUDA graphs, a Llama of random weights loaded from disk. bench/vllm_engine_cycle.py runs three
+engines one after another, each in its own process: vmstash's backend, vLLM's default backend
+with vmstash's plugin loaded, and vLLM's default without it. Judged here:
   - every engine starts, and after each sleep(level=1) + wake_up(["weights"]) +
     wake_up(["kv_cache"]) generates the tokens it generated before the first sleep (greedy);
     after sleep(level=2) + wake_up(["weights"]) + the weights loaded through collective_rpc as
     verl does + wake_up(["kv_cache"]), the tokens of a fresh engine;
   - the three engines generate the same tokens;
   - the vmstash engine's worker sleeps with VmstashSleepBackend and allocates with vmstash's
-    allocator; the other two with vLLM's CuMemAllocator (the plugin, loaded but not selected,
-    changes nothing);
-  - every level-1 sleep releases device memory (NVML), at least the model's weights, and vmstash's
-    at least nine tenths of what vLLM's own releases.
+    allocator; the other two with vLLM's CuMemAllocator; vmstash's backend is registered (its
+    plugin loaded) in the first two and not in the third: loaded but not selected, the plugin
+    changes nothing;
+  - every level-1 sleep releases (NVML) at least the KV cache and nine tenths of the weights,
+    and leaves vmstash's engine using at most 256 MiB more of the device than vLLM's own does
+    asleep;
+  - after every wake the weights' digest is the one before the first sleep.
 Times are reported, not judged (bench/report.py keeps them).
 vLLM's engine is not in this repository and the GPU machine has no network: without the folder
 scripts/vllm_engine_site.py makes, staged there with scripts/stage_to_gpu.py (docs/usage.md §18),
-the test is skipped, saying so.
+the test is skipped, saying so (VMSTASH_VLLM_ENGINE_SITE names another folder; under Bazel,
+whose runfiles hold no build/, name it so).
 
     python3 -m pytest -m gpu gpu_vllm_engine.py -s
 """
@@ -41,7 +45,7 @@ def test_vllm_engine_sleeps_and_wakes_through_vmstash_with_the_same_tokens():
                     "machine with network and stage it with scripts/stage_to_gpu.py (docs/usage.md §18)")
     out = os.environ.get("VMSTASH_VLLM_ENGINE_JSON") or os.path.join(tempfile.mkdtemp(prefix="vllm_engine_"), "r.json")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "vllm_engine_cycle.py"), "--site", SITE,
-                        "--cycles", "3", "--json", out], capture_output=True, text=True, timeout=1500)
+                        "--cycles", "3", "--deadline", "1400", "--json", out], capture_output=True, text=True, timeout=1500)
     print(r.stdout[-8000:])
     assert os.path.isfile(out), f"no result (exit {r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}"
     with open(out) as f:
@@ -56,17 +60,20 @@ def test_vllm_engine_sleeps_and_wakes_through_vmstash_with_the_same_tokens():
             assert c["weights_equal"], f"{name}: the weights differ after cycle {i + 1} (level {c['level']})"
             assert c["tokens_equal"], f"{name}: tokens differ after cycle {i + 1} (level {c['level']})"
             if c["level"] == 1:
-                freed = c["used_before_mib"] - c["used_asleep_mib"]
-                assert freed >= weights_mib, f"{name}: sleep {i + 1} released {freed:.0f} MiB < weights {weights_mib:.0f}"
+                freed, kv_mib = c["used_before_mib"] - c["used_asleep_mib"], c["kv_after_wake"]["bytes"] / (1 << 20)
+                assert freed >= kv_mib + 0.9 * weights_mib, (
+                    f"{name}: sleep {i + 1} released {freed:.0f} MiB < KV cache {kv_mib:.0f} + weights {weights_mib:.0f}")
         worker = e["worker"][0]
         if name == "vmstash":
             assert worker["backend"] == "VmstashSleepBackend", worker
             assert worker["allocator"] == "VmstashMemAllocator", worker
         else:
             assert worker["backend"] != "VmstashSleepBackend" and worker["allocator"] == "CuMemAllocator", worker
+        assert ("vmstash" in worker["registry"]) == (name != "cumem_without_plugin"), (name, worker)
         assert worker["cudagraph_mode"] not in ("NONE", "CUDAGraphMode.NONE") and not worker["enforce_eager"], worker
     for i, (v, c) in enumerate(zip(engines["vmstash"]["cycles"], engines["cumem"]["cycles"])):
         if v["level"] == 1:
-            ours, theirs = v["used_before_mib"] - v["used_asleep_mib"], c["used_before_mib"] - c["used_asleep_mib"]
-            assert ours >= 0.9 * theirs, f"cycle {i + 1}: vmstash released {ours:.0f} MiB, vLLM's own {theirs:.0f}"
+            assert v["used_asleep_mib"] <= c["used_asleep_mib"] + 256, (
+                f"cycle {i + 1}: asleep, vmstash's engine uses {v['used_asleep_mib']:.0f} MiB, vLLM's own "
+                f"{c['used_asleep_mib']:.0f}")
     assert r.returncode == 0, r.stdout[-3000:]

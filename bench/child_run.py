@@ -1,0 +1,49 @@
+"""How the engine benchmarks (vllm_engine_cycle.py, megatron_engine_cycle.py) run a child process
+and keep what it said: the child in a process group of its own, killed with everything it
+started when its time is up (an engine's workers hold tens of GiB of device memory, which the
+next run needs), its output as text; and what goes into a committed JSON with this machine's
+paths replaced by names."""
+import os
+import signal
+import subprocess
+import time
+
+
+class Deadline:
+    """The seconds a run has left; a child gets at most its own limit, and never past the run's end."""
+
+    def __init__(self, seconds):
+        self.end = time.monotonic() + seconds
+
+    def left(self, limit):
+        return max(0.0, min(float(limit), self.end - time.monotonic()))
+
+
+def _text(data):
+    if data is None:
+        return ""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data
+
+
+def run_child(cmd, env, timeout):
+    """(exit status or None when it was killed at `timeout` s, stdout, stderr)."""
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        return None, _text(out), _text(err) + f"\n(killed after {timeout:.0f} s with its process group)"
+
+
+def scrub(text, names):
+    """`text` with each path of `names` ({path: name}) replaced by its name, longest first."""
+    for path in sorted(names, key=len, reverse=True):
+        if path:
+            text = text.replace(path, names[path])
+    return text
