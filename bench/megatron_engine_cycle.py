@@ -28,8 +28,10 @@ Per peer and mode, in its own process: generate --prompts prompts, --tokens toke
 (pause of the KV region), pause("rl_inference_model"), a training step outside any region,
 resume("rl_inference_model"), engine.resume() (resume of the KV region; with static pointers
 the graphs are kept, not captured again), generate: the same tokens, replayed through the same
-graphs. Each call is timed with the device synchronized; the device memory each pause frees
-(cudaMemGetInfo).
+graphs; in mode offload the KV buffer's bytes are compared before the suspend and after the
+resume. Each call is timed with the device synchronized; the device memory each pause frees
+(cudaMemGetInfo). Each run is a process group of its own, killed at --timeout or the run's
+--deadline.
 Exit status 1 when a run failed, tokens differ after a cycle, or the peers' references differ.
 """
 import argparse
