@@ -148,6 +148,84 @@ TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {
       << "the daemon keeps no descriptor past the decision";
 }
 
+// A child that takes what fits in `want` bytes (0: every chunk) of `device`, says so by
+// making the file `took`, stays alive (a participant that exits aborts the switch, and
+// the daemon closes what it holds) until the file `release` exists, then writes back the
+// marks of what it got ("mark:size,...", or "CODE|message").
+class WantingTaker : public SwitchChild {
+ public:
+  WantingTaker(const std::string& dir, const std::string& device, std::size_t want, const std::string& took,
+               const std::string& release)
+      : SwitchChild([=](const std::string& txn) {
+          TradeOptions o = Options(dir, txn, device);
+          o.want_bytes = want;
+          absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(o);
+          ::close(::open(took.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+          for (int i = 0; i < 500 && ::access(release.c_str(), F_OK) != 0; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+          if (!got.ok()) {
+            return absl::StrCat(absl::StatusCodeToString(got.status().code()), "|", got.status().message());
+          }
+          std::vector<std::string> marks;
+          for (const TradedChunk& c : *got) {
+            marks.push_back(absl::StrCat(Mark(c.fd), ":", c.size_bytes));
+            ::close(c.fd);
+          }
+          return absl::StrJoin(marks, ",");
+        }) {}
+};
+
+bool AppearsWithin5s(const std::string& path) {
+  for (int i = 0; i < 250; ++i) {
+    if (::access(path.c_str(), F_OK) == 0) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+TEST(ChunkTrade, ATakerGetsWhatFitsInWhatItWantsAndTheRestStaysForTheNext) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  const std::string took = dir + "/first-took", release = dir + "/release", none = dir + "/never";
+  WantingTaker first(dir, "dev-1", 12 * 1024, took, release), second(dir, "dev-1", 0, dir + "/second-took", none);
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), first.pid(), second.pid()}, {::getpid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  std::vector<TradedChunk> chunks = {Marked("c0", 4096), Marked("c1", 8192), Marked("c2", 16384),
+                                     Marked("c3", 4096)};
+  ASSERT_TRUE(OfferChunks(Options(dir, *txn, "dev-1"), chunks).ok());
+  first.Go(*txn);
+  ASSERT_TRUE(AppearsWithin5s(took));  // the first has taken, and stays in the switch
+  second.Go(*txn);
+  ASSERT_TRUE(AppearsWithin5s(dir + "/second-took"));
+  ::close(::open(release.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  // 12 KiB wanted: c0 and c1 fill it; c2 would not fit, nor c3 once it is full.
+  EXPECT_EQ(first.Result(), "c0:4096,c1:8192");
+  ::close(::open(none.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600));
+  EXPECT_EQ(second.Result(), "c2:16384,c3:4096") << "what the first could not use stays for the second";
+  // The request carries the want; a bad one is refused by the parser.
+  WireRequest r;
+  r.op = WireOp::kTake;
+  r.txn = *txn;
+  r.pid = 7;
+  r.device = "d";
+  r.bytes = 5;
+  absl::StatusOr<WireRequest> parsed = ParseRequest(FormatRequest(r));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->bytes, 5u);
+  EXPECT_EQ(ParseRequest(absl::StrCat("{\"v\":1,\"op\":\"take\",\"txn\":\"", *txn,
+                                      "\",\"pid\":7,\"device\":\"d\",\"bytes\":-1}"))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  VoteOptions v;
+  v.dir = dir;
+  v.txn = *txn;
+  v.hard_deadline = Clock::now() + std::chrono::seconds(10);
+  EXPECT_FALSE(VoteAndWait(v, absl::InternalError("done")).ok());
+}
+
 TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);
