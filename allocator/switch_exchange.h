@@ -34,12 +34,10 @@ class SwitchExchange {
   // its commit and leaves untouched until then. The descriptors become the exchange's
   // (closed by it, whatever it returns). An error is logged by the caller, not fatal.
   virtual absl::Status Offer(const std::string& device, std::vector<SharedChunk> chunks) = 0;
-  // The chunks the other parts offered for `device`, each given to one taker only, of at
-  // most `want_bytes` in all (the fresh memory this part would make: what it cannot use
-  // stays for the other takers); the descriptors become the caller's. It may wait until
-  // every other part that pauses has offered, voted or exited (never past the switch's
-  // deadline). Empty when none.
-  virtual absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, std::size_t want_bytes) = 0;
+  // The chunks the other parts offered for `device`, each given to one taker only; the
+  // descriptors become the caller's. It may wait until every other part that pauses has
+  // offered, voted or exited (never past the switch's deadline). Empty when none.
+  virtual absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) = 0;
 };
 
 }  // namespace vmstash

@@ -161,13 +161,13 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffDonor>& donors,
       VMSTASH_LOG(kWarning, "vmstash: node switch: this process's chunks were not offered ({})", s.ToString());
     }
   }
-  std::size_t wanted = 0;  // fresh memory planned where a foreign chunk may go
-  for (std::size_t r = 0; r < recipients.size(); ++r) {
+  bool wanted = false;  // fresh memory planned where a foreign chunk may go
+  for (std::size_t r = 0; r < recipients.size() && !wanted; ++r) {
     if (recipients[r].restores) continue;
-    for (const HandoffPiece& p : plan_.pieces[r]) wanted += p.donor == kNoDonor ? p.size_bytes : 0;
+    for (const HandoffPiece& p : plan_.pieces[r]) wanted = wanted || p.donor == kNoDonor;
   }
-  if (wanted == 0) return;
-  absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device, wanted);
+  if (!wanted) return;
+  absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device);
   if (!taken.ok()) {
     VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk taken from other processes ({})", taken.status().ToString());
     return;

@@ -80,11 +80,9 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
   absl::StatusOr<int> socket = ConnectTrusted(options.dir);
   if (!socket.ok()) return socket.status();
   std::vector<TradedChunk> taken;
-  std::size_t got_bytes = 0;
   absl::Status failed;
   int pause_us = options.poll_us;
   for (;;) {
-    if (options.want_bytes > 0 && got_bytes >= options.want_bytes) break;  // asking for 0 would mean all
     if (Clock::now() >= options.deadline) {
       failed = absl::DeadlineExceededError("node switch: the other processes' chunks did not come in time");
       break;
@@ -94,7 +92,6 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
     r.txn = options.txn;
     r.pid = ::getpid();
     r.device = options.device;
-    r.bytes = options.want_bytes > 0 ? options.want_bytes - got_bytes : 0;
     absl::StatusOr<Received> got = Ask(*socket, r, {}, std::max(MsLeft(options.deadline), 1));
     if (!got.ok()) {
       failed = got.status();
@@ -118,10 +115,7 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
       failed = absl::InternalError("node switch: the daemon's chunks do not match their sizes");
       break;
     }
-    for (std::size_t i = 0; i < sizes->size(); ++i) {
-      taken.push_back({got->fds[i], (*sizes)[i]});
-      got_bytes += (*sizes)[i];
-    }
+    for (std::size_t i = 0; i < sizes->size(); ++i) taken.push_back({got->fds[i], (*sizes)[i]});
     if (!(*doc)["more"].Bool(false)) break;
   }
   ::close(*socket);

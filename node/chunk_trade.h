@@ -30,7 +30,6 @@ struct TradeOptions {
   std::string device;  // Driver::DeviceUuid of the chunks' device
   std::chrono::steady_clock::time_point deadline;  // TakeChunks waits no longer
   int poll_us = 100;  // the first pause between asks while a donor's offer may still come (doubling to 1 ms)
-  std::size_t want_bytes = 0;  // TakeChunks: chunks of at most this many bytes in all (0: every one)
 };
 
 // Offers `chunks` (possibly none: "this process offers nothing more") as this process's
@@ -39,8 +38,7 @@ struct TradeOptions {
 // daemon kept (it holds a bounded number), or why none was.
 absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector<TradedChunk> chunks);
 // The chunks other participants offered for this device, once every other participant
-// that pauses has offered, voted or exited (or the switch is decided: then none); with
-// want_bytes, only chunks that fit in it, the others left to the other takers. The
+// that pauses has offered, voted or exited (or the switch is decided: then none). The
 // descriptors are the caller's. DeadlineExceeded at the deadline; the daemon's errors.
 absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options);
 

@@ -526,14 +526,11 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   reply.owned = true;
   std::vector<std::string> sizes;
   bool more = false;
-  // r.bytes > 0: only what fits in what the taker still wants, so that the chunks it could
-  // not use stay for the other takers of the device (Note [Node Switch Handover]).
-  std::uint64_t wanted = r.bytes;
   auto held = held_.find(r.txn);
   if (held != held_.end()) {
     std::vector<HeldChunk>& chunks = held->second;
     for (auto c = chunks.begin(); c != chunks.end();) {
-      if (c->pid == r.pid || c->device != r.device || (r.bytes > 0 && c->size_bytes > wanted)) {
+      if (c->pid == r.pid || c->device != r.device) {
         ++c;
         continue;
       }
@@ -543,7 +540,6 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
       }
       reply.fds.push_back(c->fd);
       sizes.push_back(absl::StrCat(c->size_bytes));
-      if (r.bytes > 0) wanted -= c->size_bytes;
       --held_count_;
       c = chunks.erase(c);
     }

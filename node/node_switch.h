@@ -63,11 +63,8 @@
 //       its offer, if any). The daemon answers "not yet" until every other donor has
 //       offered, voted (an offer comes before a vote) or exited, or the switch is decided
 //       (the part asks again, after 0.1 ms doubling to 1 ms, until its deadline); then
-//       with the chunks, each going to one taker. A part asks for the bytes of fresh
-//       memory its plan would make, and is given only chunks that fit in what it still
-//       wants, in the order offered: a chunk larger than that stays for the device's
-//       other takers, so a third process gets what the first could not use (the first
-//       releases at its commit those no cover took). The part imports them
+//       with the chunks, each going to one taker (the first to ask takes all of its
+//       device's, and releases at its commit those no cover took). The part imports them
 //       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
 //       be handed on again; closed with the handle, and in a child forked without exec),
 //       drops an import whose handle it holds already (a giver offering one chunk twice),

@@ -96,7 +96,6 @@ std::string FormatRequest(const WireRequest& r) {
         w.Field("sizes", r.sizes);
         w.Field("last", r.last);
       }
-      if (r.op == WireOp::kTake && r.bytes > 0) w.Field("bytes", r.bytes);
       break;
   }
   w.EndObject();
@@ -176,12 +175,6 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
       if (device->empty()) return absl::InvalidArgumentError("node protocol: \"device\" is empty");
       r.device = *device;
       keys.push_back("device");
-    }
-    if (r.op == WireOp::kTake && (*doc)["bytes"].type() != JsonValue::Type::kNull) {
-      absl::StatusOr<std::uint64_t> bytes = Count(*doc, "bytes");
-      if (!bytes.ok()) return bytes.status();
-      r.bytes = *bytes;
-      keys.push_back("bytes");
     }
     if (r.op == WireOp::kOffer) {
       absl::StatusOr<std::string> sizes = Text(*doc, "sizes");

@@ -23,13 +23,10 @@
 //                                      device D (a UUID) with one descriptor per size, for
 //                                      the other participants of X to take (Note [Node
 //                                      Switch Handover]); the last packet of P's offer says so
-//   {"op":"take","txn":X,"pid":P,"device":D[,"bytes":N]}  offered chunks of device D for
-//                                      P: "ready" false while a donor's offer may still
-//                                      come, else "sizes" and their descriptors (at most
-//                                      kMaxFdsPerPacket) and "more" when there are more;
-//                                      with N > 0, only chunks of at most the bytes still
-//                                      wanted, N in all at most (the rest stays for the
-//                                      other takers)
+//   {"op":"take","txn":X,"pid":P,"device":D}  offered chunks of device D for P: "ready"
+//                                      false while a donor's offer may still come, else
+//                                      "sizes" and their descriptors (at most
+//                                      kMaxFdsPerPacket) and "more" when there are more
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
@@ -68,7 +65,7 @@ enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOff
 struct WireRequest {
   WireOp op = WireOp::kStats;
   std::int64_t pid = 0;      // hello
-  std::uint64_t bytes = 0;   // lease; take: the most bytes wanted (0: every chunk)
+  std::uint64_t bytes = 0;   // lease
   std::string tag;           // lease
   std::uint64_t offset = 0;  // give
   std::string pids;          // begin: comma-separated

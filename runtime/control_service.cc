@@ -53,10 +53,9 @@ class NodeExchange final : public SwitchExchange {
     for (const SharedChunk& c : chunks) traded.push_back({c.fd, c.size_bytes});
     return node::OfferChunks(o, std::move(traded)).status();
   }
-  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, std::size_t want_bytes) override {
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) override {
     node::TradeOptions o = options_;
     o.device = device;
-    o.want_bytes = want_bytes;
     VMSTASH_ASSIGN_OR_RETURN(std::vector<node::TradedChunk> traded, node::TakeChunks(o));
     std::vector<SharedChunk> chunks;
     for (const node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes});
