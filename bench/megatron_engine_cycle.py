@@ -45,10 +45,10 @@ from megatron_rl_offload_bench import (MODEL_TAG, init_distributed, import_saver
                                        real_tms_dir, training_step)
 from tms_backup_bench import timed_ms  # noqa: E402
 from child_run import Deadline, run_child, scrub  # noqa: E402
+from vllm_engine_cycle import DEFAULT_SITE  # noqa: E402  (the staged vLLM: its FlashAttention 3)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DEFAULT_SITE = os.path.join(ROOT, "build", "staged", "root", "vllm-0.25.0-site")
 STANDIN = os.path.join(HERE, "flash_attn_standin")
 
 PEERS = ("dropin", "tms")

@@ -25,7 +25,10 @@ pytestmark = pytest.mark.gpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-SITE = os.environ.get("VMSTASH_VLLM_ENGINE_SITE", os.path.join(ROOT, "build", "staged", "root", "vllm-0.25.0-site"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from vllm_engine_cycle import DEFAULT_SITE  # noqa: E402
+
+SITE = os.environ.get("VMSTASH_VLLM_ENGINE_SITE", DEFAULT_SITE)
 
 
 def test_megatron_engine_generates_the_same_tokens_after_each_suspend_through_the_dropin():

@@ -36,7 +36,10 @@ pytestmark = pytest.mark.gpu
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
-SITE = os.environ.get("VMSTASH_VLLM_ENGINE_SITE", os.path.join(ROOT, "build", "staged", "root", "vllm-0.25.0-site"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from vllm_engine_cycle import DEFAULT_SITE  # noqa: E402
+
+SITE = os.environ.get("VMSTASH_VLLM_ENGINE_SITE", DEFAULT_SITE)
 
 
 def test_vllm_engine_sleeps_and_wakes_through_vmstash_with_the_same_tokens():
