@@ -41,7 +41,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megatron_rl_offload_bench import (MODEL_TAG, init_distributed, import_saver, megatron, peer_env,  # noqa: E402
+from megatron_rl_offload_bench import (MODEL_TAG, chunks, init_distributed, import_saver, megatron, peer_env,  # noqa: E402
                                        real_tms_dir, training_step)
 from tms_backup_bench import timed_ms  # noqa: E402
 from child_run import Deadline, run_child, scrub  # noqa: E402
@@ -110,9 +110,8 @@ def build(torch, m, tms, args, dev):
 
 
 def kv_digest(torch, buf):
-    """The KV buffer's bytes summed (in slices: int64 temporaries of 2 GiB at most)."""
-    flat = buf.reshape(-1).view(torch.uint8)
-    return sum(int(flat[i:i + (1 << 28)].to(torch.int64).sum().item()) for i in range(0, flat.numel(), 1 << 28))
+    """The KV buffer's bytes summed, a piece at a time (megatron_rl_offload_bench.chunks)."""
+    return sum(int(part.to(torch.int64).sum().item()) for _, part in chunks(buf))
 
 
 def cycle(torch, tms, engine, ctx, dev, args):
@@ -211,10 +210,7 @@ def _run(peer, mode, args, site, tms_dir, deadline):
             "--prompts", args.prompts, "--tokens", args.tokens, "--graphs", args.graphs,
             "--kv-gib", args.kv_gib, "--train-gib", args.train_gib, "--cycles", args.cycles]
     cmd = [sys.executable, os.path.abspath(__file__), "--child", peer, "--mode", mode] + [str(x) for x in keep]
-    env = dict(peer_env(peer, tms_dir), PYTHONUNBUFFERED="1")
-    first = env["PYTHONPATH"].split(os.pathsep)[:2 if peer == "dropin" else 1]
-    rest = env["PYTHONPATH"].split(os.pathsep)[len(first):]
-    env["PYTHONPATH"] = os.pathsep.join(first + [STANDIN, site] + rest)
+    env = dict(peer_env(peer, tms_dir, after=(STANDIN, site)), PYTHONUNBUFFERED="1")
     rc, out, err = run_child(cmd, env, timeout)
     line = [x for x in out.splitlines() if x.startswith("RESULT ")]
     if rc == 0 and line:

@@ -118,10 +118,11 @@ def real_tms_dir(path):
     return None
 
 
-def peer_env(peer, tms_dir):
-    """The child's environment: the peer's torch_memory_saver first on PYTHONPATH."""
+def peer_env(peer, tms_dir, after=()):
+    """The child's environment: the peer's torch_memory_saver first on PYTHONPATH, then the
+    folders of `after`, then the rest."""
     env = dict(os.environ)
-    first = [DROPIN, PLUGIN] if peer.startswith("dropin") else [tms_dir] if tms_dir else []
+    first = ([DROPIN, PLUGIN] if peer.startswith("dropin") else [tms_dir] if tms_dir else []) + list(after)
     rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in first]
     env["PYTHONPATH"] = os.pathsep.join(first + rest)
     return env
