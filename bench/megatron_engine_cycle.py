@@ -41,8 +41,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megatron_rl_offload_bench import (MODEL_TAG, chunks, init_distributed, import_saver, megatron, peer_env,  # noqa: E402
-                                       real_tms_dir, training_step)
+from megatron_rl_offload_bench import (MODEL_TAG, chunks, import_saver, init_distributed,  # noqa: E402
+                                       megatron, peer_env, real_tms_dir, training_step)
 from tms_backup_bench import timed_ms  # noqa: E402
 from child_run import Deadline, run_child, scrub  # noqa: E402
 from vllm_engine_cycle import DEFAULT_SITE  # noqa: E402  (the staged vLLM: its FlashAttention 3)
