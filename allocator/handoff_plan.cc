@@ -2,79 +2,103 @@
 #include "allocator/handoff_plan.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "base/bytes.h"
 
 namespace vmstash {
 
-HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
-                        std::size_t first_piece_bytes, std::size_t max_piece_bytes, std::size_t granularity) {
-  HandoffPlan plan;
-  plan.pieces.resize(recipients.size());
-  std::vector<std::size_t> gap(recipients.size());
-  for (std::size_t r = 0; r < recipients.size(); ++r) gap[r] = recipients[r].size_bytes;
-  // Largest donors first (ties: lower index first, so the plan is deterministic); discard
-  // donors before backup ones, since they have fewer places to go.
-  std::vector<int> order(donors.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    if (donors[a].backed_up != donors[b].backed_up) return !donors[a].backed_up;
-    return donors[a].size_bytes > donors[b].size_bytes;
-  });
-  for (int d : order) {
-    const HandoffDonor& donor = donors[d];
-    // Best fit: the smallest gap that holds the donor, among recipients allowed to take it.
-    std::size_t best = recipients.size();
-    for (std::size_t r = 0; r < recipients.size(); ++r) {
-      if (recipients[r].restores && !donor.backed_up) continue;
-      if (donor.size_bytes == 0 || gap[r] < donor.size_bytes) continue;
-      if (best == recipients.size() || gap[r] < gap[best]) best = r;
-    }
-    if (best == recipients.size()) {
-      plan.leftover.push_back(d);
-      plan.leftover_bytes += donor.size_bytes;
-      continue;
-    }
-    plan.pieces[best].push_back({donor.size_bytes, d});
-    gap[best] -= donor.size_bytes;
-    plan.handed_bytes += donor.size_bytes;
-  }
-  // A gap no remaining donor fits: the smallest leftover that covers it may overhang into
-  // the slack after the recipient, if the extra memory stays under 1/kGrowthDivisor of the
-  // recipient
-  // and at least one granule of the slack stays unused (the cover must not touch the next).
-  plan.overhang.assign(recipients.size(), 0);
+std::size_t MaxOverhang(const HandoffRecipient& recipient, std::size_t granularity) {
+  // At least one granule of the slack stays unused: the cover must not touch the next.
+  if (recipient.slack_bytes <= granularity) return 0;
+  return std::min(recipient.slack_bytes - granularity, recipient.size_bytes / kGrowthDivisor);
+}
+
+namespace {
+
+// Fresh pieces for what `fit` left open of each recipient.
+void AddFreshPieces(HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
+                    const std::vector<std::size_t>& open, std::size_t first_piece_bytes, std::size_t max_piece_bytes,
+                    std::size_t granularity) {
   for (std::size_t r = 0; r < recipients.size(); ++r) {
-    if (gap[r] == 0 || recipients[r].slack_bytes <= granularity) continue;
-    const std::size_t allowed = std::min(recipients[r].slack_bytes - granularity, recipients[r].size_bytes / kGrowthDivisor);
-    auto best = plan.leftover.end();
-    for (auto it = plan.leftover.begin(); it != plan.leftover.end(); ++it) {
-      const HandoffDonor& donor = donors[*it];
-      if (recipients[r].restores && !donor.backed_up) continue;
-      if (donor.size_bytes < gap[r] || donor.size_bytes - gap[r] > allowed) continue;
-      if (best == plan.leftover.end() || donor.size_bytes < donors[*best].size_bytes) best = it;
-    }
-    if (best == plan.leftover.end()) continue;
-    const int d = *best;
-    plan.leftover.erase(best);
-    plan.leftover_bytes -= donors[d].size_bytes;
-    plan.handed_bytes += donors[d].size_bytes;
-    plan.overhang[r] = donors[d].size_bytes - gap[r];
-    plan.pieces[r].push_back({donors[d].size_bytes, d});
-    gap[r] = 0;
-  }
-  std::sort(plan.leftover.begin(), plan.leftover.end());
-  for (std::size_t r = 0; r < recipients.size(); ++r) {
-    if (gap[r] == 0) continue;
+    if (open[r] == 0) continue;
     const std::size_t first = recipients[r].restores ? first_piece_bytes : 0;
-    for (std::size_t size : PlanPieces(gap[r], first, max_piece_bytes, granularity)) {
+    for (std::size_t size : PlanPieces(open[r], first, max_piece_bytes, granularity)) {
       plan.pieces[r].push_back({size, kNoDonor});
       plan.fresh_bytes += size;
     }
   }
+}
+
+}  // namespace
+
+HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
+                        std::size_t first_piece_bytes, std::size_t max_piece_bytes, std::size_t granularity) {
+  std::vector<FitChunk> chunks;
+  for (const HandoffDonor& d : donors) chunks.push_back({d.size_bytes, d.backed_up});
+  std::vector<FitGap> gaps;
+  for (const HandoffRecipient& r : recipients) gaps.push_back({r.size_bytes, MaxOverhang(r, granularity), r.restores});
+  const ChunkFit fit = FitChunks(chunks, gaps);
+  HandoffPlan plan;
+  plan.pieces.resize(recipients.size());
+  plan.overhang = fit.overhang;
+  plan.leftover = fit.unused;
+  for (int d : fit.unused) plan.leftover_bytes += donors[d].size_bytes;
+  for (std::size_t r = 0; r < recipients.size(); ++r) {
+    for (int d : fit.placed[r]) {
+      plan.pieces[r].push_back({donors[d].size_bytes, d});
+      plan.handed_bytes += donors[d].size_bytes;
+    }
+  }
+  AddFreshPieces(plan, recipients, fit.open_bytes, first_piece_bytes, max_piece_bytes, granularity);
   return plan;
+}
+
+HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
+                     std::size_t granularity) {
+  HandoffGaps out;
+  for (std::size_t r = 0; r < recipients.size() && r < plan.pieces.size(); ++r) {
+    if (recipients[r].restores) continue;
+    std::size_t fresh = 0;
+    for (const HandoffPiece& p : plan.pieces[r]) {
+      if (p.donor == kNoDonor) fresh += p.size_bytes;
+    }
+    if (fresh == 0) continue;
+    // A recipient with fresh pieces has no overhang (only a gap a donor closes overhangs).
+    out.gaps.push_back({fresh, MaxOverhang(recipients[r], granularity), false});
+    out.recipient.push_back(r);
+  }
+  return out;
+}
+
+std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
+                                  int first_donor, std::size_t max_piece_bytes, std::size_t granularity) {
+  std::vector<FitChunk> chunks;
+  for (std::size_t size : foreign) chunks.push_back({size, true});
+  const ChunkFit fit = FitChunks(chunks, open.gaps);
+  for (std::size_t g = 0; g < open.gaps.size(); ++g) {
+    if (fit.placed[g].empty()) continue;
+    const std::size_t r = open.recipient[g];
+    std::vector<HandoffPiece>& pieces = plan.pieces[r];
+    for (const HandoffPiece& p : pieces) {
+      if (p.donor == kNoDonor) plan.fresh_bytes -= p.size_bytes;
+    }
+    pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const HandoffPiece& p) { return p.donor == kNoDonor; }),
+                 pieces.end());
+    for (int f : fit.placed[g]) {
+      pieces.push_back({foreign[f], first_donor + f});
+      plan.handed_bytes += foreign[f];
+    }
+    plan.overhang[r] = fit.overhang[g];
+    // Restores nothing: no first piece of its own size.
+    for (std::size_t size : PlanPieces(fit.open_bytes[g], 0, max_piece_bytes, granularity)) {
+      pieces.push_back({size, kNoDonor});
+      plan.fresh_bytes += size;
+    }
+  }
+  std::vector<int> unused;
+  for (int f : fit.unused) unused.push_back(first_donor + f);
+  return unused;
 }
 
 absl::StatusOr<std::vector<SwitchCopy>> PlanSwitchCopies(const std::vector<BackupExtent>& extents,

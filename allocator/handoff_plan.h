@@ -7,14 +7,17 @@
 // large as the donor; the rest of each recipient is created fresh, and donors that fit
 // nowhere are released at the commit. Two decisions are made here, from plain values:
 //
-//   pieces   which donors tile which recipients (best fit, largest donors first); where a
-//            gap is left that no remaining donor fits, the smallest donor that covers it
-//            may overhang the recipient's end into the unused address space after it
-//            (its slack), by at most 1/kGrowthDivisor of the recipient (the heap's own
-//            growth overshoot) and always less than the slack, so the grown cover never touches
-//            what follows it (another cover: two covers touching would be one run of
-//            chunks with two heads), so that memory is neither created nor released; otherwise fresh
-//            pieces fill the remainder (PlanPieces, as a resume makes them);
+//   pieces   which donors tile which recipients, by the one fitting rule of
+//            base/chunk_fit.h (best fit, largest donors first, then the smallest donor
+//            that covers a gap left open); a donor may overhang the recipient's end into
+//            the unused address space after it (its slack), by at most
+//            1/kGrowthDivisor of the recipient (the heap's own growth overshoot) and
+//            always less than the slack, so the grown cover never touches what follows
+//            it (another cover: two covers touching would be one run of chunks with two
+//            heads), so that memory is neither created nor released; fresh pieces fill
+//            the remainder (PlanPieces, as a resume makes them). In a switch across
+//            processes, the gaps left to fresh memory in covers that restore nothing are
+//            offered to the other processes' chunks (OpenGaps, AddForeignDonors);
 //   ordering how the device-to-host copies of the outgoing `backup` tags are cut (inside
 //            one donor chunk each) and grouped (an event after each group), and which
 //            group a host-to-device restore copy into a donor must wait for: only the
@@ -34,6 +37,7 @@
 #include <vector>
 
 #include "allocator/transition_plan.h"
+#include "base/chunk_fit.h"
 #include "vmm/driver.h"
 
 namespace vmstash {
@@ -79,6 +83,27 @@ struct HandoffPlan {
 // max_piece_bytes, granularity).
 HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients,
                         std::size_t first_piece_bytes, std::size_t max_piece_bytes, std::size_t granularity);
+
+// How far a donor may run past `recipient`'s end: 0, or under its slack by a granule and at
+// most its size / kGrowthDivisor.
+std::size_t MaxOverhang(const HandoffRecipient& recipient, std::size_t granularity);
+
+// The gaps of `plan` that another process's chunks may fill: each recipient that receives
+// no restore copies and has fresh pieces, as one gap of its fresh bytes (MaxOverhang past
+// it), in recipient order.
+struct HandoffGaps {
+  std::vector<FitGap> gaps;
+  std::vector<std::size_t> recipient;  // per gap: its recipient
+};
+HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
+                     std::size_t granularity);
+// Fits chunks of other processes (`foreign` sizes; donors first_donor, first_donor + 1,
+// ... of the switch) into `open` (OpenGaps of `plan`) by FitChunks. A recipient that gets
+// some has them after its own donors, instead of its fresh pieces, and fresh memory for
+// what they leave open. Returns the foreign donors placed nowhere (the plan's leftover is
+// this process's own, unchanged).
+std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
+                                  int first_donor, std::size_t max_piece_bytes, std::size_t granularity);
 
 // One device-to-host copy of a switch, inside chunk `chunk` of the outgoing chunks.
 struct SwitchCopy {

@@ -163,6 +163,81 @@ TEST(PlanHandoffTest, RandomPlansAreValid) {
   }
 }
 
+TEST(OpenGapsTest, TheFreshBytesOfCoversThatRestoreNothing) {
+  std::vector<HandoffDonor> donors = {{8 * kG, true}};
+  std::vector<HandoffRecipient> recipients = {
+      {4 * kG, true, 0},         // restores: never offered to another process's chunks
+      {32 * kG, false, 4 * kG},  // 8 from the donor, 24 fresh; may be overrun by 2 (32 / 16)
+      {6 * kG, false, kG},       // fresh, no room after it
+  };
+  HandoffPlan plan = PlanHandoff(donors, recipients, kG, 64 * kG, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG);
+  ASSERT_EQ(open.gaps.size(), 2u);
+  EXPECT_EQ(open.recipient, (std::vector<std::size_t>{1, 2}));
+  EXPECT_EQ(open.gaps[0].size_bytes, 24 * kG);
+  EXPECT_EQ(open.gaps[0].max_overhang_bytes, 2 * kG);
+  EXPECT_EQ(open.gaps[1].size_bytes, 6 * kG);
+  EXPECT_EQ(open.gaps[1].max_overhang_bytes, 0u);
+  for (const FitGap& g : open.gaps) EXPECT_FALSE(g.strict);
+}
+
+TEST(AddForeignDonorsTest, OtherProcessesChunksFillTheOpenGapsByTheSameRule) {
+  std::vector<HandoffRecipient> recipients = {{32 * kG, false, 4 * kG}, {8 * kG, true, 0}};
+  HandoffPlan plan = PlanHandoff({}, recipients, kG, 64 * kG, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG);
+  // 40 fits nowhere; 16 and 10 fit whole; 8 closes the last 6 by overrunning 2.
+  const std::vector<std::size_t> foreign = {16 * kG, 8 * kG, 10 * kG, 40 * kG};
+  const std::vector<int> unused = AddForeignDonors(plan, open, foreign, 0, 64 * kG, kG);
+  EXPECT_EQ(unused, (std::vector<int>{3}));
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{16 * kG, 0}, {10 * kG, 2}, {8 * kG, 1}}));
+  EXPECT_EQ(plan.overhang[0], 2 * kG);
+  EXPECT_EQ(plan.handed_bytes, 34 * kG);
+  EXPECT_EQ(plan.fresh_bytes, 8 * kG);  // the restoring cover's own, untouched
+  std::vector<HandoffDonor> all;
+  for (std::size_t size : foreign) all.push_back({size, false});
+  plan.leftover = unused;
+  plan.leftover_bytes = 40 * kG;
+  ExpectValid(all, recipients, plan);
+}
+
+// A plan with this process's donors, then other processes' chunks added: still a valid
+// plan over both (the foreign ones count as discard donors: they have no backup here),
+// and the own donors' placement is unchanged.
+TEST(AddForeignDonorsTest, RandomAdditionsKeepThePlanValid) {
+  std::uint64_t x = 99;
+  auto next = [&]() { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
+  for (int round = 0; round < 300; ++round) {
+    std::vector<HandoffDonor> donors(next() % 8);
+    for (auto& d : donors) d = {(1 + next() % 40) * kG, next() % 2 == 0};
+    std::vector<HandoffRecipient> recipients(next() % 8);
+    for (auto& r : recipients) r = {(1 + next() % 80) * kG, next() % 2 == 0, (next() % 8) * kG};
+    HandoffPlan plan = PlanHandoff(donors, recipients, (next() % 4) * kG, (1 + next() % 64) * kG, kG);
+    const HandoffPlan before = plan;
+    std::vector<std::size_t> foreign(next() % 10);
+    for (auto& f : foreign) f = (1 + next() % 40) * kG;
+    const int first = static_cast<int>(donors.size());
+    const std::vector<int> unused = AddForeignDonors(plan, OpenGaps(plan, recipients, kG), foreign, first,
+                                                     (1 + next() % 64) * kG, kG);
+    std::vector<HandoffDonor> all = donors;
+    for (std::size_t size : foreign) all.push_back({size, false});
+    for (int f : unused) {
+      plan.leftover.push_back(f);
+      plan.leftover_bytes += all[f].size_bytes;
+    }
+    ExpectValid(all, recipients, plan);
+    for (std::size_t r = 0; r < recipients.size(); ++r) {
+      std::vector<HandoffPiece> own_before, own_after;
+      for (const HandoffPiece& p : before.pieces[r]) {
+        if (p.donor != kNoDonor) own_before.push_back(p);
+      }
+      for (const HandoffPiece& p : plan.pieces[r]) {
+        if (p.donor != kNoDonor && p.donor < first) own_after.push_back(p);
+      }
+      EXPECT_EQ(own_before, own_after) << "recipient " << r;
+    }
+  }
+}
+
 TEST(PlanSwitchCopiesTest, CutAtChunksAndGrouped) {
   const DevicePtr base = 1ull << 40;
   std::vector<ChunkSpan> chunks = {{base, 4 * kG}, {base + 4 * kG, 4 * kG}};

@@ -4,7 +4,7 @@
 // offered are taken for this part's covers that receive no restore copies.
 //
 // The transaction (switch_transaction.h) calls Offer once when it has outgoing tags,
-// then Take when it has such covers left to fill with fresh memory; both before its
+// then Take with the gaps it has left to fill with fresh memory; both before its
 // vote. Whatever either returns, the switch's contract holds: a chunk that cannot be
 // offered is released at the commit as in a switch of one process, and a cover that gets
 // no foreign chunk is filled with fresh memory. Implemented by the runtime over the node
@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/chunk_fit.h"
 
 namespace vmstash {
 
@@ -34,10 +35,12 @@ class SwitchExchange {
   // its commit and leaves untouched until then. The descriptors become the exchange's
   // (closed by it, whatever it returns). An error is logged by the caller, not fatal.
   virtual absl::Status Offer(const std::string& device, std::vector<SharedChunk> chunks) = 0;
-  // The chunks the other parts offered for `device`, each given to one taker only; the
-  // descriptors become the caller's. It may wait until every other part that pauses has
-  // offered, voted or exited (never past the switch's deadline). Empty when none.
-  virtual absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) = 0;
+  // Chunks the other parts offered for `device` that fit `gaps` (this part's gaps left to
+  // fresh memory, handoff_plan.h OpenGaps) by FitChunks (base/chunk_fit.h), each given to
+  // one taker only; those that fit no gap stay for the other takers. The descriptors
+  // become the caller's. It may wait until every other part that pauses has offered,
+  // voted or exited (never past the switch's deadline). Empty when none.
+  virtual absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, const std::vector<FitGap>& gaps) = 0;
 };
 
 }  // namespace vmstash

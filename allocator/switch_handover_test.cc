@@ -59,16 +59,27 @@ class BoardExchange final : public SwitchExchange {
     b_->cv.notify_all();
     return absl::OkStatus();
   }
-  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) override {
+  // As the daemon does: the offered chunks that FitChunks places in `gaps`; the rest stay.
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, const std::vector<FitGap>& gaps) override {
     std::unique_lock<std::mutex> lock(b_->mu);
     const int other = 1 - me_;
     b_->cv.wait(lock, [&] { return b_->offered_all[other] || b_->voted[other]; });
     ++takes;
+    asked = gaps;
     if (b_->device[other] != device) return std::vector<SharedChunk>();
-    std::vector<SharedChunk> out;
-    out.swap(b_->offered[other]);
+    std::vector<FitChunk> sizes;
+    for (const SharedChunk& c : b_->offered[other]) sizes.push_back({c.size_bytes, true});
+    const ChunkFit fit = FitChunks(sizes, gaps);
+    std::vector<bool> placed(sizes.size(), false);
+    for (const std::vector<int>& in_gap : fit.placed) {
+      for (int c : in_gap) placed[c] = true;
+    }
+    std::vector<SharedChunk> out, kept;
+    for (std::size_t i = 0; i < sizes.size(); ++i) (placed[i] ? out : kept).push_back(b_->offered[other][i]);
+    b_->offered[other].swap(kept);
     return out;
   }
+  std::vector<FitGap> asked;
   int takes = 0;
 
  private:
@@ -148,6 +159,7 @@ class SwitchHandoverTest : public ::testing::Test {
     r_to = to.alloc->Switch({}, in, nullptr, nullptr, &agree_to, &ex_to).status();
     t.join();
     takes_ = ex_to.takes;
+    asked_ = ex_to.asked;
     return {r_from, r_to};
   }
 
@@ -161,6 +173,7 @@ class SwitchHandoverTest : public ::testing::Test {
 
   Side a_, b_;
   int takes_ = 0;
+  std::vector<FitGap> asked_;  // the gaps the resuming side took for
 };
 
 TEST_F(SwitchHandoverTest, ReleasedChunksReachTheOtherSidesDiscardTagAndComeBack) {
@@ -171,6 +184,9 @@ TEST_F(SwitchHandoverTest, ReleasedChunksReachTheOtherSidesDiscardTagAndComeBack
   ASSERT_TRUE(ra.ok()) << ra;
   ASSERT_TRUE(rb.ok()) << rb;
   EXPECT_EQ(takes_, 1);
+  std::size_t asked_bytes = 0;
+  for (const FitGap& g : asked_) asked_bytes += g.size_bytes;
+  EXPECT_EQ(asked_bytes, 24 * kMiB) << "B asked for its discard tag's covers, nothing more";
   EXPECT_EQ(a_.State(a_.kv), "paused");
   EXPECT_EQ(b_.State(b_.kv), "active");
   EXPECT_EQ(b_.Calls(DriverOp::kCreateChunk), b_creates) << "B's discard tag got A's chunks, not new ones";
@@ -189,6 +205,28 @@ TEST_F(SwitchHandoverTest, ReleasedChunksReachTheOtherSidesDiscardTagAndComeBack
   for (const PatternBlock& blk : a_.kv_blocks) EXPECT_TRUE(Zero(blk));
   EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
   EXPECT_TRUE(a_.alloc->Validate().ok());
+  EXPECT_TRUE(b_.alloc->Validate().ok());
+}
+
+TEST_F(SwitchHandoverTest, ChunksThatFitNoGapOfTheTakerAreNotTakenAndItsCoverIsMadeFresh) {
+  // B resumes a discard tag of one 2 MiB block: A's 8 MiB chunks fit no gap of it.
+  const TagId small = *InternTag("ho_b_small");
+  ASSERT_TRUE(b_.alloc->CreateTag(small, Policy::kDiscard).ok());
+  ASSERT_EQ(FillBlocks(*b_.alloc, small, {2 * kMiB}, 7).size(), 1u);
+  ASSERT_TRUE(b_.alloc->Switch({small}, {}).ok());
+  const std::uint64_t b_imports = b_.Calls(DriverOp::kImportChunkFd);
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.kv}, b_, {small}, &board);
+  ASSERT_TRUE(ra.ok()) << ra;
+  ASSERT_TRUE(rb.ok()) << rb;
+  ASSERT_EQ(asked_.size(), 1u);
+  EXPECT_EQ(asked_[0].size_bytes, 2 * kMiB);
+  EXPECT_EQ(b_.Calls(DriverOp::kImportChunkFd), b_imports) << "nothing that fits no gap is taken";
+  EXPECT_GT(b_.Calls(DriverOp::kCreateChunk), b_creates);
+  EXPECT_EQ(board.offered[0].size(), 3u) << "A's chunks stay for another taker";
+  EXPECT_EQ(b_.State(small), "active");
+  EXPECT_EQ(a_.State(a_.kv), "paused");
   EXPECT_TRUE(b_.alloc->Validate().ok());
 }
 

@@ -130,7 +130,7 @@ absl::Status SwitchTransaction::Plan() {
   }
   plan_ = PlanHandoff(donors, recipients, host_->options().resume_first_piece_bytes,
                       host_->options().max_chunk_bytes, host_->granularity_bytes());
-  if (exchange_ != nullptr) TradeChunks(donors, recipients);
+  if (exchange_ != nullptr) TradeChunks(recipients);
   written_.assign(donors_.size(), false);
   Mark(Step::kPlanned);
   // A cover whose last donor overhangs it grows by that much (free space of the tag).
@@ -141,38 +141,33 @@ absl::Status SwitchTransaction::Plan() {
   return absl::OkStatus();
 }
 
-void SwitchTransaction::TradeChunks(const std::vector<HandoffDonor>& donors,
-                                    const std::vector<HandoffRecipient>& recipients) {
+void SwitchTransaction::TradeChunks(const std::vector<HandoffRecipient>& recipients) {
   absl::StatusOr<std::string> device = driver_->DeviceUuid(device_);
   if (!device.ok()) {
     VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk traded ({})", device.status().ToString());
     return;
   }
-  std::vector<bool> offered(local_donors_, false);
   if (!out_.empty()) {  // every part that pauses offers, if only nothing: takers wait for it
     std::vector<SharedChunk> chunks;
     for (int d : plan_.leftover) {
       absl::StatusOr<int> fd = donors_[d].chunk->ExportFd();
       if (!fd.ok()) continue;  // not created exportable (share_chunks): released at the commit
       chunks.push_back({*fd, donors_[d].chunk->size_bytes()});
-      offered[d] = true;
     }
     if (absl::Status s = exchange_->Offer(*device, std::move(chunks)); !s.ok()) {
       VMSTASH_LOG(kWarning, "vmstash: node switch: this process's chunks were not offered ({})", s.ToString());
     }
   }
-  bool wanted = false;  // fresh memory planned where a foreign chunk may go
-  for (std::size_t r = 0; r < recipients.size() && !wanted; ++r) {
-    if (recipients[r].restores) continue;
-    for (const HandoffPiece& p : plan_.pieces[r]) wanted = wanted || p.donor == kNoDonor;
-  }
-  if (!wanted) return;
-  absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device);
+  // Fresh memory planned where a foreign chunk may go: the gaps another process's chunks
+  // may fill, sent so that the daemon gives this part only chunks that fit them.
+  const HandoffGaps open = OpenGaps(plan_, recipients, host_->granularity_bytes());
+  if (open.gaps.empty()) return;
+  absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device, open.gaps);
   if (!taken.ok()) {
     VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk taken from other processes ({})", taken.status().ToString());
     return;
   }
-  foreign_.reserve(taken->size());
+  foreign_.reserve(taken->size());  // never reallocated after: donors_ point into it
   absl::flat_hash_set<ChunkHandle> held;  // a handle twice would be one chunk in two covers
   for (const Donor& d : donors_) held.insert(d.handle);
   std::vector<Chunk> twice;  // released here, after the loop: an import of a chunk held already
@@ -192,24 +187,20 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffDonor>& donors,
     foreign_.push_back(std::move(*chunk));
   }
   if (foreign_.empty()) return;
-  for (const Chunk& c : foreign_) donors_.push_back({0, &c, c.handle(), kForeign});
-  // Plan again without the offered donors (another process may map them now) and with
-  // the foreign ones, which have no backup here: never into a restoring cover.
-  std::vector<HandoffDonor> available;
-  std::vector<int> index;  // available -> donors_
-  for (std::size_t d = 0; d < donors_.size(); ++d) {
-    if (d < local_donors_ && offered[d]) continue;
-    available.push_back(d < local_donors_ ? donors[d] : HandoffDonor{donors_[d].chunk->size_bytes(), false});
-    index.push_back(static_cast<int>(d));
+  // The foreign chunks have no backup here: they go only into the open gaps (covers that
+  // restore nothing), fitted there as the daemon fitted them; the rest of the plan stands.
+  const int first = static_cast<int>(donors_.size());
+  std::vector<std::size_t> sizes;
+  for (const Chunk& c : foreign_) {
+    donors_.push_back({0, &c, c.handle(), kForeign});
+    sizes.push_back(c.size_bytes());
   }
-  plan_ = PlanHandoff(available, recipients, host_->options().resume_first_piece_bytes,
-                      host_->options().max_chunk_bytes, host_->granularity_bytes());
-  for (auto& pieces : plan_.pieces) {
-    for (HandoffPiece& p : pieces) {
-      if (p.donor != kNoDonor) p.donor = index[p.donor];
-    }
+  const std::vector<int> unused =
+      AddForeignDonors(plan_, open, sizes, first, host_->options().max_chunk_bytes, host_->granularity_bytes());
+  if (!unused.empty()) {
+    VMSTASH_LOG(kInfo, "vmstash: node switch: {} of {} chunks taken from other processes fit no gap here", unused.size(),
+                sizes.size());
   }
-  for (int& d : plan_.leftover) d = index[d];
 }
 
 absl::Status SwitchTransaction::PrepareBackups() {

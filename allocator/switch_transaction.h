@@ -110,11 +110,12 @@ class SwitchTransaction {
   absl::Status Execute();
   // (2) The donors (outgoing chunks), the covers of the incoming heaps and the handoff plan.
   absl::Status Plan();
-  // Through the exchange: offers the donors `plan_` leaves over, takes other processes'
-  // chunks when a cover that receives no restore copy still needs fresh memory, and plans
-  // again with them (`donors`, `recipients`: the first plan's). Never fails the switch: a
-  // chunk not offered is released at the commit, fresh memory replaces one not taken.
-  void TradeChunks(const std::vector<HandoffDonor>& donors, const std::vector<HandoffRecipient>& recipients);
+  // Through the exchange: offers the donors `plan_` leaves over; when covers that receive
+  // no restore copy still need fresh memory, sends their gaps (OpenGaps), takes the other
+  // processes' chunks that the daemon fitted to them and places them by the same rule
+  // (AddForeignDonors; `recipients`: the plan's). Never fails the switch: a chunk not
+  // offered is released at the commit, fresh memory replaces one not taken.
+  void TradeChunks(const std::vector<HandoffRecipient>& recipients);
   absl::Status PrepareBackups();
   absl::Status MapRecipients();
   absl::Status QueueBackups();

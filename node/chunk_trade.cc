@@ -92,6 +92,7 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
     r.txn = options.txn;
     r.pid = ::getpid();
     r.device = options.device;
+    r.gaps = options.gaps;
     absl::StatusOr<Received> got = Ask(*socket, r, {}, std::max(MsLeft(options.deadline), 1));
     if (!got.ok()) {
       failed = got.status();

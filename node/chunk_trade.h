@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "base/chunk_fit.h"
 
 namespace vmstash::node {
 
@@ -29,6 +30,7 @@ struct TradeOptions {
   std::string txn;  // the switch
   std::string device;  // Driver::DeviceUuid of the chunks' device
   std::chrono::steady_clock::time_point deadline;  // TakeChunks waits no longer
+  std::vector<FitGap> gaps;  // TakeChunks: the gaps the chunks are for (at most kMaxTakeGaps)
   int poll_us = 100;  // the first pause between asks while a donor's offer may still come (doubling to 1 ms)
 };
 
@@ -37,9 +39,11 @@ struct TradeOptions {
 // daemon's copies are given to takers or closed at the decision. Returns how many the
 // daemon kept (it holds a bounded number), or why none was.
 absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector<TradedChunk> chunks);
-// The chunks other participants offered for this device, once every other participant
-// that pauses has offered, voted or exited (or the switch is decided: then none). The
-// descriptors are the caller's. DeadlineExceeded at the deadline; the daemon's errors.
+// The chunks other participants offered for this device that the daemon fitted to
+// `options.gaps` (base/chunk_fit.h; those that fit none stay for other takers), once every
+// other participant that pauses has offered, voted or exited (or the switch is decided:
+// then none). The descriptors are the caller's. DeadlineExceeded at the deadline; the
+// daemon's errors.
 absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options);
 
 }  // namespace vmstash::node

@@ -74,24 +74,31 @@ std::string Mark(int fd) {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)).c_str() : "";
 }
 
-TradeOptions Options(const std::string& dir, const std::string& txn, const std::string& device, int ms = 5000) {
+// One gap that holds every chunk a test offers.
+const std::vector<FitGap> kRoomForAll = {{std::size_t{1} << 40, 0, false}};
+
+TradeOptions Options(const std::string& dir, const std::string& txn, const std::string& device, int ms = 5000,
+                     std::vector<FitGap> gaps = kRoomForAll) {
   TradeOptions o;
   o.dir = dir;
   o.txn = txn;
   o.device = device;
   o.deadline = Clock::now() + std::chrono::milliseconds(ms);
+  o.gaps = std::move(gaps);
   return o;
 }
 
-// A child that takes the chunks of `device` in the switch it reads from a pipe, and
-// writes back how long it waited and the marks of what it got ("ms|mark,mark,...", or
-// "CODE|message" on failure), then takes again ("|again:N").
+// A child that takes the chunks of `device` for `gaps` in the switch it reads from a
+// pipe, and writes back how long it waited and the marks of what it got
+// ("ms|mark:size,...", or "CODE|message" on failure), then takes again ("|again:N").
 class Taker : public SwitchChild {
  public:
-  Taker(const std::string& dir, const std::string& device)
-      : SwitchChild([=](const std::string& txn) {
+  Taker(const std::string& dir, const std::string& device, std::vector<FitGap> gaps = kRoomForAll,
+        bool linger = false)
+      : SwitchChild(
+            [=](const std::string& txn) {
           const auto start = Clock::now();
-          absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, txn, device));
+          absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, txn, device, 5000, gaps));
           if (!got.ok()) {
             return absl::StrCat(absl::StatusCodeToString(got.status().code()), "|", got.status().message());
           }
@@ -101,9 +108,10 @@ class Taker : public SwitchChild {
             ::close(c.fd);
           }
           const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-          absl::StatusOr<std::vector<TradedChunk>> again = TakeChunks(Options(dir, txn, device));
+          absl::StatusOr<std::vector<TradedChunk>> again = TakeChunks(Options(dir, txn, device, 5000, gaps));
           return absl::StrCat(ms, "|", absl::StrJoin(marks, ","), "|again:", again.ok() ? again->size() : 999);
-        }) {}
+            },
+            linger) {}
 };
 
 TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {
@@ -146,6 +154,47 @@ TEST(ChunkTrade, OffersReachOneTakerOfTheirDeviceOnceEveryDonorIsIn) {
   EXPECT_FALSE(VoteAndWait(v, absl::InternalError("done")).ok());
   EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before)
       << "the daemon keeps no descriptor past the decision";
+}
+
+// Three takers, one after another, each with its own gaps: each gets the chunks that fit
+// its gaps by FitChunks and leaves the rest for the next. A byte count could not say
+// this: two gaps of 4 MiB take two chunks of 4 MiB, not one of 8, and a gap of 6 MiB that
+// may be overrun by 2 MiB takes a chunk of 8 MiB.
+TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  const int before = OpenFds(daemon.pid());
+  // They stay alive until the end: a participant that exits aborts the switch.
+  Taker fours(dir, "dev-1", {{4 * kMiB, 0, false}, {4 * kMiB, 0, false}}, true);
+  Taker overrun(dir, "dev-1", {{6 * kMiB, 2 * kMiB, false}}, true);
+  Taker big(dir, "dev-1", {{8 * kMiB, 0, false}, {1 * kMiB, 0, false}}, true);
+  absl::StatusOr<std::string> txn =
+      Begin(dir, {::getpid(), fours.pid(), overrun.pid(), big.pid()}, {::getpid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  absl::StatusOr<std::size_t> kept =
+      OfferChunks(Options(dir, *txn, "dev-1"), {Marked("a", 8 * kMiB), Marked("b", 4 * kMiB),
+                                                Marked("c", 8 * kMiB), Marked("d", 4 * kMiB), Marked("e", 16 * kMiB)});
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*kept, 5u);
+  auto got = [](Taker& t, const std::string& txn_id) {
+    t.Go(txn_id);
+    const std::string r = t.Result();
+    const std::vector<std::string> parts = absl::StrSplit(r, '|');
+    return parts.size() == 3 ? parts[1] + "|" + parts[2] : r;
+  };
+  EXPECT_EQ(got(fours, *txn), absl::StrCat("b:", 4 * kMiB, ",d:", 4 * kMiB, "|again:0"));
+  EXPECT_EQ(got(overrun, *txn), absl::StrCat("a:", 8 * kMiB, "|again:0"));
+  EXPECT_EQ(got(big, *txn), absl::StrCat("c:", 8 * kMiB, "|again:0")) << "the 16 MiB chunk fits no gap";
+  VoteOptions v;
+  v.dir = dir;
+  v.txn = *txn;
+  v.hard_deadline = Clock::now() + std::chrono::seconds(10);
+  EXPECT_FALSE(VoteAndWait(v, absl::InternalError("done")).ok());
+  for (Taker* t : {&fours, &overrun, &big}) t->Kill();  // the daemon stops watching them
+  EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before)
+      << "the chunk nobody took is closed at the decision";
 }
 
 TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {
@@ -253,6 +302,20 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   t.device = "d";
   refused = ask(t, {});
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
+  // Gaps that are not BYTES:OVERRUN, a gap of 0 bytes, or more gaps than a take may name.
+  const std::string take_head =
+      absl::StrCat(R"({"v":1,"op":"take","txn":")", *txn, R"(","pid":)", ::getpid(), R"(,"device":"d","gaps":")");
+  std::string too_many;
+  for (std::size_t i = 0; i <= kMaxTakeGaps; ++i) absl::StrAppend(&too_many, i == 0 ? "" : ",", "1:0");
+  for (const std::string& gaps : {std::string("4096"), std::string("0:0"), std::string("a:1"),
+                                  std::string("4096:-1"), std::string("4096:0,"), too_many}) {
+    ASSERT_TRUE(SendFds(*s, take_head + gaps + R"("})", {}).ok());
+    absl::StatusOr<Received> reply = Receive(*s, 5000);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    const absl::Status bad = ParseReply(reply->message).status();
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << gaps.substr(0, 40) << ": " << bad;
+    EXPECT_THAT(std::string(bad.message()), HasSubstr("gaps")) << bad;
+  }
   WireRequest stats;
   stats.op = WireOp::kStats;
   refused = ask(stats, {Marked("x").fd});

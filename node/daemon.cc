@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "base/chunk_fit.h"
 #include "base/json_writer.h"
 #include "base/log.h"
 #include "control/runtime_dir.h"
@@ -522,29 +523,21 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   absl::StatusOr<bool> in = switches_.OffersIn(r.txn, static_cast<pid_t>(r.pid));
   if (!in.ok()) return Reply{FormatError(in.status()), {}, false};
   if (!*in) return Reply{OkReply([](JsonWriter& w) { w.Field("ready", false); }), {}, false};
+  // The fit is made once per taker (first come, first served): the held chunks of the
+  // device from other processes that fit its gaps become its own; the rest stay for the
+  // others. Later takes of the same part collect what one packet could not carry.
+  std::vector<HeldChunk>& mine = GrantOnce(r);
   Reply reply;
   reply.owned = true;
   std::vector<std::string> sizes;
-  bool more = false;
-  auto held = held_.find(r.txn);
-  if (held != held_.end()) {
-    std::vector<HeldChunk>& chunks = held->second;
-    for (auto c = chunks.begin(); c != chunks.end();) {
-      if (c->pid == r.pid || c->device != r.device) {
-        ++c;
-        continue;
-      }
-      if (reply.fds.size() == kMaxFdsPerPacket) {
-        more = true;
-        break;
-      }
-      reply.fds.push_back(c->fd);
-      sizes.push_back(absl::StrCat(c->size_bytes));
-      --held_count_;
-      c = chunks.erase(c);
-    }
-    if (chunks.empty()) held_.erase(held);
+  const std::size_t n = std::min(mine.size(), kMaxFdsPerPacket);
+  for (std::size_t i = 0; i < n; ++i) {
+    reply.fds.push_back(mine[i].fd);
+    sizes.push_back(absl::StrCat(mine[i].size_bytes));
   }
+  mine.erase(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(n));
+  held_count_ -= n;
+  const bool more = !mine.empty();
   reply.text = OkReply([&](JsonWriter& w) {
     w.Field("ready", true);
     w.Field("sizes", absl::StrJoin(sizes, ","));
@@ -553,12 +546,45 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   return reply;
 }
 
+std::vector<NodeDaemon::HeldChunk>& NodeDaemon::GrantOnce(const WireRequest& r) {
+  const pid_t pid = static_cast<pid_t>(r.pid);
+  auto [granted, fresh] = granted_[r.txn].try_emplace(pid);
+  if (!fresh) return granted->second;
+  auto held = held_.find(r.txn);
+  if (held == held_.end()) return granted->second;
+  std::vector<HeldChunk>& chunks = held->second;
+  std::vector<std::size_t> candidates;  // indexes into `chunks`
+  std::vector<FitChunk> sizes;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    if (chunks[i].pid == pid || chunks[i].device != r.device) continue;
+    candidates.push_back(i);
+    sizes.push_back({chunks[i].size_bytes, true});
+  }
+  const ChunkFit fit = FitChunks(sizes, r.gaps);
+  std::vector<bool> taken(chunks.size(), false);
+  for (const std::vector<int>& placed : fit.placed) {
+    for (int c : placed) taken[candidates[c]] = true;
+  }
+  std::vector<HeldChunk> kept;
+  for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted->second : kept).push_back(chunks[i]);
+  chunks.swap(kept);
+  if (chunks.empty()) held_.erase(held);
+  return granted->second;
+}
+
 void NodeDaemon::DropOffers(const std::string& id) {
-  auto held = held_.find(id);
-  if (held == held_.end()) return;
-  for (const HeldChunk& c : held->second) ::close(c.fd);
-  held_count_ -= held->second.size();
-  held_.erase(held);
+  if (auto held = held_.find(id); held != held_.end()) {
+    for (const HeldChunk& c : held->second) ::close(c.fd);
+    held_count_ -= held->second.size();
+    held_.erase(held);
+  }
+  if (auto granted = granted_.find(id); granted != granted_.end()) {
+    for (const auto& [pid, chunks] : granted->second) {
+      for (const HeldChunk& c : chunks) ::close(c.fd);
+      held_count_ -= chunks.size();
+    }
+    granted_.erase(granted);
+  }
 }
 
 SwitchDecision NodeDaemon::Decide(const std::string& id) {

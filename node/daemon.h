@@ -116,6 +116,11 @@ class NodeDaemon {
   std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct HeldChunk;
+  // The chunks granted to take `r`'s process in its switch: at its first take, those held
+  // for the switch from other processes on its device that FitChunks places in its gaps
+  // (moved out of held_); at later takes, what is left of them.
+  std::vector<HeldChunk>& GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many chunks may be held at once: kMaxHeldChunks, less where the descriptor limit
   // would leave too little room for connections.
   static std::size_t HeldCap();
@@ -155,7 +160,9 @@ class NodeDaemon {
     int fd = -1;
   };
   std::map<std::string, std::vector<HeldChunk>> held_ ABSL_GUARDED_BY(mu_);
-  std::size_t held_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Chunks granted to a taker (GrantOnce) and not yet sent, by switch and taker.
+  std::map<std::string, std::map<pid_t, std::vector<HeldChunk>>> granted_ ABSL_GUARDED_BY(mu_);
+  std::size_t held_count_ ABSL_GUARDED_BY(mu_) = 0;  // in held_ and granted_
   // Records of forgotten switches, removed kRecordLingerMs after (a late reader still finds them).
   std::deque<std::pair<std::int64_t, std::string>> lingering_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stopping_{false};

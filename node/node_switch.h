@@ -58,24 +58,29 @@
 //       (its backup copies still read them): its mappings of them go in (4) as for any
 //       outgoing chunk.
 //   (c) A part left with fresh memory to make for covers that receive no restore copy
-//       (a discard tag's, or a backup tag's with nothing backed up) asks the daemon for
-//       the chunks of its device offered by the others (take; a part that takes has made
-//       its offer, if any). The daemon answers "not yet" until every other donor has
-//       offered, voted (an offer comes before a vote) or exited, or the switch is decided
-//       (the part asks again, after 0.1 ms doubling to 1 ms, until its deadline); then
-//       with the chunks, each going to one taker (the first to ask takes all of its
-//       device's, and releases at its commit those no cover took). The part imports them
+//       (a discard tag's, or a backup tag's with nothing backed up) sends those gaps —
+//       each with how far a chunk may overrun it (allocator/handoff_plan.h OpenGaps) —
+//       and asks the daemon for chunks of its device offered by the others (take; a part
+//       that takes has made its offer, if any). The daemon answers "not yet" until every
+//       other donor has offered, voted (an offer comes before a vote) or exited, or the
+//       switch is decided (the part asks again, after 0.1 ms doubling to 1 ms, until its
+//       deadline). Then, once per taker and in the order they ask, it fits the chunks it
+//       holds to the taker's gaps by the one rule both layers share (base/chunk_fit.h)
+//       and gives that taker those it placed; the rest stay for the next taker. A chunk
+//       is mapped whole, so only the gaps can say which chunks fit: two gaps of 4 MiB
+//       take two chunks of 4 MiB, not one of 8. The part imports them
 //       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
 //       be handed on again; closed with the handle, and in a child forked without exec),
 //       drops an import whose handle it holds already (a giver offering one chunk twice),
-//       closes the descriptors, and plans again without the
-//       chunks it offered and with the imported ones, which go only into such covers: no
-//       restore copy ever writes another process's memory, so a rollback never has to
-//       give that process its bytes back.
+//       closes the descriptors, and places the imported ones into the same gaps by the
+//       same rule (AddForeignDonors), the rest of its plan unchanged. They go only into
+//       such covers: no restore copy ever writes another process's memory, so a rollback
+//       never has to give that process its bytes back.
 //   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while
 //       any process holds a handle), zeroes them (switch_zero) — after the giver's
 //       backup copies are done, since the giver voted only then — and releases those no
-//       cover took; the giver releases its handles of every chunk it offered. Abort: the
+//       cover took (one taken for a gap of a list cut at kMaxTakeGaps); the giver
+//       releases its handles of every chunk it offered. Abort: the
 //       taker unmaps and releases its imports; the giver, which never released them,
 //       maps its chunks again as in any rollback, bytes untouched.
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low

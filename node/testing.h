@@ -107,10 +107,13 @@ class DaemonProcess {
 };
 
 // A child process that waits for a switch's id (32 characters) on a pipe, runs `work(id)`
-// and writes back what it returns; killed, if still running, when this object goes.
+// and writes back what it returns; killed, if still running, when this object goes. With
+// `linger`, it stays alive after writing (a participant that exits would abort its
+// switch) until this object goes.
 class SwitchChild {
  public:
-  explicit SwitchChild(const std::function<std::string(const std::string& txn)>& work) {
+  explicit SwitchChild(const std::function<std::string(const std::string& txn)>& work, bool linger = false)
+      : linger_(linger) {
     int go[2], out[2];
     if (::pipe(go) != 0 || ::pipe(out) != 0) return;
     pid_ = ::fork();
@@ -121,6 +124,11 @@ class SwitchChild {
       if (::read(go[0], id, 32) != 32) ::_exit(3);
       const std::string text = work(id);
       (void)!::write(out[1], text.data(), text.size());
+      ::close(out[1]);
+      if (linger) {
+        while (::read(go[0], id, 1) > 0) {
+        }
+      }
       ::_exit(0);
     }
     ::close(go[0]);
@@ -137,14 +145,16 @@ class SwitchChild {
   SwitchChild& operator=(const SwitchChild&) = delete;
   pid_t pid() const { return pid_; }
   void Go(const std::string& txn) { (void)!::write(go_, txn.data(), txn.size()); }
-  // What `work` returned (waits for the child's end).
+  // What `work` returned (waits for the child's end, unless it lingers).
   std::string Result() {
     std::string text;
     char buf[65536];
     ssize_t n;
     while ((n = ::read(out_, buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+    if (!linger_) {
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
     return text;
   }
   void Kill() {
@@ -157,6 +167,7 @@ class SwitchChild {
  private:
   pid_t pid_ = -1;
   int go_ = -1, out_ = -1;
+  bool linger_ = false;
 };
 
 }  // namespace vmstash::node

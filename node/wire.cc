@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/json_writer.h"
 #include "control/runtime_dir.h"
@@ -95,6 +96,8 @@ std::string FormatRequest(const WireRequest& r) {
       if (r.op == WireOp::kOffer) {
         w.Field("sizes", r.sizes);
         w.Field("last", r.last);
+      } else {
+        w.Field("gaps", FormatGaps(r.gaps));
       }
       break;
   }
@@ -187,6 +190,14 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
       r.last = (*doc)["last"].Bool();
       keys.insert(keys.end(), {"sizes", "last"});
     }
+    if (r.op == WireOp::kTake) {
+      absl::StatusOr<std::string> gaps = Text(*doc, "gaps");
+      if (!gaps.ok()) return gaps.status();
+      absl::StatusOr<std::vector<FitGap>> parsed = ParseGaps(*gaps);
+      if (!parsed.ok()) return parsed.status();
+      r.gaps = *std::move(parsed);
+      keys.push_back("gaps");
+    }
   } else {
     return absl::InvalidArgumentError(absl::StrCat("node protocol: unknown op \"", op, "\""));
   }
@@ -209,6 +220,32 @@ absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes) {
     out.push_back(static_cast<std::size_t>(n));
   }
   return out;
+}
+
+absl::StatusOr<std::vector<FitGap>> ParseGaps(absl::string_view gaps) {
+  std::vector<FitGap> out;
+  if (gaps.empty()) return out;
+  for (absl::string_view g : absl::StrSplit(gaps, ',')) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(g, ':');
+    std::uint64_t size = 0;
+    std::uint64_t overhang = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &size) || size == 0 ||
+        !absl::SimpleAtoi(parts[1], &overhang)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("node protocol: \"", g, "\" in \"gaps\" is not BYTES:OVERRUN (BYTES > 0)"));
+    }
+    if (out.size() == kMaxTakeGaps) {
+      return absl::InvalidArgumentError(absl::StrCat("node protocol: a take names at most ", kMaxTakeGaps, " gaps"));
+    }
+    out.push_back({static_cast<std::size_t>(size), static_cast<std::size_t>(overhang), false});
+  }
+  return out;
+}
+
+std::string FormatGaps(const std::vector<FitGap>& gaps) {
+  std::vector<std::string> parts;
+  for (const FitGap& g : gaps) parts.push_back(absl::StrCat(g.size_bytes, ":", g.max_overhang_bytes));
+  return absl::StrJoin(parts, ",");
 }
 
 std::string FormatError(const absl::Status& status) {

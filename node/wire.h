@@ -23,10 +23,14 @@
 //                                      device D (a UUID) with one descriptor per size, for
 //                                      the other participants of X to take (Note [Node
 //                                      Switch Handover]); the last packet of P's offer says so
-//   {"op":"take","txn":X,"pid":P,"device":D}  offered chunks of device D for P: "ready"
-//                                      false while a donor's offer may still come, else
-//                                      "sizes" and their descriptors (at most
-//                                      kMaxFdsPerPacket) and "more" when there are more
+//   {"op":"take","txn":X,"pid":P,"device":D,"gaps":"N:M,..."}  offered chunks of device D
+//                                      for P's gaps (N bytes each, which a chunk may
+//                                      overrun by M; at most kMaxTakeGaps), fitted by
+//                                      base/chunk_fit.h: "ready" false while a donor's
+//                                      offer may still come, else "sizes" and their
+//                                      descriptors (at most kMaxFdsPerPacket) and "more"
+//                                      when there are more (asked for by the same take
+//                                      again: the fit is made once per process and switch)
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
@@ -50,6 +54,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/chunk_fit.h"
 #include "base/json_reader.h"
 
 namespace vmstash::node {
@@ -59,6 +64,7 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
 inline constexpr std::size_t kMaxFdsPerPacket = 32;
 inline constexpr std::size_t kMaxHeldChunks = 4096;
+inline constexpr std::size_t kMaxTakeGaps = 512;  // a take's gaps, within kMaxMessageBytes
 
 enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOffer, kTake };
 
@@ -77,9 +83,14 @@ struct WireRequest {
   std::string device;        // offer, take
   std::string sizes;         // offer: comma-separated byte counts
   bool last = false;         // offer
+  std::vector<FitGap> gaps;  // take (never strict)
 };
 // "N,N,..." (empty: none) as byte counts, each > 0; InvalidArgument otherwise.
 absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes);
+// "N:M,..." (empty: none) as gaps of N > 0 bytes, each overrun by at most M; at most
+// kMaxTakeGaps. InvalidArgument otherwise.
+absl::StatusOr<std::vector<FitGap>> ParseGaps(absl::string_view gaps);
+std::string FormatGaps(const std::vector<FitGap>& gaps);
 
 std::string FormatRequest(const WireRequest& request);
 absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include "base/version.h"
 #include "node/chunk_trade.h"
 #include "node/switch_vote.h"
+#include "node/wire.h"
 
 namespace vmstash {
 namespace {
@@ -53,9 +55,17 @@ class NodeExchange final : public SwitchExchange {
     for (const SharedChunk& c : chunks) traded.push_back({c.fd, c.size_bytes});
     return node::OfferChunks(o, std::move(traded)).status();
   }
-  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device) override {
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, const std::vector<FitGap>& gaps) override {
     node::TradeOptions o = options_;
     o.device = device;
+    o.gaps = gaps;
+    if (o.gaps.size() > node::kMaxTakeGaps) {
+      // One request names so many: the largest. The allocator places what comes over all
+      // its gaps by the same rule; a chunk that finds no place is released at its commit.
+      std::stable_sort(o.gaps.begin(), o.gaps.end(),
+                       [](const FitGap& a, const FitGap& b) { return a.size_bytes > b.size_bytes; });
+      o.gaps.resize(node::kMaxTakeGaps);
+    }
     VMSTASH_ASSIGN_OR_RETURN(std::vector<node::TradedChunk> traded, node::TakeChunks(o));
     std::vector<SharedChunk> chunks;
     for (const node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes});

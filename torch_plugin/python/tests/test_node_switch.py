@@ -292,6 +292,33 @@ def test_discard_memory_changes_process_instead_of_being_made_again(node):
     assert a.ask("calls")["calls"].get("import_chunk_fd", 0) > 0
 
 
+def test_the_pausing_process_memory_is_shared_among_the_processes_that_resume(node):
+    # One process pauses two discard tags; two others resume one each. Each resuming
+    # process takes the chunks that fit its own covers (base/chunk_fit.h), so both map
+    # memory of the first instead of making their own: the first to ask no longer takes all.
+    shared = f"{SIM_CONF},share_chunks:1,min_chunk:2M"  # chunks of 8 MiB, as the tags
+    a = node("akv1:discard:8:active", "akv2:discard:8:active", conf=shared)
+    b = node("bkv:discard:8:paused", conf=shared)
+    c = node("ckv:discard:8:paused", conf=shared)
+    before = {p.pid: p.ask("calls")["calls"] for p in (b, c)}
+    r = vmstash.node.switch(pause=[(a.pid, "akv1"), (a.pid, "akv2")], resume=[(b.pid, "bkv"), (c.pid, "ckv")])
+    assert r["committed"]
+    for p, tag in ((b, "bkv"), (c, "ckv")):
+        after = p.ask("calls")["calls"]
+        assert after.get("import_chunk_fd", 0) > before[p.pid].get("import_chunk_fd", 0), (tag, after)
+        assert after.get("create_chunk", 0) == before[p.pid].get("create_chunk", 0), (tag, after)
+        assert p.ask(f"zero {tag}")["zero"] is True
+        assert p.check()[tag] == {"state": "active", "ok": None}
+    assert a.check() == {"akv1": {"state": "paused", "ok": None}, "akv2": {"state": "paused", "ok": None}}
+    # And back: the first process gets its memory from the two others.
+    a_before = a.ask("calls")["calls"]
+    back = vmstash.node.switch(pause=[(b.pid, "bkv"), (c.pid, "ckv")], resume=[(a.pid, "akv1"), (a.pid, "akv2")])
+    assert back["committed"]
+    a_after = a.ask("calls")["calls"]
+    assert a_after.get("create_chunk", 0) == a_before.get("create_chunk", 0), a_after
+    assert a.ask("zero akv1")["zero"] is True and a.ask("zero akv2")["zero"] is True
+
+
 def test_threads_allocating_in_both_processes_during_node_switches(node):
     # Another thread of each process allocates, writes, checks and frees in a tag of its own
     # while node switches (chunks handed over) move the others: every switch commits, no
