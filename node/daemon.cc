@@ -526,18 +526,21 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   // The fit is made once per taker (first come, first served): the held chunks of the
   // device from other processes that fit its gaps become its own; the rest stay for the
   // others. Later takes of the same part collect what one packet could not carry.
-  std::vector<HeldChunk>& mine = GrantOnce(r);
+  std::vector<HeldChunk>* mine = GrantOnce(r);
   Reply reply;
   reply.owned = true;
   std::vector<std::string> sizes;
-  const std::size_t n = std::min(mine.size(), kMaxFdsPerPacket);
-  for (std::size_t i = 0; i < n; ++i) {
-    reply.fds.push_back(mine[i].fd);
-    sizes.push_back(absl::StrCat(mine[i].size_bytes));
+  bool more = false;
+  if (mine != nullptr) {
+    const std::size_t n = std::min(mine->size(), kMaxFdsPerPacket);
+    for (std::size_t i = 0; i < n; ++i) {
+      reply.fds.push_back((*mine)[i].fd);
+      sizes.push_back(absl::StrCat((*mine)[i].size_bytes));
+    }
+    mine->erase(mine->begin(), mine->begin() + static_cast<std::ptrdiff_t>(n));
+    held_count_ -= n;
+    more = !mine->empty();
   }
-  mine.erase(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(n));
-  held_count_ -= n;
-  const bool more = !mine.empty();
   reply.text = OkReply([&](JsonWriter& w) {
     w.Field("ready", true);
     w.Field("sizes", absl::StrJoin(sizes, ","));
@@ -546,12 +549,15 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   return reply;
 }
 
-std::vector<NodeDaemon::HeldChunk>& NodeDaemon::GrantOnce(const WireRequest& r) {
+std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) {
   const pid_t pid = static_cast<pid_t>(r.pid);
-  auto [granted, fresh] = granted_[r.txn].try_emplace(pid);
-  if (!fresh) return granted->second;
+  if (auto g = granted_.find(r.txn); g != granted_.end()) {
+    if (auto mine = g->second.find(pid); mine != g->second.end()) return &mine->second;
+  }
+  // Nothing held (none offered, all given, or the switch decided): nothing to grant, and no
+  // entry is made that no decision would remove.
   auto held = held_.find(r.txn);
-  if (held == held_.end()) return granted->second;
+  if (held == held_.end()) return nullptr;
   std::vector<HeldChunk>& chunks = held->second;
   std::vector<std::size_t> candidates;  // indexes into `chunks`
   std::vector<FitChunk> sizes;
@@ -565,11 +571,12 @@ std::vector<NodeDaemon::HeldChunk>& NodeDaemon::GrantOnce(const WireRequest& r) 
   for (const std::vector<int>& placed : fit.placed) {
     for (int c : placed) taken[candidates[c]] = true;
   }
+  std::vector<HeldChunk>& granted = granted_[r.txn][pid];
   std::vector<HeldChunk> kept;
-  for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted->second : kept).push_back(chunks[i]);
+  for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted : kept).push_back(chunks[i]);
   chunks.swap(kept);
   if (chunks.empty()) held_.erase(held);
-  return granted->second;
+  return &granted;
 }
 
 void NodeDaemon::DropOffers(const std::string& id) {

@@ -117,10 +117,11 @@ class NodeDaemon {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct HeldChunk;
-  // The chunks granted to take `r`'s process in its switch: at its first take, those held
-  // for the switch from other processes on its device that FitChunks places in its gaps
-  // (moved out of held_); at later takes, what is left of them.
-  std::vector<HeldChunk>& GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The chunks granted to take `r`'s process in its switch: at its first take while chunks
+  // are held for the switch, those from other processes on its device that FitChunks
+  // places in its gaps (moved out of held_); at later takes, what is left of them.
+  // Nullptr while nothing is held and nothing was granted.
+  std::vector<HeldChunk>* GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many chunks may be held at once: kMaxHeldChunks, less where the descriptor limit
   // would leave too little room for connections.
   static std::size_t HeldCap();
