@@ -2,6 +2,7 @@
 #include "allocator/handoff_plan.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "base/bytes.h"
@@ -55,7 +56,7 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
 }
 
 HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
-                     std::size_t granularity) {
+                     std::size_t granularity, std::size_t max_gaps) {
   HandoffGaps out;
   for (std::size_t r = 0; r < recipients.size() && r < plan.pieces.size(); ++r) {
     if (recipients[r].restores) continue;
@@ -68,7 +69,19 @@ HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient
     out.gaps.push_back({fresh, MaxOverhang(recipients[r], granularity), false});
     out.recipient.push_back(r);
   }
-  return out;
+  if (out.gaps.size() <= max_gaps) return out;
+  std::vector<std::size_t> order(out.gaps.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return out.gaps[a].size_bytes > out.gaps[b].size_bytes; });
+  order.resize(max_gaps);
+  std::sort(order.begin(), order.end());
+  HandoffGaps kept;
+  for (std::size_t g : order) {
+    kept.gaps.push_back(out.gaps[g]);
+    kept.recipient.push_back(out.recipient[g]);
+  }
+  return kept;
 }
 
 std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
@@ -97,7 +110,11 @@ std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, co
     }
   }
   std::vector<int> unused;
-  for (int f : fit.unused) unused.push_back(first_donor + f);
+  for (int f : fit.unused) {
+    unused.push_back(first_donor + f);
+    plan.leftover.push_back(first_donor + f);
+    plan.leftover_bytes += foreign[f];
+  }
   return unused;
 }
 

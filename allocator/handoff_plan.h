@@ -90,18 +90,19 @@ std::size_t MaxOverhang(const HandoffRecipient& recipient, std::size_t granulari
 
 // The gaps of `plan` that another process's chunks may fill: each recipient that receives
 // no restore copies and has fresh pieces, as one gap of its fresh bytes (MaxOverhang past
-// it), in recipient order.
+// it), in recipient order; the `max_gaps` largest of them when there are more (ties: the
+// earlier), still in recipient order.
 struct HandoffGaps {
   std::vector<FitGap> gaps;
   std::vector<std::size_t> recipient;  // per gap: its recipient
 };
 HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
-                     std::size_t granularity);
+                     std::size_t granularity, std::size_t max_gaps);
 // Fits chunks of other processes (`foreign` sizes; donors first_donor, first_donor + 1,
 // ... of the switch) into `open` (OpenGaps of `plan`) by FitChunks. A recipient that gets
 // some has them after its own donors, instead of its fresh pieces, and fresh memory for
-// what they leave open. Returns the foreign donors placed nowhere (the plan's leftover is
-// this process's own, unchanged).
+// what they leave open. The foreign donors placed nowhere join the leftover (released at
+// the commit: this process's imports of them) and are returned.
 std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
                                   int first_donor, std::size_t max_piece_bytes, std::size_t granularity);
 

@@ -171,7 +171,7 @@ TEST(OpenGapsTest, TheFreshBytesOfCoversThatRestoreNothing) {
       {6 * kG, false, kG},       // fresh, no room after it
   };
   HandoffPlan plan = PlanHandoff(donors, recipients, kG, 64 * kG, kG);
-  const HandoffGaps open = OpenGaps(plan, recipients, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG, 8);
   ASSERT_EQ(open.gaps.size(), 2u);
   EXPECT_EQ(open.recipient, (std::vector<std::size_t>{1, 2}));
   EXPECT_EQ(open.gaps[0].size_bytes, 24 * kG);
@@ -179,12 +179,25 @@ TEST(OpenGapsTest, TheFreshBytesOfCoversThatRestoreNothing) {
   EXPECT_EQ(open.gaps[1].size_bytes, 6 * kG);
   EXPECT_EQ(open.gaps[1].max_overhang_bytes, 0u);
   for (const FitGap& g : open.gaps) EXPECT_FALSE(g.strict);
+  // At most one: the largest.
+  const HandoffGaps one = OpenGaps(plan, recipients, kG, 1);
+  ASSERT_EQ(one.gaps.size(), 1u);
+  EXPECT_EQ(one.recipient, (std::vector<std::size_t>{1}));
+  EXPECT_EQ(OpenGaps(plan, recipients, kG, 0).gaps.size(), 0u);
+}
+
+TEST(OpenGapsTest, TheLargestGapsKeptInRecipientOrder) {
+  std::vector<HandoffRecipient> recipients;
+  for (std::size_t g : {2, 6, 4, 6, 8}) recipients.push_back({g * kG, false, 0});
+  const HandoffPlan plan = PlanHandoff({}, recipients, kG, 64 * kG, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG, 3);
+  EXPECT_EQ(open.recipient, (std::vector<std::size_t>{1, 3, 4}));  // 6 and 6 (the earlier ties), 8
 }
 
 TEST(AddForeignDonorsTest, OtherProcessesChunksFillTheOpenGapsByTheSameRule) {
   std::vector<HandoffRecipient> recipients = {{32 * kG, false, 4 * kG}, {8 * kG, true, 0}};
   HandoffPlan plan = PlanHandoff({}, recipients, kG, 64 * kG, kG);
-  const HandoffGaps open = OpenGaps(plan, recipients, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG, 8);
   // 40 fits nowhere; 16 and 10 fit whole; 8 closes the last 6 by overrunning 2.
   const std::vector<std::size_t> foreign = {16 * kG, 8 * kG, 10 * kG, 40 * kG};
   const std::vector<int> unused = AddForeignDonors(plan, open, foreign, 0, 64 * kG, kG);
@@ -193,10 +206,10 @@ TEST(AddForeignDonorsTest, OtherProcessesChunksFillTheOpenGapsByTheSameRule) {
   EXPECT_EQ(plan.overhang[0], 2 * kG);
   EXPECT_EQ(plan.handed_bytes, 34 * kG);
   EXPECT_EQ(plan.fresh_bytes, 8 * kG);  // the restoring cover's own, untouched
+  EXPECT_EQ(plan.leftover, (std::vector<int>{3})) << "released at the commit";
+  EXPECT_EQ(plan.leftover_bytes, 40 * kG);
   std::vector<HandoffDonor> all;
   for (std::size_t size : foreign) all.push_back({size, false});
-  plan.leftover = unused;
-  plan.leftover_bytes = 40 * kG;
   ExpectValid(all, recipients, plan);
 }
 
@@ -216,14 +229,11 @@ TEST(AddForeignDonorsTest, RandomAdditionsKeepThePlanValid) {
     std::vector<std::size_t> foreign(next() % 10);
     for (auto& f : foreign) f = (1 + next() % 40) * kG;
     const int first = static_cast<int>(donors.size());
-    const std::vector<int> unused = AddForeignDonors(plan, OpenGaps(plan, recipients, kG), foreign, first,
-                                                     (1 + next() % 64) * kG, kG);
+    const std::vector<int> unused = AddForeignDonors(plan, OpenGaps(plan, recipients, kG, 1 + next() % 8), foreign,
+                                                     first, (1 + next() % 64) * kG, kG);
     std::vector<HandoffDonor> all = donors;
     for (std::size_t size : foreign) all.push_back({size, false});
-    for (int f : unused) {
-      plan.leftover.push_back(f);
-      plan.leftover_bytes += all[f].size_bytes;
-    }
+    for (int f : unused) EXPECT_GE(f, first);
     ExpectValid(all, recipients, plan);
     for (std::size_t r = 0; r < recipients.size(); ++r) {
       std::vector<HandoffPiece> own_before, own_after;

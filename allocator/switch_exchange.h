@@ -41,6 +41,9 @@ class SwitchExchange {
   // become the caller's. It may wait until every other part that pauses has offered,
   // voted or exited (never past the switch's deadline). Empty when none.
   virtual absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, const std::vector<FitGap>& gaps) = 0;
+  // The most gaps one Take may name (the part sends its largest, and places what it gets
+  // into exactly those).
+  virtual std::size_t MaxGaps() const = 0;
 };
 
 }  // namespace vmstash

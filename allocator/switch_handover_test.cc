@@ -79,6 +79,7 @@ class BoardExchange final : public SwitchExchange {
     b_->offered[other].swap(kept);
     return out;
   }
+  std::size_t MaxGaps() const override { return 64; }
   std::vector<FitGap> asked;
   int takes = 0;
 

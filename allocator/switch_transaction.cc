@@ -160,7 +160,7 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffRecipient>& recipie
   }
   // Fresh memory planned where a foreign chunk may go: the gaps another process's chunks
   // may fill, sent so that the daemon gives this part only chunks that fit them.
-  const HandoffGaps open = OpenGaps(plan_, recipients, host_->granularity_bytes());
+  const HandoffGaps open = OpenGaps(plan_, recipients, host_->granularity_bytes(), exchange_->MaxGaps());
   if (open.gaps.empty()) return;
   absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device, open.gaps);
   if (!taken.ok()) {

@@ -187,6 +187,10 @@ TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
   EXPECT_EQ(got(fours, *txn), absl::StrCat("b:", 4 * kMiB, ",d:", 4 * kMiB, "|again:0"));
   EXPECT_EQ(got(overrun, *txn), absl::StrCat("a:", 8 * kMiB, "|again:0"));
   EXPECT_EQ(got(big, *txn), absl::StrCat("c:", 8 * kMiB, "|again:0")) << "the 16 MiB chunk fits no gap";
+  // A take naming no gap gets nothing, and the chunk that fits no gap is still held.
+  absl::StatusOr<std::vector<TradedChunk>> none = TakeChunks(Options(dir, *txn, "dev-1", 5000, {}));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
   VoteOptions v;
   v.dir = dir;
   v.txn = *txn;

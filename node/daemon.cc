@@ -181,6 +181,7 @@ void NodeDaemon::Stop() {
   }
   pidfds_.clear();
   while (!held_.empty()) DropOffers(held_.begin()->first);
+  while (!granted_.empty()) DropOffers(granted_.begin()->first);
   ::unlink(path_.c_str());
 }
 
@@ -551,13 +552,15 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
 
 std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) {
   const pid_t pid = static_cast<pid_t>(r.pid);
+  const Taker taker{pid, r.device};
   if (auto g = granted_.find(r.txn); g != granted_.end()) {
-    if (auto mine = g->second.find(pid); mine != g->second.end()) return &mine->second;
+    if (auto mine = g->second.find(taker); mine != g->second.end()) return &mine->second;
   }
-  // Nothing held (none offered, all given, or the switch decided): nothing to grant, and no
-  // entry is made that no decision would remove.
+  // Nothing held (none offered, all given, or the switch decided) or no gap: nothing to
+  // grant, and no entry is made (none that no decision would remove, none that would keep
+  // a later take with gaps from its grant).
   auto held = held_.find(r.txn);
-  if (held == held_.end()) return nullptr;
+  if (held == held_.end() || r.gaps.empty()) return nullptr;
   std::vector<HeldChunk>& chunks = held->second;
   std::vector<std::size_t> candidates;  // indexes into `chunks`
   std::vector<FitChunk> sizes;
@@ -571,7 +574,7 @@ std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) 
   for (const std::vector<int>& placed : fit.placed) {
     for (int c : placed) taken[candidates[c]] = true;
   }
-  std::vector<HeldChunk>& granted = granted_[r.txn][pid];
+  std::vector<HeldChunk>& granted = granted_[r.txn][taker];
   std::vector<HeldChunk> kept;
   for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted : kept).push_back(chunks[i]);
   chunks.swap(kept);
@@ -586,7 +589,7 @@ void NodeDaemon::DropOffers(const std::string& id) {
     held_.erase(held);
   }
   if (auto granted = granted_.find(id); granted != granted_.end()) {
-    for (const auto& [pid, chunks] : granted->second) {
+    for (const auto& [taker, chunks] : granted->second) {
       for (const HeldChunk& c : chunks) ::close(c.fd);
       held_count_ -= chunks.size();
     }

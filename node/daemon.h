@@ -51,6 +51,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -117,10 +118,11 @@ class NodeDaemon {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct HeldChunk;
-  // The chunks granted to take `r`'s process in its switch: at its first take while chunks
-  // are held for the switch, those from other processes on its device that FitChunks
-  // places in its gaps (moved out of held_); at later takes, what is left of them.
-  // Nullptr while nothing is held and nothing was granted.
+  // The chunks granted to take `r`'s process for its device in its switch: at its first
+  // take with gaps while chunks are held for the switch, those from other processes on
+  // that device that FitChunks places in its gaps (moved out of held_); at later takes,
+  // what is left of them. Nullptr while nothing was granted and nothing is held or no gap
+  // is named.
   std::vector<HeldChunk>* GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // How many chunks may be held at once: kMaxHeldChunks, less where the descriptor limit
   // would leave too little room for connections.
@@ -161,8 +163,10 @@ class NodeDaemon {
     int fd = -1;
   };
   std::map<std::string, std::vector<HeldChunk>> held_ ABSL_GUARDED_BY(mu_);
-  // Chunks granted to a taker (GrantOnce) and not yet sent, by switch and taker.
-  std::map<std::string, std::map<pid_t, std::vector<HeldChunk>>> granted_ ABSL_GUARDED_BY(mu_);
+  // Chunks granted to a taker (GrantOnce) and not yet sent, by switch and taker (a
+  // process and the device it takes for).
+  using Taker = std::pair<pid_t, std::string>;
+  std::map<std::string, std::map<Taker, std::vector<HeldChunk>>> granted_ ABSL_GUARDED_BY(mu_);
   std::size_t held_count_ ABSL_GUARDED_BY(mu_) = 0;  // in held_ and granted_
   // Records of forgotten switches, removed kRecordLingerMs after (a late reader still finds them).
   std::deque<std::pair<std::int64_t, std::string>> lingering_ ABSL_GUARDED_BY(mu_);

@@ -59,7 +59,8 @@
 //       outgoing chunk.
 //   (c) A part left with fresh memory to make for covers that receive no restore copy
 //       (a discard tag's, or a backup tag's with nothing backed up) sends those gaps —
-//       each with how far a chunk may overrun it (allocator/handoff_plan.h OpenGaps) —
+//       each with how far a chunk may overrun it; the largest kMaxTakeGaps (wire.h) when
+//       there are more (allocator/handoff_plan.h OpenGaps) —
 //       and asks the daemon for chunks of its device offered by the others (take; a part
 //       that takes has made its offer, if any). The daemon answers "not yet" until every
 //       other donor has offered, voted (an offer comes before a vote) or exited, or the
@@ -79,8 +80,7 @@
 //   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while
 //       any process holds a handle), zeroes them (switch_zero) — after the giver's
 //       backup copies are done, since the giver voted only then — and releases those no
-//       cover took (one taken for a gap of a list cut at kMaxTakeGaps); the giver
-//       releases its handles of every chunk it offered. Abort: the
+//       cover took; the giver releases its handles of every chunk it offered. Abort: the
 //       taker unmaps and releases its imports; the giver, which never released them,
 //       maps its chunks again as in any rollback, bytes untouched.
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low

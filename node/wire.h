@@ -30,7 +30,8 @@
 //                                      offer may still come, else "sizes" and their
 //                                      descriptors (at most kMaxFdsPerPacket) and "more"
 //                                      when there are more (asked for by the same take
-//                                      again: the fit is made once per process and switch)
+//                                      again: the fit is made once per process, device
+//                                      and switch)
 // Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
@@ -64,7 +65,7 @@ inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
 inline constexpr std::size_t kMaxFdsPerPacket = 32;
 inline constexpr std::size_t kMaxHeldChunks = 4096;
-inline constexpr std::size_t kMaxTakeGaps = 512;  // a take's gaps, within kMaxMessageBytes
+inline constexpr std::size_t kMaxTakeGaps = 256;  // a take's gaps: at most ~42 bytes each, within kMaxMessageBytes
 
 enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOffer, kTake };
 

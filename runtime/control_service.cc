@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
@@ -59,18 +58,12 @@ class NodeExchange final : public SwitchExchange {
     node::TradeOptions o = options_;
     o.device = device;
     o.gaps = gaps;
-    if (o.gaps.size() > node::kMaxTakeGaps) {
-      // One request names so many: the largest. The allocator places what comes over all
-      // its gaps by the same rule; a chunk that finds no place is released at its commit.
-      std::stable_sort(o.gaps.begin(), o.gaps.end(),
-                       [](const FitGap& a, const FitGap& b) { return a.size_bytes > b.size_bytes; });
-      o.gaps.resize(node::kMaxTakeGaps);
-    }
     VMSTASH_ASSIGN_OR_RETURN(std::vector<node::TradedChunk> traded, node::TakeChunks(o));
     std::vector<SharedChunk> chunks;
     for (const node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes});
     return chunks;
   }
+  std::size_t MaxGaps() const override { return node::kMaxTakeGaps; }
 
  private:
   node::TradeOptions options_;
