@@ -308,7 +308,7 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
   // Gaps that are not BYTES:OVERRUN, a gap of 0 bytes, or more gaps than a take may name.
   const std::string take_head =
-      absl::StrCat(R"({"v":1,"op":"take","txn":")", *txn, R"(","pid":)", ::getpid(), R"(,"device":"d","gaps":")");
+      absl::StrCat(R"({"v":2,"op":"take","txn":")", *txn, R"(","pid":)", ::getpid(), R"(,"device":"d","gaps":")");
   std::string too_many;
   for (std::size_t i = 0; i <= kMaxTakeGaps; ++i) absl::StrAppend(&too_many, i == 0 ? "" : ",", "1:0");
   for (const std::string& gaps : {std::string("4096"), std::string("0:0"), std::string("a:1"),

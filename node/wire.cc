@@ -262,6 +262,13 @@ std::string FormatError(const absl::Status& status) {
 absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
   absl::StatusOr<JsonValue> doc = JsonValue::Parse(text);
   if (!doc.ok() || !doc->is_object()) return absl::InternalError("node protocol: the daemon's reply is not JSON");
+  if ((*doc)["v"].Number(-1) != kWireVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "node daemon: it speaks protocol version ", (*doc)["v"].Int(-1), ", this library version ", kWireVersion,
+        " (another vmstash release started it; its message: \"", (*doc)["message"].String(),
+        "\"): stop it with `vmstash daemon stop` once no process uses it, and the next process that needs "
+        "the node daemon starts this release's"));
+  }
   if ((*doc)["ok"].Bool(false)) return doc;
   const absl::StatusCode code = CodeNamed((*doc)["code"].String());
   return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,

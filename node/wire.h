@@ -7,7 +7,7 @@
 // a packet may carry file descriptors (SCM_RIGHTS): one (hello's reply), or up to
 // kMaxFdsPerPacket chunks (offer, take's reply). One reply per request, in order.
 //
-// Requests (client -> daemon), each with "v":1:
+// Requests (client -> daemon), each with "v":2 (kWireVersion; 2: take names its gaps):
 //   {"op":"hello","pid":P}             first, once: the reply carries the pool's memfd
 //   {"op":"lease","bytes":N,"tag":T}   N > 0 bytes of the pool for this client
 //   {"op":"give","offset":O}           returns this client's lease at O
@@ -32,12 +32,14 @@
 //                                      when there are more (asked for by the same take
 //                                      again: the fit is made once per process, device
 //                                      and switch)
-// Replies: {"v":1,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
+// Replies: {"v":2,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
 // held; the daemon holds at most kMaxHeldChunks, fewer under a low descriptor limit,
 // closing the others); take: above — or
-// {"v":1,"ok":false,"code":"<absl status code name>","message":"..."}.
+// {"v":2,"ok":false,"code":"<absl status code name>","message":"..."}. A reply of another
+// version (a daemon of another vmstash release serves the directory) is FailedPrecondition,
+// saying how to replace that daemon.
 // begin, vote, outcome, offer and take need no hello (a connection of their own: a vote's reply waits
 // for the decision, and no other request may be sent on it meanwhile). A lease, give or
 // stats before hello, a second hello, an unknown op or key, a missing or mistyped
@@ -60,7 +62,7 @@
 
 namespace vmstash::node {
 
-inline constexpr int kWireVersion = 1;
+inline constexpr int kWireVersion = 2;
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
 inline constexpr std::size_t kMaxFdsPerPacket = 32;
@@ -97,7 +99,8 @@ std::string FormatRequest(const WireRequest& request);
 absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);
 // An error reply for `status` (not OK).
 std::string FormatError(const absl::Status& status);
-// A reply's document when it says ok, else its error as a status (the code it names).
+// A reply's document when it says ok, else its error as a status (the code it names);
+// FailedPrecondition for a reply of another version.
 absl::StatusOr<JsonValue> ParseReply(absl::string_view text);
 
 // `<dir>/vmstashd.sock`.
