@@ -1,5 +1,5 @@
-"""How the engine benchmarks (vllm_engine_cycle.py, megatron_engine_cycle.py) run a child process
-and keep what it said: the child in a process group of its own, killed with everything it
+"""How the engine benchmarks (vllm_engine_cycle.py, megatron_engine_cycle.py) and the report
+(report.py, each benchmark) run a child process and keep what it said: the child in a process group of its own, killed with everything it
 started when its time is up (an engine's workers hold tens of GiB of device memory, which the
 next run needs), its output as text; and what goes into a committed JSON with this machine's
 paths replaced by names."""
@@ -25,10 +25,10 @@ def _text(data):
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def run_child(cmd, env, timeout):
+def run_child(cmd, env, timeout, cwd=None):
     """(exit status or None when it was killed at `timeout` s, stdout, stderr)."""
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, cwd=cwd)
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
@@ -39,6 +39,15 @@ def run_child(cmd, env, timeout):
             pass
         out, err = p.communicate()
         return None, _text(out), _text(err) + f"\n(killed after {timeout:.0f} s with its process group)"
+
+
+def is_running(pid):
+    """Whether `pid` runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def scrub(text, names):

@@ -22,15 +22,6 @@ import vllm_engine_cycle  # noqa: E402
 import vllm_engine_site  # noqa: E402
 
 
-def _running(pid):
-    """Whether `pid` runs (a zombie waiting for its reaper does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 class EngineCyclesTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="engine_cycles_test_")
@@ -84,7 +75,7 @@ class EngineCyclesTest(unittest.TestCase):
         with open(pid_file) as f:
             grandchild = int(f.read())
         for _ in range(100):
-            if not _running(grandchild):
+            if not child_run.is_running(grandchild):
                 break
             time.sleep(0.05)
         else:

@@ -19,6 +19,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from child_run import run_child  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
@@ -225,15 +228,15 @@ def scrub(text):
 
 
 def run(name, argv, env, timeout):
+    """One benchmark, in a process group of its own: at `timeout` s it is killed with every
+    process it started (a peer's child holding device memory would skew the next benchmark)."""
     print(f"== {name}: {' '.join(argv)}", flush=True)
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, **env), timeout=timeout,
-                           cwd=ROOT)
-        out, rc = p.stdout + (("\n" + p.stderr) if p.stderr.strip() else ""), p.returncode
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        out, rc = out + f"\n(cut off after {timeout} s)", "timeout"
+        rc, stdout, stderr = run_child(argv, dict(os.environ, **env), timeout, cwd=ROOT)
+        out = stdout + (("\n" + stderr) if stderr.strip() else "")
+        if rc is None:
+            out, rc = out + f"\n(cut off after {timeout} s)", "timeout"
     except OSError as e:
         out, rc = f"could not start: {e}", "not started"
     seconds = time.perf_counter() - t0
