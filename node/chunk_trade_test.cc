@@ -296,9 +296,11 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   refused = ask(r, {Marked("x").fd});
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr("2 sizes came with 1 descriptors"));
-  r.sizes = "0";
-  refused = ask(r, {Marked("x").fd});
-  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  for (const char* sizes : {"0", "+4096", " 4096", "4096,"}) {
+    r.sizes = sizes;
+    refused = ask(r, {Marked("x").fd});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << sizes << ": " << refused;
+  }
   WireRequest t;
   t.op = WireOp::kTake;
   t.txn = *txn;
@@ -312,7 +314,8 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   std::string too_many;
   for (std::size_t i = 0; i <= kMaxTakeGaps; ++i) absl::StrAppend(&too_many, i == 0 ? "" : ",", "1:0");
   for (const std::string& gaps : {std::string("4096"), std::string("0:0"), std::string("a:1"),
-                                  std::string("4096:-1"), std::string("4096:0,"), too_many}) {
+                                  std::string("4096:-1"), std::string("4096:0,"), std::string(" +4096:0"),
+                                  std::string("4096:0:0"), too_many}) {
     ASSERT_TRUE(SendFds(*s, take_head + gaps + R"("})", {}).ok());
     absl::StatusOr<Received> reply = Receive(*s, 5000);
     ASSERT_TRUE(reply.ok()) << reply.status();

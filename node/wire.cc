@@ -209,12 +209,24 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
   return r;
 }
 
+namespace {
+
+// A byte count written as digits only (SimpleAtoi alone would take " +12").
+bool Digits(absl::string_view text, std::uint64_t* out) {
+  if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  return absl::SimpleAtoi(text, out);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes) {
   std::vector<std::size_t> out;
   if (sizes.empty()) return out;
   for (absl::string_view s : absl::StrSplit(sizes, ',')) {
     std::uint64_t n = 0;
-    if (!absl::SimpleAtoi(s, &n) || n == 0) {
+    if (!Digits(s, &n) || n == 0) {
       return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", s, "\" in \"sizes\" is not a byte count"));
     }
     out.push_back(static_cast<std::size_t>(n));
@@ -229,8 +241,7 @@ absl::StatusOr<std::vector<FitGap>> ParseGaps(absl::string_view gaps) {
     const std::vector<absl::string_view> parts = absl::StrSplit(g, ':');
     std::uint64_t size = 0;
     std::uint64_t overhang = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &size) || size == 0 ||
-        !absl::SimpleAtoi(parts[1], &overhang)) {
+    if (parts.size() != 2 || !Digits(parts[0], &size) || size == 0 || !Digits(parts[1], &overhang)) {
       return absl::InvalidArgumentError(
           absl::StrCat("node protocol: \"", g, "\" in \"gaps\" is not BYTES:OVERRUN (BYTES > 0)"));
     }
