@@ -25,20 +25,50 @@ def _text(data):
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
+def _kill_group(p):
+    try:
+        os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _finish(p):
+    """What `p` said, once its group is killed: its pipes are waited for 5 s more at most (a
+    process that left the group, as a daemon does, may hold them), then closed."""
+    try:
+        return p.communicate(timeout=5)
+    except subprocess.TimeoutExpired as e:
+        out, err = _text(e.stdout), _text(e.stderr)
+        for f in (p.stdout, p.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        p.wait()
+        return out, err + "\n(a process outside its group still held its output)"
+
+
 def run_child(cmd, env, timeout, cwd=None):
-    """(exit status or None when it was killed at `timeout` s, stdout, stderr)."""
+    """(exit status, or None when it was killed at `timeout` s; stdout; stderr). A child that
+    ended while processes it started still held its output is given its own exit status,
+    those processes killed. Interrupted (Ctrl-C), the child's group is killed too."""
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True, cwd=cwd)
     try:
         out, err = p.communicate(timeout=timeout)
         return p.returncode, out, err
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        out, err = p.communicate()
-        return None, _text(out), _text(err) + f"\n(killed after {timeout:.0f} s with its process group)"
+        ended = p.poll()
+        _kill_group(p)
+        out, err = _finish(p)
+        if ended is None:
+            return None, _text(out), _text(err) + f"\n(killed after {timeout:.0f} s with its process group)"
+        return ended, _text(out), _text(err) + (f"\n(it ended, but processes it started still held its output "
+                                                f"at {timeout:.0f} s: killed with its process group)")
+    except BaseException:
+        _kill_group(p)
+        p.wait()
+        raise
 
 
 def is_running(pid):

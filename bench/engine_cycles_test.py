@@ -8,6 +8,7 @@ import contextlib
 import io
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -83,6 +84,65 @@ class EngineCyclesTest(unittest.TestCase):
         rc, out, err = child_run.run_child([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"],
                                            dict(os.environ), 30)
         self.assertEqual((rc, out), (3, "x\n"))
+
+    def test_an_interrupt_kills_the_child_with_what_it_started(self):
+        pid_file = os.path.join(self.dir, "interrupted")
+        script = ("import subprocess, sys, time\n"
+                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+                  f"open({pid_file!r}, 'w').write(str(p.pid))\n"
+                  "time.sleep(60)\n")
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        before = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.alarm(5)
+            with self.assertRaises(KeyboardInterrupt):
+                child_run.run_child([sys.executable, "-c", script], dict(os.environ), 60)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, before)
+        with open(pid_file) as f:
+            grandchild = int(f.read())
+        for _ in range(100):
+            if not child_run.is_running(grandchild):
+                break
+            time.sleep(0.05)
+        else:
+            self.fail("the child's group outlived the interrupt")
+
+    def test_a_child_that_ended_while_what_it_started_holds_its_output(self):
+        # In its group: killed, the child's own exit status kept. Out of its group (a
+        # daemon's setsid): its pipes are given up on, not waited on until it ends.
+        for own_session in (False, True):
+            pid_file = os.path.join(self.dir, f"holder{own_session}")
+            script = ("import subprocess, sys\n"
+                      "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+                      f"start_new_session={own_session})\n"
+                      f"open({pid_file!r}, 'w').write(str(p.pid))\n"
+                      "print('done', flush=True)\n")
+            rc, out, err = child_run.run_child([sys.executable, "-c", script], dict(os.environ), 2)
+            with open(pid_file) as f:
+                holder = int(f.read())
+            try:
+                self.assertEqual(rc, 0, err)
+                self.assertIn("done", out)
+                self.assertIn("it ended, but processes it started still held its output", err)
+                if own_session:
+                    self.assertIn("a process outside its group still held its output", err)
+                else:
+                    for _ in range(100):
+                        if not child_run.is_running(holder):
+                            break
+                        time.sleep(0.05)
+                    else:
+                        self.fail("the process in the child's group outlived the kill")
+            finally:
+                try:
+                    os.kill(holder, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def test_deadline_and_scrub(self):
         d = child_run.Deadline(100)

@@ -443,10 +443,15 @@ TEST(NodeWireTest, AReplyOfAnotherVersionSaysHowToReplaceItsDaemon) {
                             R"({"v":1,"ok":true,"client":1,"capacity":4096})", R"({"ok":true})"}) {
     const absl::Status s = ParseReply(reply).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << reply;
+    EXPECT_TRUE(IsOtherVersion(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("this library version 2")) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("vmstash daemon stop")) << s;
   }
+  EXPECT_THAT(std::string(ParseReply(R"({"ok":true})").status().message()), HasSubstr("without a version"));
   EXPECT_TRUE(ParseReply(R"({"v":2,"ok":true})").ok());
+  // The daemon's own refusal of a request's version is not another version's reply.
+  EXPECT_FALSE(IsOtherVersion(ParseReply(R"({"v":2,"ok":false,"code":"FAILED_PRECONDITION","message":"node )"
+                                         R"(protocol: version 1, this daemon speaks version 2"})").status()));
 }
 
 TEST(NodeDaemonTest, ADaemonObjectInAForkedChildIsLeftToItsParent) {

@@ -408,5 +408,38 @@ TEST(NodeSwitchParts, PidTagListsAreParsedPerProcess) {
   EXPECT_EQ(RunNodeSwitch(none).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A daemon of another release (protocol version 1) serves the directory: the vote is
+// refused at once with the reason, not waited on until the deadline as a lost reply.
+TEST(NodeSwitchTest, AVoteToADaemonOfAnotherVersionIsRefusedWithTheReason) {
+  const std::string dir = PrivateDir();
+  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  std::thread old_daemon([listener] {
+    for (int served = 0; served < 8; ++served) {
+      const int c = ::accept(listener, nullptr, nullptr);
+      if (c < 0) return;
+      if (Receive(c, 5000).ok()) {
+        (void)Send(c, R"({"v":1,"ok":false,"code":"FAILED_PRECONDITION","message":"node protocol: version 2, )"
+                      R"(this daemon speaks version 1"})");
+      }
+      ::close(c);
+    }
+  });
+  VoteOptions v;
+  v.dir = dir;
+  v.txn = std::string(32, 'a');
+  v.hard_deadline = Clock::now() + std::chrono::seconds(30);
+  const absl::Status s = VoteAndWait(v, absl::OkStatus());
+  ::shutdown(listener, SHUT_RDWR);
+  ::close(listener);
+  old_daemon.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("the vote was refused")) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("node protocol version 1")) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::Not(HasSubstr("deadline"))) << s;
+}
+
 }  // namespace
 }  // namespace vmstash::node

@@ -47,8 +47,11 @@ absl::StatusOr<std::optional<SwitchDecision>> Ask(const VoteOptions& o, const Wi
   return std::optional<SwitchDecision>(SwitchDecision{decision == "commit", (*reply)["reason"].String()});
 }
 
-// A refusal of the request itself (not a failure to reach the daemon).
-bool Refused(const absl::Status& s) { return absl::IsInvalidArgument(s) || absl::IsPermissionDenied(s); }
+// A refusal of the request itself (not a failure to reach the daemon), or a daemon of
+// another protocol version, which can count no vote of this library.
+bool Refused(const absl::Status& s) {
+  return absl::IsInvalidArgument(s) || absl::IsPermissionDenied(s) || IsOtherVersion(s);
+}
 
 // A failure's message as a vote's reason: control characters made spaces (JSON escapes
 // each into six bytes) and cut, so that the vote fits a packet whatever the message.
@@ -74,8 +77,8 @@ absl::Status VoteAndWait(const VoteOptions& o, const absl::Status& local) {
   if (!local.ok()) return local;  // voted (or tried to): a local failure rolls back whatever was decided
   if (d.ok() && d->has_value()) return AsOutcome(**d, o.txn);
   if (!d.ok() && Refused(d.status())) {
-    // The daemon refused the vote itself (a malformed id, not a participant): it cannot
-    // count it, so the switch cannot commit.
+    // The daemon refused the vote itself (a malformed id, not a participant, another
+    // protocol version): it cannot count it, so the switch cannot commit.
     return absl::Status(d.status().code(), absl::StrCat("node switch ", o.txn, ": the vote was refused: ",
                                                         d.status().message()));
   }

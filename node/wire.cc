@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -211,6 +212,9 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
 
 namespace {
 
+// How ParseReply's status for a reply of another version begins (IsOtherVersion).
+constexpr absl::string_view kOtherVersionLead = "node daemon: it speaks node protocol ";
+
 // A byte count written as digits only (SimpleAtoi alone would take " +12").
 bool Digits(absl::string_view text, std::uint64_t* out) {
   if (text.empty() || !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
@@ -274,16 +278,24 @@ absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
   absl::StatusOr<JsonValue> doc = JsonValue::Parse(text);
   if (!doc.ok() || !doc->is_object()) return absl::InternalError("node protocol: the daemon's reply is not JSON");
   if ((*doc)["v"].Number(-1) != kWireVersion) {
+    const std::string theirs = (*doc)["v"].type() == JsonValue::Type::kNumber
+                                   ? absl::StrCat("version ", (*doc)["v"].Int())
+                                   : "without a version";
+    const std::string said = (*doc)["message"].String();
     return absl::FailedPreconditionError(absl::StrCat(
-        "node daemon: it speaks protocol version ", (*doc)["v"].Int(-1), ", this library version ", kWireVersion,
-        " (another vmstash release started it; its message: \"", (*doc)["message"].String(),
-        "\"): stop it with `vmstash daemon stop` once no process uses it, and the next process that needs "
-        "the node daemon starts this release's"));
+        kOtherVersionLead, theirs, ", this library version ", kWireVersion,
+        " (another vmstash release started it", said.empty() ? "" : absl::StrCat("; it said \"", said, "\""),
+        "): once no process uses it, `vmstash daemon stop` and `vmstash daemon start` (or a process started "
+        "with node:1) put this release's in its place"));
   }
   if ((*doc)["ok"].Bool(false)) return doc;
   const absl::StatusCode code = CodeNamed((*doc)["code"].String());
   return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
                       absl::StrCat("node daemon: ", (*doc)["message"].String()));
+}
+
+bool IsOtherVersion(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) && absl::StartsWith(status.message(), kOtherVersionLead);
 }
 
 std::string SocketPath(const std::string& dir) { return absl::StrCat(dir, "/", kSocketName); }

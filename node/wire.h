@@ -100,8 +100,11 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);
 // An error reply for `status` (not OK).
 std::string FormatError(const absl::Status& status);
 // A reply's document when it says ok, else its error as a status (the code it names);
-// FailedPrecondition for a reply of another version.
+// FailedPrecondition for a reply of another version (IsOtherVersion).
 absl::StatusOr<JsonValue> ParseReply(absl::string_view text);
+// Whether `status` is ParseReply's for a daemon of another protocol version: final, since
+// that daemon can serve no request of this library.
+bool IsOtherVersion(const absl::Status& status);
 
 // `<dir>/vmstashd.sock`.
 std::string SocketPath(const std::string& dir);

@@ -23,7 +23,8 @@ def connect(start=True):
     """Connects this process's backups to the node pool. start=True starts vmstashd (with
     VMSTASH_CONF node_capacity, default half of the host's memory) when none serves.
     Raises vmstash.Error: UNAVAILABLE (no daemon and start=False, or it did not come up),
-    NOT_FOUND (no vmstashd), FAILED_PRECONDITION (the runtime directory's trust rules)."""
+    NOT_FOUND (no vmstashd), FAILED_PRECONDITION (the runtime directory's trust rules, or a
+    vmstashd of another release serving it: the message says how to replace it)."""
     _lib.check(_lib.lib().vmstash_node_connect(1 if start else 0), "vmstash.node.connect")
 
 
