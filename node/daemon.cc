@@ -328,7 +328,10 @@ std::optional<NodeDaemon::Reply> NodeDaemon::Handle(Client& client, const std::s
                                                     std::vector<int>& received) {
   auto text = [](std::string t) { return Reply{std::move(t), {}, false}; };
   absl::StatusOr<WireRequest> r = ParseRequest(message);
-  if (!r.ok()) return text(FormatError(r.status()));
+  if (!r.ok()) {
+    if (absl::IsFailedPrecondition(r.status())) AbortForOtherVersion(client, message);
+    return text(FormatError(r.status()));
+  }
   if (!received.empty() && r->op != WireOp::kOffer) {
     return text(FormatError(absl::InvalidArgumentError("node protocol: only an offer passes descriptors")));
   }
@@ -435,6 +438,21 @@ std::string NodeDaemon::Begin(const Client& client, const WireRequest& r) {
   if (!s.ok()) return FormatError(s);
   VMSTASH_LOG(kDebug, "vmstashd: node switch {} of processes {} begun", *id, r.pids);
   return OkReply([&](JsonWriter& w) { w.Field("txn", *id); });
+}
+
+void NodeDaemon::AbortForOtherVersion(const Client& client, const std::string& message) {
+  absl::StatusOr<JsonValue> doc = JsonValue::Parse(message);
+  if (!doc.ok() || !doc->is_object() || (*doc)["op"].String() != "vote") return;
+  const std::string txn = (*doc)["txn"].String();
+  const std::string theirs = (*doc)["v"].type() == JsonValue::Type::kNumber
+                                 ? absl::StrCat("version ", (*doc)["v"].Int())
+                                 : "without a version";
+  // Its own vote only (the connection's pid), and only in a switch it takes part in.
+  absl::StatusOr<std::optional<SwitchDecision>> d = switches_.Vote(
+      txn, client.pid, false,
+      absl::StrCat("it speaks node protocol ", theirs, ", the node daemon version ", kWireVersion,
+                   " (another vmstash release)"));
+  if (d.ok() && d->has_value()) Decide(txn);
 }
 
 std::optional<std::string> NodeDaemon::Vote(Client& client, const WireRequest& r) {

@@ -113,6 +113,10 @@ class NodeDaemon {
   std::string Begin(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::optional<std::string> Vote(Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Outcome(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A vote in another protocol version (`message`, refused by ParseRequest): the client's
+  // process, if it takes part in the switch named, is counted as voting no, naming the
+  // versions, so the switch aborts now with that reason instead of at its deadline.
+  void AbortForOtherVersion(const Client& client, const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The handover of chunks (Note [Node Switch Handover]): an offer keeps `fds`.
   std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -112,6 +112,36 @@ TEST(NodeSwitchProtocol, AFailedVoteAbortsEveryoneNamingTheProcessAndItsReason) 
   EXPECT_EQ(a.Result(), "RESOURCE_EXHAUSTED|out of device memory");  // its own failure
 }
 
+// A participant of another release votes in protocol version 1: the daemon cannot read
+// the vote, counts it as a no naming the versions, and everyone learns the abort now, not
+// at the switch's deadline.
+TEST(NodeSwitchProtocol, AVoteInAnotherProtocolVersionAbortsTheSwitchNamingIt) {
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  SwitchChild old_release([dir](const std::string& txn) {
+    absl::StatusOr<int> c = ConnectTrusted(dir);
+    if (!c.ok()) return std::string(c.status().message());
+    const std::string vote =
+        absl::StrCat(R"({"v":1,"op":"vote","txn":")", txn, R"(","pid":)", ::getpid(), R"(,"ok":true,"reason":""})");
+    std::string out = "sent";
+    if (!Send(*c, vote).ok()) out = "not sent";
+    (void)Receive(*c, 5000);
+    ::close(*c);
+    return out;
+  }, /*linger=*/true);
+  Participant b(dir, absl::OkStatus(), 200, 60000);
+  absl::StatusOr<std::string> txn = Begin(dir, {old_release.pid(), b.pid()}, 60000);
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  old_release.Go(*txn);
+  EXPECT_EQ(old_release.Result(), "sent");
+  b.Go(*txn);
+  const std::string rb = b.Result();
+  EXPECT_THAT(rb, HasSubstr("ABORTED|"));
+  EXPECT_THAT(rb, HasSubstr(absl::StrCat("process ", old_release.pid(), ": it speaks node protocol version 1")));
+  EXPECT_THAT(rb, ::testing::Not(HasSubstr("did not vote"))) << rb;
+}
+
 TEST(NodeSwitchProtocol, AParticipantSilentPastTheTimeoutAbortsTheSwitch) {
   const std::string dir = PrivateDir();
   DaemonProcess daemon(dir);
