@@ -23,6 +23,13 @@ import vllm_engine_cycle  # noqa: E402
 import vllm_engine_site  # noqa: E402
 
 
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 class EngineCyclesTest(unittest.TestCase):
     def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="engine_cycles_test_")
@@ -62,35 +69,43 @@ class EngineCyclesTest(unittest.TestCase):
                 main(argv + ["--site", self.dir])
             self.assertEqual(e.exception.code, 2, argv)
 
-    def test_a_child_past_its_time_is_killed_with_what_it_started(self):
-        pid_file = os.path.join(self.dir, "grandchild")
+    def _parent(self, name, then, own_session=False):
+        """A child script that starts a sleeping process of its own (in the child's group,
+        or in a session of its own), writes that process's pid to a file, then runs `then`;
+        and the file."""
+        pid_file = os.path.join(self.dir, name)
         script = ("import subprocess, sys, time\n"
-                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                  f"open({pid_file!r}, 'w').write(str(p.pid))\n"
-                  "print('started', flush=True)\n"
-                  "time.sleep(60)\n")
-        rc, out, err = child_run.run_child([sys.executable, "-c", script], dict(os.environ), 3)
+                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+                  f"start_new_session={own_session})\n"
+                  f"open({pid_file!r}, 'w').write(str(p.pid))\n" + then)
+        return [sys.executable, "-c", script], pid_file
+
+    def _started(self, pid_file):
+        with open(pid_file) as f:
+            pid = int(f.read())
+        self.addCleanup(_kill, pid)
+        return pid
+
+    def _assert_gone(self, pid, what):
+        for _ in range(100):
+            if not child_run.is_running(pid):
+                return
+            time.sleep(0.05)
+        self.fail(what)
+
+    def test_a_child_past_its_time_is_killed_with_what_it_started(self):
+        cmd, pid_file = self._parent("grandchild", "print('started', flush=True)\ntime.sleep(60)\n")
+        rc, out, err = child_run.run_child(cmd, dict(os.environ), 3)
         self.assertIsNone(rc)
         self.assertIn("started", out)
         self.assertIn("killed after 3 s", err)
-        with open(pid_file) as f:
-            grandchild = int(f.read())
-        for _ in range(100):
-            if not child_run.is_running(grandchild):
-                break
-            time.sleep(0.05)
-        else:
-            self.fail("the child's own child outlived the kill")
+        self._assert_gone(self._started(pid_file), "the child's own child outlived the kill")
         rc, out, err = child_run.run_child([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"],
                                            dict(os.environ), 30)
         self.assertEqual((rc, out), (3, "x\n"))
 
     def test_an_interrupt_kills_the_child_with_what_it_started(self):
-        pid_file = os.path.join(self.dir, "interrupted")
-        script = ("import subprocess, sys, time\n"
-                  "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
-                  f"open({pid_file!r}, 'w').write(str(p.pid))\n"
-                  "time.sleep(60)\n")
+        cmd, pid_file = self._parent("interrupted", "time.sleep(60)\n")
 
         def interrupt(signum, frame):
             raise KeyboardInterrupt
@@ -99,50 +114,26 @@ class EngineCyclesTest(unittest.TestCase):
         try:
             signal.alarm(5)
             with self.assertRaises(KeyboardInterrupt):
-                child_run.run_child([sys.executable, "-c", script], dict(os.environ), 60)
+                child_run.run_child(cmd, dict(os.environ), 60)
         finally:
             signal.alarm(0)
             signal.signal(signal.SIGALRM, before)
-        with open(pid_file) as f:
-            grandchild = int(f.read())
-        for _ in range(100):
-            if not child_run.is_running(grandchild):
-                break
-            time.sleep(0.05)
-        else:
-            self.fail("the child's group outlived the interrupt")
+        self._assert_gone(self._started(pid_file), "the child's group outlived the interrupt")
 
     def test_a_child_that_ended_while_what_it_started_holds_its_output(self):
         # In its group: killed, the child's own exit status kept. Out of its group (a
         # daemon's setsid): its pipes are given up on, not waited on until it ends.
         for own_session in (False, True):
-            pid_file = os.path.join(self.dir, f"holder{own_session}")
-            script = ("import subprocess, sys\n"
-                      "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-                      f"start_new_session={own_session})\n"
-                      f"open({pid_file!r}, 'w').write(str(p.pid))\n"
-                      "print('done', flush=True)\n")
-            rc, out, err = child_run.run_child([sys.executable, "-c", script], dict(os.environ), 2)
-            with open(pid_file) as f:
-                holder = int(f.read())
-            try:
-                self.assertEqual(rc, 0, err)
-                self.assertIn("done", out)
-                self.assertIn("it ended, but processes it started still held its output", err)
-                if own_session:
-                    self.assertIn("a process outside its group still held its output", err)
-                else:
-                    for _ in range(100):
-                        if not child_run.is_running(holder):
-                            break
-                        time.sleep(0.05)
-                    else:
-                        self.fail("the process in the child's group outlived the kill")
-            finally:
-                try:
-                    os.kill(holder, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            cmd, pid_file = self._parent(f"holder{own_session}", "print('done', flush=True)\n", own_session)
+            rc, out, err = child_run.run_child(cmd, dict(os.environ), 2)
+            holder = self._started(pid_file)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("done", out)
+            self.assertIn("it ended, but processes it started still held its output", err)
+            if own_session:
+                self.assertIn("a process outside its group still held its output", err)
+            else:
+                self._assert_gone(holder, "the process in the child's group outlived the kill")
 
     def test_deadline_and_scrub(self):
         d = child_run.Deadline(100)
