@@ -383,10 +383,8 @@ TEST(NodeDaemonTest, OverMaxClientsAConnectionIsRefusedWithTheReason) {
 // request; the connection takes no more requests and keeps what was leased.
 TEST(NodeDaemonTest, AReplyTooLateLeavesTheConnectionClosedToRequestsNotOutOfStep) {
   const std::string dir = PrivateDir();
-  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 1), 0);
+  const int listener = ListenAsDaemon(dir, 1);
+  ASSERT_GE(listener, 0);
   absl::StatusOr<std::unique_ptr<SharedHostMemory>> pool = SharedHostMemory::Create(4 * kUnit);
   ASSERT_TRUE(pool.ok());
   std::thread fake([&] {

@@ -224,10 +224,8 @@ TEST(NodeSwitchProtocol, ADaemonStartedAgainPresumesAbortForASwitchItDidNotBegin
 TEST(NodeSwitchProtocol, AHungDaemonMeansAbortAtTheParticipantsDeadline) {
   const std::string dir = PrivateDir();
   // A "daemon" that accepts connections and never answers.
-  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(fd, 8), 0);
+  const int fd = ListenAsDaemon(dir, 8);
+  ASSERT_GE(fd, 0);
   Participant a(dir, absl::OkStatus(), 0, 400);
   a.Go("0123456789abcdef0123456789abcdef");
   EXPECT_THAT(a.Result(), HasSubstr(absl::StrCat("process ", a.pid(), " had no decision by its deadline")));
@@ -442,10 +440,8 @@ TEST(NodeSwitchParts, PidTagListsAreParsedPerProcess) {
 // refused at once with the reason, not waited on until the deadline as a lost reply.
 TEST(NodeSwitchTest, AVoteToADaemonOfAnotherVersionIsRefusedWithTheReason) {
   const std::string dir = PrivateDir();
-  const int listener = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener, 8), 0);
+  const int listener = ListenAsDaemon(dir, 8);
+  ASSERT_GE(listener, 0);
   std::thread old_daemon([listener] {
     for (int served = 0; served < 8; ++served) {
       const int c = ::accept(listener, nullptr, nullptr);

@@ -6,6 +6,8 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,8 +19,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "control/runtime_dir.h"
 #include "node/daemon.h"
 #include "node/host_pool.h"
+#include "node/wire.h"
 
 namespace vmstash::node {
 
@@ -53,6 +57,19 @@ inline int OpenFds(pid_t pid) {
   while (::readdir(d) != nullptr) ++n;
   ::closedir(d);
   return n;
+}
+
+// A socket listening where the daemon of `dir` would (a fake daemon's: the test answers,
+// or does not), with `backlog`; -1 on failure.
+inline int ListenAsDaemon(const std::string& dir, int backlog) {
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un addr = control::UnixAddress(SocketPath(dir));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, backlog) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 // A daemon serving `dir` in a child process, until Stop() (or a kill).
