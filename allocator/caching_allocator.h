@@ -230,6 +230,11 @@ class CachingAllocator : private TransitionHost {
   using TransitionHook = vmstash::TransitionHook;
   absl::Status AddHooks(TagId tag, TransitionHook before_pause, TransitionHook after_resume);
 
+  // The tag's memory for another process to map (Note [Mapped Tags] in
+  // runtime/tag_share.h): TagPool::ExportMemory under the lock; NotFound when the tag has
+  // no pool here.
+  absl::StatusOr<ExportedMemory> ExportTag(TagId tag) const;
+
   AllocatorStats Stats() const;
   Snapshot TakeSnapshot() const;
   absl::Status Validate() const;

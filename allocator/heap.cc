@@ -437,7 +437,7 @@ std::vector<Heap::SegmentView> Heap::Segments() const {
     SegmentView view;
     view.address = segment->reservation.address();
     view.va_bytes = segment->reservation.size_bytes();
-    for (const auto& [start, mc] : segment->chunks) view.chunks.push_back({start, mc.chunk.size_bytes()});
+    for (const auto& [start, mc] : segment->chunks) view.chunks.push_back({start, mc.chunk.size_bytes(), &mc.chunk});
     for (const auto& [start, head] : segment->run_heads) {
       for (const Block* b = head; b != nullptr; b = b->next) view.blocks.push_back(b);
     }

@@ -1,6 +1,8 @@
 // TagPool: see tag_pool.h.
 #include "allocator/tag_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <limits>
@@ -429,6 +431,54 @@ void TagPool::FillStats(TagStats* out) const {
   out->state = TagStateName(state_);
   // A pool in transition is being changed by its pauser/resumer without the owner's mu: not read.
   out->cached_bytes = frozen() ? 0 : static_cast<std::int64_t>(free_bytes());
+}
+
+ExportedMemory::ExportedMemory(ExportedMemory&& other) noexcept
+    : reservations(std::move(other.reservations)), chunks(std::move(other.chunks)) {
+  other.chunks.clear();
+}
+
+ExportedMemory& ExportedMemory::operator=(ExportedMemory&& other) noexcept {
+  if (this != &other) {
+    CloseAll();
+    reservations = std::move(other.reservations);
+    chunks = std::move(other.chunks);
+    other.chunks.clear();
+  }
+  return *this;
+}
+
+void ExportedMemory::CloseAll() {
+  for (Piece& p : chunks) {
+    if (p.fd >= 0) ::close(p.fd);
+    p.fd = -1;
+  }
+}
+
+absl::StatusOr<ExportedMemory> TagPool::ExportMemory() const {
+  AssertOwnerHeld();
+  if (state() != TagState::kActive) return NotActiveError("resume it before another process maps it");
+  ExportedMemory out;
+  for (const Heap* heap : heaps()) {
+    for (const Heap::SegmentView& view : heap->Segments()) {
+      out.reservations.push_back({view.address, view.va_bytes});
+      for (const ChunkView& c : view.chunks) {
+        absl::StatusOr<int> fd = c.chunk->ExportFd();
+        if (!fd.ok()) {
+          return absl::Status(fd.status().code(),
+                              absl::StrCat("tag '", name_, "' on device ", device_, " cannot be mapped by another "
+                                           "process: exporting its chunk at 0x", absl::Hex(c.address), " failed (",
+                                           fd.status().message(), "); its chunks are exportable only when the "
+                                           "process runs with VMSTASH_CONF share_chunks:1 (or node:1)"));
+        }
+        out.chunks.push_back({c.address, c.size_bytes, *fd});
+      }
+    }
+  }
+  auto by_address = [](const auto& a, const auto& b) { return a.address < b.address; };
+  std::sort(out.reservations.begin(), out.reservations.end(), by_address);
+  std::sort(out.chunks.begin(), out.chunks.end(), by_address);
+  return out;
 }
 
 void TagPool::AppendSnapshot(Snapshot* snap) const {

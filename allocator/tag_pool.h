@@ -112,6 +112,30 @@ namespace vmstash {
 //                        it makes or grows; a foreground one, a new store or a release
 //                        cancels a pending hand-back. torch_memory_saver's default mode
 //                        (retain_cpu_backup off).
+// A tag's memory as another process maps it (CachingAllocator::ExportTag; Note [Mapped
+// Tags] in runtime/tag_share.h): its reservations, and its mapped chunks each exported as
+// a descriptor the holder of this object owns (closed by CloseAll or the destructor).
+struct ExportedMemory {
+  struct Range {
+    DevicePtr address = 0;
+    std::size_t size_bytes = 0;
+  };
+  struct Piece {
+    DevicePtr address = 0;
+    std::size_t size_bytes = 0;
+    int fd = -1;
+  };
+  std::vector<Range> reservations;  // address order
+  std::vector<Piece> chunks;        // address order, each inside one reservation
+  ExportedMemory() = default;
+  ExportedMemory(ExportedMemory&& other) noexcept;
+  ExportedMemory& operator=(ExportedMemory&& other) noexcept;
+  ExportedMemory(const ExportedMemory&) = delete;
+  ExportedMemory& operator=(const ExportedMemory&) = delete;
+  ~ExportedMemory() { CloseAll(); }
+  void CloseAll();
+};
+
 // Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
 using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
 using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>;  // (before pause, after resume)
@@ -439,6 +463,11 @@ class TagPool {
   void FillStats(TagStats* out) const;
   // The pool's part of a snapshot: its tag, and its segments unless frozen.
   void AppendSnapshot(Snapshot* snap) const;
+  // Its memory as another process maps it (ExportedMemory), for an active pool:
+  // FailedPrecondition naming the state otherwise, or when a chunk cannot be exported
+  // (created without AllocatorOptions::share_chunks); the driver's error. Nothing stays
+  // open on failure.
+  absl::StatusOr<ExportedMemory> ExportMemory() const;
   // A pause or switch-out committed: the state becomes paused, with its backup extents
   // and stats. `ms`: how long it took. The transition lock is held.
   absl::Status NotePaused(BackupExtents extents, std::size_t released, std::size_t backed_up, double ms)

@@ -276,7 +276,44 @@ absl::Status DoneButHooksFailed(absl::string_view what, const std::vector<HookFa
   return CachingAllocator::MarkTransitionDone(absl::Status(failures.front().status.code(), message));
 }
 
+// A switch's change of chunks: it may release the paused tags', map the resumed tags'.
+ChunkChange Switching(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device) {
+  ChunkChange c{pause, pause, false, device};
+  c.regrant.insert(c.regrant.end(), resume.begin(), resume.end());
+  return c;
+}
+
 }  // namespace
+
+// Note [Mapped Tags] (tag_share.h): Before at construction (its veto in status()), After
+// at destruction, whatever happened between.
+class Runtime::Observed {
+ public:
+  Observed(const Runtime& runtime, ChunkChange change) : observer_(runtime.Observer()), change_(std::move(change)) {
+    if (observer_ != nullptr) status_ = observer_->BeforeChunksChange(change_);
+  }
+  ~Observed() {
+    if (observer_ != nullptr) observer_->AfterChunksChange(change_);
+  }
+  Observed(const Observed&) = delete;
+  Observed& operator=(const Observed&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const std::shared_ptr<TransitionObserver> observer_;
+  const ChunkChange change_;
+  absl::Status status_;
+};
+
+void Runtime::SetTransitionObserver(std::shared_ptr<TransitionObserver> observer) {
+  MutexLock lock(&mu_);
+  observer_ = std::move(observer);
+}
+
+std::shared_ptr<TransitionObserver> Runtime::Observer() const {
+  MutexLock lock(&mu_);
+  return observer_;
+}
 
 bool Runtime::TransitionDone(const absl::Status& status) { return CachingAllocator::TransitionDone(status); }
 
@@ -329,6 +366,9 @@ std::string UndoTransitions(TagId tag, bool pause, const std::vector<CachingAllo
 
 // Note [All-or-Nothing Transitions].
 absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, const Hints& hints) {
+  const Observed observed(*this, ChunkChange{pause ? std::vector<TagId>{tag} : std::vector<TagId>{}, {tag}, false,
+                                             device});
+  VMSTASH_RETURN_IF_ERROR(observed.status());
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
   const char* verb = pause ? "pause" : "resume";
   std::vector<CachingAllocator*> changed;
@@ -432,6 +472,8 @@ absl::Status Runtime::CheckSwitchTags(const std::vector<TagId>& pause, const std
 absl::StatusOr<bool> Runtime::Switch(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device,
                                      const LiveRangesByDevice* live) {
   VMSTASH_RETURN_IF_ERROR(CheckSwitchTags(pause, resume));
+  const Observed observed(*this, Switching(pause, resume, device));
+  VMSTASH_RETURN_IF_ERROR(observed.status());
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
   std::vector<SwitchedDevice> changed;
   std::vector<HookFailure> hook_failures;
@@ -468,6 +510,8 @@ absl::StatusOr<bool> Runtime::AgreedSwitch(const std::vector<TagId>& pause, cons
     return s;
   };
   if (absl::Status s = CheckSwitchTags(pause, resume); !s.ok()) return refuse(s);
+  const Observed observed(*this, Switching(pause, resume, device));
+  if (!observed.status().ok()) return refuse(observed.status());
   absl::StatusOr<std::vector<CachingAllocator*>> targets = ExistingTargets(device);
   if (!targets.ok()) return refuse(targets.status());
   // The one device of the switch: where its tags hold memory. Every declared tag exists
@@ -533,6 +577,10 @@ absl::Status Runtime::SetBackupRetention(TagId tag, BackupRetention retention) {
 
 absl::Status Runtime::EmptyCache(int device, std::optional<TagId> tag) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
+  ChunkChange change{{}, {}, !tag.has_value(), device};
+  if (tag) change.revoke = change.regrant = {*tag};
+  const Observed observed(*this, std::move(change));
+  VMSTASH_RETURN_IF_ERROR(observed.status());
   for (CachingAllocator* a : targets) VMSTASH_RETURN_IF_ERROR(tag ? a->EmptyCache(*tag) : a->EmptyCache());
   return absl::OkStatus();
 }

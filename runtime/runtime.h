@@ -89,6 +89,25 @@
 
 namespace vmstash {
 
+// A call that may change tags' chunks (runtime/tag_exporter.h, Note [Mapped Tags]):
+// the tags whose chunks it may unmap or release (`revoke`; every tag: `all`), and those
+// whose chunks it may map anew (`regrant`), on `device` (Runtime::kAllDevices: any).
+struct ChunkChange {
+  std::vector<TagId> revoke;
+  std::vector<TagId> regrant;
+  bool all = false;
+  int device = -1;
+};
+// Told around every such call (Runtime::SetTransitionObserver).
+class TransitionObserver {
+ public:
+  virtual ~TransitionObserver() = default;
+  // Before the call: an error vetoes it (the call returns that error, nothing changed).
+  virtual absl::Status BeforeChunksChange(const ChunkChange& change) = 0;
+  // After the call, whatever its outcome (after a veto too).
+  virtual void AfterChunksChange(const ChunkChange& change) = 0;
+};
+
 class Runtime {
  public:
   static constexpr int kMaxDevices = 64;
@@ -179,6 +198,10 @@ class Runtime {
   // pause or resume it is for).
   absl::Status SetBackupRetention(TagId tag, BackupRetention retention);
   absl::Status EmptyCache(int device, std::optional<TagId> tag);
+  // Who is told around pause, resume, switch and empty_cache (null: nobody). The observer
+  // runs outside the runtime's locks, in the calling thread.
+  void SetTransitionObserver(std::shared_ptr<TransitionObserver> observer) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Applies to every allocator, present and future.
   void SetMemoryMargin(std::size_t bytes);
 
@@ -217,6 +240,10 @@ class Runtime {
   // NotFound for a tag this process never declared, InvalidArgument for no tag at all.
   absl::Status CheckSwitchTags(const std::vector<TagId>& pause, const std::vector<TagId>& resume) const;
 
+  // The observer around a call (Note [Mapped Tags]): Before now, After when destroyed.
+  class Observed;
+  std::shared_ptr<TransitionObserver> Observer() const ABSL_LOCKS_EXCLUDED(mu_);
+
   const std::unique_ptr<Driver> driver_;
   const int device_count_;
   // After driver_ (it uses it), before options_ (which shares it with every allocator).
@@ -229,6 +256,7 @@ class Runtime {
   TagRegistry registry_;  // mutators and lists under mu_, SlotTag lock-free
   std::size_t memory_margin_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> dependents_{0};
+  std::shared_ptr<TransitionObserver> observer_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace vmstash

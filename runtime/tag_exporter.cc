@@ -1,0 +1,325 @@
+#include "runtime/tag_exporter.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "control/runtime_dir.h"
+#include "node/wire.h"
+
+namespace vmstash::share {
+namespace {
+
+// The packets and descriptors of a grant of `memory` (generation `generation`).
+void GrantPackets(const ExportedMemory& memory, std::uint64_t generation, std::vector<std::string>* packets,
+                  std::vector<std::vector<int>>* fds) {
+  ShareMessage grant;
+  grant.kind = ShareKind::kGrant;
+  grant.generation = generation;
+  for (const ExportedMemory::Range& r : memory.reservations) grant.reservations.push_back({r.address, r.size_bytes});
+  grant.chunk_count = memory.chunks.size();
+  packets->push_back(FormatShare(grant));
+  fds->emplace_back();
+  for (std::size_t i = 0; i < memory.chunks.size(); i += kChunksPerPacket) {
+    ShareMessage part;
+    part.kind = ShareKind::kChunks;
+    std::vector<int> these;
+    for (std::size_t j = i; j < std::min(memory.chunks.size(), i + kChunksPerPacket); ++j) {
+      part.chunks.push_back({memory.chunks[j].address, memory.chunks[j].size_bytes});
+      these.push_back(memory.chunks[j].fd);
+    }
+    packets->push_back(FormatShare(part));
+    fds->push_back(std::move(these));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<TagExporter>> TagExporter::Start(Runtime* runtime, ShareOptions options) {
+  if (runtime == nullptr) return absl::InvalidArgumentError("tag exporter: no runtime");
+  if (options.dir.empty()) options.dir = control::DefaultRuntimeDir();
+  if (!options.peer_allowed) {
+    const uid_t me = ::getuid();
+    options.peer_allowed = [me](uid_t uid) { return uid == me; };
+  }
+  if (absl::Status s = control::EnsurePrivateDir(options.dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("tag exporter: refusing the runtime directory: ", s.message()));
+  }
+  const std::string path = ShareSocketPath(options.dir, ::getpid());
+  if (path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("tag exporter: socket path too long: ", path));
+  }
+  ::unlink(path.c_str());  // an earlier process's with our pid
+  const int fd = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (fd < 0) return control::Errno("tag exporter: socket", errno);
+  sockaddr_un addr = control::UnixAddress(path);
+  int wake[2] = {-1, -1};
+  absl::Status failed;
+  if (::fchmod(fd, 0600) != 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 16) != 0) {
+    failed = control::Errno(absl::StrCat("tag exporter: listen on ", path), errno);
+  } else if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+    failed = control::Errno("tag exporter: pipe", errno);
+  }
+  if (!failed.ok()) {
+    ::close(fd);
+    ::unlink(path.c_str());
+    return failed;
+  }
+  std::shared_ptr<TagExporter> e(new TagExporter(runtime, std::move(options), fd, wake, path));
+  e->thread_ = std::thread([raw = e.get()] { raw->Loop(); });
+  return e;
+}
+
+TagExporter::TagExporter(Runtime* runtime, ShareOptions options, int listen_fd, int wake[2], std::string path)
+    : runtime_(runtime),
+      options_(std::move(options)),
+      listen_fd_(listen_fd),
+      wake_read_(wake[0]),
+      wake_write_(wake[1]),
+      path_(std::move(path)),
+      owner_pid_(::getpid()) {}
+
+TagExporter::~TagExporter() {
+  Stop();
+  ::close(wake_read_);
+  ::close(wake_write_);
+}
+
+void TagExporter::Stop() {
+  {
+    MutexLock lock(&ops_mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    for (auto& [tag, shared] : shared_) {
+      for (Importer& i : shared.importers) Close(i);
+      shared.importers.clear();
+    }
+  }
+  if (::getpid() != owner_pid_) return;  // a forked child's copy: the thread and socket are the parent's
+  const char one = 1;
+  (void)!::write(wake_write_, &one, 1);
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  ::unlink(path_.c_str());
+}
+
+void TagExporter::Close(Importer& importer) {
+  if (importer.fd >= 0) ::close(importer.fd);
+  importer.fd = -1;
+}
+
+absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag) {
+  if (!runtime_->TagPolicy(tag).has_value()) {
+    return absl::NotFoundError(absl::StrCat("share tag '", TagName(tag), "': this process never declared it"));
+  }
+  MutexLock lock(&ops_mu_);
+  if (stopped_) return absl::FailedPreconditionError("share tag: the tag exporter is stopped");
+  return ++shared_[tag].generation;
+}
+
+absl::Status TagExporter::Unshare(TagId tag) {
+  MutexLock lock(&ops_mu_);
+  auto it = shared_.find(tag);
+  if (it == shared_.end()) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' is not shared"));
+  for (Importer& i : it->second.importers) Close(i);
+  shared_.erase(it);
+  return absl::OkStatus();
+}
+
+std::size_t TagExporter::importers(TagId tag) const {
+  MutexLock lock(&ops_mu_);
+  auto it = shared_.find(tag);
+  return it == shared_.end() ? 0 : it->second.importers.size();
+}
+
+void TagExporter::Loop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {wake_read_, POLLIN, 0}};
+    const int n = ::poll(p, 2, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 || (p[1].revents & POLLIN) != 0) return;
+    if ((p[0].revents & POLLIN) == 0) continue;
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        VMSTASH_LOG(kWarning, "tag exporter: accept: {}; retrying in 100 ms", std::strerror(errno));
+        pollfd w{wake_read_, POLLIN, 0};
+        if (::poll(&w, 1, 100) > 0) return;
+      }
+      continue;
+    }
+    Admit(fd);
+  }
+}
+
+absl::StatusOr<int> TagExporter::DeviceOf(const std::string& uuid) const {
+  for (int d = 0; d < runtime_->device_count(); ++d) {
+    absl::StatusOr<std::string> mine = runtime_->driver().DeviceUuid(d);
+    if (!mine.ok() || *mine != uuid) continue;
+    if (runtime_->AllocatorInUse(d) == nullptr) {
+      return absl::NotFoundError(absl::StrCat("process ", ::getpid(), " has no memory on device ", uuid));
+    }
+    return d;
+  }
+  return absl::NotFoundError(absl::StrCat("process ", ::getpid(), " does not see device ", uuid,
+                                          ": the two processes must share a GPU"));
+}
+
+void TagExporter::Admit(int fd) {
+  absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
+  if (!peer.ok() || !options_.peer_allowed(peer->uid)) {
+    (void)node::Send(fd, FormatShare(ShareError(absl::PermissionDeniedError(
+                             "tag exporter: a process of another user may not map this process's memory"))));
+    ::close(fd);
+    return;
+  }
+  absl::StatusOr<node::Received> got = node::Receive(fd, options_.request_timeout_ms, 0);
+  absl::StatusOr<ShareMessage> request = got.ok() ? ParseShare(got->message) : got.status();
+  if (request.ok() && request->kind != ShareKind::kMap) {
+    request = absl::InvalidArgumentError("tag share protocol: the first message must be a map request");
+  }
+  absl::StatusOr<TagId> tag = request.ok() ? FindTag(request->tag) : request.status();
+  absl::StatusOr<int> device = tag.ok() ? DeviceOf(request->device) : tag.status();
+  MutexLock lock(&ops_mu_);
+  auto it = tag.ok() ? shared_.find(*tag) : shared_.end();
+  absl::Status refused = device.status();
+  if (refused.ok() && stopped_) refused = absl::UnavailableError("tag exporter: stopping");
+  if (refused.ok() && it == shared_.end()) {
+    refused = absl::NotFoundError(absl::StrCat("process ", ::getpid(), " does not share tag '", request->tag,
+                                               "' (the exporting process shares it first: vmstash.weights.publish)"));
+  }
+  if (!refused.ok()) {
+    if (!absl::IsUnavailable(refused) || got.ok()) (void)node::Send(fd, FormatShare(ShareError(refused)));
+    ::close(fd);
+    return;
+  }
+  Importer importer{fd, peer->pid, *device, false};
+  if (absl::Status s = Grant(*tag, it->second, importer); !s.ok()) {
+    VMSTASH_LOG(kWarning, "tag exporter: process {} could not map tag '{}': {}", importer.pid, request->tag,
+                s.ToString());
+    Close(importer);
+    return;
+  }
+  it->second.importers.push_back(importer);
+}
+
+absl::Status TagExporter::Exchange(Importer& importer, const std::string& ack, int timeout_ms,
+                                   const std::vector<std::string>& packets, const std::vector<std::vector<int>>& fds) {
+  for (std::size_t i = 0; i < packets.size(); ++i) {
+    if (absl::Status s = node::SendFds(importer.fd, packets[i], fds[i]); !s.ok()) return s;
+  }
+  absl::StatusOr<node::Received> got = node::Receive(importer.fd, timeout_ms, 0);
+  if (!got.ok()) return got.status();
+  absl::StatusOr<ShareMessage> m = ParseShare(got->message);
+  if (!m.ok()) return m.status();
+  if (m->kind != ShareKind::kAck || m->ack != ack) {
+    return absl::InternalError(absl::StrCat("tag share protocol: process ", importer.pid, " answered a ", ack,
+                                            " with something else"));
+  }
+  if (!m->ok) return absl::InternalError(absl::StrCat("process ", importer.pid, ": ", m->message));
+  return absl::OkStatus();
+}
+
+absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer) {
+  CachingAllocator* a = runtime_->AllocatorInUse(importer.device);
+  absl::StatusOr<ExportedMemory> memory =
+      shared.changing > 0 || a == nullptr ? absl::FailedPreconditionError("changing") : a->ExportTag(tag);
+  std::vector<std::string> packets;
+  std::vector<std::vector<int>> fds;
+  if (memory.ok()) {
+    GrantPackets(*memory, shared.generation, &packets, &fds);
+  } else if (absl::IsFailedPrecondition(memory.status()) || absl::IsNotFound(memory.status())) {
+    // Paused, in a transition, or no memory here yet: the importer waits for a grant.
+    ShareMessage paused;
+    paused.kind = ShareKind::kPaused;
+    paused.generation = shared.generation;
+    packets.push_back(FormatShare(paused));
+    fds.emplace_back();
+  } else {
+    (void)node::Send(importer.fd, FormatShare(ShareError(memory.status())));
+    return memory.status();
+  }
+  const bool granting = memory.ok();
+  absl::Status s = Exchange(importer, granting ? "grant" : "paused", options_.request_timeout_ms, packets, fds);
+  if (s.ok()) importer.granted = granting;
+  return s;  // the descriptors of `memory` are closed with it: the importer has its copies
+}
+
+std::vector<TagId> TagExporter::Concerned(const ChunkChange& change, bool regrant) const {
+  std::vector<TagId> out;
+  for (const auto& [tag, shared] : shared_) {
+    const std::vector<TagId>& list = regrant ? change.regrant : change.revoke;
+    const bool named = std::find(list.begin(), list.end(), tag) != list.end() ||
+                       (regrant && std::find(change.revoke.begin(), change.revoke.end(), tag) != change.revoke.end());
+    if (change.all || named) out.push_back(tag);
+  }
+  return out;
+}
+
+absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
+  MutexLock lock(&ops_mu_);
+  absl::Status veto;
+  for (TagId tag : Concerned(change, /*regrant=*/false)) {
+    SharedTag& shared = shared_[tag];
+    shared.changing += 1;
+    const std::string revoke = FormatShare(ShareMessage{ShareKind::kRevoke});
+    std::vector<Importer*> asked;
+    for (Importer& i : shared.importers) {
+      if (!i.granted || (change.device >= 0 && i.device != change.device)) continue;
+      if (node::Send(i.fd, revoke).ok()) asked.push_back(&i); else Close(i);  // gone: its handles went with it
+    }
+    for (Importer* i : asked) {  // every importer unmaps at once; their acknowledgements are read in turn
+      absl::StatusOr<node::Received> got = node::Receive(i->fd, options_.revoke_timeout_ms, 0);
+      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
+      if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
+        i->granted = false;
+        continue;
+      }
+      if (got.ok() || absl::IsDeadlineExceeded(got.status())) {  // alive, but it did not let go in time
+        const std::string why = m.ok() ? (m->ok ? "answered something else" : m->message) : std::string(m.status().message());
+        if (veto.ok()) {
+          veto = absl::FailedPreconditionError(absl::StrCat(
+              "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of "
+              "it within ", options_.revoke_timeout_ms, " ms (", why, "); its mapping is dropped: try again"));
+        }
+      }
+      Close(*i);
+    }
+    shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
+                                          [](const Importer& i) { return i.fd < 0; }),
+                           shared.importers.end());
+  }
+  return veto;
+}
+
+void TagExporter::AfterChunksChange(const ChunkChange& change) {
+  MutexLock lock(&ops_mu_);
+  for (TagId tag : Concerned(change, /*regrant=*/false)) shared_[tag].changing -= 1;
+  for (TagId tag : Concerned(change, /*regrant=*/true)) {
+    SharedTag& shared = shared_[tag];
+    if (shared.changing > 0) continue;  // another call changes it still: its After grants
+    for (Importer& i : shared.importers) {
+      if (i.granted) continue;
+      if (absl::Status s = Grant(tag, shared, i); !s.ok()) {
+        VMSTASH_LOG(kWarning, "tag exporter: process {} lost its mapping of tag '{}': {}", i.pid, TagName(tag),
+                    s.ToString());
+        Close(i);
+      }
+    }
+    shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
+                                          [](const Importer& i) { return i.fd < 0; }),
+                           shared.importers.end());
+  }
+}
+
+}  // namespace vmstash::share

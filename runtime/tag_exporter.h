@@ -1,0 +1,113 @@
+// TagExporter: the exporting process's side of mapped tags (Note [Mapped Tags] in
+// tag_share.h): it serves `<runtime dir>/<pid>.tags.sock`, grants the shared tags'
+// chunks to importers, and, as the Runtime's TransitionObserver, revokes them before a
+// call that may release them and grants them again after it.
+//
+// Threads: one accept thread takes new importers (their map request, the first grant);
+// revokes and grants run in the thread of the transition. One lock (ops_mu_) orders every
+// exchange with importers, so an importer sees the events of one tag in the order the
+// transitions happened; the table of shared tags is read under it too.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef VMSTASH_RUNTIME_TAG_EXPORTER_H_
+#define VMSTASH_RUNTIME_TAG_EXPORTER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/tag.h"
+#include "base/mutex.h"
+#include "runtime/runtime.h"
+#include "runtime/tag_share.h"
+
+namespace vmstash::share {
+
+struct ShareOptions {
+  std::string dir;                // empty: control::DefaultRuntimeDir()
+  int revoke_timeout_ms = 10000;  // an importer's acknowledgement of a revoke
+  int request_timeout_ms = 5000;  // a new importer's map request, and any other acknowledgement
+  // Which peer uids may connect (default: our own uid only).
+  std::function<bool(uid_t)> peer_allowed;
+};
+
+class TagExporter : public TransitionObserver {
+ public:
+  // Serves the socket; `runtime` must outlive the exporter (the caller makes it the
+  // runtime's observer, and clears that before destroying the exporter).
+  static absl::StatusOr<std::shared_ptr<TagExporter>> Start(Runtime* runtime, ShareOptions options);
+  ~TagExporter() override;  // Stop()
+  TagExporter(const TagExporter&) = delete;
+  TagExporter& operator=(const TagExporter&) = delete;
+
+  // Stops taking importers and closes every importer's connection (they unmap); removes
+  // the socket. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Lets importers map `tag` from now on and returns its new generation (1, 2, ...:
+  // bumped by each Share, sent with every grant). NotFound for a tag never declared here.
+  absl::StatusOr<std::uint64_t> Share(TagId tag) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Stops sharing `tag`: its importers' connections are closed. NotFound when not shared.
+  absl::Status Unshare(TagId tag) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Importers of `tag` connected now.
+  std::size_t importers(TagId tag) const ABSL_LOCKS_EXCLUDED(ops_mu_);
+  const std::string& socket_path() const { return path_; }
+
+  absl::Status BeforeChunksChange(const ChunkChange& change) override ABSL_LOCKS_EXCLUDED(ops_mu_);
+  void AfterChunksChange(const ChunkChange& change) override ABSL_LOCKS_EXCLUDED(ops_mu_);
+
+ private:
+  struct Importer {
+    int fd = -1;
+    pid_t pid = 0;
+    int device = 0;        // our ordinal of its device
+    bool granted = false;  // holds our chunks now
+  };
+  struct SharedTag {
+    std::uint64_t generation = 0;
+    int changing = 0;  // calls between Before and After: a new importer is told "paused"
+    std::vector<Importer> importers;
+  };
+
+  TagExporter(Runtime* runtime, ShareOptions options, int listen_fd, int wake[2], std::string path);
+  void Loop();
+  // A new connection: its map request, then a grant (or "paused", or an error).
+  void Admit(int fd) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Our ordinal of the device with `uuid`, where this process uses it.
+  absl::StatusOr<int> DeviceOf(const std::string& uuid) const;
+  // Sends `tag`'s present chunks on `device` to `importer` (or "paused" when the tag has
+  // none to give) and reads the acknowledgement: OK when it maps them (granted set).
+  absl::Status Grant(TagId tag, SharedTag& shared, Importer& importer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // One event and its acknowledgement `ack` within `timeout_ms` (the chunks' descriptors
+  // with a grant).
+  absl::Status Exchange(Importer& importer, const std::string& ack, int timeout_ms,
+                        const std::vector<std::string>& packets, const std::vector<std::vector<int>>& fds)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The shared tags a change concerns.
+  std::vector<TagId> Concerned(const ChunkChange& change, bool regrant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  static void Close(Importer& importer);
+
+  Runtime* const runtime_;
+  const ShareOptions options_;
+  const int listen_fd_;
+  const int wake_read_, wake_write_;
+  const std::string path_;
+  const pid_t owner_pid_;
+  mutable Mutex ops_mu_;
+  std::map<TagId, SharedTag> shared_ ABSL_GUARDED_BY(ops_mu_);
+  bool stopped_ ABSL_GUARDED_BY(ops_mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace vmstash::share
+
+#endif  // VMSTASH_RUNTIME_TAG_EXPORTER_H_

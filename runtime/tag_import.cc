@@ -1,0 +1,320 @@
+#include "runtime/tag_import.h"
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/log.h"
+#include "control/runtime_dir.h"
+#include "node/wire.h"
+
+namespace vmstash::share {
+namespace {
+
+// A connection to the exporter `pid` in `dir`, under the trust rules.
+absl::StatusOr<int> ConnectTo(const std::string& dir, pid_t pid) {
+  if (pid <= 0) return absl::InvalidArgumentError(absl::StrCat("map_tag: ", pid, " is not a process id"));
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return absl::NotFoundError(absl::StrCat("map_tag: no process ", pid));
+  if (absl::Status s = control::CheckPrivateDir(dir); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("map_tag: refusing the runtime directory: ", s.message()));
+  }
+  absl::StatusOr<int> fd = node::Connect(ShareSocketPath(dir, pid));
+  if (!fd.ok()) {
+    return absl::NotFoundError(absl::StrCat("map_tag: process ", pid, " shares no tag (it has not published one, ",
+                                            "or runs another vmstash runtime directory): ", fd.status().message()));
+  }
+  absl::StatusOr<control::Peer> peer = control::PeerOf(*fd);
+  if (!peer.ok() || peer->uid != ::getuid()) {
+    ::close(*fd);
+    return absl::PermissionDeniedError(absl::StrCat("map_tag: the socket of process ", pid, " is not served by our user"));
+  }
+  return *fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int device, pid_t pid,
+                                                         const std::string& tag, MapOptions options) {
+  if (driver == nullptr) return absl::InvalidArgumentError("map_tag: no driver");
+  if (tag.empty()) return absl::InvalidArgumentError("map_tag: no tag name");
+  if (options.dir.empty()) options.dir = control::DefaultRuntimeDir();
+  absl::StatusOr<std::string> uuid = driver->DeviceUuid(device);
+  if (!uuid.ok()) return uuid.status();
+  absl::StatusOr<int> fd = ConnectTo(options.dir, pid);
+  if (!fd.ok()) return fd.status();
+  ShareMessage request;
+  request.kind = ShareKind::kMap;
+  request.tag = tag;
+  request.device = *uuid;
+  if (absl::Status s = node::Send(*fd, FormatShare(request)); !s.ok()) {
+    ::close(*fd);
+    return s;
+  }
+  std::unique_ptr<MappedTag> m(new MappedTag(driver, device, pid, tag, *fd));
+  absl::StatusOr<node::Received> first = node::Receive(*fd, options.timeout_ms, 0);
+  absl::StatusOr<ShareMessage> event = first.ok() ? ParseShare(first->message) : first.status();
+  if (!event.ok()) {
+    return absl::Status(event.status().code(),
+                        absl::StrCat("map_tag ", tag, " of process ", pid, ": ", event.status().message()));
+  }
+  if (event->kind == ShareKind::kError) return StatusOfError(*event);
+  if (event->kind == ShareKind::kGrant) {
+    absl::Status s = m->TakeGrant(*event);
+    m->Ack("grant", s);
+    if (!s.ok()) return s;
+  } else if (event->kind == ShareKind::kPaused) {
+    m->generation_ = event->generation;
+    m->why_ = "the exporting process's tag is paused";
+    m->Ack("paused", absl::OkStatus());
+  } else {
+    return absl::InternalError("map_tag: the exporting process answered neither a grant nor \"paused\"");
+  }
+  m->thread_ = std::thread([raw = m.get()] { raw->Watch(); });
+  return m;
+}
+
+MappedTag::MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd)
+    : driver_(driver), device_(device), pid_(pid), tag_(std::move(tag)), fd_(fd) {}
+
+MappedTag::~MappedTag() {
+  ::shutdown(fd_, SHUT_RDWR);  // wakes the watch thread: it unmaps and ends
+  if (thread_.joinable()) thread_.join();
+  Unmap(State::kGone, "closed");
+  ::close(fd_);
+  std::lock_guard<std::mutex> lock(mu_);
+  regions_.clear();  // frees our reservations (nothing is mapped in them now)
+}
+
+MappedTag::Use::~Use() {
+  if (owner_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(owner_->mu_);
+  if (--owner_->users_ == 0) owner_->idle_.notify_all();
+}
+
+absl::StatusOr<MappedTag::Use> MappedTag::Acquire() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kMapped || revoking_) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, " is not mapped here: ",
+                                                      revoking_ ? "the exporting process is pausing it" : why_));
+  }
+  ++users_;
+  return Use(this);
+}
+
+absl::StatusOr<DevicePtr> MappedTag::Local(DevicePtr remote, std::size_t size_bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Region* region = nullptr;
+  for (const Region& r : regions_) {
+    if (remote >= r.remote.address && size_bytes <= r.remote.size_bytes &&
+        remote - r.remote.address <= r.remote.size_bytes - size_bytes) {
+      region = &r;
+    }
+  }
+  if (region == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("0x", absl::Hex(remote), " (+", size_bytes, " bytes) is not in tag '",
+                                                   tag_, "' of process ", pid_));
+  }
+  if (state_ != State::kMapped) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, " is not mapped here: ", why_));
+  }
+  // Inside the mapped pieces: contiguous ones from the piece holding `remote` on.
+  DevicePtr cursor = remote;
+  const DevicePtr end = remote + size_bytes;
+  for (const Piece& p : pieces_) {
+    if (p.remote.address + p.remote.size_bytes <= cursor) continue;
+    if (p.remote.address > cursor) break;
+    cursor = p.remote.address + p.remote.size_bytes;
+    if (cursor >= end) break;
+  }
+  if (cursor < end && size_bytes > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "0x", absl::Hex(remote), " (+", size_bytes, " bytes) of tag '", tag_, "' of process ", pid_,
+        " is not in the memory it maps now: that memory was freed or re-created, or the tag grew since it was "
+        "mapped (publish the index again and map again)"));
+  }
+  return region->local.address() + (remote - region->remote.address);
+}
+
+MappedTag::State MappedTag::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::uint64_t MappedTag::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+std::vector<ShareRange> MappedTag::Mapped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ShareRange> out;
+  for (const Piece& p : pieces_) out.push_back(p.remote);
+  return out;
+}
+
+std::uint64_t MappedTag::grants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return grants_;
+}
+
+std::uint64_t MappedTag::revokes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return revokes_;
+}
+
+void MappedTag::Ack(const std::string& what, const absl::Status& status) {
+  ShareMessage ack;
+  ack.kind = ShareKind::kAck;
+  ack.ack = what;
+  ack.ok = status.ok();
+  ack.message = std::string(status.message());
+  (void)node::Send(fd_, FormatShare(ack));  // a closed connection is seen by the next receive
+}
+
+absl::Status MappedTag::TakeGrant(const ShareMessage& grant) {
+  std::vector<ShareRange> chunks;
+  std::vector<int> fds;
+  auto close_fds = [&fds] {
+    for (int fd : fds) ::close(fd);
+  };
+  while (chunks.size() < grant.chunk_count) {
+    absl::StatusOr<node::Received> got = node::Receive(fd_, 10000, kChunksPerPacket);
+    if (!got.ok()) {
+      close_fds();
+      return got.status();
+    }
+    for (int fd : got->fds) fds.push_back(fd);
+    absl::StatusOr<ShareMessage> part = ParseShare(got->message);
+    if (!part.ok() || part->kind != ShareKind::kChunks || part->chunks.size() != got->fds.size()) {
+      close_fds();
+      return absl::InternalError("tag share protocol: a grant's chunks came without one descriptor each");
+    }
+    chunks.insert(chunks.end(), part->chunks.begin(), part->chunks.end());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  // Reservations: ours for each of the exporter's we have not seen yet (they never move).
+  std::vector<Region> added;
+  absl::Status failed;
+  for (const ShareRange& r : grant.reservations) {
+    const bool known = std::any_of(regions_.begin(), regions_.end(), [&](const Region& g) {
+      return g.remote.address == r.address && g.remote.size_bytes == r.size_bytes;
+    });
+    if (known) continue;
+    absl::StatusOr<Reservation> local = Reservation::Create(driver_, device_, r.size_bytes);
+    if (!local.ok()) {
+      failed = local.status();
+      break;
+    }
+    added.push_back({r, std::move(*local)});
+  }
+  for (Region& r : added) regions_.push_back(std::move(r));
+  std::sort(regions_.begin(), regions_.end(),
+            [](const Region& a, const Region& b) { return a.remote.address < b.remote.address; });
+  std::vector<Piece> mapped;
+  for (std::size_t i = 0; failed.ok() && i < chunks.size(); ++i) {
+    const ShareRange& c = chunks[i];
+    auto region = std::find_if(regions_.begin(), regions_.end(), [&](const Region& g) {
+      return c.address >= g.remote.address && c.size_bytes <= g.remote.size_bytes &&
+             c.address - g.remote.address <= g.remote.size_bytes - c.size_bytes;
+    });
+    if (region == regions_.end()) {
+      failed = absl::InternalError("tag share protocol: a granted chunk lies in no granted reservation");
+      break;
+    }
+    absl::StatusOr<Chunk> chunk = Chunk::Import(driver_, device_, fds[i], c.size_bytes);
+    if (!chunk.ok()) {
+      failed = chunk.status();
+      break;
+    }
+    const DevicePtr at = region->local.address() + (c.address - region->remote.address);
+    absl::StatusOr<Mapping> mapping = Mapping::Create(driver_, device_, at, absl::MakeConstSpan(&*chunk, 1));
+    if (!mapping.ok()) {
+      failed = mapping.status();
+      break;
+    }
+    mapped.push_back({c, std::move(*chunk), std::move(*mapping)});
+  }
+  close_fds();
+  if (!failed.ok()) {  // `mapped` is unmapped and released as it goes; the reservations stay for the next grant
+    state_ = State::kPaused;
+    why_ = absl::StrCat("its last grant could not be mapped (", failed.message(), ")");
+    return failed;
+  }
+  pieces_ = std::move(mapped);
+  std::sort(pieces_.begin(), pieces_.end(),
+            [](const Piece& a, const Piece& b) { return a.remote.address < b.remote.address; });
+  state_ = State::kMapped;
+  generation_ = grant.generation;
+  grants_ += 1;
+  why_.clear();
+  return absl::OkStatus();
+}
+
+void MappedTag::Unmap(State next, const std::string& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  revoking_ = true;
+  idle_.wait(lock, [this] { return users_ == 0; });
+  pieces_.clear();  // each mapping is unmapped, then its chunk released
+  if (state_ != State::kGone) {
+    state_ = next;
+    if (!why.empty()) why_ = why;
+  }
+  revoking_ = false;
+}
+
+void MappedTag::Watch() {
+  for (;;) {
+    absl::StatusOr<node::Received> got = node::Receive(fd_, -1, 0);
+    absl::StatusOr<ShareMessage> event = got.ok() ? ParseShare(got->message) : got.status();
+    if (!event.ok() || event->kind == ShareKind::kError) {
+      // Closed (the exporter exited, stopped sharing, or dropped us) or broken: let go.
+      const std::string why = !got.ok() ? "the exporting process exited, stopped sharing the tag, or dropped this "
+                                          "mapping"
+                                        : absl::StrCat("the exporting process sent what this one cannot read (",
+                                                       event.ok() ? event->message : event.status().message(), ")");
+      Unmap(State::kGone, why);
+      return;
+    }
+    switch (event->kind) {
+      case ShareKind::kRevoke: {
+        Unmap(State::kPaused, "the exporting process paused the tag (or is changing its memory)");
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          revokes_ += 1;
+        }
+        Ack("revoke", absl::OkStatus());
+        break;
+      }
+      case ShareKind::kGrant: {
+        if (state() == State::kMapped) Unmap(State::kPaused, "granted again");
+        absl::Status s = TakeGrant(*event);
+        if (!s.ok()) VMSTASH_LOG(kWarning, "map_tag {} of process {}: {}", tag_, pid_, s.ToString());
+        Ack("grant", s);
+        break;
+      }
+      case ShareKind::kPaused: {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          generation_ = event->generation;
+          if (state_ == State::kMapped) {
+            Ack("paused", absl::InternalError("\"paused\" while mapped"));
+            break;
+          }
+          why_ = "the exporting process's tag is paused";
+        }
+        Ack("paused", absl::OkStatus());
+        break;
+      }
+      default:
+        Unmap(State::kGone, "the exporting process broke the protocol");
+        return;
+    }
+  }
+}
+
+}  // namespace vmstash::share

@@ -1,0 +1,132 @@
+// MappedTag: the importing process's side of a mapped tag (Note [Mapped Tags] in
+// tag_share.h): another process's tag mapped read-write at addresses of this process,
+// following that tag's pauses and resumes for as long as this object lives.
+//
+// Addresses: each of the exporter's reservations gets one reservation here of the same
+// size; an exporter address A inside its reservation R is Local(A) = ours(R) + (A - R),
+// the same across every pause and resume. The exporter's chunks are mapped there while
+// granted; between a revoke and the next grant nothing is.
+//
+// Uses: Acquire() returns a Use while the memory is mapped (FailedPrecondition naming the
+// state otherwise); a revoke waits until every Use is destroyed, so the work a Use's
+// holder queued on the memory must be complete when it lets go (it synchronizes its
+// stream first). A watch thread serves the exporter's events.
+//
+// Thread-safety: every method may be called from any thread.
+#ifndef VMSTASH_RUNTIME_TAG_IMPORT_H_
+#define VMSTASH_RUNTIME_TAG_IMPORT_H_
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/tag_share.h"
+#include "vmm/chunk.h"
+#include "vmm/driver.h"
+#include "vmm/mapping.h"
+#include "vmm/reservation.h"
+
+namespace vmstash::share {
+
+struct MapOptions {
+  std::string dir;         // empty: control::DefaultRuntimeDir()
+  int timeout_ms = 10000;  // the exporter's first answer (a transition in progress delays it)
+};
+
+class MappedTag {
+ public:
+  enum class State { kMapped, kPaused, kGone };
+
+  // Maps tag `tag` of process `pid` on this process's `device` (the same GPU as the
+  // exporter's). NotFound: no such process serving mapped tags, or it does not share the
+  // tag; PermissionDenied under the trust rules; the exporter's refusal; the driver's
+  // errors (nothing stays mapped or reserved). `driver` must outlive the object.
+  static absl::StatusOr<std::unique_ptr<MappedTag>> Map(Driver* driver, int device, pid_t pid, const std::string& tag,
+                                                       MapOptions options = {});
+  // Closes the connection (the exporter drops this importer), waits for the Uses, unmaps,
+  // releases and frees everything.
+  ~MappedTag();
+  MappedTag(const MappedTag&) = delete;
+  MappedTag& operator=(const MappedTag&) = delete;
+
+  class Use {
+   public:
+    Use(Use&& other) noexcept : owner_(other.owner_) { other.owner_ = nullptr; }
+    Use& operator=(Use&&) = delete;
+    ~Use();
+
+   private:
+    friend class MappedTag;
+    explicit Use(MappedTag* owner) : owner_(owner) {}
+    MappedTag* owner_;
+  };
+  // A Use while the memory is mapped; FailedPrecondition saying whether the exporter's tag
+  // is paused or the exporter is gone (or stopped sharing it), and why.
+  absl::StatusOr<Use> Acquire();
+
+  // Our address of the exporter's [remote, remote + size_bytes): InvalidArgument when it
+  // lies in none of the exporter's reservations; FailedPrecondition when the tag is not
+  // mapped now, or the range is not inside the chunks mapped now (the exporter freed or
+  // re-created that memory, or grew since the grant: map again).
+  absl::StatusOr<DevicePtr> Local(DevicePtr remote, std::size_t size_bytes) const;
+
+  State state() const;
+  // The generation of the exporter's last grant or "paused" (TagExporter::Share).
+  std::uint64_t generation() const;
+  // The exporter's chunks mapped now, by the exporter's addresses.
+  std::vector<ShareRange> Mapped() const;
+  std::uint64_t grants() const;
+  std::uint64_t revokes() const;
+  pid_t pid() const { return pid_; }
+  const std::string& tag() const { return tag_; }
+  int device() const { return device_; }
+
+ private:
+  struct Region {  // one of the exporter's reservations, and ours for it
+    ShareRange remote;
+    Reservation local;
+  };
+  struct Piece {
+    ShareRange remote;
+    Chunk chunk;
+    Mapping mapping;  // destroyed first
+  };
+  MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd);
+  void Watch();
+  // A grant whose first packet is `grant`: its chunks read, imported and mapped; the
+  // acknowledgement to send.
+  absl::Status TakeGrant(const ShareMessage& grant);
+  // Waits for the Uses and unmaps and releases every piece (state `next`, reason `why`).
+  void Unmap(State next, const std::string& why);
+  void Ack(const std::string& what, const absl::Status& status);
+  std::string Describe(State s) const;
+
+  Driver* const driver_;
+  const int device_;
+  const pid_t pid_;
+  const std::string tag_;
+  const int fd_;
+  mutable std::mutex mu_;
+  std::condition_variable idle_;  // users_ went to 0
+  State state_ = State::kPaused;
+  bool revoking_ = false;        // a revoke waits for the Uses: no new one
+  int users_ = 0;
+  std::string why_;              // why not mapped (for messages)
+  std::uint64_t generation_ = 0;
+  std::uint64_t grants_ = 0, revokes_ = 0;
+  std::vector<Region> regions_;  // by remote address
+  std::vector<Piece> pieces_;    // by remote address
+  std::thread thread_;
+};
+
+}  // namespace vmstash::share
+
+#endif  // VMSTASH_RUNTIME_TAG_IMPORT_H_

@@ -1,0 +1,216 @@
+#include "runtime/tag_share.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_reader.h"
+#include "base/json_writer.h"
+
+namespace vmstash::share {
+namespace {
+
+const char* KindName(ShareKind k) {
+  switch (k) {
+    case ShareKind::kMap: return "map";
+    case ShareKind::kAck: return "ack";
+    case ShareKind::kGrant: return "grant";
+    case ShareKind::kChunks: return "chunks";
+    case ShareKind::kRevoke: return "revoke";
+    case ShareKind::kPaused: return "paused";
+    case ShareKind::kError: return "error";
+  }
+  return "?";
+}
+
+void WriteRanges(JsonWriter& w, const char* key, const std::vector<ShareRange>& ranges) {
+  w.Key(key);
+  w.BeginArray();
+  for (const ShareRange& r : ranges) {
+    w.BeginArray();
+    w.Uint(r.address);
+    w.Uint(r.size_bytes);
+    w.EndArray();
+  }
+  w.EndArray();
+}
+
+absl::Status Bad(absl::string_view what) { return absl::InvalidArgumentError(absl::StrCat("tag share protocol: ", what)); }
+
+absl::StatusOr<std::string> Text(const JsonValue& doc, const char* key) {
+  if (doc[key].type() != JsonValue::Type::kString) return Bad(absl::StrCat("\"", key, "\" must be a string"));
+  return doc[key].String();
+}
+
+absl::StatusOr<std::uint64_t> Count(const JsonValue& doc, const char* key) {
+  const JsonValue& v = doc[key];
+  if (v.type() != JsonValue::Type::kNumber || v.Int() < 0 || static_cast<double>(v.Int()) != v.Number()) {
+    return Bad(absl::StrCat("\"", key, "\" must be a whole number >= 0"));
+  }
+  return static_cast<std::uint64_t>(v.Int());
+}
+
+absl::StatusOr<std::vector<ShareRange>> Ranges(const JsonValue& doc, const char* key, std::size_t max) {
+  const JsonValue& v = doc[key];
+  if (!v.is_array()) return Bad(absl::StrCat("\"", key, "\" must be an array"));
+  if (v.items().size() > max) return Bad(absl::StrCat("\"", key, "\" holds ", v.items().size(), ", over ", max));
+  std::vector<ShareRange> out;
+  for (const JsonValue& item : v.items()) {
+    if (!item.is_array() || item.items().size() != 2) return Bad(absl::StrCat("\"", key, "\" holds a non-pair"));
+    const JsonValue& a = item.items()[0];
+    const JsonValue& n = item.items()[1];
+    if (a.type() != JsonValue::Type::kNumber || n.type() != JsonValue::Type::kNumber || a.Int() <= 0 ||
+        n.Int() <= 0 || static_cast<double>(a.Int()) != a.Number() || static_cast<double>(n.Int()) != n.Number() ||
+        static_cast<std::uint64_t>(a.Int()) + static_cast<std::uint64_t>(n.Int()) < static_cast<std::uint64_t>(a.Int())) {
+      return Bad(absl::StrCat("\"", key, "\" holds a range that is not [address > 0, bytes > 0]"));
+    }
+    out.push_back({static_cast<DevicePtr>(a.Int()), static_cast<std::size_t>(n.Int())});
+  }
+  return out;
+}
+
+absl::StatusCode CodeNamed(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
+  }
+  return absl::StatusCode::kUnknown;
+}
+
+}  // namespace
+
+std::string FormatShare(const ShareMessage& m) {
+  JsonWriter w;
+  w.BeginObject();
+  w.Field("v", kShareVersion);
+  switch (m.kind) {
+    case ShareKind::kMap:
+      w.Field("op", "map");
+      w.Field("tag", m.tag);
+      w.Field("device", m.device);
+      break;
+    case ShareKind::kAck:
+      w.Field("ack", m.ack);
+      w.Field("ok", m.ok);
+      if (!m.ok) w.Field("message", m.message);
+      break;
+    case ShareKind::kGrant:
+      w.Field("ev", "grant");
+      w.Field("generation", static_cast<std::uint64_t>(m.generation));
+      WriteRanges(w, "reservations", m.reservations);
+      w.Field("chunks", static_cast<std::uint64_t>(m.chunk_count));
+      break;
+    case ShareKind::kChunks:
+      w.Field("ev", "chunks");
+      WriteRanges(w, "chunks", m.chunks);
+      break;
+    case ShareKind::kRevoke:
+      w.Field("ev", "revoke");
+      break;
+    case ShareKind::kPaused:
+      w.Field("ev", "paused");
+      w.Field("generation", static_cast<std::uint64_t>(m.generation));
+      break;
+    case ShareKind::kError:
+      w.Field("ok", false);
+      w.Field("code", m.code);
+      w.Field("message", m.message);
+      break;
+  }
+  w.EndObject();
+  return w.str();
+}
+
+absl::StatusOr<ShareMessage> ParseShare(absl::string_view text) {
+  absl::StatusOr<JsonValue> doc = JsonValue::Parse(text);
+  if (!doc.ok() || !doc->is_object()) return Bad("a message that is not a JSON object");
+  if ((*doc)["v"].type() != JsonValue::Type::kNumber || (*doc)["v"].Number() != kShareVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tag share protocol: the other process speaks another version (this one speaks ", kShareVersion,
+        "): both processes must use the same vmstash release"));
+  }
+  ShareMessage m;
+  std::set<std::string> allowed = {"v"};
+  if ((*doc)["op"].type() != JsonValue::Type::kNull) {
+    if ((*doc)["op"].String() != "map") return Bad(absl::StrCat("unknown op \"", (*doc)["op"].String(), "\""));
+    m.kind = ShareKind::kMap;
+    allowed.insert({"op", "tag", "device"});
+    absl::StatusOr<std::string> tag = Text(*doc, "tag");
+    absl::StatusOr<std::string> device = Text(*doc, "device");
+    if (!tag.ok()) return tag.status();
+    if (!device.ok()) return device.status();
+    if (tag->empty()) return Bad("an empty tag name");
+    m.tag = *tag;
+    m.device = *device;
+  } else if ((*doc)["ack"].type() != JsonValue::Type::kNull) {
+    m.kind = ShareKind::kAck;
+    allowed.insert({"ack", "ok", "message"});
+    absl::StatusOr<std::string> ack = Text(*doc, "ack");
+    if (!ack.ok()) return ack.status();
+    if (*ack != "grant" && *ack != "revoke" && *ack != "paused") return Bad(absl::StrCat("unknown ack \"", *ack, "\""));
+    if ((*doc)["ok"].type() != JsonValue::Type::kBool) return Bad("\"ok\" must be a boolean");
+    m.ack = *ack;
+    m.ok = (*doc)["ok"].Bool();
+    m.message = (*doc)["message"].String();
+  } else if ((*doc)["ev"].type() != JsonValue::Type::kNull) {
+    absl::StatusOr<std::string> ev = Text(*doc, "ev");
+    if (!ev.ok()) return ev.status();
+    allowed.insert("ev");
+    if (*ev == "grant") {
+      m.kind = ShareKind::kGrant;
+      allowed.insert({"generation", "reservations", "chunks"});
+      absl::StatusOr<std::uint64_t> g = Count(*doc, "generation");
+      absl::StatusOr<std::vector<ShareRange>> r = Ranges(*doc, "reservations", kMaxReservations);
+      absl::StatusOr<std::uint64_t> k = Count(*doc, "chunks");
+      if (!g.ok()) return g.status();
+      if (!r.ok()) return r.status();
+      if (!k.ok()) return k.status();
+      m.generation = *g;
+      m.reservations = std::move(*r);
+      m.chunk_count = static_cast<std::size_t>(*k);
+    } else if (*ev == "chunks") {
+      m.kind = ShareKind::kChunks;
+      allowed.insert("chunks");
+      absl::StatusOr<std::vector<ShareRange>> c = Ranges(*doc, "chunks", kChunksPerPacket);
+      if (!c.ok()) return c.status();
+      m.chunks = std::move(*c);
+    } else if (*ev == "revoke") {
+      m.kind = ShareKind::kRevoke;
+    } else if (*ev == "paused") {
+      m.kind = ShareKind::kPaused;
+      allowed.insert("generation");
+      absl::StatusOr<std::uint64_t> g = Count(*doc, "generation");
+      if (!g.ok()) return g.status();
+      m.generation = *g;
+    } else {
+      return Bad(absl::StrCat("unknown event \"", *ev, "\""));
+    }
+  } else if ((*doc)["ok"].type() == JsonValue::Type::kBool && !(*doc)["ok"].Bool()) {
+    m.kind = ShareKind::kError;
+    allowed.insert({"ok", "code", "message"});
+    m.code = (*doc)["code"].String();
+    m.message = (*doc)["message"].String();
+  } else {
+    return Bad("a message with neither \"op\", \"ack\", \"ev\" nor an error");
+  }
+  for (const auto& [key, value] : doc->members()) {
+    if (allowed.count(key) == 0) return Bad(absl::StrCat("unknown key \"", key, "\" in a ", KindName(m.kind)));
+  }
+  return m;
+}
+
+ShareMessage ShareError(const absl::Status& status) {
+  ShareMessage m;
+  m.kind = ShareKind::kError;
+  m.code = absl::StatusCodeToString(status.code());
+  m.message = std::string(status.message());
+  return m;
+}
+
+absl::Status StatusOfError(const ShareMessage& m) {
+  absl::StatusCode code = CodeNamed(m.code);
+  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
+  return absl::Status(code, m.message);
+}
+
+std::string ShareSocketPath(const std::string& dir, pid_t pid) { return absl::StrCat(dir, "/", pid, ".tags.sock"); }
+
+}  // namespace vmstash::share

@@ -1,0 +1,111 @@
+// Mapped tags: one process (the exporter: a rollout engine) lets another process on the
+// same GPU (the importer: the trainer) map a tag's memory read-write at the importer's own
+// addresses, for the life of the job (docs/weights.md). This header owns the protocol and
+// its messages; the exporter's side is tag_exporter.h, the importer's tag_import.h.
+//
+// Note [Mapped Tags]
+//   Opt-in: the exporter shares a tag (TagExporter::Share); only shared tags can be mapped.
+//   It serves `<runtime dir>/<pid>.tags.sock` (SOCK_SEQPACKET; control/runtime_dir.h's
+//   trust rules: both ends talk only to their own uid) from the first Share on.
+//   Map: the importer connects and sends one request naming the tag and the device (by
+//   UUID: CUDA_VISIBLE_DEVICES may number it differently in each process). The exporter
+//   answers with an error, or "paused" (the tag holds no memory now), or a grant: the
+//   tag's reservations and its mapped chunks, each chunk's descriptor attached
+//   (Driver::ExportChunkFd; at most kMaxFdsPerPacket a packet, the rest in "chunks"
+//   packets). The importer reserves as much address space as each reservation, maps every
+//   chunk at the same offset in it (so an exporter's address A becomes the importer's
+//   base + (A - reservation)), and acknowledges. The connection stays open: it is the
+//   mapping's lease.
+//   Transitions: a chunk the importer maps keeps its memory alive, so before the exporter
+//   changes the tag's chunks — a pause, a switch pausing it, an empty_cache — it revokes
+//   every importer's grant (Runtime's TransitionObserver: before the call) and waits up to
+//   ShareOptions::revoke_timeout_ms for each acknowledgement. The importer waits until no
+//   use of the mapping is in progress (MappedTag::Use: a scope whose copies are complete
+//   at its end), unmaps and releases every chunk, keeps its reservations, and
+//   acknowledges; its uses fail FailedPrecondition ("paused") meanwhile. After the call,
+//   whatever its outcome, each revoked importer of a tag now active gets a new grant of
+//   the tag's present chunks at the same addresses (a resume maps the same addresses,
+//   maybe with other chunks), so CUDA graphs and cached tensors over the importer's
+//   addresses stay valid. An importer that does not acknowledge a revoke in time vetoes
+//   the transition (FailedPrecondition naming its pid) and its connection is closed: its
+//   chunks are its own to release (it does so when it sees the close); the call may be
+//   tried again. An importer whose connection is closed (it exited) is dropped.
+//   Generations: each Share bumps the tag's generation, sent with every grant; the
+//   importer's caller compares it with the index it holds (a tag re-created and published
+//   again is caught; one re-created without a new Share is not).
+//   Exits: the importer exiting closes its connection (the kernel releases its handles);
+//   the exporter exiting, or stopping to share (Unshare, shutdown), closes it on the
+//   importer's side: the importer unmaps and its uses fail FailedPrecondition ("gone").
+//   What is not revoked: chunks the exporter's allocator releases by itself (the OOM
+//   ladder's empty_cache inside an allocation) or maps by itself (growth): the importer
+//   keeps the released memory alive until the next revoke, and sees no new chunk until
+//   the next grant (MappedTag::Local says so for an address outside what it maps).
+//
+// Messages (one JSON object per packet, at most node::kMaxMessageBytes; "v":kShareVersion):
+//   importer -> exporter  {"op":"map","tag":T,"device":UUID}        once, first
+//                         {"ack":"grant"|"revoke"|"paused","ok":B,"message":M}
+//   exporter -> importer  {"ev":"grant","generation":G,"reservations":[[A,N],...],"chunks":K}
+//                         {"ev":"chunks","chunks":[[A,N],...]}     with one descriptor each
+//                         {"ev":"revoke"}   {"ev":"paused","generation":G}
+//                         {"ok":false,"code":C,"message":M}        the map refused
+//
+// Thread-safety: pure functions.
+#ifndef VMSTASH_RUNTIME_TAG_SHARE_H_
+#define VMSTASH_RUNTIME_TAG_SHARE_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "vmm/driver.h"
+
+namespace vmstash::share {
+
+inline constexpr int kShareVersion = 1;
+// Reservations one grant names at most (each ~40 bytes of the packet).
+inline constexpr std::size_t kMaxReservations = 256;
+// Chunks one "chunks" packet names (one descriptor each).
+inline constexpr std::size_t kChunksPerPacket = 32;
+
+struct ShareRange {
+  DevicePtr address = 0;
+  std::size_t size_bytes = 0;
+};
+
+enum class ShareKind { kMap, kAck, kGrant, kChunks, kRevoke, kPaused, kError };
+
+struct ShareMessage {
+  ShareKind kind = ShareKind::kError;
+  std::string tag;                      // map
+  std::string device;                   // map: Driver::DeviceUuid
+  std::string ack;                      // ack: "grant", "revoke" or "paused"
+  bool ok = true;                       // ack
+  std::string message;                  // ack (ok false), error
+  std::string code;                     // error: an absl status code name
+  std::uint64_t generation = 0;         // grant, paused
+  std::vector<ShareRange> reservations; // grant
+  std::size_t chunk_count = 0;          // grant: how many chunks follow
+  std::vector<ShareRange> chunks;       // chunks
+};
+
+std::string FormatShare(const ShareMessage& m);
+// InvalidArgument naming what is wrong: not JSON, another version, an unknown kind or
+// key, a missing or mistyped field, a range of size 0 or wrapping the address space, more
+// than kMaxReservations reservations or kChunksPerPacket chunks.
+absl::StatusOr<ShareMessage> ParseShare(absl::string_view text);
+// An error message for `status` (not OK), and the status it carries back.
+ShareMessage ShareError(const absl::Status& status);
+absl::Status StatusOfError(const ShareMessage& m);
+
+// `<dir>/<pid>.tags.sock`.
+std::string ShareSocketPath(const std::string& dir, pid_t pid);
+
+}  // namespace vmstash::share
+
+#endif  // VMSTASH_RUNTIME_TAG_SHARE_H_
