@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "runtime/call_gate.h"
 #include "runtime/control_service.h"
 #include "runtime/runtime_options.h"
+#include "runtime/tag_exporter.h"
 #include "vmm/driver_factory.h"
 
 namespace vmstash::process {
@@ -33,6 +35,10 @@ struct State {
   RuntimeOptions options ABSL_GUARDED_BY(mu);
   std::unique_ptr<Runtime> runtime ABSL_GUARDED_BY(mu);
   std::unique_ptr<control::ControlServer> control ABSL_GUARDED_BY(mu);
+  // Mapped tags (Note [Mapped Tags]): this process's exporter, and the tags it maps.
+  std::shared_ptr<share::TagExporter> exporter ABSL_GUARDED_BY(mu);
+  std::map<std::uint64_t, std::shared_ptr<share::MappedTag>> mapped ABSL_GUARDED_BY(mu);
+  std::uint64_t next_mapped ABSL_GUARDED_BY(mu) = 1;
   // runtime.get() while the phase is open (read by calls without the lock).
   std::atomic<Runtime*> current{nullptr};
 };
@@ -75,6 +81,12 @@ void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   UnlockAfterFork();
   if (s.initialized) forked_copy.store(true, std::memory_order_relaxed);
   (void)s.control.release();  // the parent's; see ControlServer's destructor too
+  // The parent's threads serve these: the child's copies are never destroyed.
+  if (s.exporter != nullptr) (void)new std::shared_ptr<share::TagExporter>(std::move(s.exporter));
+  if (!s.mapped.empty()) {
+    (void)new std::map<std::uint64_t, std::shared_ptr<share::MappedTag>>(std::move(s.mapped));
+    s.mapped.clear();
+  }
   s.mu.Unlock();
 }
 void RegisterForkHandlers() { ::pthread_atfork(ForkPrepare, ForkParent, ForkChild); }
@@ -208,6 +220,8 @@ absl::Status Shutdown() {
     return absl::OkStatus();
   }
   std::unique_ptr<control::ControlServer> control;
+  std::shared_ptr<share::TagExporter> exporter;
+  std::map<std::uint64_t, std::shared_ptr<share::MappedTag>> mapped;
   {
     MutexLock lock(&s.mu);
     const Phase p = CurrentPhase();
@@ -219,9 +233,15 @@ absl::Status Shutdown() {
     }
     SetPhase(Phase::kClosing);
     control = std::move(s.control);
+    exporter = std::move(s.exporter);
+    mapped.swap(s.mapped);
+    if (exporter != nullptr) s.runtime->SetTransitionObserver(nullptr);
   }
-  // Outside the lock: a request the endpoint is serving may be waiting for it.
+  // Outside the lock: a request the endpoint is serving may be waiting for it; an
+  // importer's revoke may wait for a use in progress.
   control.reset();
+  exporter.reset();  // its importers see their connections close
+  mapped.clear();
   while (!NoCallsInFlight()) std::this_thread::sleep_for(std::chrono::microseconds(100));
   MutexLock lock(&s.mu);
   if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {  // made by a call in flight
@@ -231,6 +251,66 @@ absl::Status Shutdown() {
         absl::StrCat("vmstash shutdown: ", n, " stash arena(s) were created meanwhile; destroy them first"));
   }
   DestroyLocked(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index) {
+  State& s = TheState();
+  std::shared_ptr<share::TagExporter> exporter;
+  {
+    MutexLock lock(&s.mu);
+    if (s.exporter == nullptr) {
+      VMSTASH_ASSIGN_OR_RETURN(s.exporter, share::TagExporter::Start(&runtime, share::ShareOptions{}));
+      runtime.SetTransitionObserver(s.exporter);
+    }
+    exporter = s.exporter;
+  }
+  return exporter->Share(tag, index);
+}
+
+absl::Status UnshareTag(TagId tag) {
+  State& s = TheState();
+  std::shared_ptr<share::TagExporter> exporter;
+  {
+    MutexLock lock(&s.mu);
+    exporter = s.exporter;
+  }
+  if (exporter == nullptr) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' is not shared"));
+  return exporter->Unshare(tag);
+}
+
+absl::StatusOr<std::uint64_t> MapTag(Runtime& runtime, int pid, const std::string& tag, int device, int timeout_ms) {
+  VMSTASH_RETURN_IF_ERROR(runtime.CheckDevice(device));
+  share::MapOptions options;
+  if (timeout_ms > 0) options.timeout_ms = timeout_ms;
+  VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<share::MappedTag> m,
+                           share::MappedTag::Map(&runtime.driver(), device, pid, tag, options));
+  State& s = TheState();
+  MutexLock lock(&s.mu);
+  const std::uint64_t handle = s.next_mapped++;
+  s.mapped.emplace(handle, std::move(m));
+  return handle;
+}
+
+absl::StatusOr<std::shared_ptr<share::MappedTag>> Mapped(std::uint64_t handle) {
+  State& s = TheState();
+  MutexLock lock(&s.mu);
+  auto it = s.mapped.find(handle);
+  if (it == s.mapped.end()) return absl::NotFoundError(absl::StrCat("no mapped tag has handle ", handle));
+  return it->second;
+}
+
+absl::Status CloseMapped(std::uint64_t handle) {
+  State& s = TheState();
+  std::shared_ptr<share::MappedTag> m;
+  {
+    MutexLock lock(&s.mu);
+    auto it = s.mapped.find(handle);
+    if (it == s.mapped.end()) return absl::NotFoundError(absl::StrCat("no mapped tag has handle ", handle));
+    m = std::move(it->second);
+    s.mapped.erase(it);
+  }
+  m.reset();  // outside the lock: it waits for its uses (the last holder's copy unmaps)
   return absl::OkStatus();
 }
 

@@ -38,10 +38,15 @@
 #ifndef VMSTASH_RUNTIME_PROCESS_H_
 #define VMSTASH_RUNTIME_PROCESS_H_
 
+#include <cstdint>
+#include <memory>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "runtime/runtime.h"
+#include "runtime/tag_import.h"
 
 namespace vmstash::process {
 
@@ -74,6 +79,20 @@ absl::Status Init(const char* conf);
 absl::Status Shutdown();
 // True between a successful initialization and the start of a shutdown.
 bool Initialized();
+
+// Mapped tags (Note [Mapped Tags] in tag_share.h), owned by the process runtime: stopped
+// and closed by Shutdown (before the runtime goes), left alone in a forked child. Each is
+// called inside a Call (`runtime`: that call's runtime).
+// This process shares `tag` and publishes `index` (TagExporter::Share; the exporter is
+// started on first use and made the runtime's observer); returns the tag's new generation.
+absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index);
+absl::Status UnshareTag(TagId tag);
+// Maps tag `tag` of process `pid` on this process's `device`; returns a handle (> 0).
+absl::StatusOr<std::uint64_t> MapTag(Runtime& runtime, int pid, const std::string& tag, int device, int timeout_ms);
+// The mapped tag of `handle` (NotFound for an unknown or closed handle).
+absl::StatusOr<std::shared_ptr<share::MappedTag>> Mapped(std::uint64_t handle);
+// Unmaps it (waits for its Uses). NotFound for an unknown handle.
+absl::Status CloseMapped(std::uint64_t handle);
 
 }  // namespace vmstash::process
 

@@ -9,10 +9,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/json_reader.h"
 #include "base/log.h"
+#include "base/status_macros.h"
 #include "control/runtime_dir.h"
 #include "node/wire.h"
 
@@ -103,6 +106,7 @@ void TagExporter::Stop() {
     for (auto& [tag, shared] : shared_) {
       for (Importer& i : shared.importers) Close(i);
       shared.importers.clear();
+      if (::getpid() == owner_pid_) ::unlink(ShareIndexPath(options_.dir, owner_pid_, std::string(TagName(tag))).c_str());
     }
   }
   if (::getpid() != owner_pid_) return;  // a forked child's copy: the thread and socket are the parent's
@@ -118,13 +122,65 @@ void TagExporter::Close(Importer& importer) {
   importer.fd = -1;
 }
 
-absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag) {
+absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& index) {
   if (!runtime_->TagPolicy(tag).has_value()) {
     return absl::NotFoundError(absl::StrCat("share tag '", TagName(tag), "': this process never declared it"));
   }
+  if (!JsonValue::Parse(index).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("share tag '", TagName(tag), "': its index is not JSON"));
+  }
   MutexLock lock(&ops_mu_);
   if (stopped_) return absl::FailedPreconditionError("share tag: the tag exporter is stopped");
-  return ++shared_[tag].generation;
+  SharedTag& shared = shared_[tag];
+  VMSTASH_RETURN_IF_ERROR(WriteIndex(tag, shared.generation + 1, index));
+  shared.generation += 1;
+  // Importers learn the new generation now (their index is stale): a revoke, then a grant.
+  ShareMessage revoke;
+  revoke.kind = ShareKind::kRevoke;
+  for (Importer& i : shared.importers) {
+    absl::Status s = i.granted ? Exchange(i, "revoke", options_.revoke_timeout_ms, {FormatShare(revoke)}, {{}})
+                               : absl::OkStatus();
+    if (s.ok()) {
+      i.granted = false;
+      if (shared.changing == 0) s = Grant(tag, shared, i);
+    }
+    if (!s.ok()) {
+      VMSTASH_LOG(kWarning, "tag exporter: process {} lost its mapping of tag '{}' at its new index: {}", i.pid,
+                  TagName(tag), s.ToString());
+      Close(i);
+    }
+  }
+  shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
+                                        [](const Importer& i) { return i.fd < 0; }),
+                         shared.importers.end());
+  return shared.generation;
+}
+
+absl::Status TagExporter::WriteIndex(TagId tag, std::uint64_t generation, const std::string& index) const {
+  const std::string path = ShareIndexPath(options_.dir, ::getpid(), std::string(TagName(tag)));
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  const std::string text = absl::StrCat("{\"generation\":", generation, ",\"index\":", index, "}\n");
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return control::Errno(absl::StrCat("share tag: write ", tmp), errno);
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return control::Errno(absl::StrCat("share tag: write ", tmp), err);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return control::Errno(absl::StrCat("share tag: rename to ", path), err);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status TagExporter::Unshare(TagId tag) {
@@ -133,6 +189,7 @@ absl::Status TagExporter::Unshare(TagId tag) {
   if (it == shared_.end()) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' is not shared"));
   for (Importer& i : it->second.importers) Close(i);
   shared_.erase(it);
+  ::unlink(ShareIndexPath(options_.dir, ::getpid(), std::string(TagName(tag))).c_str());
   return absl::OkStatus();
 }
 
@@ -272,7 +329,9 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   for (TagId tag : Concerned(change, /*regrant=*/false)) {
     SharedTag& shared = shared_[tag];
     shared.changing += 1;
-    const std::string revoke = FormatShare(ShareMessage{ShareKind::kRevoke});
+    ShareMessage revoke_message;
+    revoke_message.kind = ShareKind::kRevoke;
+    const std::string revoke = FormatShare(revoke_message);
     std::vector<Importer*> asked;
     for (Importer& i : shared.importers) {
       if (!i.granted || (change.device >= 0 && i.device != change.device)) continue;

@@ -53,9 +53,11 @@ class TagExporter : public TransitionObserver {
   // Stops taking importers and closes every importer's connection (they unmap); removes
   // the socket. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(ops_mu_);
-  // Lets importers map `tag` from now on and returns its new generation (1, 2, ...:
-  // bumped by each Share, sent with every grant). NotFound for a tag never declared here.
-  absl::StatusOr<std::uint64_t> Share(TagId tag) ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Lets importers map `tag` from now on, publishes `index` (JSON text, opaque here:
+  // ShareIndexPath) and returns the tag's new generation (1, 2, ...: bumped by each Share,
+  // sent with every grant). NotFound for a tag never declared here; InvalidArgument for an
+  // index that is not JSON; the file system's error (the generation unchanged).
+  absl::StatusOr<std::uint64_t> Share(TagId tag, const std::string& index = "[]") ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Stops sharing `tag`: its importers' connections are closed. NotFound when not shared.
   absl::Status Unshare(TagId tag) ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Importers of `tag` connected now.
@@ -95,6 +97,8 @@ class TagExporter : public TransitionObserver {
   // The shared tags a change concerns.
   std::vector<TagId> Concerned(const ChunkChange& change, bool regrant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   static void Close(Importer& importer);
+  // Writes the index file of `tag` (ShareIndexPath) atomically.
+  absl::Status WriteIndex(TagId tag, std::uint64_t generation, const std::string& index) const;
 
   Runtime* const runtime_;
   const ShareOptions options_;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -74,6 +76,8 @@ absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int de
   } else {
     return absl::InternalError("map_tag: the exporting process answered neither a grant nor \"paused\"");
   }
+  std::ifstream index(ShareIndexPath(options.dir, pid, tag));
+  if (index) m->index_.assign(std::istreambuf_iterator<char>(index), std::istreambuf_iterator<char>());
   m->thread_ = std::thread([raw = m.get()] { raw->Watch(); });
   return m;
 }

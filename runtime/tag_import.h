@@ -85,6 +85,9 @@ class MappedTag {
   std::vector<ShareRange> Mapped() const;
   std::uint64_t grants() const;
   std::uint64_t revokes() const;
+  // The index file the exporter published for the tag (ShareIndexPath), as read when it
+  // was mapped ("" when there was none).
+  const std::string& index() const { return index_; }
   pid_t pid() const { return pid_; }
   const std::string& tag() const { return tag_; }
   int device() const { return device_; }
@@ -114,6 +117,7 @@ class MappedTag {
   const pid_t pid_;
   const std::string tag_;
   const int fd_;
+  std::string index_;  // set by Map, then read-only
   mutable std::mutex mu_;
   std::condition_variable idle_;  // users_ went to 0
   State state_ = State::kPaused;

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_reader.h"
 #include "base/json_writer.h"
@@ -212,5 +213,9 @@ absl::Status StatusOfError(const ShareMessage& m) {
 }
 
 std::string ShareSocketPath(const std::string& dir, pid_t pid) { return absl::StrCat(dir, "/", pid, ".tags.sock"); }
+
+std::string ShareIndexPath(const std::string& dir, pid_t pid, const std::string& tag) {
+  return absl::StrCat(dir, "/", pid, ".tags.", absl::BytesToHexString(tag), ".json");
+}
 
 }  // namespace vmstash::share

@@ -30,9 +30,14 @@
 //   the transition (FailedPrecondition naming its pid) and its connection is closed: its
 //   chunks are its own to release (it does so when it sees the close); the call may be
 //   tried again. An importer whose connection is closed (it exited) is dropped.
-//   Generations: each Share bumps the tag's generation, sent with every grant; the
-//   importer's caller compares it with the index it holds (a tag re-created and published
-//   again is caught; one re-created without a new Share is not).
+//   Index and generations: each Share bumps the tag's generation, sent with every grant,
+//   and writes the exporter's index of the tag (its tensors' names and places: the caller's
+//   JSON, opaque here) to `<dir>/<pid>.tags.<hex of the tag>.json` (0600, replaced
+//   atomically; removed by Unshare and Stop) as {"generation":G,"index":...}. The importer
+//   reads it when it maps; its present importers get a revoke and a grant (or "paused")
+//   with the new generation at once, and their callers compare it with the index they
+//   read (a tag re-created and published again is caught; one re-created without a new
+//   Share is not).
 //   Exits: the importer exiting closes its connection (the kernel releases its handles);
 //   the exporter exiting, or stopping to share (Unshare, shutdown), closes it on the
 //   importer's side: the importer unmaps and its uses fail FailedPrecondition ("gone").
@@ -105,6 +110,8 @@ absl::Status StatusOfError(const ShareMessage& m);
 
 // `<dir>/<pid>.tags.sock`.
 std::string ShareSocketPath(const std::string& dir, pid_t pid);
+// `<dir>/<pid>.tags.<tag in hex>.json`: the index the exporter published for `tag`.
+std::string ShareIndexPath(const std::string& dir, pid_t pid, const std::string& tag);
 
 }  // namespace vmstash::share
 

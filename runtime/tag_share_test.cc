@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -95,7 +96,9 @@ TEST(ShareWireTest, RoundTripsEveryMessage) {
   ack.ok = false;
   ack.message = "no";
   EXPECT_EQ(ParseShare(FormatShare(ack))->message, "no");
-  EXPECT_EQ(ParseShare(FormatShare(ShareMessage{ShareKind::kRevoke}))->kind, ShareKind::kRevoke);
+  ShareMessage revoke;
+  revoke.kind = ShareKind::kRevoke;
+  EXPECT_EQ(ParseShare(FormatShare(revoke))->kind, ShareKind::kRevoke);
   const absl::Status back = StatusOfError(*ParseShare(FormatShare(ShareError(absl::NotFoundError("gone")))));
   EXPECT_EQ(back, absl::NotFoundError("gone"));
 }
@@ -250,11 +253,13 @@ TEST(MappedTagTest, ThePausedTagIsMappedAtItsResume) {
   const DevicePtr p = e.Filled(weights, 9);
   ASSERT_TRUE(e.rt->Pause(weights, -1).ok());
   ASSERT_TRUE(e.ex->Share(weights).ok());
-  ASSERT_EQ(e.ex->Share(weights).value(), 2u);  // published again: a new generation
+  ASSERT_EQ(e.ex->Share(weights, "[{\"name\":\"w\"}]").value(), 2u);  // published again: a new generation
+  EXPECT_EQ(e.ex->Share(weights, "{not json").status().code(), absl::StatusCode::kInvalidArgument);
   std::unique_ptr<SimDriver> mine = Sim();
   std::unique_ptr<MappedTag> m = MappedTag::Map(mine.get(), 0, ::getpid(), "share_late_weights", {e.dir}).value();
   EXPECT_EQ(m->state(), MappedTag::State::kPaused);
   EXPECT_EQ(m->generation(), 2u);
+  EXPECT_EQ(m->index(), "{\"generation\":2,\"index\":[{\"name\":\"w\"}]}\n");
   EXPECT_EQ(m->Local(p, kBlock).status().code(), absl::StatusCode::kInvalidArgument);  // no reservation known yet
   ASSERT_TRUE(e.rt->Resume(weights, -1).ok());
   ASSERT_EQ(m->state(), MappedTag::State::kMapped);
@@ -273,6 +278,7 @@ TEST(MappedTagTest, TheExporterStoppingLeavesTheImporterGone) {
     ASSERT_TRUE(e.ex->Share(weights).ok());
     m = MappedTag::Map(mine.get(), 0, ::getpid(), "share_stop_weights", {e.dir}).value();
     ASSERT_TRUE(e.ex->Unshare(weights).ok());
+    EXPECT_FALSE(std::filesystem::exists(ShareIndexPath(e.dir, ::getpid(), "share_stop_weights")));
     EXPECT_TRUE(Reaches(*m, MappedTag::State::kGone));
     EXPECT_THAT(m->Acquire().status().message(), HasSubstr("stopped sharing"));
     ASSERT_TRUE(e.ex->Share(weights).ok());
@@ -333,6 +339,9 @@ TEST(MappedTagTest, UsesNeverSeeARevokedMappingUnderTransitions) {
   for (int i = 0; i < 30; ++i) {
     ASSERT_TRUE(e.rt->Pause(weights, -1).ok());
     ASSERT_TRUE(e.rt->Resume(weights, -1).ok());
+    // Let the writer in before the next revoke (a bounded wait: the test judges no timing).
+    const int before = uses.load();
+    for (int w = 0; w < 1000 && uses.load() == before; ++w) std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   done = true;
   writer.join();

@@ -277,6 +277,38 @@ char* vmstash_node_stats_json(void) VMSTASH_NOEXCEPT;
 int vmstash_node_switch(const char* pause, const char* resume, int device, int timeout_ms,
                         char** result_json) VMSTASH_NOEXCEPT;
 
+/* Mapped tags (docs/weights.md; runtime/tag_share.h, Note [Mapped Tags]): a tag of this
+ * process that another process of the user on the same GPU maps read-write at its own
+ * addresses, revoked before every pause, switch or empty_cache of the tag and granted
+ * again after it. The exporting side: vmstash_share_tag lets other processes map `tag`
+ * (its chunks must be exportable: VMSTASH_CONF share_chunks:1, or node:1), publishes
+ * `index_json` (JSON text, NULL: "[]"; the tensors' names and places, opaque to the
+ * library) for the importers, and returns in *generation (may be NULL) the tag's new
+ * generation, bumped by each call;
+ * vmstash_unshare_tag closes every importer's mapping. The importing side:
+ * vmstash_map_tag maps `tag` of process `pid` on this process's `device`, waiting up to
+ * `timeout_ms` (<= 0: 10 s) for the exporter, and returns a handle in *handle;
+ * vmstash_mapped_acquire / vmstash_mapped_release bracket a use (the memory stays mapped
+ * in between; a revoke waits for the release, so the caller's work on the memory must be
+ * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
+ * paused or the exporter is gone; vmstash_mapped_local gives this process's address of
+ * the exporter's [remote, remote + bytes); vmstash_mapped_index_json the index the
+ * exporter published, as read at the map ({"generation":G,"index":...}; NOT_FOUND when
+ * none); vmstash_mapped_info_json its state
+ * ({"state":"mapped"|"paused"|"gone","generation","grants","revokes","pid","tag",
+ * "device","mapped_bytes"}; free with vmstash_string_free); vmstash_mapped_close unmaps
+ * it (a use still acquired is released). */
+int vmstash_share_tag(const char* tag, const char* index_json, unsigned long long* generation) VMSTASH_NOEXCEPT;
+int vmstash_unshare_tag(const char* tag) VMSTASH_NOEXCEPT;
+int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsigned long long* handle) VMSTASH_NOEXCEPT;
+int vmstash_mapped_acquire(unsigned long long handle) VMSTASH_NOEXCEPT;
+int vmstash_mapped_release(unsigned long long handle) VMSTASH_NOEXCEPT;
+int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
+                         unsigned long long* local) VMSTASH_NOEXCEPT;
+char* vmstash_mapped_info_json(unsigned long long handle) VMSTASH_NOEXCEPT;
+char* vmstash_mapped_index_json(unsigned long long handle) VMSTASH_NOEXCEPT;
+int vmstash_mapped_close(unsigned long long handle) VMSTASH_NOEXCEPT;
+
 /* JSON documents (see allocator/stats.h and allocator/snapshot.h); NULL on failure.
  * device -1: a JSON array with one entry per device in use. */
 char* vmstash_stats_json(int device) VMSTASH_NOEXCEPT;

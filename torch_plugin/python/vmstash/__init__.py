@@ -26,6 +26,7 @@ from ._lib import Error, OutOfMemoryError, library_path, preload_library_path, p
 from ._torch import cuda_graph, install, pool, region, warm_blas_workspaces
 from . import stash  # noqa: F401  (vmstash.stash.Arena, the paged stash tier)
 from . import node  # noqa: F401  (vmstash.node: the node pool)
+from . import weights  # noqa: F401  (vmstash.weights: a tag mapped across processes)
 
 __all__ = [
     "Error", "OutOfMemoryError", "backup_store", "create_tag", "cuda_graph", "current_tag", "empty_cache", "init", "install",

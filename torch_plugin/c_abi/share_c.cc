@@ -1,0 +1,189 @@
+// Mapped tags from the C ABI (vmstash.h: vmstash_share_tag ... vmstash_mapped_close):
+// thin shims over the process runtime's exporter and mapped tags (runtime/process.h;
+// Note [Mapped Tags] in runtime/tag_share.h). The uses acquired through the C ABI are
+// kept here, by handle, until released (a C caller has no object to hold).
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "base/json_writer.h"
+#include "runtime/process.h"
+#include "runtime/runtime.h"
+#include "runtime/tag_import.h"
+#include "torch_plugin/c_abi/shim.h"
+#include "torch_plugin/include/vmstash/vmstash.h"
+
+using vmstash::JsonWriter;
+using vmstash::Runtime;
+using vmstash::c_abi::Code;
+using vmstash::c_abi::Fail;
+using vmstash::c_abi::Guard;
+using vmstash::c_abi::WithRuntime;
+using vmstash::share::MappedTag;
+
+namespace {
+
+// Uses acquired through the C ABI and not released yet, by handle.
+std::mutex uses_mu;
+std::map<unsigned long long, std::vector<MappedTag::Use>>& Uses() {
+  static auto* uses = new std::map<unsigned long long, std::vector<MappedTag::Use>>();
+  return *uses;
+}
+
+char* CopyOut(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
+}
+
+const char* StateName(MappedTag::State s) {
+  switch (s) {
+    case MappedTag::State::kMapped: return "mapped";
+    case MappedTag::State::kPaused: return "paused";
+    case MappedTag::State::kGone: return "gone";
+  }
+  return "?";
+}
+
+}  // namespace
+
+extern "C" {
+
+int vmstash_share_tag(const char* tag, const char* index_json, unsigned long long* generation) noexcept {
+  return WithRuntime([&](Runtime& rt) {
+    if (tag == nullptr) return Fail(absl::InvalidArgumentError("vmstash_share_tag: tag must not be NULL"));
+    absl::StatusOr<vmstash::TagId> id = vmstash::FindTag(tag);
+    if (!id.ok()) return Fail(id.status());
+    absl::StatusOr<std::uint64_t> g = vmstash::process::ShareTag(rt, *id, index_json == nullptr ? "[]" : index_json);
+    if (!g.ok()) return Fail(g.status());
+    if (generation != nullptr) *generation = *g;
+    return 0;
+  });
+}
+
+int vmstash_unshare_tag(const char* tag) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    if (tag == nullptr) return Fail(absl::InvalidArgumentError("vmstash_unshare_tag: tag must not be NULL"));
+    absl::StatusOr<vmstash::TagId> id = vmstash::FindTag(tag);
+    if (!id.ok()) return Fail(id.status());
+    return Code(vmstash::process::UnshareTag(*id));
+  });
+}
+
+int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsigned long long* handle) noexcept {
+  return WithRuntime([&](Runtime& rt) {
+    if (tag == nullptr || handle == nullptr) {
+      return Fail(absl::InvalidArgumentError("vmstash_map_tag: tag and handle must not be NULL"));
+    }
+    absl::StatusOr<std::uint64_t> h = vmstash::process::MapTag(rt, pid, tag, device, timeout_ms);
+    if (!h.ok()) return Fail(h.status());
+    *handle = *h;
+    return 0;
+  });
+}
+
+int vmstash_mapped_acquire(unsigned long long handle) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    absl::StatusOr<MappedTag::Use> use = (*m)->Acquire();
+    if (!use.ok()) return Fail(use.status());
+    std::lock_guard<std::mutex> lock(uses_mu);
+    Uses()[handle].push_back(std::move(*use));
+    return 0;
+  });
+}
+
+int vmstash_mapped_release(unsigned long long handle) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    std::vector<MappedTag::Use> done;  // released outside the lock
+    std::lock_guard<std::mutex> lock(uses_mu);
+    auto it = Uses().find(handle);
+    if (it == Uses().end() || it->second.empty()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat("vmstash_mapped_release: handle ", handle,
+                                                             " has no use acquired")));
+    }
+    done.push_back(std::move(it->second.back()));
+    it->second.pop_back();
+    if (it->second.empty()) Uses().erase(it);
+    return 0;
+  });
+}
+
+int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
+                         unsigned long long* local) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    if (local == nullptr) return Fail(absl::InvalidArgumentError("vmstash_mapped_local: local must not be NULL"));
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    absl::StatusOr<vmstash::DevicePtr> p = (*m)->Local(remote, bytes);
+    if (!p.ok()) return Fail(p.status());
+    *local = *p;
+    return 0;
+  });
+}
+
+char* vmstash_mapped_info_json(unsigned long long handle) noexcept {
+  char* out = nullptr;
+  Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    std::uint64_t mapped_bytes = 0;
+    for (const vmstash::share::ShareRange& r : (*m)->Mapped()) mapped_bytes += r.size_bytes;
+    JsonWriter w;
+    w.BeginObject();
+    w.Field("state", StateName((*m)->state()));
+    w.Field("generation", static_cast<std::uint64_t>((*m)->generation()));
+    w.Field("grants", static_cast<std::uint64_t>((*m)->grants()));
+    w.Field("revokes", static_cast<std::uint64_t>((*m)->revokes()));
+    w.Field("pid", static_cast<std::int64_t>((*m)->pid()));
+    w.Field("tag", (*m)->tag());
+    w.Field("device", (*m)->device());
+    w.Field("mapped_bytes", mapped_bytes);
+    w.EndObject();
+    out = CopyOut(w.str());
+    if (out == nullptr) return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+    return 0;
+  });
+  return out;
+}
+
+char* vmstash_mapped_index_json(unsigned long long handle) noexcept {
+  char* out = nullptr;
+  Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    const std::string& index = (*m)->index();
+    if (index.empty()) {
+      return Fail(absl::NotFoundError(absl::StrCat("process ", (*m)->pid(), " published no index of tag '",
+                                                   (*m)->tag(), "'")));
+    }
+    out = CopyOut(index);
+    if (out == nullptr) return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
+    return 0;
+  });
+  return out;
+}
+
+int vmstash_mapped_close(unsigned long long handle) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    std::vector<MappedTag::Use> held;
+    {
+      std::lock_guard<std::mutex> lock(uses_mu);
+      auto it = Uses().find(handle);
+      if (it != Uses().end()) {
+        held = std::move(it->second);
+        Uses().erase(it);
+      }
+    }
+    held.clear();  // released before the close waits for the uses
+    return Code(vmstash::process::CloseMapped(handle));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,210 @@
+"""A tag mapped across processes (vmstash.weights; Note [Mapped Tags] in runtime/tag_share.h)
+end to end on the simulated driver: a real exporting process (its tag published through the
+C ABI, as vmstash.weights.publish does), this process mapping it through
+vmstash.weights.map_tag; the bytes this process writes reach the exporter, the view follows
+the exporter's pauses, resumes and switches at the same addresses, and bad requests, a
+re-published tag and the exporter's exit give clear errors. (Tensors over the mapping, and
+sync, need CUDA: gpu_weights.py.)"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import vmstash
+from conftest import SIM_CONF
+from vmstash import _lib
+
+MiB = 1 << 20
+
+# The exporter: a backup tag "w" with two tensors (3 MiB, 1 MiB) filled with a pattern,
+# published; then commands from stdin: "pause", "resume", "switch_out" / "switch_in" (a
+# switch with the discard tag "kv"), "check SEED" (whether tensor 0 reads SEED), "republish",
+# "exit".
+EXPORTER = r'''
+import ctypes, json, os, sys
+import vmstash
+from vmstash import _lib
+L = _lib.lib()
+vmstash.create_tag("w", "backup")
+vmstash.create_tag("kv", "discard")
+vmstash.set_current_tag("w")
+sizes = [3 << 20, 1 << 20]
+ptrs = [L.vmstash_malloc(n, 0, None) for n in sizes]
+vmstash.set_current_tag("kv")
+kv = L.vmstash_malloc(2 << 20, 0, None)
+vmstash.set_current_tag("default")
+vmstash.pause("kv")
+for p, n in zip(ptrs, sizes):
+    ctypes.memset(p, 7, n)
+def publish():
+    index = {"version": 1, "tensors": [{"name": f"t{i}", "address": p, "nbytes": n, "shape": [n // 2],
+                                         "dtype": "bfloat16", "device": 0} for i, (p, n) in enumerate(zip(ptrs, sizes))]}
+    g = ctypes.c_ulonglong(0)
+    _lib.check(L.vmstash_share_tag(b"w", json.dumps(index).encode(), ctypes.byref(g)), "share")
+    return g.value
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+say(ready=os.getpid(), generation=publish())
+for line in sys.stdin:
+    cmd = line.split()
+    try:
+        if cmd[0] == "pause":
+            vmstash.pause("w")
+        elif cmd[0] == "resume":
+            vmstash.resume("w")
+        elif cmd[0] == "switch_out":
+            vmstash.switch(pause=["w"], resume=["kv"])
+        elif cmd[0] == "switch_in":
+            vmstash.switch(pause=["kv"], resume=["w"])
+        elif cmd[0] == "check":
+            say(same=ctypes.string_at(ptrs[0], sizes[0]) == bytes([int(cmd[1])]) * sizes[0])
+            continue
+        elif cmd[0] == "republish":
+            say(generation=publish())
+            continue
+        elif cmd[0] == "exit":
+            break
+        say(ok=True)
+    except vmstash.Error as e:
+        say(error=e.code_name, message=str(e))
+'''
+
+
+class Exporter:
+    def __init__(self, env):
+        self.proc = subprocess.Popen([sys.executable, "-c", EXPORTER], env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = self.read()
+        self.pid, self.generation = first["ready"], first["generation"]
+
+    def read(self):
+        line = self.proc.stdout.readline()
+        assert line, f"the exporter ended: {self.proc.stderr.read()}"
+        return json.loads(line)
+
+    def ask(self, command):
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("exit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def exporter(monkeypatch):
+    d = tempfile.mkdtemp(prefix="vmstash-weights-test-")
+    os.chmod(d, 0o700)
+    monkeypatch.setenv("VMSTASH_RUNTIME_DIR", d)
+    env = dict(os.environ, VMSTASH_CONF=f"{SIM_CONF},share_chunks:1", VMSTASH_RUNTIME_DIR=d)
+    made = []
+
+    def make():
+        e = Exporter(env)
+        made.append(e)
+        return e
+    yield make
+    for e in made:
+        e.close()
+
+
+def local(view, name):
+    e = view.index[name]
+    out = ctypes.c_ulonglong(0)
+    _lib.check(_lib.lib().vmstash_mapped_local(view._handle, e["address"], e["nbytes"], ctypes.byref(out)), "local")
+    return out.value, e["nbytes"]
+
+
+def test_writes_reach_the_exporter_across_pauses_and_switches(exporter):
+    e = exporter()
+    view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    assert view.info()["state"] == "mapped"
+    assert view.generation == e.generation == 1
+    assert sorted(view.names) == ["t0", "t1"]
+    assert view.index["t0"]["shape"] == [3 * MiB // 2]
+    p, n = local(view, "t0")
+    for seed, transition in ((11, ("pause", "resume")), (12, ("switch_out", "switch_in")), (13, ("pause", "resume"))):
+        with view.use():
+            ctypes.memset(p, seed, n)
+        assert e.ask(f"check {seed}") == {"same": True}
+        assert e.ask(transition[0]) == {"ok": True}
+        assert view.state == "paused"
+        with pytest.raises(vmstash.Error) as err:
+            with view.use():
+                pass
+        assert err.value.code_name == "FAILED_PRECONDITION" and "paused" in str(err.value)
+        assert e.ask(transition[1]) == {"ok": True}
+        assert view.state == "mapped"
+        assert local(view, "t0") == (p, n)  # the same address after every resume
+        assert ctypes.string_at(p, n) == bytes([seed]) * n
+    info = view.info()
+    assert info["revokes"] == 3 and info["grants"] == 4
+    view.close()
+    with pytest.raises(vmstash.Error):
+        with view.use():
+            pass
+
+
+def test_a_republished_tag_and_an_exiting_exporter_are_errors(exporter):
+    e = exporter()
+    view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    assert e.ask("republish") == {"generation": 2}
+    with pytest.raises(vmstash.Error) as err:
+        with view.use():
+            pass
+    assert "published tag 'w' again" in str(err.value) and "map it again" in str(err.value)
+    again = vmstash.weights.map_tag(e.pid, "w", device=0)
+    assert again.generation == 2
+    with again.use():
+        pass
+    e.close()
+    for _ in range(500):
+        if again.state == "gone":
+            break
+        import time
+        time.sleep(0.01)
+    assert again.state == "gone"
+    with pytest.raises(vmstash.Error) as err:
+        with again.use():
+            pass
+    assert err.value.code_name == "FAILED_PRECONDITION" and "exited" in str(err.value)
+    again.close()
+    view.close()
+
+
+def test_bad_requests(exporter):
+    e = exporter()
+    with pytest.raises(vmstash.Error) as err:
+        vmstash.weights.map_tag(e.pid, "kv", device=0)
+    assert err.value.code_name == "NOT_FOUND" and "does not share tag 'kv'" in str(err.value)
+    with pytest.raises(vmstash.Error) as err:
+        vmstash.weights.map_tag(os.getpid(), "w", device=0)  # this process shares nothing
+    assert err.value.code_name == "NOT_FOUND"
+    with pytest.raises(ValueError):
+        vmstash.weights.map_tag(-1, "w", device=0)
+    with pytest.raises(ValueError):
+        vmstash.weights.map_tag(e.pid, "w", device=-2)
+    with pytest.raises(vmstash.Error) as err:
+        vmstash.weights.map_tag(e.pid, "w", device=9)
+    assert err.value.code_name == "INVALID_ARGUMENT"
+    view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    with pytest.raises(vmstash.Error) as err:
+        _lib.check(_lib.lib().vmstash_mapped_local(view._handle, view.index["t0"]["address"], 64 * MiB,
+                                                   ctypes.byref(ctypes.c_ulonglong())), "local")
+    assert err.value.code_name in ("INVALID_ARGUMENT", "FAILED_PRECONDITION")
+    with pytest.raises(KeyError):
+        view.tensor("nope")
+    with pytest.raises(vmstash.Error) as err:
+        _lib.check(_lib.lib().vmstash_mapped_release(view._handle), "release")
+    assert err.value.code_name == "FAILED_PRECONDITION"
+    view.close()
+    with pytest.raises(vmstash.Error) as err:
+        _lib.check(_lib.lib().vmstash_mapped_acquire(view._handle or 12345), "acquire")
+    assert err.value.code_name == "NOT_FOUND"

@@ -1,0 +1,263 @@
+"""Weights from one process to another on the same GPU through a mapped tag (docs/weights.md).
+
+The rollout process (the exporter) publishes the tag holding its weights once, when it has
+loaded them; the trainer process (the importer) maps that tag once for the job, at its own
+addresses, and copies its new weights into it at every step with one batched copy:
+
+    # rollout process (vLLM's "weights" tag, the drop-in's weights region, or any tag)
+    vmstash.weights.publish("weights", model.state_dict())
+
+    # trainer process
+    view = vmstash.weights.map_tag(rollout_pid, "weights")
+    ...
+    vmstash.weights.sync(trainer_model.state_dict(), view, name_map=rename)
+
+The mapping follows the tag's pauses and resumes (Note [Mapped Tags] in
+runtime/tag_share.h): while the rollout's tag is paused the view is "paused" and sync
+raises vmstash.Error (FAILED_PRECONDITION) naming the state; after the resume it is mapped
+again at the same addresses. The exporting process must run with exportable chunks
+(VMSTASH_CONF share_chunks:1, or node:1).
+"""
+import contextlib
+import ctypes
+import json
+import threading
+
+from . import _lib
+
+_INDEX_VERSION = 1
+
+
+def _torch():
+    import torch  # noqa: PLC0415 (imported on use: vmstash imports without torch)
+    return torch
+
+
+def _items(tensors, what):
+    if hasattr(tensors, "items"):
+        tensors = tensors.items()
+    out = []
+    for pair in tensors:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not isinstance(pair[0], str):
+            raise TypeError(f"{what}: takes a dict of name -> tensor or (name, tensor) pairs, got {pair!r}")
+        out.append((pair[0], pair[1]))
+    return out
+
+
+def publish(tag, tensors):
+    """In the exporting process: lets other processes map `tag` (vmstash.weights.map_tag)
+    and publishes the index of `tensors` (a dict name -> tensor, or (name, tensor) pairs,
+    e.g. model.state_dict()): each tensor's name, address, shape and dtype. The tensors
+    must be contiguous CUDA tensors in `tag`'s memory. Call it again when the weights are
+    re-created (a new generation: importers then map again). Returns the generation."""
+    torch = _torch()
+    entries = []
+    seen = set()
+    for name, t in _items(tensors, "vmstash.weights.publish"):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            raise TypeError(f"vmstash.weights.publish: {name!r} is not a CUDA tensor")
+        if not t.is_contiguous():
+            raise ValueError(f"vmstash.weights.publish: {name!r} is not contiguous (publish contiguous tensors)")
+        if name in seen:
+            raise ValueError(f"vmstash.weights.publish: {name!r} is named twice")
+        seen.add(name)
+        entries.append({"name": name, "address": t.data_ptr(), "nbytes": t.numel() * t.element_size(),
+                        "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
+                        "device": t.device.index})
+    index = json.dumps({"version": _INDEX_VERSION, "tensors": entries})
+    generation = ctypes.c_ulonglong(0)
+    _lib.check(_lib.lib().vmstash_share_tag(_lib.encode(tag), index.encode(), ctypes.byref(generation)),
+               "vmstash.weights.publish")
+    return generation.value
+
+
+def unpublish(tag):
+    """Stops sharing `tag`: every importer's view of it is closed (it becomes "gone")."""
+    _lib.check(_lib.lib().vmstash_unshare_tag(_lib.encode(tag)), "vmstash.weights.unpublish")
+
+
+def _synchronize(stream, device):
+    """Waits for `stream`, or the current stream of `device` where CUDA is there (the
+    simulated driver's tests run without it)."""
+    if stream is not None:
+        stream.synchronize()
+        return
+    try:
+        torch = _torch()
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.current_stream(device).synchronize()
+
+
+class _Array:
+    """A CUDA array interface over raw device bytes (torch.as_tensor builds a tensor on it)."""
+
+    def __init__(self, address, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (address, False),
+                                         "version": 3, "strides": None}
+
+
+class MappedWeights:
+    """Another process's published tag, mapped in this one (vmstash.weights.map_tag)."""
+
+    def __init__(self, pid, tag, device, timeout):
+        if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+            raise ValueError(f"vmstash.weights.map_tag: {pid!r} is not a process id")
+        if device is None:
+            device = _torch().cuda.current_device()
+        if isinstance(device, bool) or not isinstance(device, int) or device < 0:
+            raise ValueError(f"vmstash.weights.map_tag: {device!r} is not a device ordinal")
+        self.device = device
+        self.pid, self.tag = pid, tag
+        l = _lib.lib()
+        handle = ctypes.c_ulonglong(0)
+        _lib.check(l.vmstash_map_tag(pid, _lib.encode(tag), self.device, int(timeout * 1000), ctypes.byref(handle)),
+                   "vmstash.weights.map_tag")
+        self._handle = handle.value
+        self._lock = threading.Lock()
+        self._tensors = {}
+        try:
+            doc = json.loads(_lib.string_call(l.vmstash_mapped_index_json, self._handle, "vmstash.weights.map_tag"))
+            index = doc["index"]
+            if not isinstance(index, dict) or index.get("version") != _INDEX_VERSION:
+                raise _lib.error(f"vmstash.weights.map_tag: process {pid} published tag {tag!r} with an index this "
+                                 "release cannot read (both processes must use the same vmstash)",
+                                 _lib.FAILED_PRECONDITION)
+            self.generation = doc["generation"]
+            self.index = {e["name"]: e for e in index["tensors"]}
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def names(self):
+        return list(self.index)
+
+    def info(self):
+        """{"state": "mapped" | "paused" | "gone", "generation", "grants", "revokes", "pid",
+        "tag", "device", "mapped_bytes"}."""
+        return _lib.json_call(_lib.lib().vmstash_mapped_info_json, self._handle, "vmstash.weights.info")
+
+    @property
+    def state(self):
+        return self.info()["state"]
+
+    def _check_generation(self, info):
+        if info["generation"] != self.generation:
+            raise _lib.error(f"vmstash.weights: process {self.pid} published tag {self.tag!r} again (generation "
+                             f"{info['generation']}, this view holds {self.generation}): map it again",
+                             _lib.FAILED_PRECONDITION)
+
+    @contextlib.contextmanager
+    def use(self, stream=None):
+        """A scope in which the mapped memory stays mapped (the exporter's pause waits for
+        its end): work queued on the memory in it must be complete at its end, so it
+        synchronizes `stream` (default: the current stream) on the way out. Raises
+        vmstash.Error (FAILED_PRECONDITION) while the tag is paused or the exporter gone."""
+        if self._handle is None:
+            raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
+        l = _lib.lib()
+        _lib.check(l.vmstash_mapped_acquire(self._handle), "vmstash.weights.use")
+        try:
+            self._check_generation(self.info())
+            yield self
+        finally:
+            try:
+                _synchronize(stream, self.device)
+            finally:
+                l.vmstash_mapped_release(self._handle)
+
+    def tensor(self, name):
+        """The exporter's tensor `name` at this process's address (valid while mapped: use
+        it inside use()). Built once: the addresses never change across pauses."""
+        with self._lock:
+            t = self._tensors.get(name)
+            if t is not None:
+                return t
+        e = self.index.get(name)
+        if e is None:
+            raise KeyError(f"vmstash.weights: {name!r} is not in the index process {self.pid} published for tag "
+                           f"{self.tag!r}")
+        torch = _torch()
+        dtype = getattr(torch, e["dtype"], None)
+        if not isinstance(dtype, torch.dtype):
+            raise _lib.error(f"vmstash.weights: {name!r} has dtype {e['dtype']!r}, unknown here", _lib.INVALID_ARGUMENT)
+        if e["nbytes"] == 0:
+            t = torch.empty(e["shape"], dtype=dtype, device=f"cuda:{self.device}")
+        else:
+            local = ctypes.c_ulonglong(0)
+            _lib.check(_lib.lib().vmstash_mapped_local(self._handle, e["address"], e["nbytes"], ctypes.byref(local)),
+                       f"vmstash.weights: {name!r}")
+            raw = torch.as_tensor(_Array(local.value, e["nbytes"]), device=f"cuda:{self.device}")
+            t = raw.view(dtype).view(e["shape"])
+        with self._lock:
+            self._tensors[name] = t
+        return t
+
+    def close(self):
+        """Unmaps the tag here (waits for a use in progress)."""
+        handle, self._handle = getattr(self, "_handle", None), None
+        self._tensors = {}
+        if handle is not None:
+            _lib.check(_lib.lib().vmstash_mapped_close(handle), "vmstash.weights.close")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 (interpreter shutdown: the library may be gone)
+            pass
+
+
+def map_tag(pid, tag, device=None, timeout=10.0):
+    """Maps tag `tag` of process `pid` (which published it: vmstash.weights.publish) on
+    this process's `device` (default: the current one; the same GPU as the exporter's),
+    read-write, at this process's own addresses, for as long as the returned
+    MappedWeights lives. Raises vmstash.Error: NOT_FOUND (no such process, or it shares
+    no such tag), PERMISSION_DENIED (another user's), the exporter's refusal, or the
+    driver's error."""
+    return MappedWeights(pid, tag, device, timeout)
+
+
+def sync(src, dst, name_map=None, stream=None):
+    """Copies the trainer's tensors `src` (a dict name -> tensor, or (name, tensor) pairs)
+    into the mapped weights `dst` (map_tag), at device bandwidth: one batched copy
+    (torch._foreach_copy_; dtypes may differ: converted). `name_map(name)` gives the
+    published name of a source name, or None to skip it (fused layouts map their parts as
+    frameworks do). Every source must match its destination's shape. The copies run on
+    `stream` (default: the current stream, after the work queued there) and are complete
+    when sync returns. Raises KeyError for a name not in the index, ValueError for a shape
+    mismatch or a source on another device, vmstash.Error (FAILED_PRECONDITION) while the
+    exporter's tag is paused or the exporter is gone. Returns {"tensors", "bytes"}."""
+    torch = _torch()
+    pairs = []
+    for name, t in _items(src, "vmstash.weights.sync"):
+        target = name_map(name) if name_map is not None else name
+        if target is None:
+            continue
+        e = dst.index.get(target)
+        if e is None:
+            raise KeyError(f"vmstash.weights.sync: {target!r} (from {name!r}) is not in the index process "
+                           f"{dst.pid} published for tag {dst.tag!r}")
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device.index != dst.device:
+            raise ValueError(f"vmstash.weights.sync: {name!r} is not a tensor on cuda:{dst.device}")
+        if list(t.shape) != list(e["shape"]):
+            raise ValueError(f"vmstash.weights.sync: {name!r} has shape {list(t.shape)}, {target!r} has "
+                             f"{list(e['shape'])}")
+        pairs.append((target, t))
+    stream = stream or torch.cuda.current_stream(dst.device)
+    nbytes = 0
+    with dst.use(stream):
+        dsts = [dst.tensor(target) for target, _ in pairs]
+        srcs = [t for _, t in pairs]
+        with torch.cuda.stream(stream):
+            if dsts:
+                torch._foreach_copy_(dsts, srcs)
+        nbytes = sum(d.numel() * d.element_size() for d in dsts)
+    return {"tensors": len(pairs), "bytes": nbytes}
