@@ -1,0 +1,220 @@
+"""Weights from a trainer process to a rollout process on one GPU (vmstash.weights; Note [Mapped
+Tags] in runtime/tag_share.h), side by side in one run against torch's CUDA IPC path and a copy
+inside one process.
+
+    python3 bench/weights_sync_bench.py [--steps 5] [--sizes 8:512,4:2048] [--json out.json]
+
+For each size (GiB of bf16 weights : tensors), a rollout process holds the weights (in a
+backup tag, published with vmstash.weights.publish, its chunks exportable) and a trainer
+process holds its own copy to send (plain torch memory). Cases, each --steps times:
+
+  vmstash      the trainer maps the rollout's tag once (vmstash.weights.map_tag) and each step
+               calls vmstash.weights.sync: one batched copy (torch._foreach_copy_) into the
+               mapping, waited for; the first step counts the map
+  ipc          as SGLang's update_weights_from_tensor: each step the trainer sends every
+               tensor through torch.multiprocessing's reductions (CUDA IPC handles, pickled),
+               the rollout opens them, copies each into its weights and waits, then drops them
+  same_process the trainer copies the same tensors into another set of its own with the same
+               batched copy: what the mapping aims at (>= 85%)
+  flat_copy    one copy of all the bytes in one call, in the trainer: the device's limit
+
+Each case's time is the wall clock from the trainer's call to the copies being complete
+(for ipc: until the rollout says it has copied). The rollout checks the bytes it holds after
+each case (not timed). Prints a table; --json writes the figures and the ratios the issue
+asks for (vmstash against same_process and ipc, per step and first step). A sync into a
+paused tag is not implemented (the view is paused then): not measured.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+GiB = 1 << 30
+HERE = os.path.abspath(__file__)
+
+
+def rollout(args):
+    import torch
+    import vmstash
+    import pickle
+    dev = torch.device("cuda", 0)
+    n = args.gib * GiB // args.tensors // 2
+    with vmstash.region("weights", policy="backup"):
+        weights = {f"w{i}": torch.zeros(n, device=dev, dtype=torch.bfloat16) for i in range(args.tensors)}
+    generation = vmstash.weights.publish("weights", weights)
+    say(ready=os.getpid(), generation=generation)
+    for line in sys.stdin:
+        cmd = line.split()
+        if cmd[0] == "check":  # every tensor i holds the value the trainer wrote: i % 7 + step
+            step = int(cmd[1])
+            bad = [name for i, (name, t) in enumerate(weights.items())
+                   if not bool((t == float(i % 7 + step)).all())]
+            say(bad=len(bad))
+        elif cmd[0] == "ipc":  # the pickled reductions of every tensor, on stdin as one hex line
+            payload = pickle.loads(bytes.fromhex(sys.stdin.readline().strip()))
+            for name, (fn, fargs) in payload:
+                t = fn(*fargs)
+                weights[name].copy_(t)
+                del t
+            torch.cuda.synchronize()
+            say(ok=True)
+        elif cmd[0] == "exit":
+            break
+
+
+def trainer(args):
+    import pickle
+    import torch
+    import vmstash
+    from torch.multiprocessing.reductions import reduce_tensor
+    dev = torch.device("cuda", 0)
+    n = args.gib * GiB // args.tensors // 2
+    src = {f"w{i}": torch.empty(n, device=dev, dtype=torch.bfloat16) for i in range(args.tensors)}
+    own = {f"w{i}": torch.empty(n, device=dev, dtype=torch.bfloat16) for i in range(args.tensors)}
+    flat_src = torch.empty(args.gib * GiB // 2, device=dev, dtype=torch.bfloat16)
+    flat_dst = torch.empty_like(flat_src)
+
+    def fill(step):
+        for i, t in enumerate(src.values()):
+            t.fill_(float(i % 7 + step))
+        torch.cuda.synchronize()
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    pid = int(args.rollout_pid)
+    out = {"vmstash": [], "ipc": [], "same_process": [], "flat_copy": []}
+    # Warm the copy kernels (not timed, not a step of any case).
+    torch._foreach_copy_(list(own.values()), list(src.values()))
+    flat_dst.copy_(flat_src)
+    torch.cuda.synchronize()
+    view = None
+    for step in range(args.steps):
+        fill(step)
+        if view is None:
+            t0 = time.perf_counter()
+            view = vmstash.weights.map_tag(pid, "weights")
+            vmstash.weights.sync(src, view)
+            out["vmstash"].append((time.perf_counter() - t0) * 1e3)
+        else:
+            out["vmstash"].append(timed(lambda: vmstash.weights.sync(src, view)))
+        say(ask=f"check {step}")
+        if json.loads(sys.stdin.readline())["bad"] != 0:
+            raise SystemExit(f"vmstash step {step}: the rollout's weights are wrong")
+    for step in range(args.steps):
+        fill(step + 100)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        payload = pickle.dumps([(name, reduce_tensor(t)) for name, t in src.items()])
+        say(ask="ipc", payload=payload.hex())
+        json.loads(sys.stdin.readline())
+        out["ipc"].append((time.perf_counter() - t0) * 1e3)
+        say(ask=f"check {step + 100}")
+        if json.loads(sys.stdin.readline())["bad"] != 0:
+            raise SystemExit(f"ipc step {step}: the rollout's weights are wrong")
+    dsts, srcs = list(own.values()), list(src.values())
+    for _ in range(args.steps):
+        out["same_process"].append(timed(lambda: torch._foreach_copy_(dsts, srcs)))
+        out["flat_copy"].append(timed(lambda: flat_dst.copy_(flat_src)))
+    view.close()
+    say(done=out)
+
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def run_size(gib, tensors, args):
+    d = tempfile.mkdtemp(prefix="vmstash-weights-bench-")
+    os.chmod(d, 0o700)
+    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
+    env.pop("VMSTASH_CONF", None)
+    common = ["--gib", str(gib), "--tensors", str(tensors), "--steps", str(args.steps)]
+    r = subprocess.Popen([sys.executable, HERE, "--role", "rollout", *common], env=dict(env, VMSTASH_CONF="share_chunks:1"),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    t = None
+    try:
+        ready = json.loads(r.stdout.readline())
+        t = subprocess.Popen([sys.executable, HERE, "--role", "trainer", "--rollout-pid", str(ready["ready"]), *common],
+                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        while True:  # relay the trainer's requests to the rollout
+            line = t.stdout.readline()
+            if not line:
+                raise SystemExit(f"the trainer ended (exit {t.wait()})")
+            msg = json.loads(line)
+            if "done" in msg:
+                return msg["done"]
+            r.stdin.write(msg["ask"] + "\n")
+            if "payload" in msg:
+                r.stdin.write(msg["payload"] + "\n")
+            r.stdin.flush()
+            answer = r.stdout.readline()
+            if not answer:
+                raise SystemExit(f"the rollout ended (exit {r.wait()})")
+            t.stdin.write(answer)
+            t.stdin.flush()
+    finally:
+        for p in (t, r):
+            if p is not None and p.poll() is None:
+                try:
+                    p.stdin.write("exit\n")
+                    p.stdin.flush()
+                    p.wait(timeout=60)
+                except (BrokenPipeError, subprocess.TimeoutExpired):
+                    p.kill()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--role", choices=["rollout", "trainer"])
+    ap.add_argument("--rollout-pid")
+    ap.add_argument("--gib", type=int)
+    ap.add_argument("--tensors", type=int)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--sizes", default="8:512,4:2048")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if args.role == "rollout":
+        return rollout(args)
+    if args.role == "trainer":
+        return trainer(args)
+    if args.steps < 2:
+        ap.error("--steps must be at least 2 (the first step and the steady ones)")
+    import torch
+    report = {"device": torch.cuda.get_device_name(0), "steps": args.steps, "sizes": []}
+    print(f"device: {report['device']}")
+    for spec in args.sizes.split(","):
+        gib, tensors = (int(x) for x in spec.split(":"))
+        ms = run_size(gib, tensors, args)
+        nbytes = gib * GiB
+        row = {"gib": gib, "tensors": tensors, "ms": ms}
+        steady = {k: statistics.median(v[1:]) for k, v in ms.items()}
+        row["steady_ms"] = steady
+        row["first_ms"] = {k: v[0] for k, v in ms.items()}
+        row["gbps"] = {k: nbytes / (v * 1e-3) / 1e9 for k, v in steady.items()}
+        row["vmstash_vs_same_process"] = steady["same_process"] / steady["vmstash"]
+        row["vmstash_vs_ipc"] = steady["ipc"] / steady["vmstash"]
+        row["vmstash_vs_ipc_first"] = row["first_ms"]["ipc"] / row["first_ms"]["vmstash"]
+        row["vmstash_vs_flat_copy"] = steady["flat_copy"] / steady["vmstash"]
+        report["sizes"].append(row)
+        print(f"{gib} GiB in {tensors} tensors (median of steps 2..{args.steps}; first step in brackets):")
+        for k in ("vmstash", "ipc", "same_process", "flat_copy"):
+            print(f"  {k:13s} {steady[k]:9.2f} ms  {row['gbps'][k]:7.1f} GB/s   [first {row['first_ms'][k]:9.2f} ms]")
+        print(f"  vmstash / same_process bandwidth {row['vmstash_vs_same_process']:.3f}; ipc / vmstash time "
+              f"{row['vmstash_vs_ipc']:.2f}x (first step {row['vmstash_vs_ipc_first']:.2f}x); vmstash / flat copy "
+              f"bandwidth {row['vmstash_vs_flat_copy']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Weights from a trainer process to a rollout process on one GPU through a mapped tag (label
+gpu; vmstash.weights, Note [Mapped Tags] in runtime/tag_share.h), as an RL job runs them: the
+rollout process keeps its weights in a backup tag and decodes with a CUDA graph captured over
+them; each of 20 steps it is resumed, the trainer (another process, its master weights in
+fp32) updates them and syncs them into the rollout's tag (bf16: converted in the copy), the
+rollout decodes 32 tokens greedily by replaying its graph, and is paused again. The tokens
+equal those of one process doing the same thing (its own weights, its own graph). Between
+steps the trainer's view is paused and a sync raises; the rollout exiting leaves it gone.
+
+    python3 -m pytest -m gpu gpu_weights.py
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 20
+TOKENS = 32
+
+# What both the rollout and the reference build: the decoder, its weights' shapes, the graph.
+MODEL = r'''
+import torch
+V, D, H, LAYERS = 2048, 512, 4096, 12
+SHAPES = {"emb": (V, D), "up": (D, H), "down": (H, V)}
+SHAPES.update({f"layer{i}": (H, H) for i in range(LAYERS)})  # 12 x 32 MiB in bf16
+def build(dev, region=None):
+    import contextlib
+    ctx = region if region is not None else contextlib.nullcontext()
+    with ctx:
+        w = {name: torch.zeros(shape, device=dev, dtype=torch.bfloat16) for name, shape in SHAPES.items()}
+    tok = torch.zeros(1, dtype=torch.long, device=dev)
+    out = torch.zeros(1, dtype=torch.long, device=dev)
+    def step():
+        h = torch.tanh(w["emb"][tok] @ w["up"])
+        for i in range(LAYERS):
+            h = torch.tanh(h @ w[f"layer{i}"])
+        out.copy_((h @ w["down"]).argmax(-1))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    def decode(start, n):
+        tok.fill_(start)
+        got = []
+        for _ in range(n):
+            graph.replay()
+            got.append(int(out.item()))
+            tok.copy_(out)
+        return got
+    return w, decode
+def master_weights(dev):
+    g = torch.Generator(device=dev).manual_seed(1234)
+    return {name: torch.randn(shape, device=dev, generator=g) * (1.0 / shape[0] ** 0.5)
+            for name, shape in SHAPES.items()}
+def train_step(master, step, dev):
+    g = torch.Generator(device=dev).manual_seed(step)
+    for name, t in master.items():
+        t.add_(torch.randn(t.shape, device=dev, generator=g), alpha=0.05 / t.shape[0] ** 0.5)
+'''
+
+ROLLOUT = MODEL + r'''
+import json, os, sys
+import vmstash
+dev = torch.device("cuda", 0)
+w, decode = build(dev, vmstash.region("weights", policy="backup"))
+generation = vmstash.weights.publish("weights", w)
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+say(ready=os.getpid(), generation=generation)
+for line in sys.stdin:
+    cmd = line.split()
+    if cmd[0] == "resume":
+        vmstash.resume("weights")
+        say(ok=True)
+    elif cmd[0] == "pause":
+        torch.cuda.synchronize()
+        vmstash.pause("weights")
+        say(ok=True, free=torch.cuda.mem_get_info()[0])
+    elif cmd[0] == "decode":
+        say(tokens=decode(int(cmd[1]), int(cmd[2])))
+    elif cmd[0] == "exit":
+        break
+'''
+
+TRAINER = MODEL + r'''
+import json, sys
+import vmstash
+dev = torch.device("cuda", 0)
+master = master_weights(dev)
+view = vmstash.weights.map_tag(int(sys.argv[1]), "weights")
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+say(ready=True, names=sorted(view.names), info=view.info())
+for line in sys.stdin:
+    cmd = line.split()
+    try:
+        if cmd[0] == "train":
+            train_step(master, int(cmd[1]), dev)
+            say(ok=True)
+        elif cmd[0] == "sync":
+            say(ok=True, **vmstash.weights.sync(master, view), info=view.info())
+        elif cmd[0] == "state":
+            say(state=view.state)
+        elif cmd[0] == "exit":
+            break
+    except vmstash.Error as e:
+        say(error=e.code_name, message=str(e))
+'''
+
+REFERENCE = MODEL + r'''
+import json, sys
+dev = torch.device("cuda", 0)
+w, decode = build(dev)
+master = master_weights(dev)
+for step in range(int(sys.argv[1])):
+    train_step(master, step, dev)
+    for name, t in master.items():
+        w[name].copy_(t)
+    print(json.dumps({"tokens": decode(step % 97, int(sys.argv[2]))}), flush=True)
+'''
+
+
+class Proc:
+    def __init__(self, script, env, *args):
+        self.p = subprocess.Popen([sys.executable, "-c", script, *args], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def read(self):
+        line = self.p.stdout.readline()
+        assert line, f"the process ended (exit {self.p.wait()}): {self.p.stderr.read()[-3000:]}"
+        return json.loads(line)
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self):
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write("exit\n")
+                self.p.stdin.flush()
+                self.p.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.p.kill()
+                self.p.wait()
+
+
+def test_trainer_to_rollout_for_20_steps_equals_one_process():
+    d = tempfile.mkdtemp(prefix="vmstash-weights-gpu-")
+    os.chmod(d, 0o700)
+    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
+    env.pop("VMSTASH_CONF", None)
+    rollout = Proc(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"))
+    trainer = None
+    try:
+        ready = rollout.read()
+        assert ready["generation"] == 1
+        trainer = Proc(TRAINER, env, str(ready["ready"]))
+        t = trainer.read()
+        assert t["info"]["state"] == "mapped" and t["info"]["mapped_bytes"] >= 12 * (32 << 20)
+        assert rollout.ask("pause")["ok"]
+        tokens = []
+        for step in range(STEPS):
+            assert trainer.ask(f"train {step}") == {"ok": True}  # trains while the rollout is paused
+            paused = trainer.ask("sync")
+            assert paused.get("error") == "FAILED_PRECONDITION" and "paused" in paused["message"], paused
+            assert rollout.ask("resume") == {"ok": True}
+            synced = trainer.ask("sync")
+            assert synced.get("ok") and synced["tensors"] == 15, synced
+            assert synced["info"]["state"] == "mapped"
+            tokens.append(rollout.ask(f"decode {step % 97} {TOKENS}")["tokens"])
+            assert rollout.ask("pause")["ok"]
+        info = trainer.ask("sync")
+        assert info.get("error") == "FAILED_PRECONDITION"
+        reference = subprocess.run([sys.executable, "-c", REFERENCE, str(STEPS), str(TOKENS)], env=env,
+                                   capture_output=True, text=True, timeout=600)
+        assert reference.returncode == 0, reference.stderr[-3000:]
+        expected = [json.loads(line)["tokens"] for line in reference.stdout.splitlines()]
+        assert len(expected) == STEPS
+        assert tokens == expected
+        assert len({tuple(t) for t in tokens}) > 1  # the updates changed what the rollout decodes
+        rollout.close()
+        for _ in range(100):
+            if trainer.ask("state")["state"] == "gone":
+                break
+        gone = trainer.ask("sync")
+        assert gone.get("error") == "FAILED_PRECONDITION" and "exited" in gone["message"], gone
+    finally:
+        rollout.close()
+        if trainer is not None:
+            trainer.close()
