@@ -8,9 +8,12 @@ For each size (GiB of bf16 weights : tensors), a rollout process holds the weigh
 backup tag, published with vmstash.weights.publish, its chunks exportable) and a trainer
 process holds its own copy to send (plain torch memory). Cases, each --steps times:
 
-  vmstash      the trainer maps the rollout's tag once (vmstash.weights.map_tag) and each step
-               calls vmstash.weights.sync: one batched copy (torch._foreach_copy_) into the
-               mapping, waited for; the first step counts the map
+  vmstash      the trainer maps the rollout's tag once (vmstash.weights.map_tag), makes a
+               vmstash.weights.SyncPlan of its tensors once, and each step runs it: one
+               batched copy (torch._foreach_copy_) into the mapping, waited for; the first
+               step counts the map and the plan
+  vmstash_unplanned  vmstash.weights.sync(tensors, view) each step: the same copy, with the
+               per-tensor checks made again every step (a trainer whose tensors change)
   ipc          as SGLang's update_weights_from_tensor: each step the trainer sends every
                tensor through torch.multiprocessing's reductions (CUDA IPC handles, pickled),
                the rollout opens them, copies each into its weights and waits, then drops them
@@ -91,24 +94,31 @@ def trainer(args):
         return (time.perf_counter() - t0) * 1e3
 
     pid = int(args.rollout_pid)
-    out = {"vmstash": [], "ipc": [], "same_process": [], "flat_copy": []}
+    out = {"vmstash": [], "vmstash_unplanned": [], "ipc": [], "same_process": [], "flat_copy": []}
     # Warm the copy kernels (not timed, not a step of any case).
     torch._foreach_copy_(list(own.values()), list(src.values()))
     flat_dst.copy_(flat_src)
     torch.cuda.synchronize()
-    view = None
+    view = plan = None
     for step in range(args.steps):
         fill(step)
         if view is None:
             t0 = time.perf_counter()
             view = vmstash.weights.map_tag(pid, "weights")
-            vmstash.weights.sync(src, view)
+            plan = vmstash.weights.SyncPlan(src, view)
+            plan.run()
             out["vmstash"].append((time.perf_counter() - t0) * 1e3)
         else:
-            out["vmstash"].append(timed(lambda: vmstash.weights.sync(src, view)))
+            out["vmstash"].append(timed(plan.run))
         say(ask=f"check {step}")
         if json.loads(sys.stdin.readline())["bad"] != 0:
             raise SystemExit(f"vmstash step {step}: the rollout's weights are wrong")
+    for step in range(args.steps):
+        fill(step + 50)
+        out["vmstash_unplanned"].append(timed(lambda: vmstash.weights.sync(src, view)))
+        say(ask=f"check {step + 50}")
+        if json.loads(sys.stdin.readline())["bad"] != 0:
+            raise SystemExit(f"vmstash_unplanned step {step}: the rollout's weights are wrong")
     for step in range(args.steps):
         fill(step + 100)
         torch.cuda.synchronize()
@@ -142,7 +152,10 @@ def run_size(gib, tensors, args):
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     t = None
     try:
-        ready = json.loads(r.stdout.readline())
+        first = r.stdout.readline()
+        if not first:
+            raise SystemExit(f"the rollout ended before it was ready (exit {r.wait()})")
+        ready = json.loads(first)
         t = subprocess.Popen([sys.executable, HERE, "--role", "trainer", "--rollout-pid", str(ready["ready"]), *common],
                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         while True:  # relay the trainer's requests to the rollout
@@ -204,13 +217,15 @@ def main():
         row["vmstash_vs_ipc"] = steady["ipc"] / steady["vmstash"]
         row["vmstash_vs_ipc_first"] = row["first_ms"]["ipc"] / row["first_ms"]["vmstash"]
         row["vmstash_vs_flat_copy"] = steady["flat_copy"] / steady["vmstash"]
+        row["vmstash_unplanned_vs_same_process"] = steady["same_process"] / steady["vmstash_unplanned"]
         report["sizes"].append(row)
         print(f"{gib} GiB in {tensors} tensors (median of steps 2..{args.steps}; first step in brackets):")
-        for k in ("vmstash", "ipc", "same_process", "flat_copy"):
-            print(f"  {k:13s} {steady[k]:9.2f} ms  {row['gbps'][k]:7.1f} GB/s   [first {row['first_ms'][k]:9.2f} ms]")
+        for k in ("vmstash", "vmstash_unplanned", "ipc", "same_process", "flat_copy"):
+            print(f"  {k:17s} {steady[k]:9.2f} ms  {row['gbps'][k]:7.1f} GB/s   [first {row['first_ms'][k]:9.2f} ms]")
         print(f"  vmstash / same_process bandwidth {row['vmstash_vs_same_process']:.3f}; ipc / vmstash time "
               f"{row['vmstash_vs_ipc']:.2f}x (first step {row['vmstash_vs_ipc_first']:.2f}x); vmstash / flat copy "
-              f"bandwidth {row['vmstash_vs_flat_copy']:.3f}")
+              f"bandwidth {row['vmstash_vs_flat_copy']:.3f}; unplanned / same_process bandwidth "
+              f"{row['vmstash_unplanned_vs_same_process']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

@@ -254,7 +254,7 @@ absl::Status Shutdown() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index) {
+absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index, const std::string& name) {
   State& s = TheState();
   std::shared_ptr<share::TagExporter> exporter;
   {
@@ -265,7 +265,7 @@ absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::s
     }
     exporter = s.exporter;
   }
-  return exporter->Share(tag, index);
+  return exporter->Share(tag, index, name);
 }
 
 absl::Status UnshareTag(TagId tag) {

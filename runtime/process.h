@@ -83,9 +83,9 @@ bool Initialized();
 // Mapped tags (Note [Mapped Tags] in tag_share.h), owned by the process runtime: stopped
 // and closed by Shutdown (before the runtime goes), left alone in a forked child. Each is
 // called inside a Call (`runtime`: that call's runtime).
-// This process shares `tag` and publishes `index` (TagExporter::Share; the exporter is
+// This process shares `tag` by `name` and publishes `index` (TagExporter::Share; the exporter is
 // started on first use and made the runtime's observer); returns the tag's new generation.
-absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index);
+absl::StatusOr<std::uint64_t> ShareTag(Runtime& runtime, TagId tag, const std::string& index, const std::string& name);
 absl::Status UnshareTag(TagId tag);
 // Maps tag `tag` of process `pid` on this process's `device`; returns a handle (> 0).
 absl::StatusOr<std::uint64_t> MapTag(Runtime& runtime, int pid, const std::string& tag, int device, int timeout_ms);

@@ -126,6 +126,8 @@ class Runtime {
   Driver& driver() const { return *driver_; }
   NodeLeases& node() const { return *node_; }
   int device_count() const { return device_count_; }
+  // The options every allocator of this runtime was made with.
+  const AllocatorOptions& allocator_options() const { return options_; }
   // InvalidArgument naming the device count and the driver for a device that does not exist.
   absl::Status CheckDevice(int device) const;
 

@@ -106,7 +106,7 @@ void TagExporter::Stop() {
     for (auto& [tag, shared] : shared_) {
       for (Importer& i : shared.importers) Close(i);
       shared.importers.clear();
-      if (::getpid() == owner_pid_) ::unlink(ShareIndexPath(options_.dir, owner_pid_, std::string(TagName(tag))).c_str());
+      if (::getpid() == owner_pid_) ::unlink(ShareIndexPath(options_.dir, owner_pid_, shared.name).c_str());
     }
   }
   if (::getpid() != owner_pid_) return;  // a forked child's copy: the thread and socket are the parent's
@@ -122,17 +122,33 @@ void TagExporter::Close(Importer& importer) {
   importer.fd = -1;
 }
 
-absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& index) {
+absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& index, const std::string& name) {
   if (!runtime_->TagPolicy(tag).has_value()) {
     return absl::NotFoundError(absl::StrCat("share tag '", TagName(tag), "': this process never declared it"));
   }
+  if (!runtime_->allocator_options().share_chunks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "share tag '", TagName(tag), "': this process's chunks cannot be exported: start it with VMSTASH_CONF "
+        "share_chunks:1 (or node:1)"));
+  }
+  const std::string public_name = name.empty() ? std::string(TagName(tag)) : name;
   if (!JsonValue::Parse(index).ok()) {
     return absl::InvalidArgumentError(absl::StrCat("share tag '", TagName(tag), "': its index is not JSON"));
   }
   MutexLock lock(&ops_mu_);
   if (stopped_) return absl::FailedPreconditionError("share tag: the tag exporter is stopped");
+  for (const auto& [other, s] : shared_) {
+    if (other != tag && s.name == public_name) {
+      return absl::FailedPreconditionError(absl::StrCat("share tag '", TagName(tag), "' as '", public_name,
+                                                        "': tag '", TagName(other), "' is shared by that name"));
+    }
+  }
   SharedTag& shared = shared_[tag];
-  VMSTASH_RETURN_IF_ERROR(WriteIndex(tag, shared.generation + 1, index));
+  if (!shared.name.empty() && shared.name != public_name) {  // renamed: the old name's index goes
+    ::unlink(ShareIndexPath(options_.dir, ::getpid(), shared.name).c_str());
+  }
+  shared.name = public_name;
+  VMSTASH_RETURN_IF_ERROR(WriteIndex(public_name, shared.generation + 1, index));
   shared.generation += 1;
   // Importers learn the new generation now (their index is stale): a revoke, then a grant.
   ShareMessage revoke;
@@ -156,8 +172,8 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
   return shared.generation;
 }
 
-absl::Status TagExporter::WriteIndex(TagId tag, std::uint64_t generation, const std::string& index) const {
-  const std::string path = ShareIndexPath(options_.dir, ::getpid(), std::string(TagName(tag)));
+absl::Status TagExporter::WriteIndex(const std::string& name, std::uint64_t generation, const std::string& index) const {
+  const std::string path = ShareIndexPath(options_.dir, ::getpid(), name);
   const std::string tmp = absl::StrCat(path, ".tmp");
   const std::string text = absl::StrCat("{\"generation\":", generation, ",\"index\":", index, "}\n");
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -188,8 +204,8 @@ absl::Status TagExporter::Unshare(TagId tag) {
   auto it = shared_.find(tag);
   if (it == shared_.end()) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' is not shared"));
   for (Importer& i : it->second.importers) Close(i);
+  ::unlink(ShareIndexPath(options_.dir, ::getpid(), it->second.name).c_str());
   shared_.erase(it);
-  ::unlink(ShareIndexPath(options_.dir, ::getpid(), std::string(TagName(tag))).c_str());
   return absl::OkStatus();
 }
 
@@ -245,10 +261,11 @@ void TagExporter::Admit(int fd) {
   if (request.ok() && request->kind != ShareKind::kMap) {
     request = absl::InvalidArgumentError("tag share protocol: the first message must be a map request");
   }
-  absl::StatusOr<TagId> tag = request.ok() ? FindTag(request->tag) : request.status();
-  absl::StatusOr<int> device = tag.ok() ? DeviceOf(request->device) : tag.status();
+  absl::StatusOr<int> device = request.ok() ? DeviceOf(request->device) : request.status();
   MutexLock lock(&ops_mu_);
-  auto it = tag.ok() ? shared_.find(*tag) : shared_.end();
+  auto it = shared_.begin();  // the tag shared by the name asked for
+  while (request.ok() && it != shared_.end() && it->second.name != request->tag) ++it;
+  if (!request.ok()) it = shared_.end();
   absl::Status refused = device.status();
   if (refused.ok() && stopped_) refused = absl::UnavailableError("tag exporter: stopping");
   if (refused.ok() && it == shared_.end()) {
@@ -261,7 +278,7 @@ void TagExporter::Admit(int fd) {
     return;
   }
   Importer importer{fd, peer->pid, *device, false};
-  if (absl::Status s = Grant(*tag, it->second, importer); !s.ok()) {
+  if (absl::Status s = Grant(it->first, it->second, importer); !s.ok()) {
     VMSTASH_LOG(kWarning, "tag exporter: process {} could not map tag '{}': {}", importer.pid, request->tag,
                 s.ToString());
     Close(importer);

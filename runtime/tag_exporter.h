@@ -53,11 +53,16 @@ class TagExporter : public TransitionObserver {
   // Stops taking importers and closes every importer's connection (they unmap); removes
   // the socket. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(ops_mu_);
-  // Lets importers map `tag` from now on, publishes `index` (JSON text, opaque here:
-  // ShareIndexPath) and returns the tag's new generation (1, 2, ...: bumped by each Share,
-  // sent with every grant). NotFound for a tag never declared here; InvalidArgument for an
-  // index that is not JSON; the file system's error (the generation unchanged).
-  absl::StatusOr<std::uint64_t> Share(TagId tag, const std::string& index = "[]") ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // Lets importers map `tag` from now on, by the name `name` (empty: the tag's own; a
+  // framework's name for it, e.g. "weights" for the vLLM backend's "vllm.weights"),
+  // publishes `index` (JSON text, opaque here: ShareIndexPath under that name) and returns
+  // the tag's new generation (1, 2, ...: bumped by each Share, sent with every grant).
+  // NotFound for a tag never declared here; FailedPrecondition when this process's chunks
+  // are not exportable (AllocatorOptions::share_chunks off) or the name is another shared
+  // tag's; InvalidArgument for an index that is not JSON; the file system's error (the
+  // generation unchanged).
+  absl::StatusOr<std::uint64_t> Share(TagId tag, const std::string& index = "[]", const std::string& name = "")
+      ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Stops sharing `tag`: its importers' connections are closed. NotFound when not shared.
   absl::Status Unshare(TagId tag) ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Importers of `tag` connected now.
@@ -75,6 +80,7 @@ class TagExporter : public TransitionObserver {
     bool granted = false;  // holds our chunks now
   };
   struct SharedTag {
+    std::string name;  // the importers' name for it
     std::uint64_t generation = 0;
     int changing = 0;  // calls between Before and After: a new importer is told "paused"
     std::vector<Importer> importers;
@@ -98,7 +104,7 @@ class TagExporter : public TransitionObserver {
   std::vector<TagId> Concerned(const ChunkChange& change, bool regrant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   static void Close(Importer& importer);
   // Writes the index file of `tag` (ShareIndexPath) atomically.
-  absl::Status WriteIndex(TagId tag, std::uint64_t generation, const std::string& index) const;
+  absl::Status WriteIndex(const std::string& name, std::uint64_t generation, const std::string& index) const;
 
   Runtime* const runtime_;
   const ShareOptions options_;

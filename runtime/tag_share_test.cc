@@ -243,7 +243,39 @@ TEST(MappedTagTest, RefusesBadRequests) {
   EXPECT_EQ(elsewhere.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(elsewhere.status().message(), HasSubstr("shares no tag"));
   EXPECT_EQ(e.ex->Share(Tag("share_never_declared")).status().code(), absl::StatusCode::kNotFound);
+  // Another tag may not take a name already shared.
+  ASSERT_TRUE(e.rt->CreateTag(Tag("share_bad_other"), Policy::kBackup).ok());
+  EXPECT_EQ(e.ex->Share(Tag("share_bad_other"), "[]", "share_bad_weights").status().code(),
+            absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(mine->CheckNoLeaks().ok()) << mine->CheckNoLeaks();
+}
+
+TEST(MappedTagTest, ATagSharedByAFrameworksNameIsMappedByThatName) {
+  Exporter e;
+  const TagId weights = Tag("vllm.share_alias_weights");
+  ASSERT_TRUE(e.rt->CreateTag(weights, Policy::kBackup).ok());
+  const DevicePtr p = e.Filled(weights, 15);
+  ASSERT_TRUE(e.ex->Share(weights, "[]", "share_alias_weights").ok());
+  std::unique_ptr<SimDriver> mine = Sim();
+  std::unique_ptr<MappedTag> m = MappedTag::Map(mine.get(), 0, ::getpid(), "share_alias_weights", {e.dir}).value();
+  EXPECT_EQ(WrongBytes(m->Local(p, kBlock).value(), kBlock, 15), 0u);
+  EXPECT_EQ(m->index(), "{\"generation\":1,\"index\":[]}\n");
+  EXPECT_EQ(MappedTag::Map(mine.get(), 0, ::getpid(), "vllm.share_alias_weights", {e.dir}).status().code(),
+            absl::StatusCode::kNotFound);  // importers know it by the name it was shared by
+}
+
+TEST(MappedTagTest, ChunksThatCannotBeExportedAreRefusedAtShare) {
+  AllocatorOptions options;
+  options.auto_prepare = false;  // share_chunks off
+  std::unique_ptr<Runtime> rt = Runtime::Create(Sim(), options).value();
+  ShareOptions so;
+  so.dir = node::PrivateDir();
+  std::shared_ptr<TagExporter> ex = TagExporter::Start(rt.get(), so).value();
+  const TagId weights = Tag("share_unshareable_weights");
+  ASSERT_TRUE(rt->CreateTag(weights, Policy::kBackup).ok());
+  absl::StatusOr<std::uint64_t> g = ex->Share(weights);
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(g.status().message(), HasSubstr("share_chunks:1"));
 }
 
 TEST(MappedTagTest, ThePausedTagIsMappedAtItsResume) {

@@ -54,12 +54,13 @@ const char* StateName(MappedTag::State s) {
 
 extern "C" {
 
-int vmstash_share_tag(const char* tag, const char* index_json, unsigned long long* generation) noexcept {
+int vmstash_share_tag(const char* tag, const char* name, const char* index_json,
+                      unsigned long long* generation) noexcept {
   return WithRuntime([&](Runtime& rt) {
     if (tag == nullptr) return Fail(absl::InvalidArgumentError("vmstash_share_tag: tag must not be NULL"));
     absl::StatusOr<vmstash::TagId> id = vmstash::FindTag(tag);
     if (!id.ok()) return Fail(id.status());
-    absl::StatusOr<std::uint64_t> g = vmstash::process::ShareTag(rt, *id, index_json == nullptr ? "[]" : index_json);
+    absl::StatusOr<std::uint64_t> g = vmstash::process::ShareTag(rt, *id, index_json == nullptr ? "[]" : index_json, name == nullptr ? "" : name);
     if (!g.ok()) return Fail(g.status());
     if (generation != nullptr) *generation = *g;
     return 0;

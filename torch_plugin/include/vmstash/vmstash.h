@@ -281,13 +281,15 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * process that another process of the user on the same GPU maps read-write at its own
  * addresses, revoked before every pause, switch or empty_cache of the tag and granted
  * again after it. The exporting side: vmstash_share_tag lets other processes map `tag`
- * (its chunks must be exportable: VMSTASH_CONF share_chunks:1, or node:1), publishes
- * `index_json` (JSON text, NULL: "[]"; the tensors' names and places, opaque to the
- * library) for the importers, and returns in *generation (may be NULL) the tag's new
- * generation, bumped by each call;
+ * (its chunks must be exportable: VMSTASH_CONF share_chunks:1, or node:1:
+ * VMSTASH_FAILED_PRECONDITION otherwise) by the name `name` (NULL: the tag's own; e.g.
+ * "weights" for the vLLM backend's "vllm.weights"), publishes `index_json` (JSON text,
+ * NULL: "[]"; the tensors' names and places, opaque to the library) for the importers,
+ * and returns in *generation (may be NULL) the tag's new generation, bumped by each call;
  * vmstash_unshare_tag closes every importer's mapping. The importing side:
- * vmstash_map_tag maps `tag` of process `pid` on this process's `device`, waiting up to
- * `timeout_ms` (<= 0: 10 s) for the exporter, and returns a handle in *handle;
+ * vmstash_map_tag maps the tag process `pid` shares by the name `tag` on this process's
+ * `device`, waiting up to `timeout_ms` (<= 0: 10 s) for the exporter, and returns a
+ * handle in *handle;
  * vmstash_mapped_acquire / vmstash_mapped_release bracket a use (the memory stays mapped
  * in between; a revoke waits for the release, so the caller's work on the memory must be
  * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
@@ -298,7 +300,8 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * ({"state":"mapped"|"paused"|"gone","generation","grants","revokes","pid","tag",
  * "device","mapped_bytes"}; free with vmstash_string_free); vmstash_mapped_close unmaps
  * it (a use still acquired is released). */
-int vmstash_share_tag(const char* tag, const char* index_json, unsigned long long* generation) VMSTASH_NOEXCEPT;
+int vmstash_share_tag(const char* tag, const char* name, const char* index_json,
+                      unsigned long long* generation) VMSTASH_NOEXCEPT;
 int vmstash_unshare_tag(const char* tag) VMSTASH_NOEXCEPT;
 int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsigned long long* handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_acquire(unsigned long long handle) VMSTASH_NOEXCEPT;

@@ -44,7 +44,7 @@ def publish():
     index = {"version": 1, "tensors": [{"name": f"t{i}", "address": p, "nbytes": n, "shape": [n // 2],
                                          "dtype": "bfloat16", "device": 0} for i, (p, n) in enumerate(zip(ptrs, sizes))]}
     g = ctypes.c_ulonglong(0)
-    _lib.check(L.vmstash_share_tag(b"w", json.dumps(index).encode(), ctypes.byref(g)), "share")
+    _lib.check(L.vmstash_share_tag(b"w", None, json.dumps(index).encode(), ctypes.byref(g)), "share")
     return g.value
 def say(**kw):
     print(json.dumps(kw), flush=True)
@@ -208,3 +208,23 @@ def test_bad_requests(exporter):
     with pytest.raises(vmstash.Error) as err:
         _lib.check(_lib.lib().vmstash_mapped_acquire(view._handle or 12345), "acquire")
     assert err.value.code_name == "NOT_FOUND"
+
+
+def test_resolve_tag_names_the_integrations_tags():
+    vmstash.create_tag("vllm.rt_weights", "backup")
+    assert vmstash.weights.resolve_tag("rt_weights") == "vllm.rt_weights"
+    vmstash.create_tag("rt_plain", "backup")
+    assert vmstash.weights.resolve_tag("rt_plain") == "rt_plain"
+    name = _lib.lib().vmstash_tms_tag(b"rt_tms", b"pinned")  # what the drop-in's region("rt_tms") declares
+    assert name
+    assert vmstash.weights.resolve_tag("rt_tms") == name.decode()
+    with pytest.raises(vmstash.Error) as err:
+        vmstash.weights.resolve_tag("rt_nowhere")
+    assert err.value.code_name == "NOT_FOUND" and "vllm.rt_nowhere" in str(err.value)
+
+
+def test_share_refuses_chunks_that_cannot_be_exported():
+    vmstash.create_tag("rt_unshared", "backup")  # this process runs without share_chunks
+    with pytest.raises(vmstash.Error) as err:
+        _lib.check(_lib.lib().vmstash_share_tag(b"rt_unshared", None, b"[]", None), "share")
+    assert err.value.code_name == "FAILED_PRECONDITION" and "share_chunks:1" in str(err.value)

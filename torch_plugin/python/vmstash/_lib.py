@@ -180,7 +180,7 @@ def _declare(l):
         "vmstash_node_connect": (c_int, [c_int]),
         "vmstash_node_stats_json": (c_void_p, []),
         "vmstash_node_switch": (c_int, [c_char_p, c_char_p, c_int, c_int, ctypes.POINTER(c_void_p)]),
-        "vmstash_share_tag": (c_int, [c_char_p, c_char_p, ctypes.POINTER(ctypes.c_ulonglong)]),
+        "vmstash_share_tag": (c_int, [c_char_p, c_char_p, c_char_p, ctypes.POINTER(ctypes.c_ulonglong)]),
         "vmstash_unshare_tag": (c_int, [c_char_p]),
         "vmstash_map_tag": (c_int, [c_int, c_char_p, c_int, c_int, ctypes.POINTER(ctypes.c_ulonglong)]),
         "vmstash_mapped_acquire": (c_int, [ctypes.c_ulonglong]),

@@ -44,13 +44,43 @@ def _items(tensors, what):
     return out
 
 
+def resolve_tag(tag):
+    """The vmstash tag that `tag` names in this process: a vmstash tag of that name; else
+    the vLLM backend's tag for it (vmstash.compat.vllm: "weights" is "vllm.weights"); else
+    the one vmstash tag torch_memory_saver's tag of that name has (the drop-in: its region
+    "weights"). Raises vmstash.Error (NOT_FOUND) naming what was tried, or
+    (INVALID_ARGUMENT) when the drop-in's tag has several (one per backup setting used)."""
+    from . import _api
+    if _api.policy_of(tag) is not None:
+        return tag
+    from .compat.vllm.allocator import TAG_PREFIX
+    if _api.policy_of(TAG_PREFIX + tag) is not None:
+        return TAG_PREFIX + tag
+    l = _lib.lib()
+    names = (ctypes.c_char_p * 8)()
+    count = ctypes.c_size_t(0)
+    _lib.check(l.vmstash_tms_targets(_lib.encode(tag), names, 8, ctypes.byref(count)), "vmstash.weights")
+    if count.value == 1:
+        return names[0].decode()
+    if count.value > 1:
+        found = ", ".join(repr(names[i].decode()) for i in range(min(count.value, 8)))
+        raise _lib.error(f"vmstash.weights: torch_memory_saver's tag {tag!r} has several vmstash tags ({found}): "
+                         "name one of them", _lib.INVALID_ARGUMENT)
+    raise _lib.error(f"vmstash.weights: no tag {tag!r} in this process (nor {TAG_PREFIX + tag!r} of the vLLM "
+                     f"backend, nor a torch_memory_saver region {tag!r})", _lib.NOT_FOUND)
+
+
 def publish(tag, tensors):
     """In the exporting process: lets other processes map `tag` (vmstash.weights.map_tag)
     and publishes the index of `tensors` (a dict name -> tensor, or (name, tensor) pairs,
-    e.g. model.state_dict()): each tensor's name, address, shape and dtype. The tensors
-    must be contiguous CUDA tensors in `tag`'s memory. Call it again when the weights are
-    re-created (a new generation: importers then map again). Returns the generation."""
+    e.g. model.state_dict()): each tensor's name, address, shape and dtype. `tag` is a
+    vmstash tag, or the vLLM backend's or torch_memory_saver's name of one (resolve_tag);
+    importers map it by that same name. The tensors must be contiguous CUDA tensors in
+    the tag's memory, and the process must run with exportable chunks (VMSTASH_CONF
+    share_chunks:1, or node:1). Call it again when the weights are re-created (a new
+    generation: importers then map again). Returns the generation."""
     torch = _torch()
+    vmstash_tag = resolve_tag(tag)
     entries = []
     seen = set()
     for name, t in _items(tensors, "vmstash.weights.publish"):
@@ -66,14 +96,15 @@ def publish(tag, tensors):
                         "device": t.device.index})
     index = json.dumps({"version": _INDEX_VERSION, "tensors": entries})
     generation = ctypes.c_ulonglong(0)
-    _lib.check(_lib.lib().vmstash_share_tag(_lib.encode(tag), index.encode(), ctypes.byref(generation)),
-               "vmstash.weights.publish")
+    _lib.check(_lib.lib().vmstash_share_tag(_lib.encode(vmstash_tag), _lib.encode(tag), index.encode(),
+                                            ctypes.byref(generation)), "vmstash.weights.publish")
     return generation.value
 
 
 def unpublish(tag):
-    """Stops sharing `tag`: every importer's view of it is closed (it becomes "gone")."""
-    _lib.check(_lib.lib().vmstash_unshare_tag(_lib.encode(tag)), "vmstash.weights.unpublish")
+    """Stops sharing `tag` (resolve_tag): every importer's view of it is closed (it
+    becomes "gone")."""
+    _lib.check(_lib.lib().vmstash_unshare_tag(_lib.encode(resolve_tag(tag))), "vmstash.weights.unpublish")
 
 
 def _synchronize(stream, device):
@@ -225,6 +256,51 @@ def map_tag(pid, tag, device=None, timeout=10.0):
     return MappedWeights(pid, tag, device, timeout)
 
 
+class SyncPlan:
+    """A sync made once and run each step (vmstash.weights.sync's checks done at
+    construction): for a trainer that keeps the same source tensors from step to step (its
+    parameters), so a step costs one batched copy and no per-tensor Python work. Build a
+    new plan when the sources are new tensors, or the view was mapped again."""
+
+    def __init__(self, src, dst, name_map=None):
+        torch = _torch()
+        self.dst = dst
+        targets, srcs = [], []
+        for name, t in _items(src, "vmstash.weights.sync"):
+            target = name_map(name) if name_map is not None else name
+            if target is None:
+                continue
+            e = dst.index.get(target)
+            if e is None:
+                raise KeyError(f"vmstash.weights.sync: {target!r} (from {name!r}) is not in the index process "
+                               f"{dst.pid} published for tag {dst.tag!r}")
+            if not isinstance(t, torch.Tensor) or not t.is_cuda or t.get_device() != dst.device:
+                raise ValueError(f"vmstash.weights.sync: {name!r} is not a tensor on cuda:{dst.device}")
+            if list(t.shape) != list(e["shape"]):
+                raise ValueError(f"vmstash.weights.sync: {name!r} has shape {list(t.shape)}, {target!r} has "
+                                 f"{list(e['shape'])}")
+            targets.append(target)
+            srcs.append(t)
+        self.srcs = srcs
+        self.targets = targets
+        self.dsts = None  # built at the first run, inside a use (the tag mapped)
+        self.nbytes = 0
+
+    def run(self, stream=None):
+        """Copies the sources into the mapped weights on `stream` (default: the current
+        stream, after its queued work); complete on return. Returns {"tensors", "bytes"}."""
+        torch = _torch()
+        stream = stream or torch.cuda.current_stream(self.dst.device)
+        with self.dst.use(stream):
+            if self.dsts is None:
+                self.dsts = [self.dst.tensor(t) for t in self.targets]
+                self.nbytes = sum(d.numel() * d.element_size() for d in self.dsts)
+            if self.dsts:
+                with torch.cuda.stream(stream):
+                    torch._foreach_copy_(self.dsts, self.srcs)
+        return {"tensors": len(self.dsts), "bytes": self.nbytes}
+
+
 def sync(src, dst, name_map=None, stream=None):
     """Copies the trainer's tensors `src` (a dict name -> tensor, or (name, tensor) pairs)
     into the mapped weights `dst` (map_tag), at device bandwidth: one batched copy
@@ -234,30 +310,6 @@ def sync(src, dst, name_map=None, stream=None):
     `stream` (default: the current stream, after the work queued there) and are complete
     when sync returns. Raises KeyError for a name not in the index, ValueError for a shape
     mismatch or a source on another device, vmstash.Error (FAILED_PRECONDITION) while the
-    exporter's tag is paused or the exporter is gone. Returns {"tensors", "bytes"}."""
-    torch = _torch()
-    pairs = []
-    for name, t in _items(src, "vmstash.weights.sync"):
-        target = name_map(name) if name_map is not None else name
-        if target is None:
-            continue
-        e = dst.index.get(target)
-        if e is None:
-            raise KeyError(f"vmstash.weights.sync: {target!r} (from {name!r}) is not in the index process "
-                           f"{dst.pid} published for tag {dst.tag!r}")
-        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device.index != dst.device:
-            raise ValueError(f"vmstash.weights.sync: {name!r} is not a tensor on cuda:{dst.device}")
-        if list(t.shape) != list(e["shape"]):
-            raise ValueError(f"vmstash.weights.sync: {name!r} has shape {list(t.shape)}, {target!r} has "
-                             f"{list(e['shape'])}")
-        pairs.append((target, t))
-    stream = stream or torch.cuda.current_stream(dst.device)
-    nbytes = 0
-    with dst.use(stream):
-        dsts = [dst.tensor(target) for target, _ in pairs]
-        srcs = [t for _, t in pairs]
-        with torch.cuda.stream(stream):
-            if dsts:
-                torch._foreach_copy_(dsts, srcs)
-        nbytes = sum(d.numel() * d.element_size() for d in dsts)
-    return {"tensors": len(pairs), "bytes": nbytes}
+    exporter's tag is paused or the exporter is gone. Returns {"tensors", "bytes"}.
+    A trainer that syncs the same tensors every step makes a SyncPlan once instead."""
+    return SyncPlan(src, dst, name_map).run(stream)
