@@ -71,19 +71,31 @@ ROLLOUT = MODEL + r'''
 import json, os, sys
 import vmstash
 dev = torch.device("cuda", 0)
-w, decode = build(dev, vmstash.region("weights", policy="backup"))
-generation = vmstash.weights.publish("weights", w)
+mode = sys.argv[1]
+if mode == "region":  # vmstash's own API
+    w, decode = build(dev, vmstash.region("weights", policy="backup"))
+    pause, resume = (lambda: vmstash.pause("weights")), (lambda: vmstash.resume("weights"))
+elif mode == "tms":  # torch_memory_saver's API (SGLang), on the drop-in
+    from vmstash.compat.torch_memory_saver import torch_memory_saver as tms
+    w, decode = build(dev, tms.region(tag="weights", enable_cpu_backup=True))
+    pause, resume = (lambda: tms.pause("weights")), (lambda: tms.resume("weights"))
+else:  # vLLM's sleep mode (verl), on vmstash's backend
+    from vmstash.compat.vllm import VmstashMemAllocator
+    allocator = VmstashMemAllocator.get_instance()
+    w, decode = build(dev, allocator.use_memory_pool("weights"))
+    pause, resume = (lambda: allocator.sleep(offload_tags=("weights",))), (lambda: allocator.wake_up(["weights"]))
+generation = vmstash.weights.publish("weights", w)  # by the framework's name for the tag
 def say(**kw):
     print(json.dumps(kw), flush=True)
 say(ready=os.getpid(), generation=generation)
 for line in sys.stdin:
     cmd = line.split()
     if cmd[0] == "resume":
-        vmstash.resume("weights")
+        resume()
         say(ok=True)
     elif cmd[0] == "pause":
         torch.cuda.synchronize()
-        vmstash.pause("weights")
+        pause()
         say(ok=True, free=torch.cuda.mem_get_info()[0])
     elif cmd[0] == "decode":
         say(tokens=decode(int(cmd[1]), int(cmd[2])))
@@ -155,12 +167,15 @@ class Proc:
                 self.p.wait()
 
 
-def test_trainer_to_rollout_for_20_steps_equals_one_process():
+@pytest.mark.parametrize("mode,steps", [("region", STEPS), ("tms", 5), ("vllm", 5)])
+def test_trainer_to_rollout_equals_one_process(mode, steps):
+    """20 steps through vmstash's API; 5 through torch_memory_saver's (the drop-in) and
+    vLLM's sleep mode (vmstash's backend), each publishing its framework's tag "weights"."""
     d = tempfile.mkdtemp(prefix="vmstash-weights-gpu-")
     os.chmod(d, 0o700)
     env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
     env.pop("VMSTASH_CONF", None)
-    rollout = Proc(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"))
+    rollout = Proc(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"), mode)
     trainer = None
     try:
         ready = rollout.read()
@@ -170,7 +185,7 @@ def test_trainer_to_rollout_for_20_steps_equals_one_process():
         assert t["info"]["state"] == "mapped" and t["info"]["mapped_bytes"] >= 12 * (32 << 20)
         assert rollout.ask("pause")["ok"]
         tokens = []
-        for step in range(STEPS):
+        for step in range(steps):
             assert trainer.ask(f"train {step}") == {"ok": True}  # trains while the rollout is paused
             paused = trainer.ask("sync")
             assert paused.get("error") == "FAILED_PRECONDITION" and "paused" in paused["message"], paused
@@ -182,11 +197,11 @@ def test_trainer_to_rollout_for_20_steps_equals_one_process():
             assert rollout.ask("pause")["ok"]
         info = trainer.ask("sync")
         assert info.get("error") == "FAILED_PRECONDITION"
-        reference = subprocess.run([sys.executable, "-c", REFERENCE, str(STEPS), str(TOKENS)], env=env,
+        reference = subprocess.run([sys.executable, "-c", REFERENCE, str(steps), str(TOKENS)], env=env,
                                    capture_output=True, text=True, timeout=600)
         assert reference.returncode == 0, reference.stderr[-3000:]
         expected = [json.loads(line)["tokens"] for line in reference.stdout.splitlines()]
-        assert len(expected) == STEPS
+        assert len(expected) == steps
         assert tokens == expected
         assert len({tuple(t) for t in tokens}) > 1  # the updates changed what the rollout decodes
         rollout.close()
