@@ -4,11 +4,13 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -249,6 +251,10 @@ absl::StatusOr<int> TagExporter::DeviceOf(const std::string& uuid) const {
 }
 
 void TagExporter::Admit(int fd) {
+  // A send to an importer that does not read gives up after request_timeout_ms (the
+  // importer is then dropped) instead of blocking the exporter's lock.
+  const timeval send_limit{options_.request_timeout_ms / 1000, (options_.request_timeout_ms % 1000) * 1000};
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
   absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
   if (!peer.ok() || !options_.peer_allowed(peer->uid)) {
     (void)node::Send(fd, FormatShare(ShareError(absl::PermissionDeniedError(
@@ -354,8 +360,12 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
       if (!i.granted || (change.device >= 0 && i.device != change.device)) continue;
       if (node::Send(i.fd, revoke).ok()) asked.push_back(&i); else Close(i);  // gone: its handles went with it
     }
-    for (Importer* i : asked) {  // every importer unmaps at once; their acknowledgements are read in turn
-      absl::StatusOr<node::Received> got = node::Receive(i->fd, options_.revoke_timeout_ms, 0);
+    // Every importer unmaps at once; their acknowledgements are read in turn, all within
+    // one revoke_timeout_ms.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
+    for (Importer* i : asked) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      absl::StatusOr<node::Received> got = node::Receive(i->fd, std::max<int>(0, static_cast<int>(left.count())), 0);
       absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
       if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
         i->granted = false;

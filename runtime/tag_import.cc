@@ -112,6 +112,20 @@ absl::StatusOr<MappedTag::Use> MappedTag::Acquire() {
 
 absl::StatusOr<DevicePtr> MappedTag::Local(DevicePtr remote, std::size_t size_bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return LocalLocked(remote, size_bytes);
+}
+
+absl::Status MappedTag::Covers(const std::vector<ShareRange>& ranges) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ShareRange& r : ranges) {
+    if (absl::StatusOr<DevicePtr> p = LocalLocked(r.address, r.size_bytes); !p.ok()) {
+      return absl::FailedPreconditionError(p.status().message());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DevicePtr> MappedTag::LocalLocked(DevicePtr remote, std::size_t size_bytes) const {
   const Region* region = nullptr;
   for (const Region& r : regions_) {
     if (remote >= r.remote.address && size_bytes <= r.remote.size_bytes &&
@@ -129,11 +143,11 @@ absl::StatusOr<DevicePtr> MappedTag::Local(DevicePtr remote, std::size_t size_by
   // Inside the mapped pieces: contiguous ones from the piece holding `remote` on.
   DevicePtr cursor = remote;
   const DevicePtr end = remote + size_bytes;
-  for (const Piece& p : pieces_) {
-    if (p.remote.address + p.remote.size_bytes <= cursor) continue;
-    if (p.remote.address > cursor) break;
-    cursor = p.remote.address + p.remote.size_bytes;
-    if (cursor >= end) break;
+  auto it = std::partition_point(pieces_.begin(), pieces_.end(), [&](const Piece& p) {
+    return p.remote.address + p.remote.size_bytes <= remote;
+  });
+  for (; it != pieces_.end() && cursor < end && it->remote.address <= cursor; ++it) {
+    cursor = it->remote.address + it->remote.size_bytes;
   }
   if (cursor < end && size_bytes > 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -78,6 +78,10 @@ class MappedTag {
   // re-created that memory, or grew since the grant: map again).
   absl::StatusOr<DevicePtr> Local(DevicePtr remote, std::size_t size_bytes) const;
 
+  // OK when every range (exporter addresses) lies inside the chunks mapped now
+  // (FailedPrecondition as Local's for the first that does not, or when not mapped).
+  absl::Status Covers(const std::vector<ShareRange>& ranges) const;
+
   State state() const;
   // The generation of the exporter's last grant or "paused" (TagExporter::Share).
   std::uint64_t generation() const;
@@ -110,6 +114,8 @@ class MappedTag {
   // Waits for the Uses and unmaps and releases every piece (state `next`, reason `why`).
   void Unmap(State next, const std::string& why);
   void Ack(const std::string& what, const absl::Status& status);
+  // Local's check under mu_.
+  absl::StatusOr<DevicePtr> LocalLocked(DevicePtr remote, std::size_t size_bytes) const;
   std::string Describe(State s) const;
 
   Driver* const driver_;

@@ -176,7 +176,9 @@ TEST(MappedTagTest, FollowsSwitchesAndEmptyCache) {
   std::unique_ptr<SimDriver> mine = Sim();
   std::unique_ptr<MappedTag> m = MappedTag::Map(mine.get(), 0, ::getpid(), "share_sw_weights", {e.dir}).value();
   const DevicePtr q = m->Local(p, kBlock).value();
+  EXPECT_TRUE(m->Covers({{p, kBlock}, {p + 4096, 4096}}).ok());
   ASSERT_TRUE(e.rt->Switch({weights}, {kv}, -1).ok());
+  EXPECT_EQ(m->Covers({{p, kBlock}}).code(), absl::StatusCode::kFailedPrecondition);  // paused
   EXPECT_EQ(m->state(), MappedTag::State::kPaused);
   ASSERT_TRUE(e.rt->Switch({kv}, {weights}, -1).ok());
   EXPECT_EQ(m->state(), MappedTag::State::kMapped);
@@ -189,6 +191,8 @@ TEST(MappedTagTest, FollowsSwitchesAndEmptyCache) {
   absl::StatusOr<DevicePtr> stale = m->Local(p, kBlock);
   EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(stale.status().message(), HasSubstr("freed or re-created"));
+  EXPECT_EQ(m->Covers({{p, kBlock}}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(m->Covers({}).ok());
   EXPECT_EQ(m->Local(p - (std::size_t{1} << 40), 16).status().code(), absl::StatusCode::kInvalidArgument);
 }
 

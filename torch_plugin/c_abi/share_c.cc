@@ -129,6 +129,20 @@ int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, u
   });
 }
 
+int vmstash_mapped_check(unsigned long long handle, const unsigned long long* remotes,
+                         const unsigned long long* bytes, size_t n) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    if (n > 0 && (remotes == nullptr || bytes == nullptr)) {
+      return Fail(absl::InvalidArgumentError("vmstash_mapped_check: NULL arrays"));
+    }
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    std::vector<vmstash::share::ShareRange> ranges(n);
+    for (size_t i = 0; i < n; ++i) ranges[i] = {remotes[i], static_cast<std::size_t>(bytes[i])};
+    return Code((*m)->Covers(ranges));
+  });
+}
+
 char* vmstash_mapped_info_json(unsigned long long handle) noexcept {
   char* out = nullptr;
   Guard([&](vmstash::process::Call&) {

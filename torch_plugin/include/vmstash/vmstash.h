@@ -294,7 +294,9 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * in between; a revoke waits for the release, so the caller's work on the memory must be
  * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
  * paused or the exporter is gone; vmstash_mapped_local gives this process's address of
- * the exporter's [remote, remote + bytes); vmstash_mapped_index_json the index the
+ * the exporter's [remote, remote + bytes); vmstash_mapped_check whether `n` such ranges
+ * all lie in the memory mapped now (VMSTASH_FAILED_PRECONDITION naming the first that
+ * does not); vmstash_mapped_index_json the index the
  * exporter published, as read at the map ({"generation":G,"index":...}; NOT_FOUND when
  * none); vmstash_mapped_info_json its state
  * ({"state":"mapped"|"paused"|"gone","generation","grants","revokes","pid","tag",
@@ -308,6 +310,8 @@ int vmstash_mapped_acquire(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_release(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
                          unsigned long long* local) VMSTASH_NOEXCEPT;
+int vmstash_mapped_check(unsigned long long handle, const unsigned long long* remotes,
+                         const unsigned long long* bytes, size_t n) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_info_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_index_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_close(unsigned long long handle) VMSTASH_NOEXCEPT;

@@ -195,6 +195,14 @@ def test_bad_requests(exporter):
         vmstash.weights.map_tag(e.pid, "w", device=9)
     assert err.value.code_name == "INVALID_ARGUMENT"
     view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    u64s = ctypes.c_ulonglong * 2
+    t0, t1 = view.index["t0"], view.index["t1"]
+    l = _lib.lib()
+    _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
+                                      u64s(t0["nbytes"], t1["nbytes"]), 2), "check")
+    with pytest.raises(vmstash.Error) as err:
+        _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
+                                          u64s(t0["nbytes"], 1 << 40), 2), "check")
     with pytest.raises(vmstash.Error) as err:
         _lib.check(_lib.lib().vmstash_mapped_local(view._handle, view.index["t0"]["address"], 64 * MiB,
                                                    ctypes.byref(ctypes.c_ulonglong())), "local")

@@ -187,6 +187,8 @@ def _declare(l):
         "vmstash_mapped_release": (c_int, [ctypes.c_ulonglong]),
         "vmstash_mapped_local": (c_int, [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_ulonglong,
                                          ctypes.POINTER(ctypes.c_ulonglong)]),
+        "vmstash_mapped_check": (c_int, [ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_ulonglong),
+                                         ctypes.POINTER(ctypes.c_ulonglong), c_size_t]),
         "vmstash_mapped_info_json": (c_void_p, [ctypes.c_ulonglong]),
         "vmstash_mapped_index_json": (c_void_p, [ctypes.c_ulonglong]),
         "vmstash_mapped_close": (c_int, [ctypes.c_ulonglong]),

@@ -285,6 +285,9 @@ class SyncPlan:
         self.targets = targets
         self.dsts = None  # built at the first run, inside a use (the tag mapped)
         self.nbytes = 0
+        placed = [dst.index[t] for t in targets if dst.index[t]["nbytes"] > 0]
+        self._remotes = (ctypes.c_ulonglong * len(placed))(*(e["address"] for e in placed))
+        self._sizes = (ctypes.c_ulonglong * len(placed))(*(e["nbytes"] for e in placed))
 
     def run(self, stream=None):
         """Copies the sources into the mapped weights on `stream` (default: the current
@@ -292,6 +295,11 @@ class SyncPlan:
         torch = _torch()
         stream = stream or torch.cuda.current_stream(self.dst.device)
         with self.dst.use(stream):
+            # Every destination is in the memory mapped now (one call): a tensor the rollout
+            # freed, or memory its tag mapped after the grant, is an error here, never a
+            # write to an unmapped address.
+            _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes,
+                                                       len(self._remotes)), "vmstash.weights.sync")
             if self.dsts is None:
                 self.dsts = [self.dst.tensor(t) for t in self.targets]
                 self.nbytes = sum(d.numel() * d.element_size() for d in self.dsts)
