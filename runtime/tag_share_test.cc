@@ -3,6 +3,7 @@
 // holds a revoke up, exits on either side, bad input, and driver faults in the importer.
 // The importer runs in this process on a driver of its own (the simulator's chunks are
 // memfds, imported like CUDA's), or in a child process.
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "node/testing.h"
+#include "node/wire.h"
 #include "runtime/runtime.h"
 #include "runtime/tag_exporter.h"
 #include "runtime/tag_import.h"
@@ -395,17 +397,39 @@ TEST(MappedTagTest, AnImporterProcessKilledDoesNotHoldThePauseUp) {
   ASSERT_EQ(::pipe(ready), 0);
   const pid_t child = ::fork();
   if (child == 0) {
-    std::unique_ptr<SimDriver> mine = Sim();
-    absl::StatusOr<std::unique_ptr<MappedTag>> m = MappedTag::Map(mine.get(), 0, ::getppid(), "share_kill_weights", {e.dir});
-    const char ok = m.ok() && WrongBytes((*m)->Local(p, kBlock).value(), kBlock, 14) == 0 ? 1 : 0;
+    // An importer at the protocol's level (no thread may start in a forked child under
+    // TSAN): map, take the grant's descriptors, acknowledge, then wait to be killed.
+    char ok = 0;
+    absl::StatusOr<int> fd = node::Connect(ShareSocketPath(e.dir, ::getppid()));
+    ShareMessage map;
+    map.kind = ShareKind::kMap;
+    map.tag = "share_kill_weights";
+    map.device = "sim-0";
+    if (fd.ok() && node::Send(*fd, FormatShare(map)).ok()) {
+      absl::StatusOr<node::Received> grant = node::Receive(*fd, 5000, 0);
+      absl::StatusOr<ShareMessage> g = grant.ok() ? ParseShare(grant->message) : grant.status();
+      std::size_t taken = 0;
+      while (g.ok() && g->kind == ShareKind::kGrant && taken < g->chunk_count) {
+        absl::StatusOr<node::Received> part = node::Receive(*fd, 5000, kChunksPerPacket);
+        if (!part.ok() || part->fds.empty()) break;
+        taken += part->fds.size();  // kept open: this process holds the chunks
+      }
+      ShareMessage ack;
+      ack.kind = ShareKind::kAck;
+      ack.ack = "grant";
+      ok = g.ok() && taken == g->chunk_count && taken > 0 && node::Send(*fd, FormatShare(ack)).ok() ? 1 : 0;
+    }
     (void)!::write(ready[1], &ok, 1);
     ::pause();
     ::_exit(0);
   }
   char ok = 0;
+  pollfd wait{ready[0], POLLIN, 0};
+  ASSERT_EQ(::poll(&wait, 1, 30000), 1) << "the importer process did not report";
   ASSERT_EQ(::read(ready[0], &ok, 1), 1);
   EXPECT_EQ(ok, 1);
   EXPECT_EQ(e.ex->importers(weights), 1u);
+  (void)p;
   ::kill(child, SIGKILL);
   ::waitpid(child, nullptr, 0);
   const auto start = std::chrono::steady_clock::now();
