@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "base/json_writer.h"
+#include "base/status_code.h"
 #include "control/runtime_dir.h"
 
 namespace vmstash::node {
@@ -52,12 +53,6 @@ absl::StatusOr<std::string> Text(const JsonValue& doc, const char* key) {
   return doc[key].String();
 }
 
-absl::StatusCode CodeNamed(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
-    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
-  }
-  return absl::StatusCode::kUnknown;
-}
 
 }  // namespace
 
@@ -289,9 +284,7 @@ absl::StatusOr<JsonValue> ParseReply(absl::string_view text) {
         "with node:1) put this release's in its place"));
   }
   if ((*doc)["ok"].Bool(false)) return doc;
-  const absl::StatusCode code = CodeNamed((*doc)["code"].String());
-  return absl::Status(code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code,
-                      absl::StrCat("node daemon: ", (*doc)["message"].String()));
+  return absl::Status(ErrorCodeNamed((*doc)["code"].String()), absl::StrCat("node daemon: ", (*doc)["message"].String()));
 }
 
 bool IsOtherVersion(const absl::Status& status) {

@@ -5,6 +5,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "base/json_reader.h"
+#include "base/status_code.h"
 #include "base/json_writer.h"
 
 namespace vmstash::share {
@@ -69,12 +70,6 @@ absl::StatusOr<std::vector<ShareRange>> Ranges(const JsonValue& doc, const char*
   return out;
 }
 
-absl::StatusCode CodeNamed(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
-    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(c)) == name) return static_cast<absl::StatusCode>(c);
-  }
-  return absl::StatusCode::kUnknown;
-}
 
 }  // namespace
 
@@ -207,9 +202,7 @@ ShareMessage ShareError(const absl::Status& status) {
 }
 
 absl::Status StatusOfError(const ShareMessage& m) {
-  absl::StatusCode code = CodeNamed(m.code);
-  if (code == absl::StatusCode::kOk) code = absl::StatusCode::kUnknown;
-  return absl::Status(code, m.message);
+  return absl::Status(ErrorCodeNamed(m.code), m.message);
 }
 
 std::string ShareSocketPath(const std::string& dir, pid_t pid) { return absl::StrCat(dir, "/", pid, ".tags.sock"); }
