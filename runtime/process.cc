@@ -70,8 +70,10 @@ State& TheState() {
 void ForkPrepare() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   TheState().mu.Lock();
   LockForFork();
+  if (TheState().exporter != nullptr) TheState().exporter->LockForFork();
 }
 void ForkParent() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+  if (TheState().exporter != nullptr) TheState().exporter->UnlockAfterFork();
   UnlockAfterFork();
   TheState().mu.Unlock();
 }
@@ -81,9 +83,15 @@ void ForkChild() ABSL_NO_THREAD_SAFETY_ANALYSIS {
   UnlockAfterFork();
   if (s.initialized) forked_copy.store(true, std::memory_order_relaxed);
   (void)s.control.release();  // the parent's; see ControlServer's destructor too
-  // The parent's threads serve these: the child's copies are never destroyed.
-  if (s.exporter != nullptr) (void)new std::shared_ptr<share::TagExporter>(std::move(s.exporter));
+  // The parent's threads serve these: the child closes its copies of their connections
+  // (so that the peers see them close when the parent ends) and never destroys them.
+  if (s.exporter != nullptr) {
+    s.exporter->CloseInForkedChild();
+    s.exporter->UnlockAfterFork();
+    (void)new std::shared_ptr<share::TagExporter>(std::move(s.exporter));
+  }
   if (!s.mapped.empty()) {
+    for (auto& [handle, m] : s.mapped) m->CloseInForkedChild();
     (void)new std::map<std::uint64_t, std::shared_ptr<share::MappedTag>>(std::move(s.mapped));
     s.mapped.clear();
   }
@@ -144,6 +152,24 @@ absl::Status InitLocked(State& s, const char* conf) ABSL_EXCLUSIVE_LOCKS_REQUIRE
   init_pid.store(static_cast<int>(getpid()), std::memory_order_relaxed);
   s.current.store(s.runtime.get(), std::memory_order_release);
   if (s.options.control.serve) s.control = StartControlService();
+  return absl::OkStatus();
+}
+
+// Why a shutdown may not go on: stash arenas (Runtime::dependents), or uses of mapped
+// tags in progress (acquired through the C ABI and not released: their memory would be
+// unmapped under them); OK when nothing holds it. `when` completes the message.
+absl::Status BusyLocked(State& s, const char* when) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+  if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("vmstash shutdown: ", n, " stash arena(s) ", when, "; destroy them first"));
+  }
+  for (const auto& [handle, m] : s.mapped) {
+    if (m->users() > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "vmstash shutdown: a use of tag '", m->tag(), "' of process ", m->pid(), " mapped here (handle ", handle,
+          ") is in progress; release it first (vmstash_mapped_release, or leave vmstash.weights' use())"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -220,36 +246,36 @@ absl::Status Shutdown() {
     return absl::OkStatus();
   }
   std::unique_ptr<control::ControlServer> control;
-  std::shared_ptr<share::TagExporter> exporter;
-  std::map<std::uint64_t, std::shared_ptr<share::MappedTag>> mapped;
   {
     MutexLock lock(&s.mu);
     const Phase p = CurrentPhase();
     if (p == Phase::kShutDown) return absl::OkStatus();
     if (p == Phase::kClosing) return absl::FailedPreconditionError("vmstash shutdown: already in progress");
-    if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("vmstash shutdown: ", n, " stash arena(s) still exist; destroy them first"));
-    }
+    if (absl::Status busy = BusyLocked(s, "still exist"); !busy.ok()) return busy;
     SetPhase(Phase::kClosing);
     control = std::move(s.control);
+  }
+  // Outside the lock: a request the endpoint is serving may be waiting for it.
+  control.reset();
+  while (!NoCallsInFlight()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  // No call in flight, none can start: the exporter and the mapped tags go (a map or a
+  // share in flight had its entry in by now), then the runtime.
+  std::shared_ptr<share::TagExporter> exporter;
+  std::map<std::uint64_t, std::shared_ptr<share::MappedTag>> mapped;
+  {
+    MutexLock lock(&s.mu);
+    if (absl::Status busy = BusyLocked(s, "were made meanwhile, or are still there"); !busy.ok()) {
+      SetPhase(Phase::kOpen);
+      if (s.options.control.serve) s.control = StartControlService();
+      return busy;
+    }
     exporter = std::move(s.exporter);
     mapped.swap(s.mapped);
     if (exporter != nullptr) s.runtime->SetTransitionObserver(nullptr);
   }
-  // Outside the lock: a request the endpoint is serving may be waiting for it; an
-  // importer's revoke may wait for a use in progress.
-  control.reset();
   exporter.reset();  // its importers see their connections close
-  mapped.clear();
-  while (!NoCallsInFlight()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  mapped.clear();    // no use in progress (BusyLocked): nothing waits
   MutexLock lock(&s.mu);
-  if (const int n = s.runtime != nullptr ? s.runtime->dependents() : 0; n != 0) {  // made by a call in flight
-    SetPhase(Phase::kOpen);
-    if (s.options.control.serve) s.control = StartControlService();
-    return absl::FailedPreconditionError(
-        absl::StrCat("vmstash shutdown: ", n, " stash arena(s) were created meanwhile; destroy them first"));
-  }
   DestroyLocked(s);
   return absl::OkStatus();
 }

@@ -8,9 +8,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <cstring>
 #include <utility>
 
@@ -120,8 +124,24 @@ void TagExporter::Stop() {
 }
 
 void TagExporter::Close(Importer& importer) {
-  if (importer.fd >= 0) ::close(importer.fd);
+  if (importer.fd < 0) return;
+  ::shutdown(importer.fd, SHUT_RDWR);
+  {
+    std::lock_guard<std::mutex> lock(fds_mu_);
+    fds_.erase(importer.fd);
+    ::close(importer.fd);
+  }
   importer.fd = -1;
+}
+
+void TagExporter::Track(int fd) {
+  std::lock_guard<std::mutex> lock(fds_mu_);
+  fds_.insert(fd);
+}
+
+void TagExporter::CloseInForkedChild() {
+  for (int fd : fds_) ::close(fd);  // fds_mu_ is held since the fork's prepare
+  ::close(listen_fd_);
 }
 
 absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& index, const std::string& name) {
@@ -145,13 +165,20 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
                                                         "': tag '", TagName(other), "' is shared by that name"));
     }
   }
-  SharedTag& shared = shared_[tag];
+  auto found = shared_.find(tag);
+  const std::uint64_t generation = (found == shared_.end() ? 0 : found->second.generation) + 1;
+  // The index first: a Share that fails leaves the tag as it was (unshared, or its old index).
+  VMSTASH_RETURN_IF_ERROR(WriteIndex(public_name, generation, index));
+  if (found == shared_.end()) {
+    found = shared_.emplace(tag, SharedTag{}).first;
+    shared_count_.fetch_add(1);
+  }
+  SharedTag& shared = found->second;
   if (!shared.name.empty() && shared.name != public_name) {  // renamed: the old name's index goes
     ::unlink(ShareIndexPath(options_.dir, ::getpid(), shared.name).c_str());
   }
   shared.name = public_name;
-  VMSTASH_RETURN_IF_ERROR(WriteIndex(public_name, shared.generation + 1, index));
-  shared.generation += 1;
+  shared.generation = generation;
   // Importers learn the new generation now (their index is stale): a revoke, then a grant.
   ShareMessage revoke;
   revoke.kind = ShareKind::kRevoke;
@@ -160,7 +187,7 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
                                : absl::OkStatus();
     if (s.ok()) {
       i.granted = false;
-      if (shared.changing == 0) s = Grant(tag, shared, i);
+      if (!Changing(tag)) s = Grant(tag, shared, i);
     }
     if (!s.ok()) {
       VMSTASH_LOG(kWarning, "tag exporter: process {} lost its mapping of tag '{}' at its new index: {}", i.pid,
@@ -208,6 +235,7 @@ absl::Status TagExporter::Unshare(TagId tag) {
   for (Importer& i : it->second.importers) Close(i);
   ::unlink(ShareIndexPath(options_.dir, ::getpid(), it->second.name).c_str());
   shared_.erase(it);
+  shared_count_.fetch_sub(1);
   return absl::OkStatus();
 }
 
@@ -251,17 +279,20 @@ absl::StatusOr<int> TagExporter::DeviceOf(const std::string& uuid) const {
 }
 
 void TagExporter::Admit(int fd) {
-  // A send to an importer that does not read gives up after request_timeout_ms (the
-  // importer is then dropped) instead of blocking the exporter's lock.
+  Track(fd);
+  Importer importer{fd, 0, 0, false};
+  // A send to an importer that does not read gives up after request_timeout_ms instead of
+  // blocking the exporter's lock (BeforeChunksChange: a veto; elsewhere it is dropped).
   const timeval send_limit{options_.request_timeout_ms / 1000, (options_.request_timeout_ms % 1000) * 1000};
   (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
   absl::StatusOr<control::Peer> peer = control::PeerOf(fd);
   if (!peer.ok() || !options_.peer_allowed(peer->uid)) {
     (void)node::Send(fd, FormatShare(ShareError(absl::PermissionDeniedError(
                              "tag exporter: a process of another user may not map this process's memory"))));
-    ::close(fd);
+    Close(importer);
     return;
   }
+  importer.pid = peer->pid;
   absl::StatusOr<node::Received> got = node::Receive(fd, options_.request_timeout_ms, 0);
   absl::StatusOr<ShareMessage> request = got.ok() ? ParseShare(got->message) : got.status();
   if (request.ok() && request->kind != ShareKind::kMap) {
@@ -280,10 +311,10 @@ void TagExporter::Admit(int fd) {
   }
   if (!refused.ok()) {
     if (!absl::IsUnavailable(refused) || got.ok()) (void)node::Send(fd, FormatShare(ShareError(refused)));
-    ::close(fd);
+    Close(importer);
     return;
   }
-  Importer importer{fd, peer->pid, *device, false};
+  importer.device = *device;
   if (absl::Status s = Grant(it->first, it->second, importer); !s.ok()) {
     VMSTASH_LOG(kWarning, "tag exporter: process {} could not map tag '{}': {}", importer.pid, request->tag,
                 s.ToString());
@@ -313,7 +344,7 @@ absl::Status TagExporter::Exchange(Importer& importer, const std::string& ack, i
 absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer) {
   CachingAllocator* a = runtime_->AllocatorInUse(importer.device);
   absl::StatusOr<ExportedMemory> memory =
-      shared.changing > 0 || a == nullptr ? absl::FailedPreconditionError("changing") : a->ExportTag(tag);
+      Changing(tag) || a == nullptr ? absl::FailedPreconditionError("changing") : a->ExportTag(tag);
   std::vector<std::string> packets;
   std::vector<std::vector<int>> fds;
   if (memory.ok()) {
@@ -346,38 +377,84 @@ std::vector<TagId> TagExporter::Concerned(const ChunkChange& change, bool regran
   return out;
 }
 
+void TagExporter::Mark(const ChunkChange& change, int delta) {
+  std::lock_guard<std::mutex> lock(changing_mu_);
+  if (change.all) {
+    changing_all_ += delta;
+    return;
+  }
+  for (TagId tag : change.revoke) {
+    if ((changing_[tag] += delta) == 0) changing_.erase(tag);
+  }
+}
+
+bool TagExporter::Changing(TagId tag) {
+  std::lock_guard<std::mutex> lock(changing_mu_);
+  return changing_all_ > 0 || changing_.count(tag) > 0;
+}
+
+namespace {
+
+// Whether process `pid` is gone (or a zombie): its handles went with it.
+bool ProcessGone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const std::size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
+}
+
+}  // namespace
+
 absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
+  Mark(change, +1);  // undone by AfterChunksChange, which runs whatever happens here
+  if (shared_count_.load() == 0) return absl::OkStatus();
   MutexLock lock(&ops_mu_);
   absl::Status veto;
+  ShareMessage revoke_message;
+  revoke_message.kind = ShareKind::kRevoke;
+  const std::string revoke = FormatShare(revoke_message);
   for (TagId tag : Concerned(change, /*regrant=*/false)) {
     SharedTag& shared = shared_[tag];
-    shared.changing += 1;
-    ShareMessage revoke_message;
-    revoke_message.kind = ShareKind::kRevoke;
-    const std::string revoke = FormatShare(revoke_message);
-    std::vector<Importer*> asked;
+    // Every importer is told at once; their acknowledgements are read in turn, all within
+    // one revoke_timeout_ms. An importer that is gone (its connection closed, or its
+    // process dead while a forked child of it holds the connection) let go with its exit;
+    // one alive that does not let go in time vetoes the call and is dropped.
+    std::vector<std::pair<Importer*, absl::Status>> asked;
     for (Importer& i : shared.importers) {
       if (!i.granted || (change.device >= 0 && i.device != change.device)) continue;
-      if (node::Send(i.fd, revoke).ok()) asked.push_back(&i); else Close(i);  // gone: its handles went with it
+      asked.emplace_back(&i, node::Send(i.fd, revoke));
     }
-    // Every importer unmaps at once; their acknowledgements are read in turn, all within
-    // one revoke_timeout_ms.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
-    for (Importer* i : asked) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      absl::StatusOr<node::Received> got = node::Receive(i->fd, std::max<int>(0, static_cast<int>(left.count())), 0);
-      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
-      if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
-        i->granted = false;
-        continue;
-      }
-      if (got.ok() || absl::IsDeadlineExceeded(got.status())) {  // alive, but it did not let go in time
-        const std::string why = m.ok() ? (m->ok ? "answered something else" : m->message) : std::string(m.status().message());
-        if (veto.ok()) {
-          veto = absl::FailedPreconditionError(absl::StrCat(
-              "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of "
-              "it within ", options_.revoke_timeout_ms, " ms (", why, "); its mapping is dropped: try again"));
+    for (auto& [i, sent] : asked) {
+      absl::Status failed = sent;
+      if (failed.ok()) {
+        // Waited for in slices: a process that dies meanwhile (a forked child of it
+        // holding the connection open) is seen gone within a slice.
+        absl::StatusOr<node::Received> got = absl::DeadlineExceededError("no acknowledgement");
+        for (;;) {
+          const auto left =
+              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+          got = node::Receive(i->fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
+          if (!absl::IsDeadlineExceeded(got.status()) || left.count() <= 200) break;
+          if (ProcessGone(i->pid)) {
+            got = absl::UnavailableError("its process is gone");
+            break;
+          }
         }
+        absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
+        if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
+          i->granted = false;
+          continue;
+        }
+        failed = !m.ok() ? m.status()
+                 : m->ok ? absl::InternalError("it answered something else")
+                         : absl::InternalError(m->message);
+      }
+      if (!absl::IsUnavailable(failed) && !ProcessGone(i->pid) && veto.ok()) {
+        veto = absl::FailedPreconditionError(absl::StrCat(
+            "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of it "
+            "within ", options_.revoke_timeout_ms, " ms (", failed.message(), "); its mapping is dropped: try again"));
       }
       Close(*i);
     }
@@ -389,11 +466,15 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
 }
 
 void TagExporter::AfterChunksChange(const ChunkChange& change) {
+  if (shared_count_.load() == 0) {
+    Mark(change, -1);
+    return;
+  }
   MutexLock lock(&ops_mu_);
-  for (TagId tag : Concerned(change, /*regrant=*/false)) shared_[tag].changing -= 1;
+  Mark(change, -1);
   for (TagId tag : Concerned(change, /*regrant=*/true)) {
+    if (Changing(tag)) continue;  // another call changes it still: its After grants
     SharedTag& shared = shared_[tag];
-    if (shared.changing > 0) continue;  // another call changes it still: its After grants
     for (Importer& i : shared.importers) {
       if (i.granted) continue;
       if (absl::Status s = Grant(tag, shared, i); !s.ok()) {

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -53,6 +55,14 @@ class TagExporter : public TransitionObserver {
   // Stops taking importers and closes every importer's connection (they unmap); removes
   // the socket. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(ops_mu_);
+  // fork() (Note [Fork] in process.h): the process runtime holds the descriptors' lock
+  // across a fork, and the child closes its copies of every descriptor (the listening
+  // socket, the importers' connections), so that a dropped importer sees its connection
+  // close even while a forked child of this process lives. The child's copy of the
+  // exporter is never used or destroyed.
+  void LockForFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { fds_mu_.lock(); }
+  void UnlockAfterFork() ABSL_NO_THREAD_SAFETY_ANALYSIS { fds_mu_.unlock(); }
+  void CloseInForkedChild() ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Lets importers map `tag` from now on, by the name `name` (empty: the tag's own; a
   // framework's name for it, e.g. "weights" for the vLLM backend's "vllm.weights"),
   // publishes `index` (JSON text, opaque here: ShareIndexPath under that name) and returns
@@ -82,7 +92,6 @@ class TagExporter : public TransitionObserver {
   struct SharedTag {
     std::string name;  // the importers' name for it
     std::uint64_t generation = 0;
-    int changing = 0;  // calls between Before and After: a new importer is told "paused"
     std::vector<Importer> importers;
   };
 
@@ -100,9 +109,16 @@ class TagExporter : public TransitionObserver {
   absl::Status Exchange(Importer& importer, const std::string& ack, int timeout_ms,
                         const std::vector<std::string>& packets, const std::vector<std::vector<int>>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Calls between Before and After, by the tags whose chunks they may release (shared or
+  // not: a tag shared meanwhile is still in that call): a new importer is told "paused".
+  void Mark(const ChunkChange& change, int delta);
+  bool Changing(TagId tag);
   // The shared tags a change concerns.
   std::vector<TagId> Concerned(const ChunkChange& change, bool regrant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
-  static void Close(Importer& importer);
+  // Shuts the connection down (a copy held by a forked child cannot keep it open) and
+  // closes it.
+  void Close(Importer& importer);
+  void Track(int fd);  // fds_, for CloseInForkedChild
   // Writes the index file of `tag` (ShareIndexPath) atomically.
   absl::Status WriteIndex(const std::string& name, std::uint64_t generation, const std::string& index) const;
 
@@ -113,6 +129,12 @@ class TagExporter : public TransitionObserver {
   const std::string path_;
   const pid_t owner_pid_;
   mutable Mutex ops_mu_;
+  std::mutex fds_mu_;       // the importers' connections open now (a leaf lock)
+  std::set<int> fds_;
+  std::atomic<int> shared_count_{0};  // tags shared now: a change with none takes no ops_mu_
+  std::mutex changing_mu_;  // a leaf lock
+  std::map<TagId, int> changing_;  // Mark's counts
+  int changing_all_ = 0;           // calls that may release every tag's chunks
   std::map<TagId, SharedTag> shared_ ABSL_GUARDED_BY(ops_mu_);
   bool stopped_ ABSL_GUARDED_BY(ops_mu_) = false;
   std::thread thread_;

@@ -115,11 +115,19 @@ absl::StatusOr<DevicePtr> MappedTag::Local(DevicePtr remote, std::size_t size_by
   return LocalLocked(remote, size_bytes);
 }
 
-absl::Status MappedTag::Covers(const std::vector<ShareRange>& ranges) const {
+absl::Status MappedTag::Covers(const std::vector<ShareRange>& ranges, const std::vector<DevicePtr>* locals) const {
+  if (locals != nullptr && locals->size() != ranges.size()) {
+    return absl::InvalidArgumentError("Covers: as many local addresses as ranges are needed");
+  }
   std::lock_guard<std::mutex> lock(mu_);
-  for (const ShareRange& r : ranges) {
-    if (absl::StatusOr<DevicePtr> p = LocalLocked(r.address, r.size_bytes); !p.ok()) {
-      return absl::FailedPreconditionError(p.status().message());
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    absl::StatusOr<DevicePtr> p = LocalLocked(ranges[i].address, ranges[i].size_bytes);
+    if (!p.ok()) return absl::FailedPreconditionError(p.status().message());
+    if (locals != nullptr && *p != (*locals)[i]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "0x", absl::Hex(ranges[i].address), " of tag '", tag_, "' of process ", pid_, " is mapped at another "
+          "address here than when it was first used (the exporting process's reservation there changed): map the "
+          "tag again"));
     }
   }
   return absl::OkStatus();
@@ -175,6 +183,11 @@ std::vector<ShareRange> MappedTag::Mapped() const {
   return out;
 }
 
+int MappedTag::users() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return users_;
+}
+
 std::uint64_t MappedTag::grants() const {
   std::lock_guard<std::mutex> lock(mu_);
   return grants_;
@@ -215,24 +228,40 @@ absl::Status MappedTag::TakeGrant(const ShareMessage& grant) {
     chunks.insert(chunks.end(), part->chunks.begin(), part->chunks.end());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  // Reservations: ours for each of the exporter's we have not seen yet (they never move).
-  std::vector<Region> added;
-  absl::Status failed;
-  for (const ShareRange& r : grant.reservations) {
-    const bool known = std::any_of(regions_.begin(), regions_.end(), [&](const Region& g) {
-      return g.remote.address == r.address && g.remote.size_bytes == r.size_bytes;
+  // Nothing is mapped here now (a grant follows a revoke, or Unmap): our reservations
+  // become exactly the grant's — the same one (the same address here) for a reservation of
+  // the exporter seen before, a new one for a new one; those the exporter freed are freed.
+  absl::Status failed = pieces_.empty() ? absl::OkStatus()
+                                        : absl::InternalError("a grant came while chunks were mapped");
+  std::vector<Region> next;
+  for (std::size_t k = 0; failed.ok() && k < grant.reservations.size(); ++k) {
+    const ShareRange& r = grant.reservations[k];
+    auto known = std::find_if(regions_.begin(), regions_.end(), [&](const Region& g) {
+      return g.local.valid() && g.remote.address == r.address && g.remote.size_bytes == r.size_bytes;
     });
-    if (known) continue;
+    if (known != regions_.end()) {
+      next.push_back(std::move(*known));
+      continue;
+    }
     absl::StatusOr<Reservation> local = Reservation::Create(driver_, device_, r.size_bytes);
     if (!local.ok()) {
       failed = local.status();
       break;
     }
-    added.push_back({r, std::move(*local)});
+    next.push_back({r, std::move(*local)});
   }
-  for (Region& r : added) regions_.push_back(std::move(r));
+  for (Region& r : regions_) {  // those not moved to `next` are kept when this grant fails
+    if (r.local.valid()) next.push_back(std::move(r));
+  }
+  if (failed.ok()) next.resize(grant.reservations.size());  // the grant's alone
+  regions_ = std::move(next);
   std::sort(regions_.begin(), regions_.end(),
             [](const Region& a, const Region& b) { return a.remote.address < b.remote.address; });
+  for (std::size_t k = 1; failed.ok() && k < regions_.size(); ++k) {
+    if (regions_[k].remote.address < regions_[k - 1].remote.address + regions_[k - 1].remote.size_bytes) {
+      failed = absl::InternalError("tag share protocol: a grant's reservations overlap");
+    }
+  }
   std::vector<Piece> mapped;
   for (std::size_t i = 0; failed.ok() && i < chunks.size(); ++i) {
     const ShareRange& c = chunks[i];

@@ -17,6 +17,7 @@
 #define VMSTASH_RUNTIME_TAG_IMPORT_H_
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -79,14 +80,22 @@ class MappedTag {
   absl::StatusOr<DevicePtr> Local(DevicePtr remote, std::size_t size_bytes) const;
 
   // OK when every range (exporter addresses) lies inside the chunks mapped now
-  // (FailedPrecondition as Local's for the first that does not, or when not mapped).
-  absl::Status Covers(const std::vector<ShareRange>& ranges) const;
+  // (FailedPrecondition as Local's for the first that does not, or when not mapped) and,
+  // with `locals`, is at locals[i] here (what an earlier Local gave: FailedPrecondition
+  // when the exporter's reservation there changed since, so our address did).
+  absl::Status Covers(const std::vector<ShareRange>& ranges, const std::vector<DevicePtr>* locals = nullptr) const;
 
   State state() const;
   // The generation of the exporter's last grant or "paused" (TagExporter::Share).
   std::uint64_t generation() const;
   // The exporter's chunks mapped now, by the exporter's addresses.
   std::vector<ShareRange> Mapped() const;
+  // Uses in progress (Acquire's, not destroyed yet).
+  int users() const;
+  // fork() (Note [Fork] in process.h): the child closes its copy of the connection, so
+  // that the exporter sees it close when this process ends; the child's copy of the
+  // object is never used or destroyed.
+  void CloseInForkedChild() { ::close(fd_); }
   std::uint64_t grants() const;
   std::uint64_t revokes() const;
   // The index file the exporter published for the tag (ShareIndexPath), as read when it

@@ -130,7 +130,7 @@ int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, u
 }
 
 int vmstash_mapped_check(unsigned long long handle, const unsigned long long* remotes,
-                         const unsigned long long* bytes, size_t n) noexcept {
+                         const unsigned long long* bytes, const unsigned long long* locals, size_t n) noexcept {
   return Guard([&](vmstash::process::Call&) {
     if (n > 0 && (remotes == nullptr || bytes == nullptr)) {
       return Fail(absl::InvalidArgumentError("vmstash_mapped_check: NULL arrays"));
@@ -139,7 +139,9 @@ int vmstash_mapped_check(unsigned long long handle, const unsigned long long* re
     if (!m.ok()) return Fail(m.status());
     std::vector<vmstash::share::ShareRange> ranges(n);
     for (size_t i = 0; i < n; ++i) ranges[i] = {remotes[i], static_cast<std::size_t>(bytes[i])};
-    return Code((*m)->Covers(ranges));
+    if (locals == nullptr) return Code((*m)->Covers(ranges));
+    const std::vector<vmstash::DevicePtr> at(locals, locals + n);
+    return Code((*m)->Covers(ranges, &at));
   });
 }
 
@@ -187,16 +189,17 @@ char* vmstash_mapped_index_json(unsigned long long handle) noexcept {
 
 int vmstash_mapped_close(unsigned long long handle) noexcept {
   return Guard([&](vmstash::process::Call&) {
-    std::vector<MappedTag::Use> held;
     {
+      // A use in progress (in any thread) keeps the memory mapped: closing under it would
+      // unmap what it writes, and waiting for it would hang the thread that holds it.
       std::lock_guard<std::mutex> lock(uses_mu);
       auto it = Uses().find(handle);
-      if (it != Uses().end()) {
-        held = std::move(it->second);
-        Uses().erase(it);
+      if (it != Uses().end() && !it->second.empty()) {
+        return Fail(absl::FailedPreconditionError(absl::StrCat(
+            "vmstash_mapped_close: handle ", handle, " has ", it->second.size(),
+            " use(s) in progress; release them first (vmstash_mapped_release)")));
       }
     }
-    held.clear();  // released before the close waits for the uses
     return Code(vmstash::process::CloseMapped(handle));
   });
 }

@@ -295,13 +295,14 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
  * paused or the exporter is gone; vmstash_mapped_local gives this process's address of
  * the exporter's [remote, remote + bytes); vmstash_mapped_check whether `n` such ranges
- * all lie in the memory mapped now (VMSTASH_FAILED_PRECONDITION naming the first that
- * does not); vmstash_mapped_index_json the index the
+ * all lie in the memory mapped now and (`locals`, may be NULL) at those addresses here
+ * (VMSTASH_FAILED_PRECONDITION naming the first that does not); vmstash_mapped_index_json
+ * the index the
  * exporter published, as read at the map ({"generation":G,"index":...}; NOT_FOUND when
  * none); vmstash_mapped_info_json its state
  * ({"state":"mapped"|"paused"|"gone","generation","grants","revokes","pid","tag",
  * "device","mapped_bytes"}; free with vmstash_string_free); vmstash_mapped_close unmaps
- * it (a use still acquired is released). */
+ * it (VMSTASH_FAILED_PRECONDITION while a use is acquired: release it first). */
 int vmstash_share_tag(const char* tag, const char* name, const char* index_json,
                       unsigned long long* generation) VMSTASH_NOEXCEPT;
 int vmstash_unshare_tag(const char* tag) VMSTASH_NOEXCEPT;
@@ -311,7 +312,8 @@ int vmstash_mapped_release(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
                          unsigned long long* local) VMSTASH_NOEXCEPT;
 int vmstash_mapped_check(unsigned long long handle, const unsigned long long* remotes,
-                         const unsigned long long* bytes, size_t n) VMSTASH_NOEXCEPT;
+                         const unsigned long long* bytes, const unsigned long long* locals,
+                         size_t n) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_info_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_index_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_close(unsigned long long handle) VMSTASH_NOEXCEPT;

@@ -199,10 +199,17 @@ def test_bad_requests(exporter):
     t0, t1 = view.index["t0"], view.index["t1"]
     l = _lib.lib()
     _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
-                                      u64s(t0["nbytes"], t1["nbytes"]), 2), "check")
+                                      u64s(t0["nbytes"], t1["nbytes"]), None, 2), "check")
+    at = u64s(local(view, "t0")[0], local(view, "t1")[0])
+    _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
+                                      u64s(t0["nbytes"], t1["nbytes"]), at, 2), "check")
+    with pytest.raises(vmstash.Error) as err:  # a local address that is not where it is mapped
+        _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
+                                          u64s(t0["nbytes"], t1["nbytes"]), u64s(at[0], at[0]), 2), "check")
+    assert err.value.code_name == "FAILED_PRECONDITION" and "map the tag again" in str(err.value)
     with pytest.raises(vmstash.Error) as err:
         _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
-                                          u64s(t0["nbytes"], 1 << 40), 2), "check")
+                                          u64s(t0["nbytes"], 1 << 40), None, 2), "check")
     with pytest.raises(vmstash.Error) as err:
         _lib.check(_lib.lib().vmstash_mapped_local(view._handle, view.index["t0"]["address"], 64 * MiB,
                                                    ctypes.byref(ctypes.c_ulonglong())), "local")
@@ -236,3 +243,37 @@ def test_share_refuses_chunks_that_cannot_be_exported():
     with pytest.raises(vmstash.Error) as err:
         _lib.check(_lib.lib().vmstash_share_tag(b"rt_unshared", None, b"[]", None), "share")
     assert err.value.code_name == "FAILED_PRECONDITION" and "share_chunks:1" in str(err.value)
+
+
+def test_close_and_shutdown_wait_for_no_use(exporter):
+    """A use in progress is never unmapped under it: close() and vmstash_shutdown refuse
+    (FAILED_PRECONDITION) until it ends, and then go through."""
+    e = exporter()
+    view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    l = _lib.lib()
+    _lib.check(l.vmstash_mapped_acquire(view._handle), "acquire")  # as another thread's use() would
+    with pytest.raises(vmstash.Error) as err:
+        view.close()
+    assert err.value.code_name == "FAILED_PRECONDITION" and "in progress" in str(err.value)
+    _lib.check(l.vmstash_mapped_release(view._handle), "release")
+    view.close()
+    script = r'''
+import ctypes, sys
+import vmstash
+from vmstash import _lib
+l = _lib.lib()
+view = vmstash.weights.map_tag(int(sys.argv[1]), "w", device=0)
+_lib.check(l.vmstash_mapped_acquire(view._handle), "acquire")
+l.vmstash_shutdown.restype = ctypes.c_int
+first = l.vmstash_shutdown()
+print(_lib.last_error() if first else "shut down under a use", flush=True)
+_lib.check(l.vmstash_mapped_release(view._handle), "release")
+view._handle = None
+print(l.vmstash_shutdown(), flush=True)
+'''
+    out = subprocess.run([sys.executable, "-c", script, str(e.pid)], env=dict(os.environ), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert "FAILED_PRECONDITION" in first and "is in progress" in first, first
+    assert second == "0"

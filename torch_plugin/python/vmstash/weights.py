@@ -186,10 +186,11 @@ class MappedWeights:
         its end): work queued on the memory in it must be complete at its end, so it
         synchronizes `stream` (default: the current stream) on the way out. Raises
         vmstash.Error (FAILED_PRECONDITION) while the tag is paused or the exporter gone."""
-        if self._handle is None:
+        handle = self._handle  # the one this use releases, whatever close() does meanwhile
+        if handle is None:
             raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
         l = _lib.lib()
-        _lib.check(l.vmstash_mapped_acquire(self._handle), "vmstash.weights.use")
+        _lib.check(l.vmstash_mapped_acquire(handle), "vmstash.weights.use")
         try:
             self._check_generation(self.info())
             yield self
@@ -197,16 +198,32 @@ class MappedWeights:
             try:
                 _synchronize(stream, self.device)
             finally:
-                l.vmstash_mapped_release(self._handle)
+                l.vmstash_mapped_release(handle)
+
+    def local(self, name):
+        """This process's address of the exporter's tensor `name` now (raises while the tag
+        is not mapped, or when that memory is not mapped here)."""
+        e = self.index.get(name)
+        if e is None:
+            raise KeyError(f"vmstash.weights: {name!r} is not in the index process {self.pid} published for tag "
+                           f"{self.tag!r}")
+        if e["nbytes"] == 0:
+            return 0
+        out = ctypes.c_ulonglong(0)
+        _lib.check(_lib.lib().vmstash_mapped_local(self._handle, e["address"], e["nbytes"], ctypes.byref(out)),
+                   f"vmstash.weights: {name!r}")
+        return out.value
 
     def tensor(self, name):
         """The exporter's tensor `name` at this process's address (valid while mapped: use
-        it inside use()). Built once: the addresses never change across pauses."""
+        it inside use()). Built once, and again only if its address here changed (the
+        exporter's reservation there was made anew): pauses and resumes keep it."""
+        at = self.local(name)
         with self._lock:
-            t = self._tensors.get(name)
-            if t is not None:
-                return t
-        e = self.index.get(name)
+            cached = self._tensors.get(name)
+            if cached is not None and cached[0] == at:
+                return cached[1]
+        e = self.index[name]
         if e is None:
             raise KeyError(f"vmstash.weights: {name!r} is not in the index process {self.pid} published for tag "
                            f"{self.tag!r}")
@@ -217,21 +234,21 @@ class MappedWeights:
         if e["nbytes"] == 0:
             t = torch.empty(e["shape"], dtype=dtype, device=f"cuda:{self.device}")
         else:
-            local = ctypes.c_ulonglong(0)
-            _lib.check(_lib.lib().vmstash_mapped_local(self._handle, e["address"], e["nbytes"], ctypes.byref(local)),
-                       f"vmstash.weights: {name!r}")
-            raw = torch.as_tensor(_Array(local.value, e["nbytes"]), device=f"cuda:{self.device}")
+            raw = torch.as_tensor(_Array(at, e["nbytes"]), device=f"cuda:{self.device}")
             t = raw.view(dtype).view(e["shape"])
         with self._lock:
-            self._tensors[name] = t
+            self._tensors[name] = (at, t)
         return t
 
     def close(self):
-        """Unmaps the tag here (waits for a use in progress)."""
-        handle, self._handle = getattr(self, "_handle", None), None
+        """Unmaps the tag here. Raises vmstash.Error (FAILED_PRECONDITION) while a use() is
+        in progress in any thread (leave it first)."""
+        handle = getattr(self, "_handle", None)
+        if handle is None:
+            return
+        _lib.check(_lib.lib().vmstash_mapped_close(handle), "vmstash.weights.close")
+        self._handle = None
         self._tensors = {}
-        if handle is not None:
-            _lib.check(_lib.lib().vmstash_mapped_close(handle), "vmstash.weights.close")
 
     def __enter__(self):
         return self
@@ -285,24 +302,34 @@ class SyncPlan:
         self.targets = targets
         self.dsts = None  # built at the first run, inside a use (the tag mapped)
         self.nbytes = 0
-        placed = [dst.index[t] for t in targets if dst.index[t]["nbytes"] > 0]
+        if len(set(targets)) != len(targets):
+            twice = sorted({t for t in targets if targets.count(t) > 1})
+            raise ValueError(f"vmstash.weights.sync: {twice[:3]} would be written by several sources")
+        self._placed = [t for t in targets if dst.index[t]["nbytes"] > 0]
+        placed = [dst.index[t] for t in self._placed]
         self._remotes = (ctypes.c_ulonglong * len(placed))(*(e["address"] for e in placed))
         self._sizes = (ctypes.c_ulonglong * len(placed))(*(e["nbytes"] for e in placed))
+        self._locals = None  # where the destinations were built: checked at every run
 
     def run(self, stream=None):
         """Copies the sources into the mapped weights on `stream` (default: the current
         stream, after its queued work); complete on return. Returns {"tensors", "bytes"}."""
         torch = _torch()
-        stream = stream or torch.cuda.current_stream(self.dst.device)
+        current = torch.cuda.current_stream(self.dst.device)
+        if stream is None:
+            stream = current
+        elif stream != current:
+            stream.wait_stream(current)  # after the work that made the sources
         with self.dst.use(stream):
-            # Every destination is in the memory mapped now (one call): a tensor the rollout
-            # freed, or memory its tag mapped after the grant, is an error here, never a
-            # write to an unmapped address.
-            _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes,
+            # Every destination is in the memory mapped now, where it was built (one call):
+            # a tensor the rollout freed, or memory its tag mapped after the grant, is an
+            # error here, never a write to an unmapped address.
+            _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes, self._locals,
                                                        len(self._remotes)), "vmstash.weights.sync")
             if self.dsts is None:
                 self.dsts = [self.dst.tensor(t) for t in self.targets]
                 self.nbytes = sum(d.numel() * d.element_size() for d in self.dsts)
+                self._locals = (ctypes.c_ulonglong * len(self._placed))(*(self.dst.local(t) for t in self._placed))
             if self.dsts:
                 with torch.cuda.stream(stream):
                     torch._foreach_copy_(self.dsts, self.srcs)
