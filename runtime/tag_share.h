@@ -15,7 +15,10 @@
 //   packets). The importer reserves as much address space as each reservation, maps every
 //   chunk at the same offset in it (so an exporter's address A becomes the importer's
 //   base + (A - reservation)), and acknowledges. The connection stays open: it is the
-//   mapping's lease.
+//   mapping's lease. Each grant names all the tag's reservations: the importer keeps its
+//   own for those it knew (the same addresses), makes new ones for new ones and frees those
+//   the exporter no longer has; a caller that kept an address checks it is still current
+//   (MappedTag::Covers).
 //   Transitions: a chunk the importer maps keeps its memory alive, so before the exporter
 //   changes the tag's chunks — a pause, a switch pausing it, an empty_cache — it revokes
 //   every importer's grant (Runtime's TransitionObserver: before the call) and waits up to
@@ -26,10 +29,15 @@
 //   whatever its outcome, each revoked importer of a tag now active gets a new grant of
 //   the tag's present chunks at the same addresses (a resume maps the same addresses,
 //   maybe with other chunks), so CUDA graphs and cached tensors over the importer's
-//   addresses stay valid. An importer that does not acknowledge a revoke in time vetoes
-//   the transition (FailedPrecondition naming its pid) and its connection is closed: its
-//   chunks are its own to release (it does so when it sees the close); the call may be
-//   tried again. An importer whose connection is closed (it exited) is dropped.
+//   addresses stay valid. Between Before and After the tags a call may release are
+//   marked (whether shared then or not): a new importer of a marked tag is told "paused",
+//   and granted by the After that unmarks it. An importer alive that does not acknowledge a
+//   revoke in time (or whose connection takes no more sends within request_timeout_ms)
+//   vetoes the transition (FailedPrecondition naming its pid) and its connection is
+//   closed: its chunks are its own to release (it does so when it sees the close); the
+//   call may be tried again. An importer whose connection is closed, or whose process is
+//   gone (checked while its acknowledgement is awaited: a forked child of it may hold the
+//   connection open), is dropped: its handles went with it.
 //   Index and generations: each Share bumps the tag's generation, sent with every grant,
 //   and writes the exporter's index of the tag (its tensors' names and places: the caller's
 //   JSON, opaque here) to `<dir>/<pid>.tags.<hex of the tag>.json` (0600, replaced
@@ -41,6 +49,10 @@
 //   Exits: the importer exiting closes its connection (the kernel releases its handles);
 //   the exporter exiting, or stopping to share (Unshare, shutdown), closes it on the
 //   importer's side: the importer unmaps and its uses fail FailedPrecondition ("gone").
+//   The exporter shuts a connection down before closing it, and both sides close their
+//   copies of the connections in a child forked without exec (process.h, Note [Fork]),
+//   so that a close is seen while such a child lives. Closing a mapping (the C ABI) or
+//   shutting the importer's runtime down is refused while a use is in progress.
 //   What is not revoked: chunks the exporter's allocator releases by itself (the OOM
 //   ladder's empty_cache inside an allocation) or maps by itself (growth): the importer
 //   keeps the released memory alive until the next revoke, and sees no new chunk until
