@@ -115,6 +115,18 @@ absl::StatusOr<DevicePtr> MappedTag::Local(DevicePtr remote, std::size_t size_by
   return LocalLocked(remote, size_bytes);
 }
 
+absl::Status MappedTag::LocalAll(const std::vector<ShareRange>& ranges, std::vector<DevicePtr>* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  out->clear();
+  out->reserve(ranges.size());
+  for (const ShareRange& r : ranges) {
+    absl::StatusOr<DevicePtr> p = LocalLocked(r.address, r.size_bytes);
+    if (!p.ok()) return p.status();
+    out->push_back(*p);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status MappedTag::Covers(const std::vector<ShareRange>& ranges, const std::vector<DevicePtr>* locals) const {
   if (locals != nullptr && locals->size() != ranges.size()) {
     return absl::InvalidArgumentError("Covers: as many local addresses as ranges are needed");

@@ -79,6 +79,8 @@ class MappedTag {
   // re-created that memory, or grew since the grant: map again).
   absl::StatusOr<DevicePtr> Local(DevicePtr remote, std::size_t size_bytes) const;
 
+  // Local for every range at once (one lock): out[i] for ranges[i]; the first failure.
+  absl::Status LocalAll(const std::vector<ShareRange>& ranges, std::vector<DevicePtr>* out) const;
   // OK when every range (exporter addresses) lies inside the chunks mapped now
   // (FailedPrecondition as Local's for the first that does not, or when not mapped) and,
   // with `locals`, is at locals[i] here (what an earlier Local gave: FailedPrecondition

@@ -145,6 +145,33 @@ int vmstash_mapped_check(unsigned long long handle, const unsigned long long* re
   });
 }
 
+int vmstash_mapped_locals(unsigned long long handle, const unsigned long long* remotes,
+                          const unsigned long long* bytes, unsigned long long* out, size_t n) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    if (n > 0 && (remotes == nullptr || bytes == nullptr || out == nullptr)) {
+      return Fail(absl::InvalidArgumentError("vmstash_mapped_locals: NULL arrays"));
+    }
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    std::vector<vmstash::share::ShareRange> ranges(n);
+    for (size_t i = 0; i < n; ++i) ranges[i] = {remotes[i], static_cast<std::size_t>(bytes[i])};
+    std::vector<vmstash::DevicePtr> at;
+    if (absl::Status s = (*m)->LocalAll(ranges, &at); !s.ok()) return Fail(s);
+    for (size_t i = 0; i < n; ++i) out[i] = at[i];
+    return 0;
+  });
+}
+
+int vmstash_mapped_state(unsigned long long handle, int* state, unsigned long long* generation) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    if (state != nullptr) *state = static_cast<int>((*m)->state());
+    if (generation != nullptr) *generation = (*m)->generation();
+    return 0;
+  });
+}
+
 char* vmstash_mapped_info_json(unsigned long long handle) noexcept {
   char* out = nullptr;
   Guard([&](vmstash::process::Call&) {

@@ -296,7 +296,10 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * paused or the exporter is gone; vmstash_mapped_local gives this process's address of
  * the exporter's [remote, remote + bytes); vmstash_mapped_check whether `n` such ranges
  * all lie in the memory mapped now and (`locals`, may be NULL) at those addresses here
- * (VMSTASH_FAILED_PRECONDITION naming the first that does not); vmstash_mapped_index_json
+ * (VMSTASH_FAILED_PRECONDITION naming the first that does not); vmstash_mapped_locals
+ * vmstash_mapped_local's addresses of `n` ranges at once, into out[n];
+ * vmstash_mapped_state the state (0 mapped, 1 paused, 2 gone) and generation, cheaply;
+ * vmstash_mapped_index_json
  * the index the
  * exporter published, as read at the map ({"generation":G,"index":...}; NOT_FOUND when
  * none); vmstash_mapped_info_json its state
@@ -314,6 +317,9 @@ int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, u
 int vmstash_mapped_check(unsigned long long handle, const unsigned long long* remotes,
                          const unsigned long long* bytes, const unsigned long long* locals,
                          size_t n) VMSTASH_NOEXCEPT;
+int vmstash_mapped_locals(unsigned long long handle, const unsigned long long* remotes,
+                          const unsigned long long* bytes, unsigned long long* out, size_t n) VMSTASH_NOEXCEPT;
+int vmstash_mapped_state(unsigned long long handle, int* state, unsigned long long* generation) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_info_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_index_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_close(unsigned long long handle) VMSTASH_NOEXCEPT;

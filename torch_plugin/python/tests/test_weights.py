@@ -207,6 +207,13 @@ def test_bad_requests(exporter):
         _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
                                           u64s(t0["nbytes"], t1["nbytes"]), u64s(at[0], at[0]), 2), "check")
     assert err.value.code_name == "FAILED_PRECONDITION" and "map the tag again" in str(err.value)
+    out = u64s()
+    _lib.check(l.vmstash_mapped_locals(view._handle, u64s(t0["address"], t1["address"]),
+                                       u64s(t0["nbytes"], t1["nbytes"]), out, 2), "locals")
+    assert list(out) == list(at)
+    state, generation = ctypes.c_int(-1), ctypes.c_ulonglong(0)
+    _lib.check(l.vmstash_mapped_state(view._handle, ctypes.byref(state), ctypes.byref(generation)), "state")
+    assert (state.value, generation.value) == (0, 1)
     with pytest.raises(vmstash.Error) as err:
         _lib.check(l.vmstash_mapped_check(view._handle, u64s(t0["address"], t1["address"]),
                                           u64s(t0["nbytes"], 1 << 40), None, 2), "check")

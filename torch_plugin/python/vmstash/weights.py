@@ -174,10 +174,12 @@ class MappedWeights:
     def state(self):
         return self.info()["state"]
 
-    def _check_generation(self, info):
-        if info["generation"] != self.generation:
+    def _check_generation(self, handle):
+        generation = ctypes.c_ulonglong(0)
+        _lib.check(_lib.lib().vmstash_mapped_state(handle, None, ctypes.byref(generation)), "vmstash.weights")
+        if generation.value != self.generation:
             raise _lib.error(f"vmstash.weights: process {self.pid} published tag {self.tag!r} again (generation "
-                             f"{info['generation']}, this view holds {self.generation}): map it again",
+                             f"{generation.value}, this view holds {self.generation}): map it again",
                              _lib.FAILED_PRECONDITION)
 
     @contextlib.contextmanager
@@ -192,7 +194,7 @@ class MappedWeights:
         l = _lib.lib()
         _lib.check(l.vmstash_mapped_acquire(handle), "vmstash.weights.use")
         try:
-            self._check_generation(self.info())
+            self._check_generation(handle)
             yield self
         finally:
             try:
@@ -214,11 +216,13 @@ class MappedWeights:
                    f"vmstash.weights: {name!r}")
         return out.value
 
-    def tensor(self, name):
+    def tensor(self, name, at=None):
         """The exporter's tensor `name` at this process's address (valid while mapped: use
         it inside use()). Built once, and again only if its address here changed (the
-        exporter's reservation there was made anew): pauses and resumes keep it."""
-        at = self.local(name)
+        exporter's reservation there was made anew): pauses and resumes keep it. `at`: its
+        address here, when the caller has it (local())."""
+        if at is None:
+            at = self.local(name)
         with self._lock:
             cached = self._tensors.get(name)
             if cached is not None and cached[0] == at:
@@ -327,9 +331,14 @@ class SyncPlan:
             _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes, self._locals,
                                                        len(self._remotes)), "vmstash.weights.sync")
             if self.dsts is None:
-                self.dsts = [self.dst.tensor(t) for t in self.targets]
+                n = len(self._placed)
+                locals_ = (ctypes.c_ulonglong * n)()
+                _lib.check(_lib.lib().vmstash_mapped_locals(self.dst._handle, self._remotes, self._sizes, locals_, n),
+                           "vmstash.weights.sync")
+                at = dict(zip(self._placed, locals_))
+                self.dsts = [self.dst.tensor(t, at.get(t, 0)) for t in self.targets]
                 self.nbytes = sum(d.numel() * d.element_size() for d in self.dsts)
-                self._locals = (ctypes.c_ulonglong * len(self._placed))(*(self.dst.local(t) for t in self._placed))
+                self._locals = locals_
             if self.dsts:
                 with torch.cuda.stream(stream):
                     torch._foreach_copy_(self.dsts, self.srcs)
