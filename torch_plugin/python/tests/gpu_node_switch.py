@@ -9,15 +9,12 @@ Handover]): the graph switched in computes in the other process's physical memor
 
     python3 -m pytest -m gpu gpu_node_switch.py   (VMSTASH_DAEMON: vmstashd; else it is looked for)
 """
-import json
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
 
-from node_helpers import daemon_binary, stop_daemons
+from node_helpers import ScriptProcess, daemon_binary, stop_daemons
 
 pytestmark = pytest.mark.gpu
 
@@ -74,23 +71,11 @@ say(step="end")
 '''
 
 
-class _Side:
+class _Side(ScriptProcess):
     def __init__(self, env, role, seed, state):
+        super().__init__(SIDE, env, role, str(seed), state)
         self.role = role
-        self.p = subprocess.Popen([sys.executable, "-c", SIDE, role, str(seed), state], env=env,
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.read()["pid"]
-
-    def read(self):
-        line = self.p.stdout.readline()
-        if not line:
-            raise AssertionError(f"the process ended: {self.p.stderr.read()[-3000:]}")
-        return json.loads(line)
-
-    def ask(self, cmd):
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        return self.read()
 
     def tags(self):
         return [(self.pid, f"{self.role}_weights"), (self.pid, f"{self.role}_scratch")]

@@ -17,6 +17,8 @@ import tempfile
 
 import pytest
 
+from node_helpers import ScriptProcess
+
 pytestmark = pytest.mark.gpu
 
 STEPS = 20
@@ -141,32 +143,6 @@ for step in range(int(sys.argv[1])):
 '''
 
 
-class Proc:
-    def __init__(self, script, env, *args):
-        self.p = subprocess.Popen([sys.executable, "-c", script, *args], env=env, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def read(self):
-        line = self.p.stdout.readline()
-        assert line, f"the process ended (exit {self.p.wait()}): {self.p.stderr.read()[-3000:]}"
-        return json.loads(line)
-
-    def ask(self, cmd):
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        return self.read()
-
-    def close(self):
-        if self.p.poll() is None:
-            try:
-                self.p.stdin.write("exit\n")
-                self.p.stdin.flush()
-                self.p.wait(timeout=60)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                self.p.kill()
-                self.p.wait()
-
-
 @pytest.mark.parametrize("mode,steps", [("region", STEPS), ("tms", 5), ("vllm", 5)])
 def test_trainer_to_rollout_equals_one_process(mode, steps):
     """20 steps through vmstash's API; 5 through torch_memory_saver's (the drop-in) and
@@ -175,12 +151,12 @@ def test_trainer_to_rollout_equals_one_process(mode, steps):
     os.chmod(d, 0o700)
     env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
     env.pop("VMSTASH_CONF", None)
-    rollout = Proc(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"), mode)
+    rollout = ScriptProcess(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"), mode)
     trainer = None
     try:
         ready = rollout.read()
         assert ready["generation"] == 1
-        trainer = Proc(TRAINER, env, str(ready["ready"]))
+        trainer = ScriptProcess(TRAINER, env, str(ready["ready"]))
         t = trainer.read()
         assert t["info"]["state"] == "mapped" and t["info"]["mapped_bytes"] >= 12 * (32 << 20)
         assert rollout.ask("pause")["ok"]

@@ -1,9 +1,13 @@
-"""What the node daemon's Python tests share (test_node_pool.py, test_node_switch.py,
-gpu_node_pool.py, gpu_node_switch.py): where vmstashd is, and stopping the daemons a test's
-runtime directory saw."""
+"""What the node's Python tests share (test_node_pool.py, test_node_switch.py,
+gpu_node_pool.py, gpu_node_switch.py, test_weights.py, gpu_weights.py): where vmstashd is,
+stopping the daemons a test's runtime directory saw, and a scripted process answering in
+JSON lines."""
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +43,33 @@ def stop_daemons(runtime_dir):
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+
+
+class ScriptProcess:
+    """`python3 -c script *args` in `env`, answering one JSON line per command on stdin."""
+
+    def __init__(self, script, env, *args):
+        self.p = subprocess.Popen([sys.executable, "-c", script, *args], env=env, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise AssertionError(f"the process ended (exit {self.p.wait()}): {self.p.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.read()
+
+    def close(self):
+        """Says "exit" (when still running) and waits; kills it after 60 s."""
+        if self.p.poll() is None:
+            try:
+                self.p.stdin.write("exit\n")
+                self.p.stdin.flush()
+                self.p.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.p.kill()
+                self.p.wait()

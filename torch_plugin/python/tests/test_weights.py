@@ -6,7 +6,6 @@ the exporter's pauses, resumes and switches at the same addresses, and bad reque
 re-published tag and the exporter's exit give clear errors. (Tensors over the mapping, and
 sync, need CUDA: gpu_weights.py.)"""
 import ctypes
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 
 import vmstash
 from conftest import SIM_CONF
+from node_helpers import ScriptProcess
 from vmstash import _lib
 
 MiB = 1 << 20
@@ -74,28 +74,11 @@ for line in sys.stdin:
 '''
 
 
-class Exporter:
+class Exporter(ScriptProcess):
     def __init__(self, env):
-        self.proc = subprocess.Popen([sys.executable, "-c", EXPORTER], env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        super().__init__(EXPORTER, env)
         first = self.read()
         self.pid, self.generation = first["ready"], first["generation"]
-
-    def read(self):
-        line = self.proc.stdout.readline()
-        assert line, f"the exporter ended: {self.proc.stderr.read()}"
-        return json.loads(line)
-
-    def ask(self, command):
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.read()
-
-    def close(self):
-        if self.proc.poll() is None:
-            self.proc.stdin.write("exit\n")
-            self.proc.stdin.flush()
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture
