@@ -326,18 +326,14 @@ absl::StatusOr<std::shared_ptr<share::MappedTag>> Mapped(std::uint64_t handle) {
   return it->second;
 }
 
-absl::Status CloseMapped(std::uint64_t handle) {
+absl::StatusOr<std::shared_ptr<share::MappedTag>> TakeMapped(std::uint64_t handle) {
   State& s = TheState();
-  std::shared_ptr<share::MappedTag> m;
-  {
-    MutexLock lock(&s.mu);
-    auto it = s.mapped.find(handle);
-    if (it == s.mapped.end()) return absl::NotFoundError(absl::StrCat("no mapped tag has handle ", handle));
-    m = std::move(it->second);
-    s.mapped.erase(it);
-  }
-  m.reset();  // outside the lock: it waits for its uses (the last holder's copy unmaps)
-  return absl::OkStatus();
+  MutexLock lock(&s.mu);
+  auto it = s.mapped.find(handle);
+  if (it == s.mapped.end()) return absl::NotFoundError(absl::StrCat("no mapped tag has handle ", handle));
+  std::shared_ptr<share::MappedTag> m = std::move(it->second);
+  s.mapped.erase(it);
+  return m;
 }
 
 }  // namespace vmstash::process

@@ -91,8 +91,10 @@ absl::Status UnshareTag(TagId tag);
 absl::StatusOr<std::uint64_t> MapTag(Runtime& runtime, int pid, const std::string& tag, int device, int timeout_ms);
 // The mapped tag of `handle` (NotFound for an unknown or closed handle).
 absl::StatusOr<std::shared_ptr<share::MappedTag>> Mapped(std::uint64_t handle);
-// Unmaps it (waits for its Uses). NotFound for an unknown handle.
-absl::Status CloseMapped(std::uint64_t handle);
+// Takes it out of the table (later calls with the handle are NotFound); the caller drops
+// it, which unmaps it once every copy is gone (waiting for its Uses). NotFound for an
+// unknown handle.
+absl::StatusOr<std::shared_ptr<share::MappedTag>> TakeMapped(std::uint64_t handle);
 
 }  // namespace vmstash::process
 

@@ -466,12 +466,12 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
 }
 
 void TagExporter::AfterChunksChange(const ChunkChange& change) {
-  if (shared_count_.load() == 0) {
-    Mark(change, -1);
-    return;
-  }
-  MutexLock lock(&ops_mu_);
+  // Unmarked first: an importer admitted from now on is granted by Admit itself, one
+  // admitted before (told "paused") by the grants below — even when the tag was shared
+  // after the check of shared_count_ in Before.
   Mark(change, -1);
+  if (shared_count_.load() == 0) return;
+  MutexLock lock(&ops_mu_);
   for (TagId tag : Concerned(change, /*regrant=*/true)) {
     if (Changing(tag)) continue;  // another call changes it still: its After grants
     SharedTag& shared = shared_[tag];

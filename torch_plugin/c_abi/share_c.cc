@@ -88,20 +88,24 @@ int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsign
   });
 }
 
+// uses_mu is held across the lookup, the acquire and the record, and across a close's
+// check and removal: an acquire is recorded before a close looks, or finds no handle.
 int vmstash_mapped_acquire(unsigned long long handle) noexcept {
   return Guard([&](vmstash::process::Call&) {
+    std::lock_guard<std::mutex> lock(uses_mu);
     absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
     if (!m.ok()) return Fail(m.status());
     absl::StatusOr<MappedTag::Use> use = (*m)->Acquire();
     if (!use.ok()) return Fail(use.status());
-    std::lock_guard<std::mutex> lock(uses_mu);
     Uses()[handle].push_back(std::move(*use));
     return 0;
   });
 }
 
+// Outside any process Call: a release is never refused by a shutdown in progress (the
+// shutdown waits for no use, and refuses while one is held), so a use always ends.
 int vmstash_mapped_release(unsigned long long handle) noexcept {
-  return Guard([&](vmstash::process::Call&) {
+  try {
     std::vector<MappedTag::Use> done;  // released outside the lock
     std::lock_guard<std::mutex> lock(uses_mu);
     auto it = Uses().find(handle);
@@ -113,7 +117,9 @@ int vmstash_mapped_release(unsigned long long handle) noexcept {
     it->second.pop_back();
     if (it->second.empty()) Uses().erase(it);
     return 0;
-  });
+  } catch (...) {
+    return Fail(absl::InternalError("vmstash_mapped_release: unexpected exception"));
+  }
 }
 
 int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
@@ -216,6 +222,7 @@ char* vmstash_mapped_index_json(unsigned long long handle) noexcept {
 
 int vmstash_mapped_close(unsigned long long handle) noexcept {
   return Guard([&](vmstash::process::Call&) {
+    absl::StatusOr<std::shared_ptr<MappedTag>> m;
     {
       // A use in progress (in any thread) keeps the memory mapped: closing under it would
       // unmap what it writes, and waiting for it would hang the thread that holds it.
@@ -226,8 +233,11 @@ int vmstash_mapped_close(unsigned long long handle) noexcept {
             "vmstash_mapped_close: handle ", handle, " has ", it->second.size(),
             " use(s) in progress; release them first (vmstash_mapped_release)")));
       }
+      m = vmstash::process::TakeMapped(handle);
     }
-    return Code(vmstash::process::CloseMapped(handle));
+    if (!m.ok()) return Fail(m.status());
+    m->reset();  // unmaps here, outside the lock (or where another call drops its copy)
+    return 0;
   });
 }
 

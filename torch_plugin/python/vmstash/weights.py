@@ -200,7 +200,7 @@ class MappedWeights:
             try:
                 _synchronize(stream, self.device)
             finally:
-                l.vmstash_mapped_release(handle)
+                _lib.check(l.vmstash_mapped_release(handle), "vmstash.weights.use")
 
     def local(self, name):
         """This process's address of the exporter's tensor `name` now (raises while the tag
@@ -211,6 +211,8 @@ class MappedWeights:
                            f"{self.tag!r}")
         if e["nbytes"] == 0:
             return 0
+        if self._handle is None:
+            raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
         out = ctypes.c_ulonglong(0)
         _lib.check(_lib.lib().vmstash_mapped_local(self._handle, e["address"], e["nbytes"], ctypes.byref(out)),
                    f"vmstash.weights: {name!r}")
@@ -227,10 +229,7 @@ class MappedWeights:
             cached = self._tensors.get(name)
             if cached is not None and cached[0] == at:
                 return cached[1]
-        e = self.index[name]
-        if e is None:
-            raise KeyError(f"vmstash.weights: {name!r} is not in the index process {self.pid} published for tag "
-                           f"{self.tag!r}")
+        e = self.index[name]  # local() raised KeyError for a name not there
         torch = _torch()
         dtype = getattr(torch, e["dtype"], None)
         if not isinstance(dtype, torch.dtype):
