@@ -556,12 +556,6 @@ void CachingAllocator::ResetPeaks() {
   }
 }
 
-absl::StatusOr<ExportedMemory> CachingAllocator::ExportTag(TagId tag) const {
-  MutexLock lock(&mu_);
-  VMSTASH_ASSIGN_OR_RETURN(TagPool * pool, FindPoolLocked(tag, "export"));
-  return pool->ExportMemory();
-}
-
 Snapshot CachingAllocator::TakeSnapshot() const {
   MutexLock lock(&mu_);
   Snapshot snap;

@@ -233,7 +233,12 @@ class CachingAllocator : private TransitionHost {
   // The tag's memory for another process to map (Note [Mapped Tags] in
   // runtime/tag_share.h): TagPool::ExportMemory under the lock; NotFound when the tag has
   // no pool here.
-  absl::StatusOr<ExportedMemory> ExportTag(TagId tag) const;
+  absl::StatusOr<ExportedMemory> ExportTag(TagId tag) const ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
+    absl::StatusOr<TagPool*> pool = FindPoolLocked(tag, "export");
+    if (!pool.ok()) return pool.status();
+    return (*pool)->ExportMemory();
+  }
 
   AllocatorStats Stats() const;
   Snapshot TakeSnapshot() const;
