@@ -32,22 +32,6 @@ namespace {
 
 bool ProcessAlive(int pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
-// Whether process `pid` has ended: no such process, or a zombie (exited, not yet reaped by
-// its parent). Note [Client Deadlines].
-bool ProcessGone(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  const std::string path = absl::StrCat("/proc/", pid, "/stat");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT;  // gone meanwhile; without /proc, kill's answer stands
-  char buf[512];
-  const ssize_t n = ::read(fd, buf, sizeof(buf));
-  ::close(fd);
-  const absl::string_view stat(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
-  const std::size_t paren = stat.rfind(')');  // the command name may hold ')' and spaces
-  if (paren == absl::string_view::npos || paren + 2 >= stat.size()) return false;
-  return stat[paren + 2] == 'Z' || stat[paren + 2] == 'X';
-}
-
 // A client waits at most this long before checking that the server process still exists.
 constexpr int kPeerCheckMs = 1000;
 // The accept thread's pause after accept failed for want of descriptors or memory.

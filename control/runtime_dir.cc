@@ -1,6 +1,8 @@
 // The runtime directory and its trust rules: see runtime_dir.h.
 #include "control/runtime_dir.h"
 
+#include <fcntl.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -62,6 +64,20 @@ absl::StatusOr<Peer> PeerOf(int fd) {
   socklen_t len = sizeof(cred);
   if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return Errno("SO_PEERCRED", errno);
   return Peer{cred.uid, cred.pid};
+}
+
+bool ProcessGone(pid_t pid) {
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  const std::string path = absl::StrCat("/proc/", pid, "/stat");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT;  // gone meanwhile; without /proc, kill's answer stands
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof(buf));
+  ::close(fd);
+  const absl::string_view stat(buf, n > 0 ? static_cast<std::size_t>(n) : 0);
+  const std::size_t paren = stat.rfind(')');  // the command name may hold ')' and spaces
+  if (paren == absl::string_view::npos || paren + 2 >= stat.size()) return false;
+  return stat[paren + 2] == 'Z' || stat[paren + 2] == 'X';
 }
 
 }  // namespace vmstash::control

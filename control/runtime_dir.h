@@ -35,6 +35,10 @@ struct Peer {
   pid_t pid = 0;
 };
 absl::StatusOr<Peer> PeerOf(int fd);
+// Whether process `pid` has ended: no such process, or a zombie (exited, not yet reaped by
+// its parent). A peer whose connection a forked child of it still holds open is seen gone
+// this way (Note [Client Deadlines] in endpoint.h; Note [Mapped Tags] in runtime/tag_share.h).
+bool ProcessGone(pid_t pid);
 // The address of the Unix socket at `path` (cut to sun_path's size: a server checks the
 // length before it binds).
 sockaddr_un UnixAddress(const std::string& path);

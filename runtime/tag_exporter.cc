@@ -13,8 +13,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <cstring>
 #include <utility>
 
@@ -393,18 +391,6 @@ bool TagExporter::Changing(TagId tag) {
   return changing_all_ > 0 || changing_.count(tag) > 0;
 }
 
-namespace {
-
-// Whether process `pid` is gone (or a zombie): its handles went with it.
-bool ProcessGone(pid_t pid) {
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-  const std::size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'Z';
-}
-
-}  // namespace
 
 absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   Mark(change, +1);  // undone by AfterChunksChange, which runs whatever happens here
@@ -437,7 +423,7 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
           got = node::Receive(i->fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
           if (!absl::IsDeadlineExceeded(got.status()) || left.count() <= 200) break;
-          if (ProcessGone(i->pid)) {
+          if (control::ProcessGone(i->pid)) {
             got = absl::UnavailableError("its process is gone");
             break;
           }
@@ -451,7 +437,7 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
                  : m->ok ? absl::InternalError("it answered something else")
                          : absl::InternalError(m->message);
       }
-      if (!absl::IsUnavailable(failed) && !ProcessGone(i->pid) && veto.ok()) {
+      if (!absl::IsUnavailable(failed) && !control::ProcessGone(i->pid) && veto.ok()) {
         veto = absl::FailedPreconditionError(absl::StrCat(
             "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of it "
             "within ", options_.revoke_timeout_ms, " ms (", failed.message(), "); its mapping is dropped: try again"));

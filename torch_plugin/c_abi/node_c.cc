@@ -18,18 +18,9 @@ using vmstash::JsonWriter;
 using vmstash::NodeLeases;
 using vmstash::Runtime;
 using vmstash::c_abi::Code;
+using vmstash::c_abi::CopyOut;
 using vmstash::c_abi::Fail;
 using vmstash::c_abi::WithRuntime;
-
-namespace {
-
-char* CopyOut(const std::string& text) {
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
-
-}  // namespace
 
 extern "C" {
 

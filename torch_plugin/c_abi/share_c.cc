@@ -21,6 +21,7 @@
 using vmstash::JsonWriter;
 using vmstash::Runtime;
 using vmstash::c_abi::Code;
+using vmstash::c_abi::CopyOut;
 using vmstash::c_abi::Fail;
 using vmstash::c_abi::Guard;
 using vmstash::c_abi::WithRuntime;
@@ -35,11 +36,6 @@ std::map<unsigned long long, std::vector<MappedTag::Use>>& Uses() {
   return *uses;
 }
 
-char* CopyOut(const std::string& text) {
-  char* out = static_cast<char*>(std::malloc(text.size() + 1));
-  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
-  return out;
-}
 
 const char* StateName(MappedTag::State s) {
   switch (s) {

@@ -59,6 +59,10 @@ absl::Status AddLiveEntry(const vmstash_live_ranges& l, TagId id, const char* wh
 // addresses are unique across devices, so at most one answers other than NOT_FOUND.
 int WithBackupOf(Runtime& rt, int device, const std::function<absl::Status(CachingAllocator*)>& read);
 
+// `text` in malloc'ed memory (the caller frees it: vmstash_string_free), or NULL when the
+// host is out of memory.
+char* CopyOut(const std::string& text);
+
 // Runs fn(process::Call&) -> int inside a Call; a refused call fails.
 template <typename Fn>
 int Guard(Fn fn) noexcept {

@@ -91,11 +91,6 @@ absl::StatusOr<TagId> ExistingTagArg(const char* tag) {
 
 Stream StreamArg(cudaStream_t stream) { return reinterpret_cast<Stream>(stream); }
 
-char* CopyString(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) std::memcpy(out, s.data(), s.size() + 1);
-  return out;
-}
 
 // A JSON document of the runtime as a malloc'ed string, or NULL with the error recorded.
 template <typename Fn>
@@ -104,7 +99,7 @@ char* JsonCall(Fn fn) noexcept {
   WithRuntime([&](Runtime& rt) {
     absl::StatusOr<std::string> json = fn(rt);
     if (!json.ok()) return Fail(json.status());
-    out = CopyString(*json);
+    out = CopyOut(*json);
     return out != nullptr ? 0 : Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));
   });
   return out;
@@ -237,6 +232,12 @@ int Free(Runtime& rt, void* ptr, int device) {
   absl::Status s = a->Free(reinterpret_cast<DevicePtr>(ptr));
   if (!s.ok()) VMSTASH_LOG(kError, "vmstash_free: {}", s.ToString());
   return Code(s);
+}
+
+char* CopyOut(const std::string& text) {
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out != nullptr) std::memcpy(out, text.c_str(), text.size() + 1);
+  return out;
 }
 
 }  // namespace c_abi
