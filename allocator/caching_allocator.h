@@ -239,6 +239,20 @@ class CachingAllocator : private TransitionHost {
     if (!pool.ok()) return pool.status();
     return (*pool)->ExportMemory();
   }
+  // The paused `backup` tag's backup for another process (TagPool::ExportBackup: valid
+  // while the tag stays paused; its errors, or NotFound for a tag with no pool here).
+  absl::StatusOr<ExportedBackup> ExportTagBackup(TagId tag) ABSL_LOCKS_EXCLUDED(mu_) {
+    TagPool* pool = nullptr;
+    {
+      MutexLock lock(&mu_);
+      absl::StatusOr<TagPool*> found = FindPoolLocked(tag, "export the backup of");
+      if (!found.ok()) return found.status();
+      pool = *found;
+    }
+    // Outside mu_ (the transition lock comes first): a pool dropped meanwhile is retired,
+    // not freed (DropEmptyTag), as for WithBackup.
+    return pool->ExportBackup();
+  }
 
   AllocatorStats Stats() const;
   Snapshot TakeSnapshot() const;

@@ -377,6 +377,28 @@ absl::StatusOr<bool> TagPool::WithBackup(DevicePtr ptr, std::size_t size_bytes,
   return true;
 }
 
+absl::StatusOr<ExportedBackup> TagPool::ExportBackup() {
+  ForegroundLock t(this);  // no resume meanwhile: the arena stays
+  OwnerLock lock(this);
+  const auto refused = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' on device ", device_, ": ", why));
+  };
+  if (state_ != TagState::kPaused) return refused("not paused");
+  if (!backup()) return refused("a discard tag keeps no bytes while paused");
+  const BackupArena* arena = backup_.arena();
+  if (arena == nullptr || !arena->leased()) {
+    return refused("its backup is not in the node pool (both processes run with VMSTASH_CONF node:1, and the pool "
+                   "had room at the pause)");
+  }
+  ExportedBackup out;
+  for (const auto& [block, extents] : backup_extents_) out.extents.insert(out.extents.end(), extents.begin(), extents.end());
+  std::sort(out.extents.begin(), out.extents.end(),
+            [](const BackupExtent& a, const BackupExtent& b) { return a.address < b.address; });
+  out.data = arena->data();
+  out.bytes = BackedUpArenaEnd(backup_extents_);
+  return out;
+}
+
 absl::StatusOr<Stream> TagPool::CopyStream() {
   if (copy_stream_ == nullptr) {
     VMSTASH_ASSIGN_OR_RETURN(copy_stream_, driver_->CreateStream(device_));

@@ -136,6 +136,15 @@ struct ExportedMemory {
   void CloseAll();
 };
 
+// A paused tag's backup as another process writes it (CachingAllocator::ExportTagBackup;
+// Note [Mapped Tags]): its backed-up extents, in the node pool's memory the arena leased.
+// The host addresses are valid while the tag stays paused.
+struct ExportedBackup {
+  std::vector<BackupExtent> extents;  // address order; arena_offset: from `data`
+  const char* data = nullptr;         // the arena (a node pool lease)
+  std::size_t bytes = 0;              // the arena bytes the extents use
+};
+
 // Callbacks for one tag, run without allocator locks (CachingAllocator::AddHooks).
 using TransitionHook = std::function<absl::Status(TagId tag, int device)>;
 using TransitionHooks = std::vector<std::pair<TransitionHook, TransitionHook>>;  // (before pause, after resume)
@@ -403,6 +412,10 @@ class TagPool {
   // outside what was backed up.
   absl::StatusOr<bool> WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use)
       ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
+  // The paused tag's backup for another process (ExportedBackup). FailedPrecondition when
+  // the tag is not paused, or its bytes are not in a node pool lease (a discard tag, a
+  // disk or pageable store, the pool refused the pause), saying which.
+  absl::StatusOr<ExportedBackup> ExportBackup() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
   // The copy stream, created on first use.
   absl::StatusOr<Stream> CopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
   Stream copy_stream() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_) { return copy_stream_; }

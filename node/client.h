@@ -64,6 +64,7 @@ class NodeClient {
   ClientId id() const { return id_; }
   char* pool_data() const { return memory_->data(); }
   std::size_t pool_bytes() const { return memory_->bytes(); }
+  const std::string& pool_identity() const { return memory_->identity(); }
 
  private:
   NodeClient(int fd, ClientId id, std::unique_ptr<SharedHostMemory> memory, int timeout_ms)

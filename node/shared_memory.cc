@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -54,7 +55,9 @@ absl::StatusOr<std::unique_ptr<SharedHostMemory>> SharedHostMemory::MapFd(int fd
   if (p == MAP_FAILED) return Failed("mmap", err, bytes);
   // A client registers it with CUDA: a forked child must not share those pages.
   if (!keep_fd) ::madvise(p, bytes, MADV_DONTFORK);
-  return std::unique_ptr<SharedHostMemory>(new SharedHostMemory(keep_fd ? fd : -1, static_cast<char*>(p), bytes));
+  return std::unique_ptr<SharedHostMemory>(new SharedHostMemory(
+      keep_fd ? fd : -1, static_cast<char*>(p), bytes,
+      absl::StrCat(static_cast<std::uint64_t>(st.st_dev), ":", static_cast<std::uint64_t>(st.st_ino), ":", bytes)));
 }
 
 SharedHostMemory::~SharedHostMemory() {

@@ -13,6 +13,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -34,13 +36,19 @@ class SharedHostMemory {
   char* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   int fd() const { return fd_; }  // Create's: to pass to another process (it stays ours); Map's: -1
+  // The memfd's identity, the same in every process that maps it ("<dev>:<inode>:<bytes>"):
+  // two processes compare it to know they map the same pool (mapped tags' backups,
+  // runtime/tag_share.h).
+  const std::string& identity() const { return identity_; }
 
  private:
-  SharedHostMemory(int fd, char* data, std::size_t bytes) : fd_(fd), data_(data), bytes_(bytes) {}
+  SharedHostMemory(int fd, char* data, std::size_t bytes, std::string identity)
+      : fd_(fd), data_(data), bytes_(bytes), identity_(std::move(identity)) {}
   static absl::StatusOr<std::unique_ptr<SharedHostMemory>> MapFd(int fd, std::size_t bytes, bool keep_fd);
   const int fd_;
   char* const data_;
   const std::size_t bytes_;
+  const std::string identity_;
 };
 
 }  // namespace vmstash::node

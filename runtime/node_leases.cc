@@ -191,9 +191,10 @@ void NodeLeases::Give(const HostLease& lease) {
   }
   Connection* c = it->second.connection;
   const node::HostLease held = it->second.lease;
+  const bool borrowed = it->second.borrowed;
   held_.erase(it);
   --c->outstanding;
-  if (!c->broken) {
+  if (!c->broken && !borrowed) {
     absl::Status s = c->client->Give(held);
     if (absl::IsUnavailable(s)) {
       c->broken = true;  // the daemon took it back with the connection, or is gone
@@ -203,6 +204,51 @@ void NodeLeases::Give(const HostLease& lease) {
     }
   }
   if (c->broken && c->outstanding == 0) RetireLocked(c);
+}
+
+absl::StatusOr<NodeLeases::PoolPlace> NodeLeases::Locate(const char* data, std::size_t bytes) const {
+  MutexLock lock(&mu_);
+  for (const std::unique_ptr<Connection>& c : connections_) {
+    const char* base = c->client->pool_data();
+    if (data >= base && bytes <= c->client->pool_bytes() &&
+        static_cast<std::size_t>(data - base) <= c->client->pool_bytes() - bytes) {
+      return PoolPlace{c->client->pool_identity(), static_cast<std::size_t>(data - base)};
+    }
+  }
+  return absl::NotFoundError("those bytes are not in the node pool (the process's own backup memory)");
+}
+
+absl::StatusOr<HostLease> NodeLeases::Borrow(const std::string& pool, std::size_t offset, std::size_t bytes,
+                                             int device) {
+  MutexLock lock(&mu_);
+  Connection* c = nullptr;
+  for (const std::unique_ptr<Connection>& k : connections_) {
+    if (k->client->pool_identity() == pool) c = k.get();
+  }
+  if (c == nullptr) {
+    absl::StatusOr<Connection*> usable = UsableLocked();
+    if (!usable.ok()) {
+      return absl::Status(usable.status().code(),
+                          absl::StrCat("this process reaches no node pool: ", usable.status().message()));
+    }
+    if ((*usable)->client->pool_identity() != pool) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the other process's backup is in another node pool than the one this process maps (", pool, " vs ",
+          (*usable)->client->pool_identity(), "): the node daemon was started again in between"));
+    }
+    c = *usable;
+  }
+  if (bytes == 0 || bytes > c->client->pool_bytes() || offset > c->client->pool_bytes() - bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("bytes [", offset, ", +", bytes, ") are outside the node pool of ",
+                                                   c->client->pool_bytes(), " bytes"));
+  }
+  if (absl::Status s = RegisterLocked(c, device, offset, bytes); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("registering the node pool's memory: ", s.message()));
+  }
+  const std::uint64_t id = next_id_++;
+  held_[id] = Held{c, node::HostLease{offset, bytes, c->client->pool_data() + offset}, /*borrowed=*/true};
+  ++c->outstanding;
+  return HostLease{id, c->client->pool_data() + offset, bytes, c->client->pool_data(), kSegmentBytes};
 }
 
 void NodeLeases::PrepareAhead(int device) {
@@ -303,6 +349,7 @@ absl::StatusOr<NodeLeases::Report> NodeLeases::Stats() {
   report.fallbacks = fallbacks_;
   report.pinning = pin_running_.load();
   for (const auto& [id, held] : held_) {
+    if (held.borrowed) continue;  // another process's lease
     ++report.leases;
     report.leased_bytes += held.lease.bytes;
   }

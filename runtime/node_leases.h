@@ -36,6 +36,12 @@
 //   its segments unregistered, its mapping dropped. Leases from a daemon that died stay
 //   usable here (the pages are the mapping's): nothing is lost.
 //   Give: the lease goes back to the daemon that gave it (when it is gone, nothing to do).
+//   Locate / Borrow (mapped tags' backups: Note [Mapped Tags] in tag_share.h): Locate
+//   names where a lease's bytes are in the pool (the pool's identity, an offset), for
+//   another process; Borrow, in that process, registers those bytes' segments as Take
+//   does and returns them as a lease of its own that the daemon never hears of (Give
+//   only drops it): the connection, its mapping and its registrations stay while it is
+//   held, whatever happens to the daemon meanwhile.
 //   Teardown (the Runtime's, after its allocators, before its driver): every segment
 //   unregistered, every connection closed.
 //
@@ -100,6 +106,20 @@ class NodeLeases final : public HostLeaseSource {
   // driver goes; Runtime::StopBackgroundWork). Later PrepareAhead calls do nothing.
   void StopPinning() ABSL_LOCKS_EXCLUDED(mu_);
   std::string Describe() const override;
+  // Where `bytes` at `data` (inside a lease this process holds) are in the node pool.
+  struct PoolPlace {
+    std::string pool;        // node::NodeClient::pool_identity
+    std::size_t offset = 0;  // in the pool
+  };
+  // NotFound when they are not in a pool this process maps.
+  absl::StatusOr<PoolPlace> Locate(const char* data, std::size_t bytes) const ABSL_LOCKS_EXCLUDED(mu_);
+  // [offset, offset + bytes) of pool `pool` (another process's Locate), registered for
+  // `device`, as a lease to Give back (the daemon never hears of it). Connects first when
+  // this process has no connection (without starting a daemon). Unavailable without a
+  // daemon; FailedPrecondition when this process maps another pool (the daemon was started
+  // again since); InvalidArgument for a range outside it; the registration's error.
+  absl::StatusOr<HostLease> Borrow(const std::string& pool, std::size_t offset, std::size_t bytes, int device)
+      ABSL_LOCKS_EXCLUDED(mu_);
   bool Enabled() const override { return enabled_.load(std::memory_order_acquire); }
 
   // What this process sees: the pool's stats from the daemon (Unavailable without one),
@@ -126,6 +146,7 @@ class NodeLeases final : public HostLeaseSource {
   struct Held {
     Connection* connection = nullptr;
     node::HostLease lease;
+    bool borrowed = false;  // Borrow's: the daemon never heard of it
   };
 
   // A usable connection (the current one, or a new one when it is missing or broken and

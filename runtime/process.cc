@@ -310,7 +310,7 @@ absl::StatusOr<std::uint64_t> MapTag(Runtime& runtime, int pid, const std::strin
   share::MapOptions options;
   if (timeout_ms > 0) options.timeout_ms = timeout_ms;
   VMSTASH_ASSIGN_OR_RETURN(std::unique_ptr<share::MappedTag> m,
-                           share::MappedTag::Map(&runtime.driver(), device, pid, tag, options));
+                           share::MappedTag::Map(&runtime.driver(), device, pid, tag, options, &runtime.node()));
   State& s = TheState();
   MutexLock lock(&s.mu);
   const std::uint64_t handle = s.next_mapped++;

@@ -49,6 +49,29 @@ void GrantPackets(const ExportedMemory& memory, std::uint64_t generation, std::v
   }
 }
 
+// The packets of a backup grant of `backup` (generation `generation`), whose arena is at
+// `place` in the node pool.
+void BackupPackets(const ExportedBackup& backup, const NodeLeases::PoolPlace& place, std::uint64_t generation,
+                   std::vector<std::string>* packets) {
+  ShareMessage head;
+  head.kind = ShareKind::kBackup;
+  head.generation = generation;
+  head.pool = place.pool;
+  head.span_offset = place.offset;
+  head.span_bytes = backup.bytes;
+  head.extent_count = backup.extents.size();
+  packets->push_back(FormatShare(head));
+  for (std::size_t i = 0; i < backup.extents.size(); i += kExtentsPerPacket) {
+    ShareMessage part;
+    part.kind = ShareKind::kExtents;
+    for (std::size_t j = i; j < std::min(backup.extents.size(), i + kExtentsPerPacket); ++j) {
+      const BackupExtent& e = backup.extents[j];
+      part.extents.push_back({e.address, e.size_bytes, e.arena_offset});
+    }
+    packets->push_back(FormatShare(part));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<TagExporter>> TagExporter::Start(Runtime* runtime, ShareOptions options) {
@@ -341,27 +364,48 @@ absl::Status TagExporter::Exchange(Importer& importer, const std::string& ack, i
 
 absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer) {
   CachingAllocator* a = runtime_->AllocatorInUse(importer.device);
+  const bool changing = Changing(tag);
   absl::StatusOr<ExportedMemory> memory =
-      Changing(tag) || a == nullptr ? absl::FailedPreconditionError("changing") : a->ExportTag(tag);
+      changing || a == nullptr ? absl::FailedPreconditionError("changing") : a->ExportTag(tag);
   std::vector<std::string> packets;
   std::vector<std::vector<int>> fds;
+  const char* ack = "grant";
   if (memory.ok()) {
     GrantPackets(*memory, shared.generation, &packets, &fds);
   } else if (absl::IsFailedPrecondition(memory.status()) || absl::IsNotFound(memory.status())) {
-    // Paused, in a transition, or no memory here yet: the importer waits for a grant.
-    ShareMessage paused;
-    paused.kind = ShareKind::kPaused;
-    paused.generation = shared.generation;
-    packets.push_back(FormatShare(paused));
-    fds.emplace_back();
+    // Paused, in a transition, or no memory here yet. Paused with its backup in the node
+    // pool: the backup is granted; else the importer waits for a grant.
+    absl::Status why = changing || a == nullptr ? absl::FailedPreconditionError("its tag is changing") : BackupGrant(*a, tag, shared.generation, &packets);
+    if (why.ok()) {
+      ack = "backup";
+    } else {
+      packets.clear();
+      ShareMessage paused;
+      paused.kind = ShareKind::kPaused;
+      paused.generation = shared.generation;
+      paused.message = std::string(why.message());
+      packets.push_back(FormatShare(paused));
+      ack = "paused";
+    }
+    fds.assign(packets.size(), {});
   } else {
     (void)node::Send(importer.fd, FormatShare(ShareError(memory.status())));
     return memory.status();
   }
-  const bool granting = memory.ok();
-  absl::Status s = Exchange(importer, granting ? "grant" : "paused", options_.request_timeout_ms, packets, fds);
-  if (s.ok()) importer.granted = granting;
+  absl::Status s = Exchange(importer, ack, options_.request_timeout_ms, packets, fds);
+  if (s.ok()) importer.granted = std::string(ack) != "paused";
   return s;  // the descriptors of `memory` are closed with it: the importer has its copies
+}
+
+absl::Status TagExporter::BackupGrant(CachingAllocator& allocator, TagId tag, std::uint64_t generation,
+                                      std::vector<std::string>* packets) {
+  absl::StatusOr<ExportedBackup> backup = allocator.ExportTagBackup(tag);
+  if (!backup.ok()) return backup.status();
+  if (backup->extents.empty()) return absl::FailedPreconditionError("its pause backed nothing up");
+  absl::StatusOr<NodeLeases::PoolPlace> place = runtime_->node().Locate(backup->data, backup->bytes);
+  if (!place.ok()) return absl::FailedPreconditionError(place.status().message());
+  BackupPackets(*backup, *place, generation, packets);
+  return absl::OkStatus();
 }
 
 std::vector<TagId> TagExporter::Concerned(const ChunkChange& change, bool regrant) const {
@@ -381,7 +425,10 @@ void TagExporter::Mark(const ChunkChange& change, int delta) {
     changing_all_ += delta;
     return;
   }
-  for (TagId tag : change.revoke) {
+  // The tags it may release and those it may resume (whose backup it reads), once each.
+  std::set<TagId> tags(change.revoke.begin(), change.revoke.end());
+  tags.insert(change.regrant.begin(), change.regrant.end());
+  for (TagId tag : tags) {
     if ((changing_[tag] += delta) == 0) changing_.erase(tag);
   }
 }
@@ -400,7 +447,9 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   ShareMessage revoke_message;
   revoke_message.kind = ShareKind::kRevoke;
   const std::string revoke = FormatShare(revoke_message);
-  for (TagId tag : Concerned(change, /*regrant=*/false)) {
+  // The tags it may release, and those it may resume: an importer writing a paused tag's
+  // backup lets go before the resume reads it.
+  for (TagId tag : Concerned(change, /*regrant=*/true)) {
     SharedTag& shared = shared_[tag];
     // Every importer is told at once; their acknowledgements are read in turn, all within
     // one revoke_timeout_ms. An importer that is gone (its connection closed, or its

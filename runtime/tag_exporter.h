@@ -87,7 +87,7 @@ class TagExporter : public TransitionObserver {
     int fd = -1;
     pid_t pid = 0;
     int device = 0;        // our ordinal of its device
-    bool granted = false;  // holds our chunks now
+    bool granted = false;  // holds our chunks (or a paused tag's backup) now
   };
   struct SharedTag {
     std::string name;  // the importers' name for it
@@ -101,16 +101,21 @@ class TagExporter : public TransitionObserver {
   void Admit(int fd) ABSL_LOCKS_EXCLUDED(ops_mu_);
   // Our ordinal of the device with `uuid`, where this process uses it.
   absl::StatusOr<int> DeviceOf(const std::string& uuid) const;
-  // Sends `tag`'s present chunks on `device` to `importer` (or "paused" when the tag has
-  // none to give) and reads the acknowledgement: OK when it maps them (granted set).
+  // Sends `tag`'s present chunks on `device` to `importer` — or, the tag paused with its
+  // backup in the node pool, its backup; or "paused" with the reason it has neither to
+  // give — and reads the acknowledgement: OK when it took them (granted set).
   absl::Status Grant(TagId tag, SharedTag& shared, Importer& importer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // The packets of a backup grant of paused `tag`, or why there is none.
+  absl::Status BackupGrant(CachingAllocator& allocator, TagId tag, std::uint64_t generation,
+                           std::vector<std::string>* packets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // One event and its acknowledgement `ack` within `timeout_ms` (the chunks' descriptors
   // with a grant).
   absl::Status Exchange(Importer& importer, const std::string& ack, int timeout_ms,
                         const std::vector<std::string>& packets, const std::vector<std::vector<int>>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
-  // Calls between Before and After, by the tags whose chunks they may release (shared or
-  // not: a tag shared meanwhile is still in that call): a new importer is told "paused".
+  // Calls between Before and After, by the tags whose chunks they may release or whose
+  // backups they may read (shared or not: a tag shared meanwhile is still in that call):
+  // a new importer is told "paused".
   void Mark(const ChunkChange& change, int delta);
   bool Changing(TagId tag);
   // The shared tags a change concerns.

@@ -38,10 +38,18 @@ absl::StatusOr<int> ConnectTo(const std::string& dir, pid_t pid) {
   return *fd;
 }
 
+// Why a "paused" event grants nothing.
+std::string PausedWhy(const ShareMessage& paused) {
+  return paused.message.empty()
+             ? std::string("the exporting process's tag is paused")
+             : absl::StrCat("the exporting process's tag is paused, and its backup cannot be written from here (",
+                            paused.message, ")");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int device, pid_t pid,
-                                                         const std::string& tag, MapOptions options) {
+                                                         const std::string& tag, MapOptions options, NodeLeases* pool) {
   if (driver == nullptr) return absl::InvalidArgumentError("map_tag: no driver");
   if (tag.empty()) return absl::InvalidArgumentError("map_tag: no tag name");
   if (options.dir.empty()) options.dir = control::DefaultRuntimeDir();
@@ -57,7 +65,7 @@ absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int de
     ::close(*fd);
     return s;
   }
-  std::unique_ptr<MappedTag> m(new MappedTag(driver, device, pid, tag, *fd));
+  std::unique_ptr<MappedTag> m(new MappedTag(driver, device, pid, tag, *fd, pool));
   absl::StatusOr<node::Received> first = node::Receive(*fd, options.timeout_ms, 0);
   absl::StatusOr<ShareMessage> event = first.ok() ? ParseShare(first->message) : first.status();
   if (!event.ok()) {
@@ -69,9 +77,13 @@ absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int de
     absl::Status s = m->TakeGrant(*event);
     m->Ack("grant", s);
     if (!s.ok()) return s;
+  } else if (event->kind == ShareKind::kBackup) {
+    absl::Status s = m->TakeBackup(*event);
+    m->Ack("backup", s);
+    if (!s.ok()) return s;
   } else if (event->kind == ShareKind::kPaused) {
     m->generation_ = event->generation;
-    m->why_ = "the exporting process's tag is paused";
+    m->why_ = PausedWhy(*event);
     m->Ack("paused", absl::OkStatus());
   } else {
     return absl::InternalError("map_tag: the exporting process answered neither a grant nor \"paused\"");
@@ -82,8 +94,8 @@ absl::StatusOr<std::unique_ptr<MappedTag>> MappedTag::Map(Driver* driver, int de
   return m;
 }
 
-MappedTag::MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd)
-    : driver_(driver), device_(device), pid_(pid), tag_(std::move(tag)), fd_(fd) {}
+MappedTag::MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd, NodeLeases* pool)
+    : driver_(driver), pool_(pool), device_(device), pid_(pid), tag_(std::move(tag)), fd_(fd) {}
 
 MappedTag::~MappedTag() {
   ::shutdown(fd_, SHUT_RDWR);  // wakes the watch thread: it unmaps and ends
@@ -102,7 +114,7 @@ MappedTag::Use::~Use() {
 
 absl::StatusOr<MappedTag::Use> MappedTag::Acquire() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (state_ != State::kMapped || revoking_) {
+  if ((state_ != State::kMapped && state_ != State::kBackup) || revoking_) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, " is not mapped here: ",
                                                       revoking_ ? "the exporting process is pausing it" : why_));
   }
@@ -314,11 +326,116 @@ absl::Status MappedTag::TakeGrant(const ShareMessage& grant) {
   return absl::OkStatus();
 }
 
+absl::Status MappedTag::TakeBackup(const ShareMessage& head) {
+  Backup b;
+  b.pool = head.pool;
+  b.span_offset = head.span_offset;
+  b.span_bytes = head.span_bytes;
+  while (b.extents.size() < head.extent_count) {
+    absl::StatusOr<node::Received> got = node::Receive(fd_, 10000, 0);
+    if (!got.ok()) return got.status();
+    absl::StatusOr<ShareMessage> part = ParseShare(got->message);
+    if (!part.ok() || part->kind != ShareKind::kExtents || part->extents.empty()) {
+      return absl::InternalError("tag share protocol: a backup grant's extents did not follow it");
+    }
+    b.extents.insert(b.extents.end(), part->extents.begin(), part->extents.end());
+  }
+  std::sort(b.extents.begin(), b.extents.end(),
+            [](const BackupRange& x, const BackupRange& y) { return x.address < y.address; });
+  absl::Status failed = b.extents.size() == head.extent_count
+                            ? absl::OkStatus()
+                            : absl::InternalError("tag share protocol: more extents than the backup grant named");
+  for (std::size_t i = 0; failed.ok() && i < b.extents.size(); ++i) {
+    const BackupRange& e = b.extents[i];
+    if (e.offset > b.span_bytes || e.size_bytes > b.span_bytes - e.offset ||
+        (i > 0 && e.address < b.extents[i - 1].address + b.extents[i - 1].size_bytes)) {
+      failed = absl::InternalError("tag share protocol: a backup extent overlaps another or lies outside its span");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed.ok()) {
+    state_ = State::kPaused;
+    why_ = absl::StrCat("the exporting process's tag is paused, and its last backup grant was bad (", failed.message(),
+                        ")");
+    return failed;
+  }
+  backup_ = std::move(b);
+  state_ = State::kBackup;
+  generation_ = head.generation;
+  grants_ += 1;
+  why_ = "the exporting process's tag is paused: its backup is writable from here (vmstash.weights.sync), not its "
+         "device memory";
+  return absl::OkStatus();
+}
+
+absl::Status MappedTag::WriteBackup(const std::vector<BackupWrite>& writes, Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kBackup) {
+    return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, ": no backup to write (",
+                                                      state_ == State::kMapped ? "it is mapped" : why_, ")"));
+  }
+  if (users_ == 0) return absl::FailedPreconditionError("WriteBackup: hold a use (Acquire) until the copies complete");
+  // Every write checked first: one not inside one extent writes nothing at all.
+  std::vector<std::size_t> at(writes.size());
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const BackupWrite& w = writes[i];
+    if (w.size_bytes == 0) continue;
+    auto e = std::partition_point(backup_.extents.begin(), backup_.extents.end(), [&](const BackupRange& x) {
+      return x.address + x.size_bytes <= w.remote;
+    });
+    if (e == backup_.extents.end() || w.remote < e->address || w.size_bytes > e->size_bytes ||
+        w.remote - e->address > e->size_bytes - w.size_bytes) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "0x", absl::Hex(w.remote), " (+", w.size_bytes, " bytes) of tag '", tag_, "' of process ", pid_,
+          " is not in its backup: the pause backed up only the bytes live then (that memory was freed, or "
+          "re-created: publish the index again and map again)"));
+    }
+    at[i] = e->offset + (w.remote - e->address);
+  }
+  if (!borrowed_.has_value()) {
+    if (pool_ == nullptr) return absl::FailedPreconditionError("this process has no node pool to reach the backup");
+    absl::StatusOr<HostLease> lease = pool_->Borrow(backup_.pool, backup_.span_offset, backup_.span_bytes, device_);
+    if (!lease.ok()) {
+      return absl::Status(lease.status().code(), absl::StrCat("tag '", tag_, "' of process ", pid_,
+                                                              ": reaching its backup: ", lease.status().message()));
+    }
+    borrowed_ = *lease;
+  }
+  const HostLease& h = *borrowed_;
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    // Cut where the pool's registrations are (a copy may not span two).
+    std::size_t done = 0;
+    while (done < writes[i].size_bytes) {
+      char* dst = h.data + at[i] + done;
+      const std::size_t in_segment =
+          h.segment_bytes - static_cast<std::size_t>(dst - h.segment_base) % h.segment_bytes;
+      const std::size_t n = std::min(in_segment, writes[i].size_bytes - done);
+      if (absl::Status s = driver_->CopyToHostAsync(device_, dst, writes[i].src + done, n, stream); !s.ok()) {
+        return s;
+      }
+      done += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::size_t MappedTag::backup_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::size_t n = 0;
+  for (const BackupRange& e : backup_.extents) n += e.size_bytes;
+  return n;
+}
+
 void MappedTag::Unmap(State next, const std::string& why) {
   std::unique_lock<std::mutex> lock(mu_);
   revoking_ = true;
   idle_.wait(lock, [this] { return users_ == 0; });
   pieces_.clear();  // each mapping is unmapped, then its chunk released
+  backup_ = Backup{};
+  if (borrowed_.has_value()) {  // every write into it is complete (the Uses ended)
+    pool_->Give(*borrowed_);
+    borrowed_.reset();
+  }
   if (state_ != State::kGone) {
     state_ = next;
     if (!why.empty()) why_ = why;
@@ -349,8 +466,15 @@ void MappedTag::Watch() {
         Ack("revoke", absl::OkStatus());
         break;
       }
+      case ShareKind::kBackup: {
+        if (state() == State::kMapped || state() == State::kBackup) Unmap(State::kPaused, "granted again");
+        absl::Status s = TakeBackup(*event);
+        if (!s.ok()) VMSTASH_LOG(kWarning, "map_tag {} of process {}: {}", tag_, pid_, s.ToString());
+        Ack("backup", s);
+        break;
+      }
       case ShareKind::kGrant: {
-        if (state() == State::kMapped) Unmap(State::kPaused, "granted again");
+        if (state() == State::kMapped || state() == State::kBackup) Unmap(State::kPaused, "granted again");
         absl::Status s = TakeGrant(*event);
         if (!s.ok()) VMSTASH_LOG(kWarning, "map_tag {} of process {}: {}", tag_, pid_, s.ToString());
         Ack("grant", s);
@@ -360,11 +484,11 @@ void MappedTag::Watch() {
         {
           std::lock_guard<std::mutex> lock(mu_);
           generation_ = event->generation;
-          if (state_ == State::kMapped) {
+          if (state_ == State::kMapped || state_ == State::kBackup) {
             Ack("paused", absl::InternalError("\"paused\" while mapped"));
             break;
           }
-          why_ = "the exporting process's tag is paused";
+          why_ = PausedWhy(*event);
         }
         Ack("paused", absl::OkStatus());
         break;

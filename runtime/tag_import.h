@@ -7,10 +7,16 @@
 // the same across every pause and resume. The exporter's chunks are mapped there while
 // granted; between a revoke and the next grant nothing is.
 //
-// Uses: Acquire() returns a Use while the memory is mapped (FailedPrecondition naming the
-// state otherwise); a revoke waits until every Use is destroyed, so the work a Use's
-// holder queued on the memory must be complete when it lets go (it synchronizes its
-// stream first). A watch thread serves the exporter's events.
+// Uses: Acquire() returns a Use while the memory is mapped, or while the paused tag's
+// backup is granted (FailedPrecondition naming the state otherwise); a revoke waits until
+// every Use is destroyed, so the work a Use's holder queued on the memory must be
+// complete when it lets go (it synchronizes its stream first). A watch thread serves the
+// exporter's events.
+//
+// Backups: while the exporter's tag is paused with its backup in the node pool, the state
+// is kBackup and WriteBackup copies device bytes of this process into the backup (through
+// this process's mapping of the pool, `pool`'s Borrow: registered once per connection),
+// so the exporter's resume restores them. Nothing is mapped on the device meanwhile.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef VMSTASH_RUNTIME_TAG_IMPORT_H_
@@ -23,12 +29,15 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/host_lease.h"
+#include "runtime/node_leases.h"
 #include "runtime/tag_share.h"
 #include "vmm/chunk.h"
 #include "vmm/driver.h"
@@ -44,14 +53,17 @@ struct MapOptions {
 
 class MappedTag {
  public:
-  enum class State { kMapped, kPaused, kGone };
+  // kBackup: paused, its backup granted (WriteBackup). The values are the C ABI's.
+  enum class State { kMapped, kPaused, kGone, kBackup };
 
   // Maps tag `tag` of process `pid` on this process's `device` (the same GPU as the
   // exporter's). NotFound: no such process serving mapped tags, or it does not share the
   // tag; PermissionDenied under the trust rules; the exporter's refusal; the driver's
-  // errors (nothing stays mapped or reserved). `driver` must outlive the object.
+  // errors (nothing stays mapped or reserved). `driver` and `pool` (this process's side
+  // of the node pool, for backup grants; may be null: none is taken) must outlive the
+  // object.
   static absl::StatusOr<std::unique_ptr<MappedTag>> Map(Driver* driver, int device, pid_t pid, const std::string& tag,
-                                                       MapOptions options = {});
+                                                       MapOptions options = {}, NodeLeases* pool = nullptr);
   // Closes the connection (the exporter drops this importer), waits for the Uses, unmaps,
   // releases and frees everything.
   ~MappedTag();
@@ -87,6 +99,22 @@ class MappedTag {
   // when the exporter's reservation there changed since, so our address did).
   absl::Status Covers(const std::vector<ShareRange>& ranges, const std::vector<DevicePtr>* locals = nullptr) const;
 
+  // One copy into the backup: `size_bytes` of this process's device memory at `src` to the
+  // exporter's bytes at `remote`.
+  struct BackupWrite {
+    DevicePtr remote = 0;
+    DevicePtr src = 0;
+    std::size_t size_bytes = 0;
+  };
+  // Queues `writes` on `stream` (device to host copies into the backup); the caller holds
+  // a Use until they are complete. Every write is checked before any is queued:
+  // FailedPrecondition when the state is not kBackup (saying why), or a write lies outside
+  // what the pause backed up (not in one extent: freed, or not live at the pause); the
+  // pool's Borrow error (no node pool here, another one) at the first write of a grant.
+  absl::Status WriteBackup(const std::vector<BackupWrite>& writes, Stream stream);
+  // Bytes of the backup granted now (0 when not kBackup).
+  std::size_t backup_bytes() const;
+
   State state() const;
   // The generation of the exporter's last grant or "paused" (TagExporter::Share).
   std::uint64_t generation() const;
@@ -117,8 +145,15 @@ class MappedTag {
     Chunk chunk;
     Mapping mapping;  // destroyed first
   };
-  MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd);
+  struct Backup {  // a backup grant: where its bytes are in the pool, and which they are
+    std::string pool;
+    std::size_t span_offset = 0, span_bytes = 0;
+    std::vector<BackupRange> extents;  // by address, not overlapping, inside the span
+  };
+  MappedTag(Driver* driver, int device, pid_t pid, std::string tag, int fd, NodeLeases* pool);
   void Watch();
+  // A backup grant whose first packet is `head`: its extents read and checked.
+  absl::Status TakeBackup(const ShareMessage& head);
   // A grant whose first packet is `grant`: its chunks read, imported and mapped; the
   // acknowledgement to send.
   absl::Status TakeGrant(const ShareMessage& grant);
@@ -130,6 +165,7 @@ class MappedTag {
   std::string Describe(State s) const;
 
   Driver* const driver_;
+  NodeLeases* const pool_;
   const int device_;
   const pid_t pid_;
   const std::string tag_;
@@ -145,6 +181,8 @@ class MappedTag {
   std::uint64_t grants_ = 0, revokes_ = 0;
   std::vector<Region> regions_;  // by remote address
   std::vector<Piece> pieces_;    // by remote address
+  Backup backup_;                // kBackup's
+  std::optional<HostLease> borrowed_;  // the backup's span, borrowed at its first write
   std::thread thread_;
 };
 

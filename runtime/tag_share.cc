@@ -20,6 +20,8 @@ const char* KindName(ShareKind k) {
     case ShareKind::kRevoke: return "revoke";
     case ShareKind::kPaused: return "paused";
     case ShareKind::kError: return "error";
+    case ShareKind::kBackup: return "backup";
+    case ShareKind::kExtents: return "extents";
   }
   return "?";
 }
@@ -70,6 +72,27 @@ absl::StatusOr<std::vector<ShareRange>> Ranges(const JsonValue& doc, const char*
   return out;
 }
 
+// [[address > 0, bytes > 0, offset], ...]: at most `max`.
+absl::StatusOr<std::vector<BackupRange>> Extents(const JsonValue& doc, std::size_t max) {
+  const JsonValue& v = doc["extents"];
+  if (!v.is_array()) return Bad("\"extents\" must be an array");
+  if (v.items().size() > max) return Bad(absl::StrCat("\"extents\" holds ", v.items().size(), ", over ", max));
+  std::vector<BackupRange> out;
+  for (const JsonValue& item : v.items()) {
+    bool good = item.is_array() && item.items().size() == 3;
+    std::uint64_t n[3] = {0, 0, 0};
+    for (std::size_t i = 0; good && i < 3; ++i) {
+      const JsonValue& x = item.items()[i];
+      good = x.type() == JsonValue::Type::kNumber && x.Int() >= 0 && static_cast<double>(x.Int()) == x.Number();
+      if (good) n[i] = static_cast<std::uint64_t>(x.Int());
+    }
+    if (!good || n[0] == 0 || n[1] == 0 || n[0] + n[1] < n[0] || n[2] + n[1] < n[2]) {
+      return Bad("\"extents\" holds one that is not [address > 0, bytes > 0, offset >= 0]");
+    }
+    out.push_back({static_cast<DevicePtr>(n[0]), static_cast<std::size_t>(n[1]), static_cast<std::size_t>(n[2])});
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -104,6 +127,27 @@ std::string FormatShare(const ShareMessage& m) {
     case ShareKind::kPaused:
       w.Field("ev", "paused");
       w.Field("generation", static_cast<std::uint64_t>(m.generation));
+      if (!m.message.empty()) w.Field("message", m.message);
+      break;
+    case ShareKind::kBackup:
+      w.Field("ev", "backup");
+      w.Field("generation", static_cast<std::uint64_t>(m.generation));
+      w.Field("pool", m.pool);
+      WriteRanges(w, "span", {{m.span_offset, m.span_bytes}});
+      w.Field("extents", static_cast<std::uint64_t>(m.extent_count));
+      break;
+    case ShareKind::kExtents:
+      w.Field("ev", "extents");
+      w.Key("extents");
+      w.BeginArray();
+      for (const BackupRange& e : m.extents) {
+        w.BeginArray();
+        w.Uint(e.address);
+        w.Uint(e.size_bytes);
+        w.Uint(e.offset);
+        w.EndArray();
+      }
+      w.EndArray();
       break;
     case ShareKind::kError:
       w.Field("ok", false);
@@ -141,7 +185,7 @@ absl::StatusOr<ShareMessage> ParseShare(absl::string_view text) {
     allowed.insert({"ack", "ok", "message"});
     absl::StatusOr<std::string> ack = Text(*doc, "ack");
     if (!ack.ok()) return ack.status();
-    if (*ack != "grant" && *ack != "revoke" && *ack != "paused") return Bad(absl::StrCat("unknown ack \"", *ack, "\""));
+    if (*ack != "grant" && *ack != "revoke" && *ack != "paused" && *ack != "backup") return Bad(absl::StrCat("unknown ack \"", *ack, "\""));
     if ((*doc)["ok"].type() != JsonValue::Type::kBool) return Bad("\"ok\" must be a boolean");
     m.ack = *ack;
     m.ok = (*doc)["ok"].Bool();
@@ -172,10 +216,42 @@ absl::StatusOr<ShareMessage> ParseShare(absl::string_view text) {
       m.kind = ShareKind::kRevoke;
     } else if (*ev == "paused") {
       m.kind = ShareKind::kPaused;
-      allowed.insert("generation");
+      allowed.insert({"generation", "message"});
       absl::StatusOr<std::uint64_t> g = Count(*doc, "generation");
       if (!g.ok()) return g.status();
       m.generation = *g;
+      m.message = (*doc)["message"].String();
+    } else if (*ev == "backup") {
+      m.kind = ShareKind::kBackup;
+      allowed.insert({"generation", "pool", "span", "extents"});
+      absl::StatusOr<std::uint64_t> g = Count(*doc, "generation");
+      absl::StatusOr<std::string> pool = Text(*doc, "pool");
+      absl::StatusOr<std::uint64_t> k = Count(*doc, "extents");
+      if (!g.ok()) return g.status();
+      if (!pool.ok()) return pool.status();
+      if (!k.ok()) return k.status();
+      // The span [offset, +bytes): offset 0 is a pool's first byte (Ranges wants > 0).
+      const JsonValue& span = (*doc)["span"];
+      const bool pair = span.is_array() && span.items().size() == 1 && span.items()[0].is_array() &&
+                        span.items()[0].items().size() == 2;
+      const JsonValue* o = pair ? &span.items()[0].items()[0] : nullptr;
+      const JsonValue* n = pair ? &span.items()[0].items()[1] : nullptr;
+      if (!pair || o->type() != JsonValue::Type::kNumber || n->type() != JsonValue::Type::kNumber || o->Int() < 0 ||
+          n->Int() <= 0 || static_cast<double>(o->Int()) != o->Number() ||
+          static_cast<double>(n->Int()) != n->Number()) {
+        return Bad("\"span\" must be [[offset >= 0, bytes > 0]]");
+      }
+      m.generation = *g;
+      m.pool = *pool;
+      m.span_offset = static_cast<std::size_t>(o->Int());
+      m.span_bytes = static_cast<std::size_t>(n->Int());
+      m.extent_count = static_cast<std::size_t>(*k);
+    } else if (*ev == "extents") {
+      m.kind = ShareKind::kExtents;
+      allowed.insert("extents");
+      absl::StatusOr<std::vector<BackupRange>> e = Extents(*doc, kExtentsPerPacket);
+      if (!e.ok()) return e.status();
+      m.extents = std::move(*e);
     } else {
       return Bad(absl::StrCat("unknown event \"", *ev, "\""));
     }

@@ -60,10 +60,12 @@
 //
 // Messages (one JSON object per packet, at most node::kMaxMessageBytes; "v":kShareVersion):
 //   importer -> exporter  {"op":"map","tag":T,"device":UUID}        once, first
-//                         {"ack":"grant"|"revoke"|"paused","ok":B,"message":M}
+//                         {"ack":"grant"|"revoke"|"paused"|"backup","ok":B,"message":M}
 //   exporter -> importer  {"ev":"grant","generation":G,"reservations":[[A,N],...],"chunks":K}
 //                         {"ev":"chunks","chunks":[[A,N],...]}     with one descriptor each
-//                         {"ev":"revoke"}   {"ev":"paused","generation":G}
+//                         {"ev":"backup","generation":G,"pool":P,"span":[O,N],"extents":K}
+//                         {"ev":"extents","extents":[[A,N,O],...]}  no descriptors
+//                         {"ev":"revoke"}   {"ev":"paused","generation":G[,"message":M]}
 //                         {"ok":false,"code":C,"message":M}        the map refused
 //
 // Thread-safety: pure functions.
@@ -84,37 +86,53 @@
 
 namespace vmstash::share {
 
-inline constexpr int kShareVersion = 1;
+inline constexpr int kShareVersion = 2;
 // Reservations one grant names at most (each ~40 bytes of the packet).
 inline constexpr std::size_t kMaxReservations = 256;
 // Chunks one "chunks" packet names (one descriptor each).
 inline constexpr std::size_t kChunksPerPacket = 32;
+// Backup extents one "extents" packet names (each ~45 bytes of the packet).
+inline constexpr std::size_t kExtentsPerPacket = 256;
 
 struct ShareRange {
   DevicePtr address = 0;
   std::size_t size_bytes = 0;
 };
 
-enum class ShareKind { kMap, kAck, kGrant, kChunks, kRevoke, kPaused, kError };
+// Exporter bytes [address, address + size_bytes) are backed up at `offset` of a backup
+// grant's span.
+struct BackupRange {
+  DevicePtr address = 0;
+  std::size_t size_bytes = 0;
+  std::size_t offset = 0;
+};
+
+enum class ShareKind { kMap, kAck, kGrant, kChunks, kRevoke, kPaused, kError, kBackup, kExtents };
 
 struct ShareMessage {
   ShareKind kind = ShareKind::kError;
   std::string tag;                      // map
   std::string device;                   // map: Driver::DeviceUuid
-  std::string ack;                      // ack: "grant", "revoke" or "paused"
+  std::string ack;                      // ack: "grant", "revoke", "paused" or "backup"
   bool ok = true;                       // ack
-  std::string message;                  // ack (ok false), error
+  std::string message;                  // ack (ok false), error; paused: why no backup grant
   std::string code;                     // error: an absl status code name
   std::uint64_t generation = 0;         // grant, paused
   std::vector<ShareRange> reservations; // grant
   std::size_t chunk_count = 0;          // grant: how many chunks follow
   std::vector<ShareRange> chunks;       // chunks
+  std::string pool;                     // backup: the node pool's identity (NodeClient::pool_identity)
+  std::size_t span_offset = 0;          // backup: where the span is in the pool
+  std::size_t span_bytes = 0;           // backup
+  std::size_t extent_count = 0;         // backup: how many extents follow
+  std::vector<BackupRange> extents;     // extents
 };
 
 std::string FormatShare(const ShareMessage& m);
 // InvalidArgument naming what is wrong: not JSON, another version, an unknown kind or
 // key, a missing or mistyped field, a range of size 0 or wrapping the address space, more
-// than kMaxReservations reservations or kChunksPerPacket chunks.
+// than kMaxReservations reservations, kChunksPerPacket chunks or kExtentsPerPacket
+// extents, an extent outside its span's size (checked by the importer).
 absl::StatusOr<ShareMessage> ParseShare(absl::string_view text);
 // An error message for `status` (not OK), and the status it carries back.
 ShareMessage ShareError(const absl::Status& status);

@@ -106,22 +106,22 @@ TEST(ShareWireTest, RoundTripsEveryMessage) {
 }
 
 TEST(ShareWireTest, RefusesBadMessages) {
-  for (const char* bad : {"", "[]", "{\"v\":1}", "{\"v\":1,\"op\":\"map\",\"tag\":\"\",\"device\":\"d\"}",
-                          "{\"v\":1,\"op\":\"unmap\"}", "{\"v\":1,\"op\":\"map\",\"tag\":\"t\"}",
-                          "{\"v\":1,\"op\":\"map\",\"tag\":\"t\",\"device\":\"d\",\"x\":1}",
-                          "{\"v\":1,\"ack\":\"later\",\"ok\":true}", "{\"v\":1,\"ack\":\"grant\"}",
-                          "{\"v\":1,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[0,4]],\"chunks\":0}",
-                          "{\"v\":1,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[4,0]],\"chunks\":0}",
-                          "{\"v\":1,\"ev\":\"grant\",\"generation\":-1,\"reservations\":[],\"chunks\":0}",
-                          "{\"v\":1,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[4]],\"chunks\":0}",
-                          "{\"v\":1,\"ev\":\"chunks\",\"chunks\":[[18446744073709551615,4096]]}",
-                          "{\"v\":1,\"ev\":\"dance\"}"}) {
+  for (const char* bad : {"", "[]", "{\"v\":2}", "{\"v\":2,\"op\":\"map\",\"tag\":\"\",\"device\":\"d\"}",
+                          "{\"v\":2,\"op\":\"unmap\"}", "{\"v\":2,\"op\":\"map\",\"tag\":\"t\"}",
+                          "{\"v\":2,\"op\":\"map\",\"tag\":\"t\",\"device\":\"d\",\"x\":1}",
+                          "{\"v\":2,\"ack\":\"later\",\"ok\":true}", "{\"v\":2,\"ack\":\"grant\"}",
+                          "{\"v\":2,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[0,4]],\"chunks\":0}",
+                          "{\"v\":2,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[4,0]],\"chunks\":0}",
+                          "{\"v\":2,\"ev\":\"grant\",\"generation\":-1,\"reservations\":[],\"chunks\":0}",
+                          "{\"v\":2,\"ev\":\"grant\",\"generation\":1,\"reservations\":[[4]],\"chunks\":0}",
+                          "{\"v\":2,\"ev\":\"chunks\",\"chunks\":[[18446744073709551615,4096]]}",
+                          "{\"v\":2,\"ev\":\"dance\"}"}) {
     EXPECT_EQ(ParseShare(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  std::string many = "{\"v\":1,\"ev\":\"chunks\",\"chunks\":[";
+  std::string many = "{\"v\":2,\"ev\":\"chunks\",\"chunks\":[";
   for (std::size_t i = 0; i <= kChunksPerPacket; ++i) many += (i ? ",[4096,4096]" : "[4096,4096]");
   EXPECT_EQ(ParseShare(many + "]}").status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ParseShare("{\"v\":2,\"ev\":\"revoke\"}").status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ParseShare("{\"v\":3,\"ev\":\"revoke\"}").status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(MappedTagTest, FollowsPausesAndResumesAtTheSameAddresses) {

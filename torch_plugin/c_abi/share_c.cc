@@ -42,6 +42,7 @@ const char* StateName(MappedTag::State s) {
     case MappedTag::State::kMapped: return "mapped";
     case MappedTag::State::kPaused: return "paused";
     case MappedTag::State::kGone: return "gone";
+    case MappedTag::State::kBackup: return "backup";
   }
   return "?";
 }
@@ -164,6 +165,21 @@ int vmstash_mapped_locals(unsigned long long handle, const unsigned long long* r
   });
 }
 
+int vmstash_mapped_write_backup(unsigned long long handle, const unsigned long long* remotes,
+                                const unsigned long long* srcs, const unsigned long long* bytes, size_t n,
+                                cudaStream_t stream) noexcept {
+  return Guard([&](vmstash::process::Call&) {
+    if (n > 0 && (remotes == nullptr || srcs == nullptr || bytes == nullptr)) {
+      return Fail(absl::InvalidArgumentError("vmstash_mapped_write_backup: NULL arrays"));
+    }
+    absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
+    if (!m.ok()) return Fail(m.status());
+    std::vector<MappedTag::BackupWrite> writes(n);
+    for (size_t i = 0; i < n; ++i) writes[i] = {remotes[i], srcs[i], static_cast<std::size_t>(bytes[i])};
+    return Code((*m)->WriteBackup(writes, reinterpret_cast<vmstash::Stream>(stream)));
+  });
+}
+
 int vmstash_mapped_state(unsigned long long handle, int* state, unsigned long long* generation) noexcept {
   return Guard([&](vmstash::process::Call&) {
     absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
@@ -191,6 +207,7 @@ char* vmstash_mapped_info_json(unsigned long long handle) noexcept {
     w.Field("tag", (*m)->tag());
     w.Field("device", (*m)->device());
     w.Field("mapped_bytes", mapped_bytes);
+    w.Field("backup_bytes", static_cast<std::uint64_t>((*m)->backup_bytes()));
     w.EndObject();
     out = CopyOut(w.str());
     if (out == nullptr) return Fail(absl::ResourceExhaustedError("vmstash: host out of memory"));

@@ -293,18 +293,22 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * vmstash_mapped_acquire / vmstash_mapped_release bracket a use (the memory stays mapped
  * in between; a revoke waits for the release, so the caller's work on the memory must be
  * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
- * paused or the exporter is gone; vmstash_mapped_local gives this process's address of
+ * paused (without its backup granted) or the exporter is gone; while the tag is paused
+ * with its backup in the node pool (state 3, "backup"), vmstash_mapped_write_backup queues
+ * `n` copies of bytes[i] of this process's device memory at srcs[i] into the backup of the
+ * exporter's bytes at remotes[i] on `stream` (all checked before any is queued; hold a
+ * use until the stream completes them); vmstash_mapped_local gives this process's address of
  * the exporter's [remote, remote + bytes); vmstash_mapped_check whether `n` such ranges
  * all lie in the memory mapped now and (`locals`, may be NULL) at those addresses here
  * (VMSTASH_FAILED_PRECONDITION naming the first that does not); vmstash_mapped_locals
  * vmstash_mapped_local's addresses of `n` ranges at once, into out[n];
- * vmstash_mapped_state the state (0 mapped, 1 paused, 2 gone) and generation, cheaply;
+ * vmstash_mapped_state the state (0 mapped, 1 paused, 2 gone, 3 backup) and generation;
  * vmstash_mapped_index_json
  * the index the
  * exporter published, as read at the map ({"generation":G,"index":...}; NOT_FOUND when
  * none); vmstash_mapped_info_json its state
- * ({"state":"mapped"|"paused"|"gone","generation","grants","revokes","pid","tag",
- * "device","mapped_bytes"}; free with vmstash_string_free); vmstash_mapped_close unmaps
+ * ({"state":"mapped"|"paused"|"gone"|"backup","generation","grants","revokes","pid",
+ * "tag","device","mapped_bytes","backup_bytes"}; free with vmstash_string_free); vmstash_mapped_close unmaps
  * it (VMSTASH_FAILED_PRECONDITION while a use is acquired: release it first). */
 int vmstash_share_tag(const char* tag, const char* name, const char* index_json,
                       unsigned long long* generation) VMSTASH_NOEXCEPT;
@@ -319,6 +323,9 @@ int vmstash_mapped_check(unsigned long long handle, const unsigned long long* re
                          size_t n) VMSTASH_NOEXCEPT;
 int vmstash_mapped_locals(unsigned long long handle, const unsigned long long* remotes,
                           const unsigned long long* bytes, unsigned long long* out, size_t n) VMSTASH_NOEXCEPT;
+int vmstash_mapped_write_backup(unsigned long long handle, const unsigned long long* remotes,
+                                const unsigned long long* srcs, const unsigned long long* bytes, size_t n,
+                                cudaStream_t stream) VMSTASH_NOEXCEPT;
 int vmstash_mapped_state(unsigned long long handle, int* state, unsigned long long* generation) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_info_json(unsigned long long handle) VMSTASH_NOEXCEPT;
 char* vmstash_mapped_index_json(unsigned long long handle) VMSTASH_NOEXCEPT;
