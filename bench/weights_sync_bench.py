@@ -20,12 +20,18 @@ process holds its own copy to send (plain torch memory). Cases, each --steps tim
   same_process the trainer copies the same tensors into another set of its own with the same
                batched copy: what the mapping aims at (>= 85%)
   flat_copy    one copy of all the bytes in one call, in the trainer: the device's limit
+  vmstash_paused  the rollout paused (its backup in the node pool: the rollout runs with
+               node:1), the same plan's run writes into that backup (device to host, through
+               the trainer's own mapping of the pool); the rollout's resume then restores
+               them (checked, not timed); the first step counts registering the pool here
+  pinned_link  one device-to-host copy of all the bytes into pinned memory of the trainer's
+               own, in one call: the link's limit, what vmstash_paused aims at (>= 80%)
 
 Each case's time is the wall clock from the trainer's call to the copies being complete
 (for ipc: until the rollout says it has copied). The rollout checks the bytes it holds after
 each case (not timed). Prints a table; --json writes the figures and the ratios the issue
-asks for (vmstash against same_process and ipc, per step and first step). A sync into a
-paused tag is not implemented (the view is paused then): not measured.
+asks for (vmstash against same_process and ipc, per step and first step; vmstash_paused
+against pinned_link). vmstashd is $VMSTASH_DAEMON, else the CMake build's.
 """
 import argparse
 import json
@@ -38,6 +44,7 @@ import time
 
 GiB = 1 << 30
 HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def rollout(args):
@@ -64,6 +71,10 @@ def rollout(args):
                 weights[name].copy_(t)
                 del t
             torch.cuda.synchronize()
+            say(ok=True)
+        elif cmd[0] in ("pause", "resume"):
+            torch.cuda.synchronize()
+            (vmstash.pause if cmd[0] == "pause" else vmstash.resume)("weights")
             say(ok=True)
         elif cmd[0] == "exit":
             break
@@ -94,7 +105,8 @@ def trainer(args):
         return (time.perf_counter() - t0) * 1e3
 
     pid = int(args.rollout_pid)
-    out = {"vmstash": [], "vmstash_unplanned": [], "ipc": [], "same_process": [], "flat_copy": []}
+    out = {"vmstash": [], "vmstash_unplanned": [], "ipc": [], "same_process": [], "flat_copy": [],
+           "vmstash_paused": [], "pinned_link": []}
     # Warm the copy kernels (not timed, not a step of any case).
     torch._foreach_copy_(list(own.values()), list(src.values()))
     flat_dst.copy_(flat_src)
@@ -130,10 +142,31 @@ def trainer(args):
         say(ask=f"check {step + 100}")
         if json.loads(sys.stdin.readline())["bad"] != 0:
             raise SystemExit(f"ipc step {step}: the rollout's weights are wrong")
+    def ask(what):
+        say(ask=what)
+        return json.loads(sys.stdin.readline())
+
+    for step in range(args.steps):
+        fill(step + 200)
+        if not ask("pause").get("ok"):
+            raise SystemExit("the rollout could not pause")
+        got = {}
+        out["vmstash_paused"].append(timed(lambda: got.update(plan.run())))
+        if got.get("into") != "backup":
+            raise SystemExit(f"vmstash_paused step {step}: the sync went to {got.get('into')}, not the backup "
+                             f"(view {view.info()})")
+        if not ask("resume").get("ok"):
+            raise SystemExit("the rollout could not resume")
+        if ask(f"check {step + 200}")["bad"] != 0:
+            raise SystemExit(f"vmstash_paused step {step}: the rollout's weights are wrong after its resume")
     dsts, srcs = list(own.values()), list(src.values())
+    del own
+    host = torch.empty(flat_src.numel(), dtype=flat_src.dtype, pin_memory=True)
+    host.copy_(flat_src, non_blocking=True)  # warm (not a step)
     for _ in range(args.steps):
         out["same_process"].append(timed(lambda: torch._foreach_copy_(dsts, srcs)))
         out["flat_copy"].append(timed(lambda: flat_dst.copy_(flat_src)))
+        out["pinned_link"].append(timed(lambda: host.copy_(flat_src, non_blocking=True)))
     view.close()
     say(done=out)
 
@@ -142,13 +175,32 @@ def say(**kw):
     print(json.dumps(kw), flush=True)
 
 
+def stop_daemon(runtime_dir):
+    """SIGTERM to the daemon the rollout started in `runtime_dir` (its log names its pid)."""
+    import re
+    import signal
+    try:
+        with open(os.path.join(runtime_dir, "vmstashd.log")) as f:
+            pids = re.findall(r"\(pid (\d+)\)", f.read())
+    except FileNotFoundError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+
 def run_size(gib, tensors, args):
     d = tempfile.mkdtemp(prefix="vmstash-weights-bench-")
     os.chmod(d, 0o700)
-    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
+    daemon = os.environ.get("VMSTASH_DAEMON") or os.path.join(ROOT, "build", "cmake", "tools", "vmstashd", "vmstashd")
+    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d, VMSTASH_DAEMON=daemon)
     env.pop("VMSTASH_CONF", None)
     common = ["--gib", str(gib), "--tensors", str(tensors), "--steps", str(args.steps)]
-    r = subprocess.Popen([sys.executable, HERE, "--role", "rollout", *common], env=dict(env, VMSTASH_CONF="share_chunks:1"),
+    # On the node pool (its chunks exportable too), sized for the backup and some slack.
+    conf = f"node:1,node_capacity:{gib + 2}G"
+    r = subprocess.Popen([sys.executable, HERE, "--role", "rollout", *common], env=dict(env, VMSTASH_CONF=conf),
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     t = None
     try:
@@ -183,6 +235,7 @@ def run_size(gib, tensors, args):
                     p.wait(timeout=60)
                 except (BrokenPipeError, subprocess.TimeoutExpired):
                     p.kill()
+        stop_daemon(d)
 
 
 def main():
@@ -218,14 +271,17 @@ def main():
         row["vmstash_vs_ipc_first"] = row["first_ms"]["ipc"] / row["first_ms"]["vmstash"]
         row["vmstash_vs_flat_copy"] = steady["flat_copy"] / steady["vmstash"]
         row["vmstash_unplanned_vs_same_process"] = steady["same_process"] / steady["vmstash_unplanned"]
+        row["vmstash_paused_vs_pinned_link"] = steady["pinned_link"] / steady["vmstash_paused"]
         report["sizes"].append(row)
         print(f"{gib} GiB in {tensors} tensors (median of steps 2..{args.steps}; first step in brackets):")
-        for k in ("vmstash", "vmstash_unplanned", "ipc", "same_process", "flat_copy"):
+        for k in ("vmstash", "vmstash_unplanned", "ipc", "same_process", "flat_copy", "vmstash_paused",
+                  "pinned_link"):
             print(f"  {k:17s} {steady[k]:9.2f} ms  {row['gbps'][k]:7.1f} GB/s   [first {row['first_ms'][k]:9.2f} ms]")
         print(f"  vmstash / same_process bandwidth {row['vmstash_vs_same_process']:.3f}; ipc / vmstash time "
               f"{row['vmstash_vs_ipc']:.2f}x (first step {row['vmstash_vs_ipc_first']:.2f}x); vmstash / flat copy "
               f"bandwidth {row['vmstash_vs_flat_copy']:.3f}; unplanned / same_process bandwidth "
-              f"{row['vmstash_unplanned_vs_same_process']:.3f}")
+              f"{row['vmstash_unplanned_vs_same_process']:.3f}; paused / pinned link bandwidth "
+              f"{row['vmstash_paused_vs_pinned_link']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)

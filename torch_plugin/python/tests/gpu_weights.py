@@ -6,6 +6,8 @@ fp32) updates them and syncs them into the rollout's tag (bf16: converted in the
 rollout decodes 32 tokens greedily by replaying its graph, and is paused again. The tokens
 equal those of one process doing the same thing (its own weights, its own graph). Between
 steps the trainer's view is paused and a sync raises; the rollout exiting leaves it gone.
+With the node pool (the rollout on node:1) the trainer syncs while the rollout is paused
+instead: into its backup, which the rollout's resume restores.
 
     python3 -m pytest -m gpu gpu_weights.py
 """
@@ -17,7 +19,7 @@ import tempfile
 
 import pytest
 
-from node_helpers import ScriptProcess
+from node_helpers import ScriptProcess, daemon_binary, stop_daemons
 
 pytestmark = pytest.mark.gpu
 
@@ -143,15 +145,19 @@ for step in range(int(sys.argv[1])):
 '''
 
 
+@pytest.mark.parametrize("into", ["device", "backup"])
 @pytest.mark.parametrize("mode,steps", [("region", STEPS), ("tms", 5), ("vllm", 5)])
-def test_trainer_to_rollout_equals_one_process(mode, steps):
+def test_trainer_to_rollout_equals_one_process(mode, steps, into):
     """20 steps through vmstash's API; 5 through torch_memory_saver's (the drop-in) and
-    vLLM's sleep mode (vmstash's backend), each publishing its framework's tag "weights"."""
+    vLLM's sleep mode (vmstash's backend), each publishing its framework's tag "weights".
+    `into`: "device", the trainer syncs while the rollout is resumed; "backup", while it is
+    paused (the rollout on the node pool: node:1)."""
     d = tempfile.mkdtemp(prefix="vmstash-weights-gpu-")
     os.chmod(d, 0o700)
-    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d)
+    env = dict(os.environ, VMSTASH_RUNTIME_DIR=d, VMSTASH_DAEMON=daemon_binary())
     env.pop("VMSTASH_CONF", None)
-    rollout = ScriptProcess(ROLLOUT, dict(env, VMSTASH_CONF="share_chunks:1"), mode)
+    conf = "node:1,node_capacity:2G" if into == "backup" else "share_chunks:1"
+    rollout = ScriptProcess(ROLLOUT, dict(env, VMSTASH_CONF=conf), mode)
     trainer = None
     try:
         ready = rollout.read()
@@ -164,15 +170,20 @@ def test_trainer_to_rollout_equals_one_process(mode, steps):
         for step in range(steps):
             assert trainer.ask(f"train {step}") == {"ok": True}  # trains while the rollout is paused
             paused = trainer.ask("sync")
-            assert paused.get("error") == "FAILED_PRECONDITION" and "paused" in paused["message"], paused
-            assert rollout.ask("resume") == {"ok": True}
-            synced = trainer.ask("sync")
-            assert synced.get("ok") and synced["tensors"] == 15, synced
-            assert synced["info"]["state"] == "mapped"
+            if into == "device":
+                assert paused.get("error") == "FAILED_PRECONDITION" and "paused" in paused["message"], paused
+                assert rollout.ask("resume") == {"ok": True}
+                synced = trainer.ask("sync")
+                assert synced.get("ok") and synced["tensors"] == 15, synced
+                assert synced["into"] == "device" and synced["info"]["state"] == "mapped"
+            else:
+                assert paused.get("ok") and paused["into"] == "backup" and paused["tensors"] == 15, paused
+                assert paused["info"]["state"] == "backup" and paused["info"]["backup_bytes"] >= 12 * (32 << 20)
+                assert rollout.ask("resume") == {"ok": True}
             tokens.append(rollout.ask(f"decode {step % 97} {TOKENS}")["tokens"])
             assert rollout.ask("pause")["ok"]
-        info = trainer.ask("sync")
-        assert info.get("error") == "FAILED_PRECONDITION"
+        info = trainer.ask("state")
+        assert info["state"] == ("paused" if into == "device" else "backup"), info
         reference = subprocess.run([sys.executable, "-c", REFERENCE, str(steps), str(TOKENS)], env=env,
                                    capture_output=True, text=True, timeout=600)
         assert reference.returncode == 0, reference.stderr[-3000:]
@@ -190,3 +201,4 @@ def test_trainer_to_rollout_equals_one_process(mode, steps):
         rollout.close()
         if trainer is not None:
             trainer.close()
+        stop_daemons(d)

@@ -15,7 +15,7 @@ import pytest
 
 import vmstash
 from conftest import SIM_CONF
-from node_helpers import ScriptProcess
+from node_helpers import ScriptProcess, daemon_binary, stop_daemons
 from vmstash import _lib
 
 MiB = 1 << 20
@@ -89,13 +89,15 @@ def exporter(monkeypatch):
     env = dict(os.environ, VMSTASH_CONF=f"{SIM_CONF},share_chunks:1", VMSTASH_RUNTIME_DIR=d)
     made = []
 
-    def make():
-        e = Exporter(env)
+    def make(conf=""):
+        e = Exporter(dict(env, VMSTASH_CONF=f"{env['VMSTASH_CONF']},{conf}", VMSTASH_DAEMON=daemon_binary())
+                     if conf else env)
         made.append(e)
         return e
     yield make
     for e in made:
         e.close()
+    stop_daemons(d)
 
 
 def local(view, name):
@@ -123,6 +125,7 @@ def test_writes_reach_the_exporter_across_pauses_and_switches(exporter):
             with view.use():
                 pass
         assert err.value.code_name == "FAILED_PRECONDITION" and "paused" in str(err.value)
+        assert "node:1" in str(err.value)  # why its backup cannot be written from here
         assert e.ask(transition[1]) == {"ok": True}
         assert view.state == "mapped"
         assert local(view, "t0") == (p, n)  # the same address after every resume
@@ -271,3 +274,41 @@ print(l.vmstash_mapped_release(1), _lib.last_error(), flush=True)
     assert "FAILED_PRECONDITION" in first and "is in progress" in first, first
     assert second == "0"
     assert "has no use acquired" in third, third
+
+
+def write_backup(view, name, src, n):
+    e = view.index[name]
+    arr = ctypes.c_ulonglong * 1
+    return _lib.lib().vmstash_mapped_write_backup(view._handle, arr(e["address"]), arr(src), arr(n), 1, None)
+
+
+def test_a_paused_tags_backup_is_written_from_here(exporter):
+    """Both processes on the node pool (the exporter with node:1; this one reaches the same
+    daemon): while the exporter's tag is paused its backup is writable from here, the
+    resume restores what was written, pauses and switches alike; bad writes write nothing."""
+    e = exporter("node:1,node_capacity:64M")
+    view = vmstash.weights.map_tag(e.pid, "w", device=0)
+    l = _lib.lib()
+    n = view.index["t0"]["nbytes"]
+    src = l.vmstash_malloc(n, 0, None)  # this process's (simulated) device memory
+    assert src
+    try:
+        for seed, transition in ((31, ("pause", "resume")), (32, ("switch_out", "switch_in"))):
+            assert e.ask(transition[0]) == {"ok": True}
+            info = view.info()
+            assert info["state"] == "backup" and info["backup_bytes"] == 4 * MiB, info
+            ctypes.memset(src, seed, n)
+            with view.use():
+                _lib.check(write_backup(view, "t0", src, n), "write_backup")
+                # Past the tensor's bytes: refused, nothing written.
+                assert write_backup(view, "t1", src, n) != 0
+                assert "is not in its backup" in _lib.last_error()
+            assert write_backup(view, "t0", src, n) != 0  # outside a use
+            assert e.ask(transition[1]) == {"ok": True}
+            assert e.ask(f"check {seed}") == {"same": True}
+            assert view.state == "mapped"
+            with view.use():
+                assert write_backup(view, "t0", src, n) != 0  # mapped: nothing to write into
+                assert "it is mapped" in _lib.last_error()
+    finally:
+        l.vmstash_free(src, n, 0, None)

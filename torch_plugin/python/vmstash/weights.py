@@ -13,10 +13,12 @@ addresses, and copies its new weights into it at every step with one batched cop
     vmstash.weights.sync(trainer_model.state_dict(), view, name_map=rename)
 
 The mapping follows the tag's pauses and resumes (Note [Mapped Tags] in
-runtime/tag_share.h): while the rollout's tag is paused the view is "paused" and sync
-raises vmstash.Error (FAILED_PRECONDITION) naming the state; after the resume it is mapped
-again at the same addresses. The exporting process must run with exportable chunks
-(VMSTASH_CONF share_chunks:1, or node:1).
+runtime/tag_share.h); after a resume it is mapped again at the same addresses. While the
+rollout's tag is paused, the view is "backup" when the paused bytes are in the node pool
+(both processes run with VMSTASH_CONF node:1): sync then writes them there, at the host
+link's speed, and the rollout's resume brings the new weights in. Otherwise it is "paused"
+and sync raises vmstash.Error (FAILED_PRECONDITION) saying why. The exporting process must
+run with exportable chunks (VMSTASH_CONF share_chunks:1, or node:1).
 """
 import contextlib
 import ctypes
@@ -26,6 +28,11 @@ import threading
 from . import _lib
 
 _INDEX_VERSION = 1
+# vmstash_mapped_state's states.
+_MAPPED, _PAUSED, _GONE, _BACKUP = 0, 1, 2, 3
+# A sync into a backup converts (dtype, layout) and copies this many bytes at a time, so
+# that the converted copies need at most this much device memory.
+_STAGE_BYTES = 512 << 20
 
 
 def _torch():
@@ -166,8 +173,8 @@ class MappedWeights:
         return list(self.index)
 
     def info(self):
-        """{"state": "mapped" | "paused" | "gone", "generation", "grants", "revokes", "pid",
-        "tag", "device", "mapped_bytes"}."""
+        """{"state": "mapped" | "paused" | "gone" | "backup", "generation", "grants", "revokes",
+        "pid", "tag", "device", "mapped_bytes", "backup_bytes"}."""
         return _lib.json_call(_lib.lib().vmstash_mapped_info_json, self._handle, "vmstash.weights.info")
 
     @property
@@ -184,10 +191,11 @@ class MappedWeights:
 
     @contextlib.contextmanager
     def use(self, stream=None):
-        """A scope in which the mapped memory stays mapped (the exporter's pause waits for
-        its end): work queued on the memory in it must be complete at its end, so it
-        synchronizes `stream` (default: the current stream) on the way out. Raises
-        vmstash.Error (FAILED_PRECONDITION) while the tag is paused or the exporter gone."""
+        """A scope in which the mapped memory stays mapped, or the paused tag's backup
+        writable (the exporter's pause or resume waits for its end): work queued on the
+        memory in it must be complete at its end, so it synchronizes `stream` (default: the
+        current stream) on the way out. Raises vmstash.Error (FAILED_PRECONDITION) while
+        the tag is paused without a backup to write, or the exporter gone."""
         handle = self._handle  # the one this use releases, whatever close() does meanwhile
         if handle is None:
             raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
@@ -310,6 +318,16 @@ class SyncPlan:
             raise ValueError(f"vmstash.weights.sync: {twice[:3]} would be written by several sources")
         self._placed = [t for t in targets if dst.index[t]["nbytes"] > 0]
         placed = [dst.index[t] for t in self._placed]
+        # Into a backup: (published entry, its dtype, the source) of each placed target.
+        dtypes = {}
+        for e in placed:
+            dtype = getattr(torch, e["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"vmstash.weights.sync: {e['name']!r} has dtype {e['dtype']!r}, unknown here")
+            dtypes[e["name"]] = dtype
+        self._backup_items = [(dst.index[t], dtypes[t], s) for t, s in zip(targets, srcs)
+                              if dst.index[t]["nbytes"] > 0]
+        self._backup_arrays = None  # when no source needs converting: the C call's arrays, made once
         self._remotes = (ctypes.c_ulonglong * len(placed))(*(e["address"] for e in placed))
         self._sizes = (ctypes.c_ulonglong * len(placed))(*(e["nbytes"] for e in placed))
         self._locals = None  # where the destinations were built: checked at every run
@@ -324,6 +342,11 @@ class SyncPlan:
         elif stream != current:
             stream.wait_stream(current)  # after the work that made the sources
         with self.dst.use(stream):
+            state = ctypes.c_int(0)
+            _lib.check(_lib.lib().vmstash_mapped_state(self.dst._handle, ctypes.byref(state), None),
+                       "vmstash.weights.sync")
+            if state.value == _BACKUP:
+                return self._run_into_backup(stream)
             # Every destination is in the memory mapped now, where it was built (one call):
             # a tensor the rollout freed, or memory its tag mapped after the grant, is an
             # error here, never a write to an unmapped address.
@@ -341,7 +364,46 @@ class SyncPlan:
             if self.dsts:
                 with torch.cuda.stream(stream):
                     torch._foreach_copy_(self.dsts, self.srcs)
-        return {"tensors": len(self.dsts), "bytes": self.nbytes}
+        return {"tensors": len(self.dsts), "bytes": self.nbytes, "into": "device"}
+
+    def _write(self, items):
+        """One C call: items' bytes (entry, source tensor) into the backup, on `stream`."""
+        n = len(items)
+        remotes = (ctypes.c_ulonglong * n)(*(e["address"] for e, _ in items))
+        srcs = (ctypes.c_ulonglong * n)(*(t.data_ptr() for _, t in items))
+        sizes = (ctypes.c_ulonglong * n)(*(e["nbytes"] for e, _ in items))
+        return remotes, srcs, sizes, n
+
+    def _run_into_backup(self, stream):
+        """The exporter's tag is paused with its backup in the node pool: each source (its
+        dtype converted, made contiguous, in groups of _STAGE_BYTES) is copied into the
+        backup bytes of its destination (device to host, on `stream`), all checked by the
+        library before any is written. The use() around it waits for the copies."""
+        torch = _torch()
+        l = _lib.lib()
+        handle = self.dst._handle
+        raw = ctypes.c_void_p(stream.cuda_stream)
+        nbytes = sum(e["nbytes"] for e, _, _ in self._backup_items)
+        direct = all(s.dtype == d and s.is_contiguous() for _, d, s in self._backup_items)
+        if direct:
+            if self._backup_arrays is None:
+                self._backup_arrays = self._write([(e, s) for e, _, s in self._backup_items])
+            remotes, srcs, sizes, n = self._backup_arrays
+            _lib.check(l.vmstash_mapped_write_backup(handle, remotes, srcs, sizes, n, raw), "vmstash.weights.sync")
+            return {"tensors": len(self.targets), "bytes": nbytes, "into": "backup"}
+        with torch.cuda.stream(stream):
+            group, group_bytes = [], 0
+            for i, (e, dtype, s) in enumerate(self._backup_items):
+                if s.dtype != dtype or not s.is_contiguous():
+                    s = s.to(dtype).contiguous()  # on `stream`: freed blocks are reused after these copies
+                group.append((e, s))
+                group_bytes += e["nbytes"]
+                if group_bytes >= _STAGE_BYTES or i + 1 == len(self._backup_items):
+                    remotes, srcs, sizes, n = self._write(group)
+                    _lib.check(l.vmstash_mapped_write_backup(handle, remotes, srcs, sizes, n, raw),
+                               "vmstash.weights.sync")
+                    group, group_bytes = [], 0
+        return {"tensors": len(self.targets), "bytes": nbytes, "into": "backup"}
 
 
 def sync(src, dst, name_map=None, stream=None):
@@ -351,8 +413,12 @@ def sync(src, dst, name_map=None, stream=None):
     published name of a source name, or None to skip it (fused layouts map their parts as
     frameworks do). Every source must match its destination's shape. The copies run on
     `stream` (default: the current stream, after the work queued there) and are complete
-    when sync returns. Raises KeyError for a name not in the index, ValueError for a shape
-    mismatch or a source on another device, vmstash.Error (FAILED_PRECONDITION) while the
-    exporter's tag is paused or the exporter is gone. Returns {"tensors", "bytes"}.
+    when sync returns. While the exporter's tag is paused with its backup in the node pool
+    (the view's state "backup"), the copies go into that backup instead, and the
+    exporter's resume restores them. Raises KeyError for a name not in the index,
+    ValueError for a shape mismatch or a source on another device, vmstash.Error
+    (FAILED_PRECONDITION) while the exporter's tag is paused without a backup to write (or
+    a destination is not in it), or the exporter is gone. Returns {"tensors", "bytes",
+    "into": "device" | "backup"}.
     A trainer that syncs the same tensors every step makes a SyncPlan once instead."""
     return SyncPlan(src, dst, name_map).run(stream)
