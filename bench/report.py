@@ -78,9 +78,11 @@ def benchmarks(build, torch_ok):
          "(bench/weights_sync_bench.py): vmstash.weights.sync into the rollout's mapped tag against torch's "
          "CUDA IPC path (tensors sent through torch.multiprocessing's reductions, opened in the rollout and "
          "copied, as SGLang's update_weights_from_tensor) and against the same batched copy inside one "
-         "process and one flat copy; 8 GiB of bf16 in 512 tensors and 4 GiB in 2048, 5 steps each, every "
-         "step's bytes checked in the rollout.",
-         [py, "bench/weights_sync_bench.py", "--json", "bench/results/weights_sync.json"], {}, [r"."], True),
+         "process and one flat copy; the same plan into the paused rollout's backup in the node pool against "
+         "one device-to-host copy into pinned memory (the link); 8 GiB of bf16 in 512 tensors and 4 GiB in "
+         "2048, 5 steps each, every step's bytes checked in the rollout.",
+         [py, "bench/weights_sync_bench.py", "--json", "bench/results/weights_sync.json"],
+         {"VMSTASH_DAEMON": os.path.join(build, "tools/vmstashd/vmstashd")}, [r"."], True),
         ("tms_suite", "torch_memory_saver's own test suite (test/test_examples.py of its repository at 4a43c97, "
          "unmodified, in third_party/tms_suite: scripts/export_tms_suite.sh), through the drop-in built from "
          "this build, then through torch_memory_saver 0.0.10's own wheel (third_party/wheels: "

@@ -116,8 +116,13 @@ absl::StatusOr<NodeLeases::Connection*> NodeLeases::UsableLocked() {
   }
   retry_delay_ = std::chrono::seconds(0);
   Connection* c = AddLocked(*std::move(client));
-  VMSTASH_LOG(kWarning, "vmstash: connected to the node daemon again on {} (a pool of {})", SocketPathOf(),
-              HumanBytes(c->client->pool_bytes()));
+  if (c->generation > 1) {
+    VMSTASH_LOG(kWarning, "vmstash: connected to the node daemon again on {} (a pool of {})", SocketPathOf(),
+                HumanBytes(c->client->pool_bytes()));
+  } else {  // a first connection made for a Borrow (another process's backup)
+    VMSTASH_LOG(kInfo, "vmstash: connected to the node daemon on {} (a pool of {})", SocketPathOf(),
+                HumanBytes(c->client->pool_bytes()));
+  }
   return c;
 }
 

@@ -20,7 +20,8 @@
 //   the exporter no longer has; a caller that kept an address checks it is still current
 //   (MappedTag::Covers).
 //   Transitions: a chunk the importer maps keeps its memory alive, so before the exporter
-//   changes the tag's chunks — a pause, a switch pausing it, an empty_cache — it revokes
+//   changes the tag's chunks — a pause, a switch pausing it, an empty_cache (and a resume:
+//   Backups, below) — it revokes
 //   every importer's grant (Runtime's TransitionObserver: before the call) and waits up to
 //   ShareOptions::revoke_timeout_ms for each acknowledgement. The importer waits until no
 //   use of the mapping is in progress (MappedTag::Use: a scope whose copies are complete
@@ -38,6 +39,22 @@
 //   call may be tried again. An importer whose connection is closed, or whose process is
 //   gone (checked while its acknowledgement is awaited: a forked child of it may hold the
 //   connection open), is dropped: its handles went with it.
+//   Backups: a tag paused with its bytes in the node pool (both processes reach the same
+//   node daemon: runtime/node_leases.h) is granted as its backup instead of "paused":
+//   the pool's identity (node::NodeClient::pool_identity), the span of the pool its
+//   arena leased, and each backed-up extent (exporter address, size, offset in the span),
+//   kExtentsPerPacket a packet (TagPool::ExportBackup, NodeLeases::Locate). The importer
+//   (state kBackup) borrows that span from its own mapping of the pool at its first
+//   write (NodeLeases::Borrow: registered once per connection) and copies device bytes
+//   of its own into it (MappedTag::WriteBackup), within a Use as for mapped memory.
+//   Every call that may resume a tag (a resume, a switch bringing it in) revokes first,
+//   as a pause does, and marks it for its duration: the resume reads the backup only
+//   once every writer let go (its copies complete), so it restores what they wrote. A
+//   tag paused otherwise (a discard tag, a disk or pageable store, the pool full at the
+//   pause, an exporter without node:1) is "paused" with that reason, shown by the
+//   importer's refusals. Not covered: an exporter killed while an importer's copy into
+//   its backup is in flight — the daemon takes the lease back at once, and may lease
+//   those bytes to a third process before the copy lands.
 //   Index and generations: each Share bumps the tag's generation, sent with every grant,
 //   and writes the exporter's index of the tag (its tensors' names and places: the caller's
 //   JSON, opaque here) to `<dir>/<pid>.tags.<hex of the tag>.json` (0600, replaced
