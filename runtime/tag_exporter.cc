@@ -201,19 +201,17 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
   shared.name = public_name;
   shared.generation = generation;
   // Importers learn the new generation now (their index is stale): a revoke, then a grant.
-  ShareMessage revoke;
-  revoke.kind = ShareKind::kRevoke;
-  for (Importer& i : shared.importers) {
-    absl::Status s = i.granted ? Exchange(i, "revoke", options_.revoke_timeout_ms, {FormatShare(revoke)}, {{}})
-                               : absl::OkStatus();
-    if (s.ok()) {
-      i.granted = false;
-      if (!Changing(tag)) s = Grant(tag, shared, i);
-    }
-    if (!s.ok()) {
-      VMSTASH_LOG(kWarning, "tag exporter: process {} lost its mapping of tag '{}' at its new index: {}", i.pid,
-                  TagName(tag), s.ToString());
-      Close(i);
+  if (absl::Status s = Revoke(tag, shared, -1); !s.ok()) {
+    VMSTASH_LOG(kWarning, "tag exporter: at the new index of tag '{}': {}", TagName(tag), s.ToString());
+  }
+  if (!Changing(tag)) {  // else the call changing it grants them
+    for (Importer& i : shared.importers) {
+      if (i.granted) continue;
+      if (absl::Status s = Grant(tag, shared, i); !s.ok()) {
+        VMSTASH_LOG(kWarning, "tag exporter: process {} lost its mapping of tag '{}' at its new index: {}", i.pid,
+                    TagName(tag), s.ToString());
+        Close(i);
+      }
     }
   }
   shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
@@ -444,59 +442,65 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   if (shared_count_.load() == 0) return absl::OkStatus();
   MutexLock lock(&ops_mu_);
   absl::Status veto;
-  ShareMessage revoke_message;
-  revoke_message.kind = ShareKind::kRevoke;
-  const std::string revoke = FormatShare(revoke_message);
   // The tags it may release, and those it may resume: an importer writing a paused tag's
   // backup lets go before the resume reads it.
   for (TagId tag : Concerned(change, /*regrant=*/true)) {
-    SharedTag& shared = shared_[tag];
-    // Every importer is told at once; their acknowledgements are read in turn, all within
-    // one revoke_timeout_ms. An importer that is gone (its connection closed, or its
-    // process dead while a forked child of it holds the connection) let go with its exit;
-    // one alive that does not let go in time vetoes the call and is dropped.
-    std::vector<std::pair<Importer*, absl::Status>> asked;
-    for (Importer& i : shared.importers) {
-      if (!i.granted || (change.device >= 0 && i.device != change.device)) continue;
-      asked.emplace_back(&i, node::Send(i.fd, revoke));
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
-    for (auto& [i, sent] : asked) {
-      absl::Status failed = sent;
-      if (failed.ok()) {
-        // Waited for in slices: a process that dies meanwhile (a forked child of it
-        // holding the connection open) is seen gone within a slice.
-        absl::StatusOr<node::Received> got = absl::DeadlineExceededError("no acknowledgement");
-        for (;;) {
-          const auto left =
-              std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-          got = node::Receive(i->fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
-          if (!absl::IsDeadlineExceeded(got.status()) || left.count() <= 200) break;
-          if (control::ProcessGone(i->pid)) {
-            got = absl::UnavailableError("its process is gone");
-            break;
-          }
-        }
-        absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
-        if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
-          i->granted = false;
-          continue;
-        }
-        failed = !m.ok() ? m.status()
-                 : m->ok ? absl::InternalError("it answered something else")
-                         : absl::InternalError(m->message);
-      }
-      if (!absl::IsUnavailable(failed) && !control::ProcessGone(i->pid) && veto.ok()) {
-        veto = absl::FailedPreconditionError(absl::StrCat(
-            "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of it "
-            "within ", options_.revoke_timeout_ms, " ms (", failed.message(), "); its mapping is dropped: try again"));
-      }
-      Close(*i);
-    }
-    shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
-                                          [](const Importer& i) { return i.fd < 0; }),
-                           shared.importers.end());
+    absl::Status s = Revoke(tag, shared_[tag], change.device);
+    if (veto.ok()) veto = s;
   }
+  return veto;
+}
+
+absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device) {
+  ShareMessage revoke_message;
+  revoke_message.kind = ShareKind::kRevoke;
+  const std::string revoke = FormatShare(revoke_message);
+  absl::Status veto;
+  // Every importer is told at once; their acknowledgements are read in turn, all within
+  // one revoke_timeout_ms. An importer that is gone (its connection closed, or its
+  // process dead while a forked child of it holds the connection) let go with its exit;
+  // one alive that does not let go in time vetoes the call and is dropped.
+  std::vector<std::pair<Importer*, absl::Status>> asked;
+  for (Importer& i : shared.importers) {
+    if (!i.granted || (device >= 0 && i.device != device)) continue;
+    asked.emplace_back(&i, node::Send(i.fd, revoke));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
+  for (auto& [i, sent] : asked) {
+    absl::Status failed = sent;
+    if (failed.ok()) {
+      // Waited for in slices: a process that dies meanwhile (a forked child of it
+      // holding the connection open) is seen gone within a slice.
+      absl::StatusOr<node::Received> got = absl::DeadlineExceededError("no acknowledgement");
+      for (;;) {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        got = node::Receive(i->fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
+        if (!absl::IsDeadlineExceeded(got.status()) || left.count() <= 200) break;
+        if (control::ProcessGone(i->pid)) {
+          got = absl::UnavailableError("its process is gone");
+          break;
+        }
+      }
+      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
+      if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
+        i->granted = false;
+        continue;
+      }
+      failed = !m.ok() ? m.status()
+               : m->ok ? absl::InternalError("it answered something else")
+                       : absl::InternalError(m->message);
+    }
+    if (!absl::IsUnavailable(failed) && !control::ProcessGone(i->pid) && veto.ok()) {
+      veto = absl::FailedPreconditionError(absl::StrCat(
+          "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of it "
+          "within ", options_.revoke_timeout_ms, " ms (", failed.message(), "); its mapping is dropped: try again"));
+    }
+    Close(*i);
+  }
+  shared.importers.erase(std::remove_if(shared.importers.begin(), shared.importers.end(),
+                                        [](const Importer& i) { return i.fd < 0; }),
+                         shared.importers.end());
   return veto;
 }
 

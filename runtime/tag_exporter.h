@@ -105,6 +105,10 @@ class TagExporter : public TransitionObserver {
   // backup in the node pool, its backup; or "paused" with the reason it has neither to
   // give — and reads the acknowledgement: OK when it took them (granted set).
   absl::Status Grant(TagId tag, SharedTag& shared, Importer& importer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Revokes the grants of `shared`'s importers (on `device`; -1: any) and waits for them
+  // (Note [Mapped Tags]): FailedPrecondition naming one alive that did not let go in time;
+  // it is dropped, as is every importer gone.
+  absl::Status Revoke(TagId tag, SharedTag& shared, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // The packets of a backup grant of paused `tag`, or why there is none.
   absl::Status BackupGrant(CachingAllocator& allocator, TagId tag, std::uint64_t generation,
                            std::vector<std::string>* packets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
