@@ -74,7 +74,8 @@ def train_step(master, step, dev):
 ROLLOUT = MODEL + r'''
 import json, os, sys
 import vmstash
-dev = torch.device("cuda", 0)
+dev = torch.device("cuda", int(os.environ.get("WEIGHTS_DEVICE", "0")))
+torch.cuda.set_device(dev)
 mode = sys.argv[1]
 if mode == "region":  # vmstash's own API
     w, decode = build(dev, vmstash.region("weights", policy="backup"))
@@ -145,24 +146,22 @@ for step in range(int(sys.argv[1])):
 '''
 
 
-@pytest.mark.parametrize("into", ["device", "backup"])
-@pytest.mark.parametrize("mode,steps", [("region", STEPS), ("tms", 5), ("vllm", 5)])
-def test_trainer_to_rollout_equals_one_process(mode, steps, into):
-    """20 steps through vmstash's API; 5 through torch_memory_saver's (the drop-in) and
-    vLLM's sleep mode (vmstash's backend), each publishing its framework's tag "weights".
-    `into`: "device", the trainer syncs while the rollout is resumed; "backup", while it is
-    paused (the rollout on the node pool: node:1)."""
+def run_steps(mode, steps, into, rollout_env=None, trainer_env=None):
+    """The rollout (`mode`'s API) and the trainer taking turns for `steps` steps, syncing
+    `into` the rollout's device memory or its backup; the tokens checked against one
+    process's (run with the trainer's environment)."""
     d = tempfile.mkdtemp(prefix="vmstash-weights-gpu-")
     os.chmod(d, 0o700)
     env = dict(os.environ, VMSTASH_RUNTIME_DIR=d, VMSTASH_DAEMON=daemon_binary())
     env.pop("VMSTASH_CONF", None)
     conf = "node:1,node_capacity:2G" if into == "backup" else "share_chunks:1"
-    rollout = ScriptProcess(ROLLOUT, dict(env, VMSTASH_CONF=conf), mode)
+    rollout = ScriptProcess(ROLLOUT, dict(env, VMSTASH_CONF=conf, **(rollout_env or {})), mode)
     trainer = None
+    trainer_env = dict(env, **(trainer_env or {}))
     try:
         ready = rollout.read()
         assert ready["generation"] == 1
-        trainer = ScriptProcess(TRAINER, env, str(ready["ready"]))
+        trainer = ScriptProcess(TRAINER, trainer_env, str(ready["ready"]))
         t = trainer.read()
         assert t["info"]["state"] == "mapped" and t["info"]["mapped_bytes"] >= 12 * (32 << 20)
         assert rollout.ask("pause")["ok"]
@@ -184,7 +183,7 @@ def test_trainer_to_rollout_equals_one_process(mode, steps, into):
             assert rollout.ask("pause")["ok"]
         info = trainer.ask("state")
         assert info["state"] == ("paused" if into == "device" else "backup"), info
-        reference = subprocess.run([sys.executable, "-c", REFERENCE, str(steps), str(TOKENS)], env=env,
+        reference = subprocess.run([sys.executable, "-c", REFERENCE, str(steps), str(TOKENS)], env=trainer_env,
                                    capture_output=True, text=True, timeout=600)
         assert reference.returncode == 0, reference.stderr[-3000:]
         expected = [json.loads(line)["tokens"] for line in reference.stdout.splitlines()]
@@ -202,3 +201,25 @@ def test_trainer_to_rollout_equals_one_process(mode, steps, into):
         if trainer is not None:
             trainer.close()
         stop_daemons(d)
+
+
+@pytest.mark.parametrize("into", ["device", "backup"])
+@pytest.mark.parametrize("mode,steps", [("region", STEPS), ("tms", 5), ("vllm", 5)])
+def test_trainer_to_rollout_equals_one_process(mode, steps, into):
+    """20 steps through vmstash's API; 5 through torch_memory_saver's (the drop-in) and
+    vLLM's sleep mode (vmstash's backend), each publishing its framework's tag "weights".
+    `into`: "device", the trainer syncs while the rollout is resumed; "backup", while it is
+    paused (the rollout on the node pool: node:1)."""
+    run_steps(mode, steps, into)
+
+
+@pytest.mark.parametrize("into", ["device", "backup"])
+def test_a_device_numbered_differently_in_each_process(into):
+    """The rollout sees two GPUs and uses its device 1; the trainer sees only that GPU
+    (CUDA_VISIBLE_DEVICES=1, its device 0), as per-worker CUDA_VISIBLE_DEVICES do: the map
+    finds the device by UUID. Needs two GPUs."""
+    from conftest import _cuda_devices
+    if (_cuda_devices() or 0) < 2:
+        pytest.skip(f"{_cuda_devices()} GPU(s) here, needs 2")
+    run_steps("region", 3, into, rollout_env={"CUDA_VISIBLE_DEVICES": "0,1", "WEIGHTS_DEVICE": "1"},
+              trainer_env={"CUDA_VISIBLE_DEVICES": "1"})
