@@ -236,8 +236,10 @@ void TagPool::ReleaseOrphanedArena() {
   ForegroundLock t(this);  // Note [Background Steps Yield]
   {
     OwnerLock lock(this);
+    // A paused arena lent to another process (ExportBackup) stays until the resume, which
+    // gives it back once that process let go.
     const bool orphaned = backup_.retention().release_with_blocks && backup_.has_arena() &&
-                          (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_)
+                          (state_ == TagState::kPaused ? !HasBackedUpBytes(backup_extents_) && !backup_lent_
                                                        : state_ == TagState::kActive && backup_.retained().empty());
     if (!orphaned) return;
   }
@@ -383,7 +385,9 @@ absl::StatusOr<ExportedBackup> TagPool::ExportBackup() {
   const auto refused = [&](absl::string_view why) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", name_, "' on device ", device_, ": ", why));
   };
-  if (state_ != TagState::kPaused) return refused("not paused");
+  if (state_ != TagState::kPaused) {
+    return absl::UnavailableError(absl::StrCat("tag '", name_, "' on device ", device_, " is not paused"));
+  }
   if (!backup()) return refused("a discard tag keeps no bytes while paused");
   const BackupArena* arena = backup_.arena();
   if (arena == nullptr || !arena->leased()) {
@@ -396,6 +400,7 @@ absl::StatusOr<ExportedBackup> TagPool::ExportBackup() {
             [](const BackupExtent& a, const BackupExtent& b) { return a.address < b.address; });
   out.data = arena->data();
   out.bytes = BackedUpArenaEnd(backup_extents_);
+  backup_lent_ = true;
   return out;
 }
 
@@ -559,6 +564,7 @@ absl::Status TagPool::NoteResumed(std::size_t restored, double ms) {
   backup_.AssertTransitionHeld();
   AssertOwnerHeld();
   VMSTASH_RETURN_IF_ERROR(MoveTo(TagState::kActive));
+  backup_lent_ = false;
   // Note [Retained Backups]: what ArenaAfterResume kept stays readable.
   backup_.KeepReadable(&backup_extents_);
   backup_extents_.clear();

@@ -412,9 +412,10 @@ class TagPool {
   // outside what was backed up.
   absl::StatusOr<bool> WithBackup(DevicePtr ptr, std::size_t size_bytes, const std::function<void(const char*)>& use)
       ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
-  // The paused tag's backup for another process (ExportedBackup). FailedPrecondition when
-  // the tag is not paused, or its bytes are not in a node pool lease (a discard tag, a
-  // disk or pageable store, the pool refused the pause), saying which.
+  // The paused tag's backup for another process (ExportedBackup); from then on until its
+  // resume the arena is kept (backup_lent_). Unavailable when the tag is not paused;
+  // FailedPrecondition when its bytes are not in a node pool lease (a discard tag, a disk
+  // or pageable store, the pool refused the pause), saying which.
   absl::StatusOr<ExportedBackup> ExportBackup() ABSL_LOCKS_EXCLUDED(transition_mu_, owner_mu_);
   // The copy stream, created on first use.
   absl::StatusOr<Stream> CopyStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(transition_mu_);
@@ -523,6 +524,10 @@ class TagPool {
   std::string broken_reason_ ABSL_GUARDED_BY(owner_mu_);
   // Note [Heap Locking]: the owner's mu or the transition lock, by state (not annotated).
   BackupExtents backup_extents_;
+  // ExportBackup gave another process the paused arena's place (Note [Mapped Tags]): the
+  // last free keeps it (ReleaseOrphanedArena) until the resume, which the exporter
+  // revokes that process's access before.
+  bool backup_lent_ ABSL_GUARDED_BY(owner_mu_) = false;
   TransitionHooks hooks_ ABSL_GUARDED_BY(owner_mu_);
   TagStats stats_ ABSL_GUARDED_BY(owner_mu_);
 

@@ -151,7 +151,7 @@ TEST(MappedBackupTest, WritesIntoAPausedTagsBackupThatItsResumeRestores) {
     EXPECT_EQ(m->backup_bytes(), 2 * kBlock);
     FillPattern(src, kBlock, seed);
     {
-      absl::StatusOr<MappedTag::Use> use = m->Acquire();
+      absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
       ASSERT_TRUE(use.ok()) << use.status();
       EXPECT_EQ(m->Local(p, kBlock).status().code(), absl::StatusCode::kFailedPrecondition);  // nothing mapped
       // One write whole, one cut in two (the second half of p2 from the first half of src).
@@ -194,7 +194,7 @@ TEST(MappedBackupTest, BadWritesWriteNothing) {
   ASSERT_EQ(m->state(), MappedTag::State::kBackup);
   EXPECT_EQ(m->WriteBackup({{p, src, kBlock}}, Stream{}).code(), absl::StatusCode::kFailedPrecondition);  // no use
   {
-    absl::StatusOr<MappedTag::Use> use = m->Acquire();
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
     ASSERT_TRUE(use.ok());
     // Past the block's end, before it, and a good write with a bad one: nothing written.
     for (const MappedTag::BackupWrite& bad : std::vector<MappedTag::BackupWrite>{
@@ -209,33 +209,54 @@ TEST(MappedBackupTest, BadWritesWriteNothing) {
   EXPECT_EQ(WrongBytes(p, kBlock, 1), 0u);
 }
 
-// The resume waits for a use in progress (its writes complete first); one that does not
-// end in time vetoes the resume, the tag stays paused with its backup, nothing lost.
-TEST(MappedBackupTest, AResumeWaitsForTheWritersUseOrIsVetoed) {
+// The resume waits for a use in progress (its writes complete first). One that does not
+// end in time vetoes the resume, and fences the tag: its writer stays connected (its
+// copies may be in flight), no later call resumes the tag before it lets go or exits, and
+// it writes nothing more meanwhile. Nothing is lost.
+TEST(MappedBackupTest, AResumeWaitsForTheWritersUseOrIsVetoedAndFenced) {
   Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
-  const TagId weights = Tag("mb_wait_weights");
+  const TagId weights = Tag("mb_wait_weights"), other = Tag("mb_wait_other");
   ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  ASSERT_TRUE(x.rt->CreateTag(other, Policy::kBackup).ok());
   const DevicePtr p = x.Filled(*x.rt, weights, 4);
+  const DevicePtr o = x.Filled(*x.rt, other, 5);
   ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("mb_wait_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
   std::unique_ptr<MappedTag> m = x.Map("mb_wait_weights", &x.imp->node());
   ASSERT_NE(m, nullptr);
   ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
   ASSERT_EQ(m->state(), MappedTag::State::kBackup);
   {
-    absl::StatusOr<MappedTag::Use> use = m->Acquire();
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
     ASSERT_TRUE(use.ok());
+    ASSERT_TRUE(m->WriteBackup({{p, src, kBlock / 2}}, Stream{}).ok());  // a sync in progress
     absl::StatusOr<bool> vetoed = x.rt->Resume(weights, -1);
     EXPECT_EQ(vetoed.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_THAT(vetoed.status().message(), HasSubstr("did not let go"));
+    absl::StatusOr<bool> fenced = x.rt->Resume(weights, -1);  // the writer still holds its use
+    EXPECT_EQ(fenced.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(fenced.status().message(), HasSubstr("has not let go"));
+    ASSERT_TRUE(x.rt->Pause(other, -1).ok());  // another backup in the pool meanwhile
+    absl::Status late = m->WriteBackup({{p, src, kBlock}}, Stream{});
+    EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition);  // a revoke waits: no new write
   }
-  EXPECT_TRUE(Reaches(*m, MappedTag::State::kGone));  // dropped by the veto
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());  // it let go: the resume goes through
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(p), reinterpret_cast<const void*>(src), kBlock / 2), 0);
+  EXPECT_EQ(WrongBytes(p + kBlock / 2, kBlock / 2, static_cast<unsigned char>(4 + 7 * (kBlock / 2))), 0u);
+  EXPECT_TRUE(Reaches(*m, MappedTag::State::kGone));  // dropped once it let go
+  ASSERT_TRUE(x.rt->Resume(other, -1).ok());
+  EXPECT_EQ(WrongBytes(o, kBlock, 5), 0u);
+  // Mapped again: a resume waits for a use in progress.
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
   m = x.Map("mb_wait_weights", &x.imp->node());
   ASSERT_NE(m, nullptr);
   ASSERT_EQ(m->state(), MappedTag::State::kBackup);
   std::atomic<bool> resumed{false};
   std::thread resume;
   {
-    absl::StatusOr<MappedTag::Use> use = m->Acquire();
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
     ASSERT_TRUE(use.ok());
     resume = std::thread([&] {
       EXPECT_TRUE(x.rt->Resume(weights, -1).ok());
@@ -246,8 +267,139 @@ TEST(MappedBackupTest, AResumeWaitsForTheWritersUseOrIsVetoed) {
   }
   resume.join();
   EXPECT_TRUE(resumed.load());
-  EXPECT_EQ(WrongBytes(p, kBlock, 4), 0u);
   EXPECT_EQ(m->state(), MappedTag::State::kMapped);
+}
+
+// Unshare while a writer holds its use: the writer is fenced as by a veto.
+TEST(MappedBackupTest, UnshareFencesAWriterThatHoldsOn) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
+  const TagId weights = Tag("mb_unsh_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  const DevicePtr p = x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("mb_unsh_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
+  std::unique_ptr<MappedTag> m = x.Map("mb_unsh_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    ASSERT_TRUE(x.ex->Unshare(weights).ok());
+    EXPECT_FALSE(x.rt->Resume(weights, -1).ok());  // fenced
+    EXPECT_FALSE(m->WriteBackup({{p, src, kBlock}}, Stream{}).ok());
+  }
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+  EXPECT_EQ(WrongBytes(p, kBlock, 4), 0u);
+  EXPECT_TRUE(Reaches(*m, MappedTag::State::kGone));
+}
+
+// A use of the mapping (not asked for the backup) is refused while the tag is paused,
+// backup or not: nothing is mapped then.
+TEST(MappedBackupTest, APlainUseIsRefusedInBackup) {
+  Pair x;
+  const TagId weights = Tag("mb_plain_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  (void)x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  std::unique_ptr<MappedTag> m = x.Map("mb_plain_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  ASSERT_EQ(m->state(), MappedTag::State::kBackup);
+  absl::StatusOr<MappedTag::Use> plain = m->Acquire();
+  EXPECT_EQ(plain.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(plain.status().message(), HasSubstr("backup is writable"));
+  MappedTag::State state = MappedTag::State::kGone;
+  EXPECT_TRUE(m->Acquire(/*backup=*/true, &state).ok());
+  EXPECT_EQ(state, MappedTag::State::kBackup);
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+}
+
+// A resume of a tag active already changes nothing a mapped importer holds: no revoke, and
+// a use held across it does not veto it.
+TEST(MappedBackupTest, AResumeOfAnActiveTagLeavesTheMappingAlone) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
+  const TagId weights = Tag("mb_noop_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  (void)x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  std::unique_ptr<MappedTag> m = x.Map("mb_noop_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  const std::uint64_t revokes = m->revokes();
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire();
+    ASSERT_TRUE(use.ok());
+    absl::StatusOr<bool> r = x.rt->Resume(weights, -1);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+  EXPECT_EQ(m->state(), MappedTag::State::kMapped);
+  EXPECT_EQ(m->revokes(), revokes);
+}
+
+// The rollout frees its paused weights (release_with_blocks): the arena lent to the
+// importer stays the exporter's until the resume, so no other tag's backup is leased
+// those bytes while the importer may write them.
+TEST(MappedBackupTest, AFreeWhilePausedKeepsTheLentArena) {
+  Pair x;
+  const TagId weights = Tag("mb_free_weights"), other = Tag("mb_free_other");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  ASSERT_TRUE(x.rt->CreateTag(other, Policy::kBackup).ok());
+  const DevicePtr p = x.Filled(*x.rt, weights, 1);
+  BackupRetention r;
+  r.release_with_blocks = true;
+  ASSERT_TRUE(x.rt->Allocator(0).value()->SetBackupRetention(weights, r).ok());
+  const DevicePtr o = x.Filled(*x.rt, other, 2);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("mb_free_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
+  std::unique_ptr<MappedTag> m = x.Map("mb_free_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  ASSERT_EQ(m->state(), MappedTag::State::kBackup);
+  ASSERT_TRUE(x.rt->Allocator(0).value()->Free(p).ok());
+  EXPECT_EQ(x.rt->node().Stats()->leases, 1u);  // kept: lent
+  ASSERT_TRUE(x.rt->Pause(other, -1).ok());
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    EXPECT_TRUE(m->WriteBackup({{p, src, kBlock}}, Stream{}).ok());  // into the lent arena: lost with the block
+  }
+  ASSERT_TRUE(x.rt->Resume(other, -1).ok());
+  EXPECT_EQ(WrongBytes(o, kBlock, 2), 0u);
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+  EXPECT_EQ(x.rt->node().Stats()->leases, 0u);  // given back with the resume
+}
+
+// The daemon started again: an importer whose idle connection maps the old pool finds the
+// new one at its first write.
+TEST(MappedBackupTest, AnImporterReachesADaemonStartedAgain) {
+  Pair x;
+  const TagId weights = Tag("mb_rs_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  const DevicePtr p = x.Filled(*x.rt, weights, 1);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("mb_rs_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
+  std::unique_ptr<MappedTag> m = x.Map("mb_rs_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  x.daemon.reset();
+  x.daemon = std::make_unique<node::DaemonProcess>(x.dir, 64 * node::HostPoolLedger::kUnitBytes);
+  ASSERT_TRUE(x.daemon->started());
+  EXPECT_FALSE(x.rt->node().Stats().ok());
+  ASSERT_TRUE(x.rt->node().Connect(false).ok());
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  ASSERT_EQ(m->state(), MappedTag::State::kBackup);
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    absl::Status w = m->WriteBackup({{p, src, kBlock}}, Stream{});
+    EXPECT_TRUE(w.ok()) << w;
+  }
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(p), reinterpret_cast<const void*>(src), kBlock), 0);
 }
 
 // Where the backup cannot be written from the importer: the view says why, and writes
@@ -301,8 +453,8 @@ TEST(MappedBackupTest, BackupsOutsideThePoolOrUnreachableAreRefusedWithTheReason
     ASSERT_NE(elsewhere, nullptr);
     ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
     {
-      absl::StatusOr<MappedTag::Use> a = none->Acquire();
-      absl::StatusOr<MappedTag::Use> b = elsewhere->Acquire();
+      absl::StatusOr<MappedTag::Use> a = none->Acquire(true);
+      absl::StatusOr<MappedTag::Use> b = elsewhere->Acquire(true);
       ASSERT_TRUE(a.ok() && b.ok());
       EXPECT_THAT(none->WriteBackup({{p, src, kBlock}}, Stream{}).message(), HasSubstr("no node pool"));
       absl::Status s = elsewhere->WriteBackup({{p, src, kBlock}}, Stream{});
@@ -331,7 +483,7 @@ TEST(MappedBackupTest, APausedTagIsMappedAsItsBackup) {
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->state(), MappedTag::State::kBackup);
   {
-    absl::StatusOr<MappedTag::Use> use = m->Acquire();
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
     ASSERT_TRUE(use.ok());
     ASSERT_TRUE(m->WriteBackup({{p, src, kBlock}}, Stream{}).ok());
   }
@@ -363,7 +515,7 @@ TEST(MappedBackupTest, FollowsSwitches) {
     ASSERT_EQ(m->state(), MappedTag::State::kBackup);
     FillPattern(src, kBlock, seed);
     {
-      absl::StatusOr<MappedTag::Use> use = m->Acquire();
+      absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
       ASSERT_TRUE(use.ok());
       ASSERT_TRUE(m->WriteBackup({{p, src, kBlock}}, Stream{}).ok());
     }

@@ -232,6 +232,15 @@ absl::StatusOr<HostLease> NodeLeases::Borrow(const std::string& pool, std::size_
   }
   if (c == nullptr) {
     absl::StatusOr<Connection*> usable = UsableLocked();
+    if (usable.ok() && (*usable)->client->pool_identity() != pool) {
+      // Another pool: ours may be a dead daemon's that nothing has asked anything of yet
+      // (the other process's, a daemon started again). Asked now, and replaced when dead.
+      absl::StatusOr<node::PoolStats> alive = (*usable)->client->Stats();
+      if (absl::IsUnavailable(alive.status())) {
+        (*usable)->broken = true;
+        usable = UsableLocked();
+      }
+    }
     if (!usable.ok()) {
       return absl::Status(usable.status().code(),
                           absl::StrCat("this process reaches no node pool: ", usable.status().message()));

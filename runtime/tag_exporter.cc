@@ -131,10 +131,26 @@ void TagExporter::Stop() {
     if (stopped_) return;
     stopped_ = true;
     for (auto& [tag, shared] : shared_) {
+      // Writers of a paused tag's backup let go first (its memory goes back with this
+      // process's runtime); one that does not within the deadline is logged.
+      if (::getpid() == owner_pid_) LetGo(tag, shared, "the process stops sharing");
       for (Importer& i : shared.importers) Close(i);
       shared.importers.clear();
       if (::getpid() == owner_pid_) ::unlink(ShareIndexPath(options_.dir, owner_pid_, shared.name).c_str());
     }
+    std::vector<TagId> fenced_tags;
+    for (const auto& [tag, writers] : fenced_) fenced_tags.push_back(tag);
+    for (TagId tag : fenced_tags) {  // WaitFenced erases the tags it clears
+      if (::getpid() == owner_pid_ && !WaitFenced(tag).ok()) {
+        VMSTASH_LOG(kError, "tag exporter: stopping while a process may still write the backup of tag '{}'",
+                    TagName(tag));
+      }
+    }
+    for (auto& [tag, writers] : fenced_) {
+      for (Importer& i : writers) Close(i);
+    }
+    fenced_.clear();
+    any_fenced_.store(false);
   }
   if (::getpid() != owner_pid_) return;  // a forked child's copy: the thread and socket are the parent's
   const char one = 1;
@@ -201,7 +217,7 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
   shared.name = public_name;
   shared.generation = generation;
   // Importers learn the new generation now (their index is stale): a revoke, then a grant.
-  if (absl::Status s = Revoke(tag, shared, -1); !s.ok()) {
+  if (absl::Status s = Revoke(tag, shared, -1, /*backup_only=*/false); !s.ok()) {
     VMSTASH_LOG(kWarning, "tag exporter: at the new index of tag '{}': {}", TagName(tag), s.ToString());
   }
   if (!Changing(tag)) {  // else the call changing it grants them
@@ -251,6 +267,7 @@ absl::Status TagExporter::Unshare(TagId tag) {
   MutexLock lock(&ops_mu_);
   auto it = shared_.find(tag);
   if (it == shared_.end()) return absl::NotFoundError(absl::StrCat("tag '", TagName(tag), "' is not shared"));
+  LetGo(tag, it->second, "unshared");  // a backup writer still writing stays fenced (Revoke)
   for (Importer& i : it->second.importers) Close(i);
   ::unlink(ShareIndexPath(options_.dir, ::getpid(), it->second.name).c_str());
   shared_.erase(it);
@@ -372,8 +389,10 @@ absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer
     GrantPackets(*memory, shared.generation, &packets, &fds);
   } else if (absl::IsFailedPrecondition(memory.status()) || absl::IsNotFound(memory.status())) {
     // Paused, in a transition, or no memory here yet. Paused with its backup in the node
-    // pool: the backup is granted; else the importer waits for a grant.
-    absl::Status why = changing || a == nullptr ? absl::FailedPreconditionError("its tag is changing") : BackupGrant(*a, tag, shared.generation, &packets);
+    // pool: the backup is granted; else the importer waits for a grant (told why there is
+    // no backup to write, when the tag is paused).
+    absl::Status why = changing || a == nullptr ? absl::UnavailableError("not now")
+                                                : BackupGrant(*a, tag, shared.generation, &packets);
     if (why.ok()) {
       ack = "backup";
     } else {
@@ -381,7 +400,7 @@ absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer
       ShareMessage paused;
       paused.kind = ShareKind::kPaused;
       paused.generation = shared.generation;
-      paused.message = std::string(why.message());
+      if (!absl::IsUnavailable(why)) paused.message = std::string(why.message());
       packets.push_back(FormatShare(paused));
       ack = "paused";
     }
@@ -391,7 +410,10 @@ absl::Status TagExporter::Grant(TagId tag, SharedTag& shared, Importer& importer
     return memory.status();
   }
   absl::Status s = Exchange(importer, ack, options_.request_timeout_ms, packets, fds);
-  if (s.ok()) importer.granted = std::string(ack) != "paused";
+  if (s.ok()) {
+    importer.granted = std::string(ack) != "paused";
+    importer.backup = std::string(ack) == "backup";
+  }
   return s;  // the descriptors of `memory` are closed with it: the importer has its copies
 }
 
@@ -439,19 +461,73 @@ bool TagExporter::Changing(TagId tag) {
 
 absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   Mark(change, +1);  // undone by AfterChunksChange, which runs whatever happens here
-  if (shared_count_.load() == 0) return absl::OkStatus();
+  if (shared_count_.load() == 0 && !any_fenced_.load()) return absl::OkStatus();
   MutexLock lock(&ops_mu_);
   absl::Status veto;
   // The tags it may release, and those it may resume: an importer writing a paused tag's
   // backup lets go before the resume reads it.
+  // Writers of a backup dropped earlier without letting go (Revoke) fence their tag.
+  for (auto it = fenced_.begin(); it != fenced_.end();) {
+    const TagId tag = it->first;
+    ++it;  // WaitFenced may erase tag's entry
+    const bool named = std::find(change.revoke.begin(), change.revoke.end(), tag) != change.revoke.end() ||
+                       std::find(change.regrant.begin(), change.regrant.end(), tag) != change.regrant.end();
+    if (!change.all && !named) continue;
+    absl::Status s = WaitFenced(tag);
+    if (veto.ok()) veto = s;
+  }
   for (TagId tag : Concerned(change, /*regrant=*/true)) {
-    absl::Status s = Revoke(tag, shared_[tag], change.device);
+    // A tag it may only map anew (a resume): only its backup's writers (a resume of a tag
+    // active already changes nothing the mapped importers hold).
+    const bool backup_only =
+        !change.all && std::find(change.revoke.begin(), change.revoke.end(), tag) == change.revoke.end();
+    absl::Status s = Revoke(tag, shared_[tag], change.device, backup_only);
     if (veto.ok()) veto = s;
   }
   return veto;
 }
 
-absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device) {
+void TagExporter::LetGo(TagId tag, SharedTag& shared, const char* why) {
+  if (absl::Status s = Revoke(tag, shared, -1, /*backup_only=*/true); !s.ok()) {
+    VMSTASH_LOG(kError, "tag exporter: tag '{}' {}: {}", TagName(tag), why, s.ToString());
+  }
+}
+
+absl::Status TagExporter::WaitFenced(TagId tag) {
+  auto it = fenced_.find(tag);
+  if (it == fenced_.end()) return absl::OkStatus();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
+  std::vector<pid_t> still;
+  for (Importer& f : it->second) {
+    // Its revoke was sent: the acknowledgement comes once its copies are complete.
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      absl::StatusOr<node::Received> got = node::Receive(f.fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
+      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
+      const bool acked = m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke";
+      if (acked || (!got.ok() && !absl::IsDeadlineExceeded(got.status())) || control::ProcessGone(f.pid)) {
+        Close(f);  // let go, gone, or its connection broke (the kernel closed it with the process)
+        break;
+      }
+      if (got.ok()) continue;  // anything else: wait on
+      if (left.count() <= 200) {
+        still.push_back(f.pid);
+        break;
+      }
+    }
+  }
+  it->second.erase(std::remove_if(it->second.begin(), it->second.end(), [](const Importer& i) { return i.fd < 0; }),
+                   it->second.end());
+  if (it->second.empty()) fenced_.erase(it);
+  any_fenced_.store(!fenced_.empty());
+  if (still.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "process ", still.front(), " was writing the backup of tag '", TagName(tag), "' (vmstash.weights.sync) and "
+      "has not let go of it: the tag stays paused until that process lets go or exits"));
+}
+
+absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device, bool backup_only) {
   ShareMessage revoke_message;
   revoke_message.kind = ShareKind::kRevoke;
   const std::string revoke = FormatShare(revoke_message);
@@ -462,7 +538,7 @@ absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device) {
   // one alive that does not let go in time vetoes the call and is dropped.
   std::vector<std::pair<Importer*, absl::Status>> asked;
   for (Importer& i : shared.importers) {
-    if (!i.granted || (device >= 0 && i.device != device)) continue;
+    if (!i.granted || (backup_only && !i.backup) || (device >= 0 && i.device != device)) continue;
     asked.emplace_back(&i, node::Send(i.fd, revoke));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
@@ -484,17 +560,27 @@ absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device) {
       }
       absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
       if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
-        i->granted = false;
+        i->granted = i->backup = false;
         continue;
       }
       failed = !m.ok() ? m.status()
                : m->ok ? absl::InternalError("it answered something else")
                        : absl::InternalError(m->message);
     }
-    if (!absl::IsUnavailable(failed) && !control::ProcessGone(i->pid) && veto.ok()) {
+    const bool alive = !absl::IsUnavailable(failed) && !control::ProcessGone(i->pid);
+    if (alive && veto.ok()) {
       veto = absl::FailedPreconditionError(absl::StrCat(
           "process ", i->pid, " maps tag '", TagName(tag), "' (vmstash.weights.map_tag) and did not let go of it "
           "within ", options_.revoke_timeout_ms, " ms (", failed.message(), "); its mapping is dropped: try again"));
+    }
+    if (alive && i->backup) {
+      // A writer of the backup may still have copies in flight: its connection stays open
+      // (fenced) until it acknowledges or exits, and no call resumes the tag meanwhile
+      // (WaitFenced), so the resume never reads, nor gives back, bytes being written.
+      fenced_[tag].push_back(*i);
+      any_fenced_.store(true);
+      i->fd = -1;
+      continue;
     }
     Close(*i);
   }

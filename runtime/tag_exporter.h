@@ -88,6 +88,7 @@ class TagExporter : public TransitionObserver {
     pid_t pid = 0;
     int device = 0;        // our ordinal of its device
     bool granted = false;  // holds our chunks (or a paused tag's backup) now
+    bool backup = false;   // granted a paused tag's backup (it may write it)
   };
   struct SharedTag {
     std::string name;  // the importers' name for it
@@ -105,10 +106,18 @@ class TagExporter : public TransitionObserver {
   // backup in the node pool, its backup; or "paused" with the reason it has neither to
   // give — and reads the acknowledgement: OK when it took them (granted set).
   absl::Status Grant(TagId tag, SharedTag& shared, Importer& importer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
-  // Revokes the grants of `shared`'s importers (on `device`; -1: any) and waits for them
-  // (Note [Mapped Tags]): FailedPrecondition naming one alive that did not let go in time;
-  // it is dropped, as is every importer gone.
-  absl::Status Revoke(TagId tag, SharedTag& shared, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Revokes the grants of `shared`'s importers (on `device`; -1: any; `backup_only`: only
+  // the backup's writers) and waits for them (Note [Mapped Tags]): FailedPrecondition
+  // naming one alive that did not let go in time; it is dropped, as is every importer
+  // gone — a backup writer that did not answer in time into fenced_ (its copies may be in
+  // flight).
+  absl::Status Revoke(TagId tag, SharedTag& shared, int device, bool backup_only)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Revoke of the backup's writers, its failure logged (`why`: what is happening).
+  void LetGo(TagId tag, SharedTag& shared, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Waits (one revoke_timeout_ms) for the fenced writers of `tag` to acknowledge their
+  // revoke or exit, closing those that did; FailedPrecondition naming one still silent.
+  absl::Status WaitFenced(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // The packets of a backup grant of paused `tag`, or why there is none.
   absl::Status BackupGrant(CachingAllocator& allocator, TagId tag, std::uint64_t generation,
                            std::vector<std::string>* packets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
@@ -145,6 +154,9 @@ class TagExporter : public TransitionObserver {
   std::map<TagId, int> changing_;  // Mark's counts
   int changing_all_ = 0;           // calls that may release every tag's chunks
   std::map<TagId, SharedTag> shared_ ABSL_GUARDED_BY(ops_mu_);
+  // Backup writers dropped without letting go, by tag (shared or not any more): Revoke.
+  std::map<TagId, std::vector<Importer>> fenced_ ABSL_GUARDED_BY(ops_mu_);
+  std::atomic<bool> any_fenced_{false};  // fenced_ is not empty (written under ops_mu_)
   bool stopped_ ABSL_GUARDED_BY(ops_mu_) = false;
   std::thread thread_;
 };

@@ -112,13 +112,14 @@ MappedTag::Use::~Use() {
   if (--owner_->users_ == 0) owner_->idle_.notify_all();
 }
 
-absl::StatusOr<MappedTag::Use> MappedTag::Acquire() {
+absl::StatusOr<MappedTag::Use> MappedTag::Acquire(bool backup, State* state) {
   std::lock_guard<std::mutex> lock(mu_);
-  if ((state_ != State::kMapped && state_ != State::kBackup) || revoking_) {
+  if ((state_ != State::kMapped && (state_ != State::kBackup || !backup)) || revoking_) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, " is not mapped here: ",
                                                       revoking_ ? "the exporting process is pausing it" : why_));
   }
   ++users_;
+  if (state != nullptr) *state = state_;
   return Use(this);
 }
 
@@ -369,10 +370,12 @@ absl::Status MappedTag::TakeBackup(const ShareMessage& head) {
 }
 
 absl::Status MappedTag::WriteBackup(const std::vector<BackupWrite>& writes, Stream stream) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ != State::kBackup) {
-    return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, ": no backup to write (",
-                                                      state_ == State::kMapped ? "it is mapped" : why_, ")"));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ != State::kBackup || revoking_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tag '", tag_, "' of process ", pid_, ": no backup to write (",
+        revoking_ ? "the exporting process is resuming or changing it" : state_ == State::kMapped ? "it is mapped" : why_,
+        ")"));
   }
   if (users_ == 0) return absl::FailedPreconditionError("WriteBackup: hold a use (Acquire) until the copies complete");
   // Every write checked first: one not inside one extent writes nothing at all.
@@ -393,13 +396,24 @@ absl::Status MappedTag::WriteBackup(const std::vector<BackupWrite>& writes, Stre
     at[i] = e->offset + (w.remote - e->address);
   }
   if (!borrowed_.has_value()) {
+    // Borrowed outside mu_ (registering a large span takes seconds; the watch thread and
+    // the other users' ends need mu_ meanwhile). The grant cannot change: this caller's
+    // Use holds any revoke.
     if (pool_ == nullptr) return absl::FailedPreconditionError("this process has no node pool to reach the backup");
-    absl::StatusOr<HostLease> lease = pool_->Borrow(backup_.pool, backup_.span_offset, backup_.span_bytes, device_);
-    if (!lease.ok()) {
-      return absl::Status(lease.status().code(), absl::StrCat("tag '", tag_, "' of process ", pid_,
-                                                              ": reaching its backup: ", lease.status().message()));
+    const Backup grant{backup_.pool, backup_.span_offset, backup_.span_bytes, {}};
+    lock.unlock();
+    std::lock_guard<std::mutex> one(borrow_mu_);
+    lock.lock();
+    if (!borrowed_.has_value()) {
+      lock.unlock();
+      absl::StatusOr<HostLease> lease = pool_->Borrow(grant.pool, grant.span_offset, grant.span_bytes, device_);
+      lock.lock();
+      if (!lease.ok()) {
+        return absl::Status(lease.status().code(), absl::StrCat("tag '", tag_, "' of process ", pid_,
+                                                                ": reaching its backup: ", lease.status().message()));
+      }
+      borrowed_ = *lease;
     }
-    borrowed_ = *lease;
   }
   const HostLease& h = *borrowed_;
   for (std::size_t i = 0; i < writes.size(); ++i) {

@@ -7,8 +7,8 @@
 // the same across every pause and resume. The exporter's chunks are mapped there while
 // granted; between a revoke and the next grant nothing is.
 //
-// Uses: Acquire() returns a Use while the memory is mapped, or while the paused tag's
-// backup is granted (FailedPrecondition naming the state otherwise); a revoke waits until
+// Uses: Acquire() returns a Use while the memory is mapped, or, asked for, while the paused
+// tag's backup is granted (FailedPrecondition naming the state otherwise); a revoke waits until
 // every Use is destroyed, so the work a Use's holder queued on the memory must be
 // complete when it lets go (it synchronizes its stream first). A watch thread serves the
 // exporter's events.
@@ -81,9 +81,11 @@ class MappedTag {
     explicit Use(MappedTag* owner) : owner_(owner) {}
     MappedTag* owner_;
   };
-  // A Use while the memory is mapped; FailedPrecondition saying whether the exporter's tag
-  // is paused or the exporter is gone (or stopped sharing it), and why.
-  absl::StatusOr<Use> Acquire();
+  // A Use while the memory is mapped — or, with `backup`, while the paused tag's backup is
+  // granted (*state, when not null, says which: a Use keeps it so) — FailedPrecondition
+  // saying whether the exporter's tag is paused or the exporter is gone (or stopped sharing
+  // it), and why.
+  absl::StatusOr<Use> Acquire(bool backup = false, State* state = nullptr);
 
   // Our address of the exporter's [remote, remote + size_bytes): InvalidArgument when it
   // lies in none of the exporter's reservations; FailedPrecondition when the tag is not
@@ -107,10 +109,13 @@ class MappedTag {
     std::size_t size_bytes = 0;
   };
   // Queues `writes` on `stream` (device to host copies into the backup); the caller holds
-  // a Use until they are complete. Every write is checked before any is queued:
-  // FailedPrecondition when the state is not kBackup (saying why), or a write lies outside
-  // what the pause backed up (not in one extent: freed, or not live at the pause); the
-  // pool's Borrow error (no node pool here, another one) at the first write of a grant.
+  // a Use (Acquire(true)) until they are complete. Every write is checked before any is
+  // queued: FailedPrecondition when the state is not kBackup (saying why), a revoke is
+  // waiting, or a write lies outside what the pause backed up (not in one extent: freed,
+  // or not live at the pause); the pool's Borrow error (no node pool here, another one)
+  // at the first write of a grant (the span is registered then, outside mu_). A driver
+  // error part-way leaves the copies queued before it: the backup then holds some of the
+  // new bytes (write it again before the exporter resumes).
   absl::Status WriteBackup(const std::vector<BackupWrite>& writes, Stream stream);
   // Bytes of the backup granted now (0 when not kBackup).
   std::size_t backup_bytes() const;
@@ -183,6 +188,7 @@ class MappedTag {
   std::vector<Piece> pieces_;    // by remote address
   Backup backup_;                // kBackup's
   std::optional<HostLease> borrowed_;  // the backup's span, borrowed at its first write
+  std::mutex borrow_mu_;               // one Borrow at a time (taken before mu_, never under it)
   std::thread thread_;
 };
 

@@ -46,10 +46,19 @@
 //   kExtentsPerPacket a packet (TagPool::ExportBackup, NodeLeases::Locate). The importer
 //   (state kBackup) borrows that span from its own mapping of the pool at its first
 //   write (NodeLeases::Borrow: registered once per connection) and copies device bytes
-//   of its own into it (MappedTag::WriteBackup), within a Use as for mapped memory.
-//   Every call that may resume a tag (a resume, a switch bringing it in) revokes first,
-//   as a pause does, and marks it for its duration: the resume reads the backup only
-//   once every writer let go (its copies complete), so it restores what they wrote. A
+//   of its own into it (MappedTag::WriteBackup), within a Use taken for it
+//   (Acquire(backup=true); a plain Use still means mapped memory). Every call that may
+//   resume a tag (a resume, a switch bringing it in) revokes its backup's writers first,
+//   as a pause does its mappings (not the importers of a tag active already: nothing of
+//   theirs changes), and marks it for its duration: the resume reads the backup only once
+//   every writer let go (its copies complete), so it restores what they wrote. A writer
+//   that does not let go in time vetoes the call and is fenced, not just dropped: its
+//   copies may still be in flight, so its connection stays open and every later call
+//   concerning the tag (its resume) waits for its acknowledgement or its exit first, and
+//   is refused while neither comes (the tag stays paused, its backup intact); Unshare
+//   and a re-publish revoke the same way, and the exporter's end waits once. A writer
+//   with a revoke pending writes nothing more. The arena lent stays the exporter's until
+//   the resume (TagPool::ExportBackup: a free while paused does not release it). A
 //   tag paused otherwise (a discard tag, a disk or pageable store, the pool full at the
 //   pause, an exporter without node:1) is "paused" with that reason, shown by the
 //   importer's refusals. Not covered: an exporter killed while an importer's copy into

@@ -298,7 +298,12 @@ def test_a_paused_tags_backup_is_written_from_here(exporter):
             info = view.info()
             assert info["state"] == "backup" and info["backup_bytes"] == 4 * MiB, info
             ctypes.memset(src, seed, n)
-            with view.use():
+            with pytest.raises(vmstash.Error) as err:  # nothing is mapped: a plain use is refused
+                with view.use():
+                    pass
+            assert "backup is writable" in str(err.value)
+            with view._scope(None, backup=True) as state:
+                assert state == 3
                 _lib.check(write_backup(view, "t0", src, n), "write_backup")
                 # Past the tensor's bytes: refused, nothing written.
                 assert write_backup(view, "t1", src, n) != 0

@@ -184,6 +184,7 @@ def _declare(l):
         "vmstash_unshare_tag": (c_int, [c_char_p]),
         "vmstash_map_tag": (c_int, [c_int, c_char_p, c_int, c_int, ctypes.POINTER(ctypes.c_ulonglong)]),
         "vmstash_mapped_acquire": (c_int, [ctypes.c_ulonglong]),
+        "vmstash_mapped_acquire_any": (c_int, [ctypes.c_ulonglong, ctypes.POINTER(c_int)]),
         "vmstash_mapped_release": (c_int, [ctypes.c_ulonglong]),
         "vmstash_mapped_local": (c_int, [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_ulonglong,
                                          ctypes.POINTER(ctypes.c_ulonglong)]),

@@ -29,7 +29,7 @@ from . import _lib
 
 _INDEX_VERSION = 1
 # vmstash_mapped_state's states.
-_MAPPED, _PAUSED, _GONE, _BACKUP = 0, 1, 2, 3
+_MAPPED, _BACKUP = 0, 3
 # A sync into a backup converts (dtype, layout) and copies this many bytes at a time, so
 # that the converted copies need at most this much device memory.
 _STAGE_BYTES = 512 << 20
@@ -191,19 +191,29 @@ class MappedWeights:
 
     @contextlib.contextmanager
     def use(self, stream=None):
-        """A scope in which the mapped memory stays mapped, or the paused tag's backup
-        writable (the exporter's pause or resume waits for its end): work queued on the
-        memory in it must be complete at its end, so it synchronizes `stream` (default: the
-        current stream) on the way out. Raises vmstash.Error (FAILED_PRECONDITION) while
-        the tag is paused without a backup to write, or the exporter gone."""
+        """A scope in which the mapped memory stays mapped (the exporter's pause waits for
+        its end): work queued on the memory in it must be complete at its end, so it
+        synchronizes `stream` (default: the current stream) on the way out. Raises
+        vmstash.Error (FAILED_PRECONDITION) while the tag is paused or the exporter gone."""
+        with self._scope(stream, backup=False):
+            yield self
+
+    @contextlib.contextmanager
+    def _scope(self, stream, backup):
+        """use()'s scope; with `backup`, also while the paused tag's backup is writable.
+        Yields the state it holds (_MAPPED or _BACKUP)."""
         handle = self._handle  # the one this use releases, whatever close() does meanwhile
         if handle is None:
             raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
         l = _lib.lib()
-        _lib.check(l.vmstash_mapped_acquire(handle), "vmstash.weights.use")
+        state = ctypes.c_int(_MAPPED)
+        if backup:
+            _lib.check(l.vmstash_mapped_acquire_any(handle, ctypes.byref(state)), "vmstash.weights.use")
+        else:
+            _lib.check(l.vmstash_mapped_acquire(handle), "vmstash.weights.use")
         try:
             self._check_generation(handle)
-            yield self
+            yield state.value
         finally:
             try:
                 _synchronize(stream, self.device)
@@ -341,11 +351,8 @@ class SyncPlan:
             stream = current
         elif stream != current:
             stream.wait_stream(current)  # after the work that made the sources
-        with self.dst.use(stream):
-            state = ctypes.c_int(0)
-            _lib.check(_lib.lib().vmstash_mapped_state(self.dst._handle, ctypes.byref(state), None),
-                       "vmstash.weights.sync")
-            if state.value == _BACKUP:
+        with self.dst._scope(stream, backup=True) as state:
+            if state == _BACKUP:
                 return self._run_into_backup(stream)
             # Every destination is in the memory mapped now, where it was built (one call):
             # a tensor the rollout freed, or memory its tag mapped after the grant, is an
@@ -386,9 +393,13 @@ class SyncPlan:
         nbytes = sum(e["nbytes"] for e, _, _ in self._backup_items)
         direct = all(s.dtype == d and s.is_contiguous() for _, d, s in self._backup_items)
         if direct:
+            # The destinations' arrays made once; the sources' addresses read at each run (a
+            # parameter's .data may have been replaced since).
             if self._backup_arrays is None:
                 self._backup_arrays = self._write([(e, s) for e, _, s in self._backup_items])
             remotes, srcs, sizes, n = self._backup_arrays
+            for i, (_, _, s) in enumerate(self._backup_items):
+                srcs[i] = s.data_ptr()
             _lib.check(l.vmstash_mapped_write_backup(handle, remotes, srcs, sizes, n, raw), "vmstash.weights.sync")
             return {"tensors": len(self.targets), "bytes": nbytes, "into": "backup"}
         with torch.cuda.stream(stream):
