@@ -385,9 +385,12 @@ TEST(MappedBackupTest, AnImporterReachesADaemonStartedAgain) {
   const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
   std::unique_ptr<MappedTag> m = x.Map("mb_rs_weights", &x.imp->node());
   ASSERT_NE(m, nullptr);
-  x.daemon.reset();
-  x.daemon = std::make_unique<node::DaemonProcess>(x.dir, 64 * node::HostPoolLedger::kUnitBytes);
-  ASSERT_TRUE(x.daemon->started());
+  x.daemon.reset();  // the daemon stops; another starts (in this process: no fork under threads)
+  node::DaemonOptions again;
+  again.dir = x.dir;
+  again.capacity_bytes = 64 * node::HostPoolLedger::kUnitBytes;
+  absl::StatusOr<std::unique_ptr<node::NodeDaemon>> daemon = node::NodeDaemon::Start(again);
+  ASSERT_TRUE(daemon.ok()) << daemon.status();
   EXPECT_FALSE(x.rt->node().Stats().ok());
   ASSERT_TRUE(x.rt->node().Connect(false).ok());
   ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
@@ -400,6 +403,8 @@ TEST(MappedBackupTest, AnImporterReachesADaemonStartedAgain) {
   }
   ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
   EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(p), reinterpret_cast<const void*>(src), kBlock), 0);
+  m.reset();
+  (*daemon)->Stop();
 }
 
 // Where the backup cannot be written from the importer: the view says why, and writes
