@@ -310,9 +310,11 @@ TEST(MappedBackupTest, APlainUseIsRefusedInBackup) {
   absl::StatusOr<MappedTag::Use> plain = m->Acquire();
   EXPECT_EQ(plain.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(plain.status().message(), HasSubstr("backup is writable"));
-  MappedTag::State state = MappedTag::State::kGone;
-  EXPECT_TRUE(m->Acquire(/*backup=*/true, &state).ok());
-  EXPECT_EQ(state, MappedTag::State::kBackup);
+  MappedTag::UseInfo info;
+  EXPECT_TRUE(m->Acquire(/*backup=*/true, &info).ok());
+  EXPECT_EQ(info.state, MappedTag::State::kBackup);
+  EXPECT_EQ(info.grants, m->grants());
+  EXPECT_EQ(info.generation, 1u);
   ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
 }
 

@@ -112,14 +112,14 @@ MappedTag::Use::~Use() {
   if (--owner_->users_ == 0) owner_->idle_.notify_all();
 }
 
-absl::StatusOr<MappedTag::Use> MappedTag::Acquire(bool backup, State* state) {
+absl::StatusOr<MappedTag::Use> MappedTag::Acquire(bool backup, UseInfo* info) {
   std::lock_guard<std::mutex> lock(mu_);
   if ((state_ != State::kMapped && (state_ != State::kBackup || !backup)) || revoking_) {
     return absl::FailedPreconditionError(absl::StrCat("tag '", tag_, "' of process ", pid_, " is not mapped here: ",
                                                       revoking_ ? "the exporting process is pausing it" : why_));
   }
   ++users_;
-  if (state != nullptr) *state = state_;
+  if (info != nullptr) *info = UseInfo{state_, generation_, grants_};
   return Use(this);
 }
 

@@ -81,11 +81,17 @@ class MappedTag {
     explicit Use(MappedTag* owner) : owner_(owner) {}
     MappedTag* owner_;
   };
+  // What a Use holds, as it was acquired (a Use keeps it so: no grant or revoke meanwhile).
+  struct UseInfo {
+    State state = State::kMapped;   // kMapped, or kBackup
+    std::uint64_t generation = 0;   // generation()
+    std::uint64_t grants = 0;       // grants(): a caller that checked addresses under this
+                                    // count need not check them again while it stays
+  };
   // A Use while the memory is mapped — or, with `backup`, while the paused tag's backup is
-  // granted (*state, when not null, says which: a Use keeps it so) — FailedPrecondition
-  // saying whether the exporter's tag is paused or the exporter is gone (or stopped sharing
-  // it), and why.
-  absl::StatusOr<Use> Acquire(bool backup = false, State* state = nullptr);
+  // granted (*info, when not null, says which) — FailedPrecondition saying whether the
+  // exporter's tag is paused or the exporter is gone (or stopped sharing it), and why.
+  absl::StatusOr<Use> Acquire(bool backup = false, UseInfo* info = nullptr);
 
   // Our address of the exporter's [remote, remote + size_bytes): InvalidArgument when it
   // lies in none of the exporter's reservations; FailedPrecondition when the tag is not

@@ -87,18 +87,23 @@ int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsign
 
 // uses_mu is held across the lookup, the acquire and the record, and across a close's
 // check and removal: an acquire is recorded before a close looks, or finds no handle.
-int vmstash_mapped_acquire(unsigned long long handle) noexcept { return vmstash_mapped_acquire_any(handle, nullptr); }
+int vmstash_mapped_acquire(unsigned long long handle) noexcept {
+  return vmstash_mapped_acquire_any(handle, 0, nullptr, nullptr, nullptr);
+}
 
-int vmstash_mapped_acquire_any(unsigned long long handle, int* state) noexcept {
+int vmstash_mapped_acquire_any(unsigned long long handle, int backup, int* state, unsigned long long* generation,
+                               unsigned long long* grants) noexcept {
   return Guard([&](vmstash::process::Call&) {
     std::lock_guard<std::mutex> lock(uses_mu);
     absl::StatusOr<std::shared_ptr<MappedTag>> m = vmstash::process::Mapped(handle);
     if (!m.ok()) return Fail(m.status());
-    MappedTag::State got = MappedTag::State::kMapped;
-    absl::StatusOr<MappedTag::Use> use = (*m)->Acquire(/*backup=*/state != nullptr, &got);
+    MappedTag::UseInfo info;
+    absl::StatusOr<MappedTag::Use> use = (*m)->Acquire(backup != 0, &info);
     if (!use.ok()) return Fail(use.status());
     Uses()[handle].push_back(std::move(*use));
-    if (state != nullptr) *state = static_cast<int>(got);
+    if (state != nullptr) *state = static_cast<int>(info.state);
+    if (generation != nullptr) *generation = info.generation;
+    if (grants != nullptr) *grants = info.grants;
     return 0;
   });
 }

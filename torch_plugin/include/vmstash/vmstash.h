@@ -293,9 +293,11 @@ int vmstash_node_switch(const char* pause, const char* resume, int device, int t
  * vmstash_mapped_acquire / vmstash_mapped_release bracket a use (the memory stays mapped
  * in between; a revoke waits for the release, so the caller's work on the memory must be
  * complete when it releases): VMSTASH_FAILED_PRECONDITION while the exporter's tag is
- * paused or the exporter is gone; vmstash_mapped_acquire_any also takes a use of a paused
- * tag whose backup is granted, and says in *state which it got (0 mapped, 3 backup: the
- * use keeps it so). While the tag is paused with its backup in the node pool (state 3,
+ * paused or the exporter is gone; vmstash_mapped_acquire_any, with `backup` non-zero, also
+ * takes a use of a paused tag whose backup is granted, and says what the use holds (each
+ * pointer may be NULL; the use keeps them so): *state (0 mapped, 3 backup), *generation,
+ * *grants (the grants taken so far: addresses checked under one count stay good while it
+ * stays). While the tag is paused with its backup in the node pool (state 3,
  * "backup"), vmstash_mapped_write_backup queues
  * `n` copies of bytes[i] of this process's device memory at srcs[i] into the backup of the
  * exporter's bytes at remotes[i] on `stream` (all checked before any is queued; hold a
@@ -317,7 +319,8 @@ int vmstash_share_tag(const char* tag, const char* name, const char* index_json,
 int vmstash_unshare_tag(const char* tag) VMSTASH_NOEXCEPT;
 int vmstash_map_tag(int pid, const char* tag, int device, int timeout_ms, unsigned long long* handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_acquire(unsigned long long handle) VMSTASH_NOEXCEPT;
-int vmstash_mapped_acquire_any(unsigned long long handle, int* state) VMSTASH_NOEXCEPT;
+int vmstash_mapped_acquire_any(unsigned long long handle, int backup, int* state, unsigned long long* generation,
+                               unsigned long long* grants) VMSTASH_NOEXCEPT;
 int vmstash_mapped_release(unsigned long long handle) VMSTASH_NOEXCEPT;
 int vmstash_mapped_local(unsigned long long handle, unsigned long long remote, unsigned long long bytes,
                          unsigned long long* local) VMSTASH_NOEXCEPT;

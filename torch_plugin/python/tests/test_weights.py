@@ -302,7 +302,7 @@ def test_a_paused_tags_backup_is_written_from_here(exporter):
                 with view.use():
                     pass
             assert "backup is writable" in str(err.value)
-            with view._scope(None, backup=True) as state:
+            with view._scope(None, backup=True) as (state, _):
                 assert state == 3
                 _lib.check(write_backup(view, "t0", src, n), "write_backup")
                 # Past the tensor's bytes: refused, nothing written.

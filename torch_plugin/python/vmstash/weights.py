@@ -181,12 +181,10 @@ class MappedWeights:
     def state(self):
         return self.info()["state"]
 
-    def _check_generation(self, handle):
-        generation = ctypes.c_ulonglong(0)
-        _lib.check(_lib.lib().vmstash_mapped_state(handle, None, ctypes.byref(generation)), "vmstash.weights")
-        if generation.value != self.generation:
+    def _check_generation(self, generation):
+        if generation != self.generation:
             raise _lib.error(f"vmstash.weights: process {self.pid} published tag {self.tag!r} again (generation "
-                             f"{generation.value}, this view holds {self.generation}): map it again",
+                             f"{generation}, this view holds {self.generation}): map it again",
                              _lib.FAILED_PRECONDITION)
 
     @contextlib.contextmanager
@@ -201,24 +199,53 @@ class MappedWeights:
     @contextlib.contextmanager
     def _scope(self, stream, backup):
         """use()'s scope; with `backup`, also while the paused tag's backup is writable.
-        Yields the state it holds (_MAPPED or _BACKUP)."""
+        Yields (state, grants) as the use holds them: _MAPPED or _BACKUP, and the grants
+        taken so far (addresses checked under one count stay good while it stays)."""
         handle = self._handle  # the one this use releases, whatever close() does meanwhile
         if handle is None:
             raise _lib.error("vmstash.weights: this view is closed", _lib.FAILED_PRECONDITION)
         l = _lib.lib()
-        state = ctypes.c_int(_MAPPED)
-        if backup:
-            _lib.check(l.vmstash_mapped_acquire_any(handle, ctypes.byref(state)), "vmstash.weights.use")
-        else:
-            _lib.check(l.vmstash_mapped_acquire(handle), "vmstash.weights.use")
+        state, generation, grants = ctypes.c_int(_MAPPED), ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+        _lib.check(l.vmstash_mapped_acquire_any(handle, 1 if backup else 0, ctypes.byref(state),
+                                                ctypes.byref(generation), ctypes.byref(grants)),
+                   "vmstash.weights.use")
         try:
-            self._check_generation(handle)
-            yield state.value
+            self._check_generation(generation.value)
+            yield state.value, grants.value
         finally:
             try:
                 _synchronize(stream, self.device)
             finally:
                 _lib.check(l.vmstash_mapped_release(handle), "vmstash.weights.use")
+
+    def _tensors_at(self, names, at):
+        """The exporter's tensors `names` at this process's addresses `at` (name -> address),
+        as views of one tensor spanning them (one CUDA array interface instead of one per
+        tensor: a plan over thousands of tensors is built in milliseconds); cached as
+        tensor() caches."""
+        torch = _torch()
+        placed = [(at[n], self.index[n]["nbytes"]) for n in names if self.index[n]["nbytes"] > 0]
+        base, lo = None, 0
+        if placed:
+            lo = min(a for a, _ in placed)
+            hi = max(a + b for a, b in placed)
+            base = torch.as_tensor(_Array(lo, hi - lo), device=f"cuda:{self.device}")
+        out = []
+        for name in names:
+            e = self.index[name]
+            dtype = getattr(torch, e["dtype"], None)
+            if not isinstance(dtype, torch.dtype):
+                raise _lib.error(f"vmstash.weights: {name!r} has dtype {e['dtype']!r}, unknown here",
+                                 _lib.INVALID_ARGUMENT)
+            if e["nbytes"] == 0:
+                t = torch.empty(e["shape"], dtype=dtype, device=f"cuda:{self.device}")
+            else:
+                off = at[name] - lo
+                t = base[off:off + e["nbytes"]].view(dtype).view(e["shape"])
+            with self._lock:
+                self._tensors[name] = (at.get(name, 0), t)
+            out.append(t)
+        return out
 
     def local(self, name):
         """This process's address of the exporter's tensor `name` now (raises while the tag
@@ -340,7 +367,8 @@ class SyncPlan:
         self._backup_arrays = None  # when no source needs converting: the C call's arrays, made once
         self._remotes = (ctypes.c_ulonglong * len(placed))(*(e["address"] for e in placed))
         self._sizes = (ctypes.c_ulonglong * len(placed))(*(e["nbytes"] for e in placed))
-        self._locals = None  # where the destinations were built: checked at every run
+        self._locals = None  # where the destinations were built: checked after every new grant
+        self._checked_grants = None  # the grant count they were last checked under
 
     def run(self, stream=None):
         """Copies the sources into the mapped weights on `stream` (default: the current
@@ -351,23 +379,26 @@ class SyncPlan:
             stream = current
         elif stream != current:
             stream.wait_stream(current)  # after the work that made the sources
-        with self.dst._scope(stream, backup=True) as state:
+        with self.dst._scope(stream, backup=True) as (state, grants):
             if state == _BACKUP:
                 return self._run_into_backup(stream)
-            # Every destination is in the memory mapped now, where it was built (one call):
-            # a tensor the rollout freed, or memory its tag mapped after the grant, is an
-            # error here, never a write to an unmapped address.
-            _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes, self._locals,
-                                                       len(self._remotes)), "vmstash.weights.sync")
+            # Every destination is in the memory mapped now, where it was built (one call,
+            # again only after a new grant: none comes while the use is held): a tensor the
+            # rollout freed, or memory its tag mapped after the grant, is an error here,
+            # never a write to an unmapped address.
+            if grants != self._checked_grants:
+                _lib.check(_lib.lib().vmstash_mapped_check(self.dst._handle, self._remotes, self._sizes,
+                                                           self._locals, len(self._remotes)),
+                           "vmstash.weights.sync")
             if self.dsts is None:
                 n = len(self._placed)
                 locals_ = (ctypes.c_ulonglong * n)()
                 _lib.check(_lib.lib().vmstash_mapped_locals(self.dst._handle, self._remotes, self._sizes, locals_, n),
                            "vmstash.weights.sync")
-                at = dict(zip(self._placed, locals_))
-                self.dsts = [self.dst.tensor(t, at.get(t, 0)) for t in self.targets]
+                self.dsts = self.dst._tensors_at(self.targets, dict(zip(self._placed, locals_)))
                 self.nbytes = sum(d.numel() * d.element_size() for d in self.dsts)
                 self._locals = locals_
+            self._checked_grants = grants
             if self.dsts:
                 with torch.cuda.stream(stream):
                     torch._foreach_copy_(self.dsts, self.srcs)
