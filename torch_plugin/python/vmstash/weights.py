@@ -219,19 +219,22 @@ class MappedWeights:
                 _lib.check(l.vmstash_mapped_release(handle), "vmstash.weights.use")
 
     def _tensors_at(self, names, at):
-        """The exporter's tensors `names` at this process's addresses `at` (name -> address),
-        as views of one tensor spanning them (one CUDA array interface instead of one per
-        tensor: a plan over thousands of tensors is built in milliseconds); cached as
-        tensor() caches."""
+        """The exporter's tensors `names` at this process's addresses `at` (name -> address):
+        those tensor() built already at the same address as they are, the others as views
+        of one tensor spanning them (one CUDA array interface instead of one per tensor: a
+        plan over thousands of tensors is built in milliseconds); cached as tensor() caches."""
         torch = _torch()
-        placed = [(at[n], self.index[n]["nbytes"]) for n in names if self.index[n]["nbytes"] > 0]
+        with self._lock:
+            cached = {n: self._tensors.get(n) for n in names}
+        out = {n: c[1] for n, c in cached.items() if c is not None and c[0] == at.get(n, 0)}
+        missing = [n for n in names if n not in out]
+        placed = [(at[n], self.index[n]["nbytes"]) for n in missing if self.index[n]["nbytes"] > 0]
         base, lo = None, 0
         if placed:
             lo = min(a for a, _ in placed)
             hi = max(a + b for a, b in placed)
             base = torch.as_tensor(_Array(lo, hi - lo), device=f"cuda:{self.device}")
-        out = []
-        for name in names:
+        for name in missing:
             e = self.index[name]
             dtype = getattr(torch, e["dtype"], None)
             if not isinstance(dtype, torch.dtype):
@@ -244,8 +247,8 @@ class MappedWeights:
                 t = base[off:off + e["nbytes"]].view(dtype).view(e["shape"])
             with self._lock:
                 self._tensors[name] = (at.get(name, 0), t)
-            out.append(t)
-        return out
+            out[name] = t
+        return [out[n] for n in names]
 
     def local(self, name):
         """This process's address of the exporter's tensor `name` now (raises while the tag
