@@ -9,7 +9,9 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <optional>
 #include <thread>
+#include <vector>
 
 #include "base/byte_pattern.h"
 #include "gmock/gmock.h"
@@ -530,6 +532,128 @@ TEST(MappedBackupTest, FollowsSwitches) {
     ASSERT_EQ(m->state(), MappedTag::State::kMapped);
     EXPECT_EQ(WrongBytes(p, kBlock, seed), 0u);
   }
+}
+
+// Review: a revoke that comes while the first write of a grant registers the pool's span
+// (outside the importer's lock): that write queues nothing.
+TEST(MappedBackupTest, ARevokeArrivingDuringTheFirstBorrowWritesNothing) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
+  const TagId weights = Tag("rv_borrow_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  const DevicePtr p = x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("rv_borrow_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
+  std::unique_ptr<MappedTag> m = x.Map("rv_borrow_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  ASSERT_EQ(m->state(), MappedTag::State::kBackup);
+  SimDriver& sim = static_cast<SimDriver&>(x.imp->driver());
+  std::atomic<bool> armed{true}, in_borrow{false}, go{false};
+  sim.SetBeforeCall([&](DriverOp op) {
+    if (op != DriverOp::kHostRegister || !armed.exchange(false)) return;
+    in_borrow.store(true);
+    for (int i = 0; i < 1000 && !go.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  });
+  absl::Status written = absl::UnknownError("not run");
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    std::thread writer([&] { written = m->WriteBackup({{p, src, kBlock}}, Stream{}); });
+    for (int i = 0; i < 500 && !in_borrow.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(in_borrow.load()) << "the write never registered the span";
+    // The rollout resumes: the revoke reaches the importer (its watch thread waits for the use).
+    absl::StatusOr<bool> vetoed = x.rt->Resume(weights, -1);
+    EXPECT_EQ(vetoed.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(m->Acquire(true).status().code(), absl::StatusCode::kFailedPrecondition);  // a revoke is pending
+    go.store(true);
+    writer.join();
+    EXPECT_FALSE(written.ok()) << "WriteBackup queued its copies although a revoke was pending";
+  }
+  sim.SetBeforeCall(nullptr);
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+  EXPECT_EQ(WrongBytes(p, kBlock, 4), 0u);  // nothing queued after the revoke reached the exporter
+}
+
+// A fenced tag holds up its own resume, not an empty_cache of every tag nor one of another.
+TEST(MappedBackupTest, AFencedTagHoldsUpItsResumeOnly) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
+  const TagId weights = Tag("rv_ec_weights"), kv = Tag("rv_ec_kv");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  ASSERT_TRUE(x.rt->CreateTag(kv, Policy::kDiscard).ok());
+  (void)x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  std::unique_ptr<MappedTag> m = x.Map("rv_ec_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    ASSERT_FALSE(x.rt->Resume(weights, -1).ok());  // vetoed: fenced
+    const auto t0 = std::chrono::steady_clock::now();
+    absl::Status ec = x.rt->EmptyCache(Runtime::kAllDevices, std::nullopt);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(ec.ok()) << ec << " (after " << ms << " ms)";
+    absl::Status ec_kv = x.rt->EmptyCache(Runtime::kAllDevices, kv);
+    EXPECT_TRUE(ec_kv.ok()) << ec_kv;
+  }
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
+}
+
+// Two writers of one grant at once, and a resume meanwhile (for TSAN).
+TEST(MappedBackupTest, TwoWritersAndAResumeAtOnce) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/2000);
+  const TagId weights = Tag("rv_two_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  const DevicePtr p = x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  const TagId src_tag = Tag("rv_two_src");
+  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
+  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
+  std::unique_ptr<MappedTag> m = x.Map("rv_two_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+    ASSERT_TRUE(Reaches(*m, MappedTag::State::kBackup));
+    std::vector<std::thread> ts;
+    for (int t = 0; t < 2; ++t) {
+      ts.emplace_back([&, t] {
+        absl::StatusOr<MappedTag::Use> use = m->Acquire(true);
+        if (!use.ok()) return;
+        (void)m->WriteBackup({{p + t * (kBlock / 2), src + t * (kBlock / 2), kBlock / 2}}, Stream{});
+      });
+    }
+    std::thread r([&] { (void)x.rt->Resume(weights, -1); });
+    for (auto& t : ts) t.join();
+    r.join();
+    bool ok = false;
+    for (int i = 0; i < 5 && !ok; ++i) ok = x.rt->Resume(weights, -1).ok();
+    ASSERT_TRUE(ok);
+    ASSERT_TRUE(Reaches(*m, MappedTag::State::kMapped));
+  }
+}
+
+// A pause of a tag paused already changes nothing its backup's writers hold.
+TEST(MappedBackupTest, APauseOfAPausedTagLeavesItsWritersAlone) {
+  Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
+  const TagId weights = Tag("rv_pp_weights");
+  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
+  (void)x.Filled(*x.rt, weights, 4);
+  ASSERT_TRUE(x.ex->Share(weights).ok());
+  std::unique_ptr<MappedTag> m = x.Map("rv_pp_weights", &x.imp->node());
+  ASSERT_NE(m, nullptr);
+  ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
+  const std::uint64_t revokes = m->revokes();
+  {
+    absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
+    ASSERT_TRUE(use.ok());
+    absl::StatusOr<bool> again = x.rt->Pause(weights, -1);
+    EXPECT_TRUE(again.ok()) << again.status();
+  }
+  EXPECT_EQ(m->state(), MappedTag::State::kBackup);
+  EXPECT_EQ(m->revokes(), revokes);
+  ASSERT_TRUE(x.rt->Resume(weights, -1).ok());
 }
 
 }  // namespace

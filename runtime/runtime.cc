@@ -278,7 +278,7 @@ absl::Status DoneButHooksFailed(absl::string_view what, const std::vector<HookFa
 
 // A switch's change of chunks: it may release the paused tags', map the resumed tags'.
 ChunkChange Switching(const std::vector<TagId>& pause, const std::vector<TagId>& resume, int device) {
-  ChunkChange c{pause, pause, false, device};
+  ChunkChange c{pause, pause, false, device, resume};
   c.regrant.insert(c.regrant.end(), resume.begin(), resume.end());
   return c;
 }
@@ -367,7 +367,7 @@ std::string UndoTransitions(TagId tag, bool pause, const std::vector<CachingAllo
 // Note [All-or-Nothing Transitions].
 absl::StatusOr<bool> Runtime::Transition(TagId tag, int device, bool pause, const Hints& hints) {
   const Observed observed(*this, ChunkChange{pause ? std::vector<TagId>{tag} : std::vector<TagId>{}, {tag}, false,
-                                             device});
+                                             device, pause ? std::vector<TagId>{} : std::vector<TagId>{tag}});
   VMSTASH_RETURN_IF_ERROR(observed.status());
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, ExistingTargets(device));
   const char* verb = pause ? "pause" : "resume";

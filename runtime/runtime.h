@@ -90,13 +90,15 @@
 namespace vmstash {
 
 // A call that may change tags' chunks (runtime/tag_exporter.h, Note [Mapped Tags]):
-// the tags whose chunks it may unmap or release (`revoke`; every tag: `all`), and those
-// whose chunks it may map anew (`regrant`), on `device` (Runtime::kAllDevices: any).
+// the tags whose chunks it may unmap or release (`revoke`; every tag: `all`), those whose
+// chunks it may map anew (`regrant`), and those it may resume (`resume`: it reads their
+// backups), on `device` (Runtime::kAllDevices: any).
 struct ChunkChange {
   std::vector<TagId> revoke;
   std::vector<TagId> regrant;
   bool all = false;
   int device = -1;
+  std::vector<TagId> resume;
 };
 // Told around every such call (Runtime::SetTransitionObserver).
 class TransitionObserver {

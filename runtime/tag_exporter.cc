@@ -141,7 +141,7 @@ void TagExporter::Stop() {
     std::vector<TagId> fenced_tags;
     for (const auto& [tag, writers] : fenced_) fenced_tags.push_back(tag);
     for (TagId tag : fenced_tags) {  // WaitFenced erases the tags it clears
-      if (::getpid() == owner_pid_ && !WaitFenced(tag).ok()) {
+      if (::getpid() == owner_pid_ && !WaitFenced(tag, -1).ok()) {
         VMSTASH_LOG(kError, "tag exporter: stopping while a process may still write the backup of tag '{}'",
                     TagName(tag));
       }
@@ -217,7 +217,7 @@ absl::StatusOr<std::uint64_t> TagExporter::Share(TagId tag, const std::string& i
   shared.name = public_name;
   shared.generation = generation;
   // Importers learn the new generation now (their index is stale): a revoke, then a grant.
-  if (absl::Status s = Revoke(tag, shared, -1, /*backup_only=*/false); !s.ok()) {
+  if (absl::Status s = Revoke(tag, shared, -1, /*mapped=*/true, /*backup=*/true); !s.ok()) {
     VMSTASH_LOG(kWarning, "tag exporter: at the new index of tag '{}': {}", TagName(tag), s.ToString());
   }
   if (!Changing(tag)) {  // else the call changing it grants them
@@ -466,39 +466,43 @@ absl::Status TagExporter::BeforeChunksChange(const ChunkChange& change) {
   absl::Status veto;
   // The tags it may release, and those it may resume: an importer writing a paused tag's
   // backup lets go before the resume reads it.
-  // Writers of a backup dropped earlier without letting go (Revoke) fence their tag.
+  const auto in = [](const std::vector<TagId>& list, TagId tag) {
+    return std::find(list.begin(), list.end(), tag) != list.end();
+  };
+  // Writers of a backup dropped earlier without letting go (Revoke) fence their tag's
+  // resume (nothing else reads or gives back a paused tag's backup).
   for (auto it = fenced_.begin(); it != fenced_.end();) {
     const TagId tag = it->first;
     ++it;  // WaitFenced may erase tag's entry
-    const bool named = std::find(change.revoke.begin(), change.revoke.end(), tag) != change.revoke.end() ||
-                       std::find(change.regrant.begin(), change.regrant.end(), tag) != change.regrant.end();
-    if (!change.all && !named) continue;
-    absl::Status s = WaitFenced(tag);
+    if (!in(change.resume, tag)) continue;
+    absl::Status s = WaitFenced(tag, change.device);
     if (veto.ok()) veto = s;
   }
   for (TagId tag : Concerned(change, /*regrant=*/true)) {
-    // A tag it may only map anew (a resume): only its backup's writers (a resume of a tag
-    // active already changes nothing the mapped importers hold).
-    const bool backup_only =
-        !change.all && std::find(change.revoke.begin(), change.revoke.end(), tag) == change.revoke.end();
-    absl::Status s = Revoke(tag, shared_[tag], change.device, backup_only);
+    // Its mappings when it may release the tag's chunks; its backup's writers when it may
+    // resume it (a pause of a paused tag, a resume of an active one: neither).
+    const bool mapped = change.all || in(change.revoke, tag);
+    const bool backup = in(change.resume, tag);
+    if (!mapped && !backup) continue;
+    absl::Status s = Revoke(tag, shared_[tag], change.device, mapped, backup);
     if (veto.ok()) veto = s;
   }
   return veto;
 }
 
 void TagExporter::LetGo(TagId tag, SharedTag& shared, const char* why) {
-  if (absl::Status s = Revoke(tag, shared, -1, /*backup_only=*/true); !s.ok()) {
+  if (absl::Status s = Revoke(tag, shared, -1, /*mapped=*/false, /*backup=*/true); !s.ok()) {
     VMSTASH_LOG(kError, "tag exporter: tag '{}' {}: {}", TagName(tag), why, s.ToString());
   }
 }
 
-absl::Status TagExporter::WaitFenced(TagId tag) {
+absl::Status TagExporter::WaitFenced(TagId tag, int device) {
   auto it = fenced_.find(tag);
   if (it == fenced_.end()) return absl::OkStatus();
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
   std::vector<pid_t> still;
   for (Importer& f : it->second) {
+    if (device >= 0 && f.device != device) continue;
     // Its revoke was sent: the acknowledgement comes once its copies are complete.
     for (;;) {
       const auto left =
@@ -527,7 +531,7 @@ absl::Status TagExporter::WaitFenced(TagId tag) {
       "has not let go of it: the tag stays paused until that process lets go or exits"));
 }
 
-absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device, bool backup_only) {
+absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device, bool mapped, bool backup) {
   ShareMessage revoke_message;
   revoke_message.kind = ShareKind::kRevoke;
   const std::string revoke = FormatShare(revoke_message);
@@ -538,7 +542,7 @@ absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device, bool 
   // one alive that does not let go in time vetoes the call and is dropped.
   std::vector<std::pair<Importer*, absl::Status>> asked;
   for (Importer& i : shared.importers) {
-    if (!i.granted || (backup_only && !i.backup) || (device >= 0 && i.device != device)) continue;
+    if (!i.granted || !(i.backup ? backup : mapped) || (device >= 0 && i.device != device)) continue;
     asked.emplace_back(&i, node::Send(i.fd, revoke));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);

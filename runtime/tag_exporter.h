@@ -106,18 +106,19 @@ class TagExporter : public TransitionObserver {
   // backup in the node pool, its backup; or "paused" with the reason it has neither to
   // give — and reads the acknowledgement: OK when it took them (granted set).
   absl::Status Grant(TagId tag, SharedTag& shared, Importer& importer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
-  // Revokes the grants of `shared`'s importers (on `device`; -1: any; `backup_only`: only
-  // the backup's writers) and waits for them (Note [Mapped Tags]): FailedPrecondition
-  // naming one alive that did not let go in time; it is dropped, as is every importer
-  // gone — a backup writer that did not answer in time into fenced_ (its copies may be in
-  // flight).
-  absl::Status Revoke(TagId tag, SharedTag& shared, int device, bool backup_only)
+  // Revokes the grants of `shared`'s importers on `device` (-1: any) — those that map its
+  // chunks when `mapped`, those that write its backup when `backup` — and waits for them
+  // (Note [Mapped Tags]): FailedPrecondition naming one alive that did not let go in time;
+  // it is dropped, as is every importer gone — a backup writer alive into fenced_ (its
+  // copies may be in flight).
+  absl::Status Revoke(TagId tag, SharedTag& shared, int device, bool mapped, bool backup)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // Revoke of the backup's writers, its failure logged (`why`: what is happening).
   void LetGo(TagId tag, SharedTag& shared, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
-  // Waits (one revoke_timeout_ms) for the fenced writers of `tag` to acknowledge their
-  // revoke or exit, closing those that did; FailedPrecondition naming one still silent.
-  absl::Status WaitFenced(TagId tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Waits (one revoke_timeout_ms) for the fenced writers of `tag` on `device` (-1: any) to
+  // acknowledge their revoke or exit, closing those that did; FailedPrecondition naming one
+  // still silent.
+  absl::Status WaitFenced(TagId tag, int device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // The packets of a backup grant of paused `tag`, or why there is none.
   absl::Status BackupGrant(CachingAllocator& allocator, TagId tag, std::uint64_t generation,
                            std::vector<std::string>* packets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);

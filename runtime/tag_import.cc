@@ -371,12 +371,14 @@ absl::Status MappedTag::TakeBackup(const ShareMessage& head) {
 
 absl::Status MappedTag::WriteBackup(const std::vector<BackupWrite>& writes, Stream stream) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (state_ != State::kBackup || revoking_) {
+  const auto refused = [&] {
     return absl::FailedPreconditionError(absl::StrCat(
         "tag '", tag_, "' of process ", pid_, ": no backup to write (",
         revoking_ ? "the exporting process is resuming or changing it" : state_ == State::kMapped ? "it is mapped" : why_,
         ")"));
-  }
+  };
+  if (state_ != State::kBackup || revoking_) return refused();
+  const std::uint64_t serial = grants_;  // the grant these writes are checked against
   if (users_ == 0) return absl::FailedPreconditionError("WriteBackup: hold a use (Acquire) until the copies complete");
   // Every write checked first: one not inside one extent writes nothing at all.
   std::vector<std::size_t> at(writes.size());
@@ -412,9 +414,17 @@ absl::Status MappedTag::WriteBackup(const std::vector<BackupWrite>& writes, Stre
         return absl::Status(lease.status().code(), absl::StrCat("tag '", tag_, "' of process ", pid_,
                                                                 ": reaching its backup: ", lease.status().message()));
       }
+      // Meanwhile a revoke may have come (it waits for the Uses: nothing more is written),
+      // or, for a caller without a Use, another grant: the lease is not kept then.
+      if (state_ != State::kBackup || revoking_ || grants_ != serial) {
+        pool_->Give(*lease);
+        return refused();
+      }
       borrowed_ = *lease;
     }
   }
+  // mu_ was let go above: the same grant, and no revoke waiting, or nothing is written.
+  if (state_ != State::kBackup || revoking_ || grants_ != serial) return refused();
   const HostLease& h = *borrowed_;
   for (std::size_t i = 0; i < writes.size(); ++i) {
     // Cut where the pool's registrations are (a copy may not span two).

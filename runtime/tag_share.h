@@ -48,14 +48,15 @@
 //   write (NodeLeases::Borrow: registered once per connection) and copies device bytes
 //   of its own into it (MappedTag::WriteBackup), within a Use taken for it
 //   (Acquire(backup=true); a plain Use still means mapped memory). Every call that may
-//   resume a tag (a resume, a switch bringing it in) revokes its backup's writers first,
-//   as a pause does its mappings (not the importers of a tag active already: nothing of
-//   theirs changes), and marks it for its duration: the resume reads the backup only once
-//   every writer let go (its copies complete), so it restores what they wrote. A writer
-//   that does not let go in time vetoes the call and is fenced, not just dropped: its
-//   copies may still be in flight, so its connection stays open and every later call
-//   concerning the tag (its resume) waits for its acknowledgement or its exit first, and
-//   is refused while neither comes (the tag stays paused, its backup intact); Unshare
+//   resume a tag (ChunkChange::resume: a resume, a switch bringing it in) revokes its
+//   backup's writers first, as a call that may release its chunks revokes its mappings
+//   (each only those: a resume of an active tag leaves the mappings alone, a pause of a
+//   paused one the writers), and marks it for its duration: the resume reads the backup
+//   only once every writer let go (its copies complete), so it restores what they wrote.
+//   A writer that does not let go in time vetoes the call and is fenced, not just dropped:
+//   its copies may still be in flight, so its connection stays open and every later call
+//   that may resume the tag waits for its acknowledgement or its exit first, and is
+//   refused while neither comes (the tag stays paused, its backup intact); Unshare
 //   and a re-publish revoke the same way, and the exporter's end waits once. A writer
 //   with a revoke pending writes nothing more. The arena lent stays the exporter's until
 //   the resume (TagPool::ExportBackup: a free while paused does not release it). A

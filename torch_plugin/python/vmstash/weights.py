@@ -240,11 +240,14 @@ class MappedWeights:
             if not isinstance(dtype, torch.dtype):
                 raise _lib.error(f"vmstash.weights: {name!r} has dtype {e['dtype']!r}, unknown here",
                                  _lib.INVALID_ARGUMENT)
+            off = at.get(name, 0) - lo
             if e["nbytes"] == 0:
                 t = torch.empty(e["shape"], dtype=dtype, device=f"cuda:{self.device}")
-            else:
-                off = at[name] - lo
+            elif off % dtype.itemsize == 0:
                 t = base[off:off + e["nbytes"]].view(dtype).view(e["shape"])
+            else:  # not aligned for its dtype from the base: a tensor of its own
+                t = torch.as_tensor(_Array(at[name], e["nbytes"]), device=f"cuda:{self.device}").view(dtype).view(
+                    e["shape"])
             with self._lock:
                 self._tensors[name] = (at.get(name, 0), t)
             out[name] = t
@@ -432,7 +435,10 @@ class SyncPlan:
             if self._backup_arrays is None:
                 self._backup_arrays = self._write([(e, s) for e, _, s in self._backup_items])
             remotes, srcs, sizes, n = self._backup_arrays
-            for i, (_, _, s) in enumerate(self._backup_items):
+            for i, (e, _, s) in enumerate(self._backup_items):
+                if s.numel() * s.element_size() != e["nbytes"]:  # its .data replaced by another size
+                    raise ValueError(f"vmstash.weights.sync: the source of {e['name']!r} now holds "
+                                     f"{s.numel() * s.element_size()} bytes, its destination {e['nbytes']}")
                 srcs[i] = s.data_ptr()
             _lib.check(l.vmstash_mapped_write_backup(handle, remotes, srcs, sizes, n, raw), "vmstash.weights.sync")
             return {"tensors": len(self.targets), "bytes": nbytes, "into": "backup"}
