@@ -45,7 +45,9 @@ std::unique_ptr<Runtime> NodeRuntime(const std::string& dir, bool node) {
   std::unique_ptr<Runtime> rt =
       Runtime::Create(std::make_unique<SimDriver>(SimDriverOptions{1, std::size_t{1} << 30, kGranule, {}}), options, n)
           .value();
-  if (node) EXPECT_TRUE(rt->node().Connect(/*start=*/false).ok());
+  if (node) {
+    EXPECT_TRUE(rt->node().Connect(/*start=*/false).ok());
+  }
   return rt;
 }
 
@@ -78,6 +80,26 @@ struct Pair {
     DevicePtr p = r.Allocator(0).value()->Allocate(kBlock, Stream{}, tag).value();
     FillPattern(p, kBlock, seed);
     return p;
+  }
+  // A backup tag `name` with one block filled with `seed`, shared; a discard tag of the
+  // importer with one block filled with 9 (the writes' source); the importer's mapping
+  // (null when it failed).
+  struct Shared {
+    TagId tag;
+    DevicePtr p = 0, src = 0;
+    std::unique_ptr<MappedTag> m;
+  };
+  Shared ShareOne(const std::string& name, unsigned char seed) {
+    Shared out;
+    out.tag = Tag(name.c_str());
+    EXPECT_TRUE(rt->CreateTag(out.tag, Policy::kBackup).ok());
+    out.p = Filled(*rt, out.tag, seed);
+    EXPECT_TRUE(ex->Share(out.tag).ok());
+    const TagId src_tag = Tag((name + "_src").c_str());
+    EXPECT_TRUE(imp->CreateTag(src_tag, Policy::kDiscard).ok());
+    out.src = Filled(*imp, src_tag, 9);
+    out.m = Map(name, &imp->node());
+    return out;
   }
   std::unique_ptr<MappedTag> Map(const std::string& name, NodeLeases* pool) {
     absl::StatusOr<std::unique_ptr<MappedTag>> m = MappedTag::Map(&imp->driver(), 0, ::getpid(), name, {dir}, pool);
@@ -275,15 +297,11 @@ TEST(MappedBackupTest, AResumeWaitsForTheWritersUseOrIsVetoedAndFenced) {
 // Unshare while a writer holds its use: the writer is fenced as by a veto.
 TEST(MappedBackupTest, UnshareFencesAWriterThatHoldsOn) {
   Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
-  const TagId weights = Tag("mb_unsh_weights");
-  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
-  const DevicePtr p = x.Filled(*x.rt, weights, 4);
-  ASSERT_TRUE(x.ex->Share(weights).ok());
-  const TagId src_tag = Tag("mb_unsh_src");
-  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
-  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
-  std::unique_ptr<MappedTag> m = x.Map("mb_unsh_weights", &x.imp->node());
-  ASSERT_NE(m, nullptr);
+  Pair::Shared s = x.ShareOne("mb_unsh_weights", 4);
+  ASSERT_NE(s.m, nullptr);
+  const TagId weights = s.tag;
+  const DevicePtr p = s.p, src = s.src;
+  std::unique_ptr<MappedTag>& m = s.m;
   ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
   {
     absl::StatusOr<MappedTag::Use> use = m->Acquire(/*backup=*/true);
@@ -380,15 +398,11 @@ TEST(MappedBackupTest, AFreeWhilePausedKeepsTheLentArena) {
 // new one at its first write.
 TEST(MappedBackupTest, AnImporterReachesADaemonStartedAgain) {
   Pair x;
-  const TagId weights = Tag("mb_rs_weights");
-  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
-  const DevicePtr p = x.Filled(*x.rt, weights, 1);
-  ASSERT_TRUE(x.ex->Share(weights).ok());
-  const TagId src_tag = Tag("mb_rs_src");
-  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
-  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
-  std::unique_ptr<MappedTag> m = x.Map("mb_rs_weights", &x.imp->node());
-  ASSERT_NE(m, nullptr);
+  Pair::Shared s = x.ShareOne("mb_rs_weights", 1);
+  ASSERT_NE(s.m, nullptr);
+  const TagId weights = s.tag;
+  const DevicePtr p = s.p, src = s.src;
+  std::unique_ptr<MappedTag>& m = s.m;
   x.daemon.reset();  // the daemon stops; another starts (in this process: no fork under threads)
   node::DaemonOptions again;
   again.dir = x.dir;
@@ -538,15 +552,11 @@ TEST(MappedBackupTest, FollowsSwitches) {
 // (outside the importer's lock): that write queues nothing.
 TEST(MappedBackupTest, ARevokeArrivingDuringTheFirstBorrowWritesNothing) {
   Pair x(/*node=*/true, /*revoke_timeout_ms=*/300);
-  const TagId weights = Tag("rv_borrow_weights");
-  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
-  const DevicePtr p = x.Filled(*x.rt, weights, 4);
-  ASSERT_TRUE(x.ex->Share(weights).ok());
-  const TagId src_tag = Tag("rv_borrow_src");
-  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
-  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
-  std::unique_ptr<MappedTag> m = x.Map("rv_borrow_weights", &x.imp->node());
-  ASSERT_NE(m, nullptr);
+  Pair::Shared s = x.ShareOne("rv_borrow_weights", 4);
+  ASSERT_NE(s.m, nullptr);
+  const TagId weights = s.tag;
+  const DevicePtr p = s.p, src = s.src;
+  std::unique_ptr<MappedTag>& m = s.m;
   ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
   ASSERT_EQ(m->state(), MappedTag::State::kBackup);
   SimDriver& sim = static_cast<SimDriver&>(x.imp->driver());
@@ -604,15 +614,11 @@ TEST(MappedBackupTest, AFencedTagHoldsUpItsResumeOnly) {
 // Two writers of one grant at once, and a resume meanwhile (for TSAN).
 TEST(MappedBackupTest, TwoWritersAndAResumeAtOnce) {
   Pair x(/*node=*/true, /*revoke_timeout_ms=*/2000);
-  const TagId weights = Tag("rv_two_weights");
-  ASSERT_TRUE(x.rt->CreateTag(weights, Policy::kBackup).ok());
-  const DevicePtr p = x.Filled(*x.rt, weights, 4);
-  ASSERT_TRUE(x.ex->Share(weights).ok());
-  const TagId src_tag = Tag("rv_two_src");
-  ASSERT_TRUE(x.imp->CreateTag(src_tag, Policy::kDiscard).ok());
-  const DevicePtr src = x.Filled(*x.imp, src_tag, 9);
-  std::unique_ptr<MappedTag> m = x.Map("rv_two_weights", &x.imp->node());
-  ASSERT_NE(m, nullptr);
+  Pair::Shared s = x.ShareOne("rv_two_weights", 4);
+  ASSERT_NE(s.m, nullptr);
+  const TagId weights = s.tag;
+  const DevicePtr p = s.p, src = s.src;
+  std::unique_ptr<MappedTag>& m = s.m;
   for (int round = 0; round < 5; ++round) {
     ASSERT_TRUE(x.rt->Pause(weights, -1).ok());
     ASSERT_TRUE(Reaches(*m, MappedTag::State::kBackup));

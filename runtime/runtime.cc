@@ -577,7 +577,7 @@ absl::Status Runtime::SetBackupRetention(TagId tag, BackupRetention retention) {
 
 absl::Status Runtime::EmptyCache(int device, std::optional<TagId> tag) {
   VMSTASH_ASSIGN_OR_RETURN(const std::vector<CachingAllocator*> targets, Targets(device));
-  ChunkChange change{{}, {}, !tag.has_value(), device};
+  ChunkChange change{{}, {}, !tag.has_value(), device, {}};
   if (tag) change.revoke = change.regrant = {*tag};
   const Observed observed(*this, std::move(change));
   VMSTASH_RETURN_IF_ERROR(observed.status());
