@@ -496,6 +496,25 @@ void TagExporter::LetGo(TagId tag, SharedTag& shared, const char* why) {
   }
 }
 
+absl::Status TagExporter::AwaitRevokeAck(const Importer& i, std::chrono::steady_clock::time_point deadline) {
+  // Waited for in slices: a process that dies meanwhile (a forked child of it holding the
+  // connection open) is seen gone within a slice.
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    absl::StatusOr<node::Received> got = node::Receive(i.fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
+    if (absl::IsDeadlineExceeded(got.status())) {
+      if (control::ProcessGone(i.pid)) return absl::UnavailableError("its process is gone");
+      if (left.count() > 200) continue;
+    }
+    if (!got.ok()) return got.status();
+    absl::StatusOr<ShareMessage> m = ParseShare(got->message);
+    if (!m.ok()) return m.status();
+    if (m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) return absl::OkStatus();
+    return absl::InternalError(m->ok ? "it answered something else" : m->message);
+  }
+}
+
 absl::Status TagExporter::WaitFenced(TagId tag, int device) {
   auto it = fenced_.find(tag);
   if (it == fenced_.end()) return absl::OkStatus();
@@ -504,21 +523,11 @@ absl::Status TagExporter::WaitFenced(TagId tag, int device) {
   for (Importer& f : it->second) {
     if (device >= 0 && f.device != device) continue;
     // Its revoke was sent: the acknowledgement comes once its copies are complete.
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      absl::StatusOr<node::Received> got = node::Receive(f.fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
-      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
-      const bool acked = m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke";
-      if (acked || (!got.ok() && !absl::IsDeadlineExceeded(got.status())) || control::ProcessGone(f.pid)) {
-        Close(f);  // let go, gone, or its connection broke (the kernel closed it with the process)
-        break;
-      }
-      if (got.ok()) continue;  // anything else: wait on
-      if (left.count() <= 200) {
-        still.push_back(f.pid);
-        break;
-      }
+    const absl::Status s = AwaitRevokeAck(f, deadline);
+    if (s.ok() || absl::IsUnavailable(s)) {
+      Close(f);  // let go, or gone (the kernel closed its connection with the process)
+    } else {
+      still.push_back(f.pid);
     }
   }
   it->second.erase(std::remove_if(it->second.begin(), it->second.end(), [](const Importer& i) { return i.fd < 0; }),
@@ -547,29 +556,10 @@ absl::Status TagExporter::Revoke(TagId tag, SharedTag& shared, int device, bool 
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.revoke_timeout_ms);
   for (auto& [i, sent] : asked) {
-    absl::Status failed = sent;
+    const absl::Status failed = sent.ok() ? AwaitRevokeAck(*i, deadline) : sent;
     if (failed.ok()) {
-      // Waited for in slices: a process that dies meanwhile (a forked child of it
-      // holding the connection open) is seen gone within a slice.
-      absl::StatusOr<node::Received> got = absl::DeadlineExceededError("no acknowledgement");
-      for (;;) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        got = node::Receive(i->fd, std::clamp<int>(static_cast<int>(left.count()), 0, 200), 0);
-        if (!absl::IsDeadlineExceeded(got.status()) || left.count() <= 200) break;
-        if (control::ProcessGone(i->pid)) {
-          got = absl::UnavailableError("its process is gone");
-          break;
-        }
-      }
-      absl::StatusOr<ShareMessage> m = got.ok() ? ParseShare(got->message) : got.status();
-      if (m.ok() && m->kind == ShareKind::kAck && m->ack == "revoke" && m->ok) {
-        i->granted = i->backup = false;
-        continue;
-      }
-      failed = !m.ok() ? m.status()
-               : m->ok ? absl::InternalError("it answered something else")
-                       : absl::InternalError(m->message);
+      i->granted = i->backup = false;
+      continue;
     }
     const bool alive = !absl::IsUnavailable(failed) && !control::ProcessGone(i->pid);
     if (alive && veto.ok()) {

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -112,6 +113,12 @@ class TagExporter : public TransitionObserver {
   // it is dropped, as is every importer gone — a backup writer alive into fenced_ (its
   // copies may be in flight).
   absl::Status Revoke(TagId tag, SharedTag& shared, int device, bool mapped, bool backup)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
+  // Waits until `deadline` for `importer`'s acknowledgement of a revoke, in slices (a
+  // process that dies meanwhile is seen gone within one): OK when it acknowledged;
+  // Unavailable when its connection closed or its process is gone; DeadlineExceeded;
+  // Internal when it answered something else.
+  absl::Status AwaitRevokeAck(const Importer& importer, std::chrono::steady_clock::time_point deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
   // Revoke of the backup's writers, its failure logged (`why`: what is happening).
   void LetGo(TagId tag, SharedTag& shared, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ops_mu_);
