@@ -124,7 +124,12 @@ for line in sys.stdin:
             train_step(master, int(cmd[1]), dev)
             say(ok=True)
         elif cmd[0] == "sync":
-            say(ok=True, **vmstash.weights.sync(master, view), info=view.info())
+            out = vmstash.weights.sync(master, view)
+            same = None
+            if out["into"] == "device":  # read back through the view's own tensor
+                with view.use():
+                    same = bool(torch.equal(view.tensor("emb"), master["emb"].to(torch.bfloat16)))
+            say(ok=True, **out, same=same, info=view.info())
         elif cmd[0] == "state":
             say(state=view.state)
         elif cmd[0] == "exit":
@@ -175,6 +180,7 @@ def run_steps(mode, steps, into, rollout_env=None, trainer_env=None):
                 synced = trainer.ask("sync")
                 assert synced.get("ok") and synced["tensors"] == 15, synced
                 assert synced["into"] == "device" and synced["info"]["state"] == "mapped"
+                assert synced["same"] is True, synced
             else:
                 assert paused.get("ok") and paused["into"] == "backup" and paused["tensors"] == 15, paused
                 assert paused["info"]["state"] == "backup" and paused["info"]["backup_bytes"] >= 12 * (32 << 20)

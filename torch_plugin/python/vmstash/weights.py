@@ -276,23 +276,7 @@ class MappedWeights:
         address here, when the caller has it (local())."""
         if at is None:
             at = self.local(name)
-        with self._lock:
-            cached = self._tensors.get(name)
-            if cached is not None and cached[0] == at:
-                return cached[1]
-        e = self.index[name]  # local() raised KeyError for a name not there
-        torch = _torch()
-        dtype = getattr(torch, e["dtype"], None)
-        if not isinstance(dtype, torch.dtype):
-            raise _lib.error(f"vmstash.weights: {name!r} has dtype {e['dtype']!r}, unknown here", _lib.INVALID_ARGUMENT)
-        if e["nbytes"] == 0:
-            t = torch.empty(e["shape"], dtype=dtype, device=f"cuda:{self.device}")
-        else:
-            raw = torch.as_tensor(_Array(at, e["nbytes"]), device=f"cuda:{self.device}")
-            t = raw.view(dtype).view(e["shape"])
-        with self._lock:
-            self._tensors[name] = (at, t)
-        return t
+        return self._tensors_at([name], {name: at})[0]  # KeyError for a name not in the index
 
     def close(self):
         """Unmaps the tag here. Raises vmstash.Error (FAILED_PRECONDITION) while a use() is
