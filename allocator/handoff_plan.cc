@@ -55,18 +55,22 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
   return plan;
 }
 
+bool RestoresTakeForeignChunks(std::size_t fresh_bytes, std::optional<std::size_t> free_bytes) {
+  return !free_bytes.has_value() || *free_bytes < fresh_bytes + fresh_bytes / 8;
+}
+
 HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
-                     std::size_t granularity, std::size_t max_gaps) {
+                     std::size_t granularity, std::size_t max_gaps, bool restoring) {
   HandoffGaps out;
   for (std::size_t r = 0; r < recipients.size() && r < plan.pieces.size(); ++r) {
-    if (recipients[r].restores) continue;
+    if (recipients[r].restores && !restoring) continue;
     std::size_t fresh = 0;
     for (const HandoffPiece& p : plan.pieces[r]) {
       if (p.donor == kNoDonor) fresh += p.size_bytes;
     }
     if (fresh == 0) continue;
     // A recipient with fresh pieces has no overhang (only a gap a donor closes overhangs).
-    out.gaps.push_back({fresh, MaxOverhang(recipients[r], granularity), false});
+    out.gaps.push_back({fresh, MaxOverhang(recipients[r], granularity), recipients[r].restores});
     out.recipient.push_back(r);
   }
   if (out.gaps.size() <= max_gaps) return out;
@@ -84,11 +88,10 @@ HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient
   return kept;
 }
 
-std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
-                                  int first_donor, std::size_t max_piece_bytes, std::size_t granularity) {
-  std::vector<FitChunk> chunks;
-  for (std::size_t size : foreign) chunks.push_back({size, true});
-  const ChunkFit fit = FitChunks(chunks, open.gaps);
+std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<FitChunk>& foreign,
+                                  int first_donor, std::size_t first_piece_bytes, std::size_t max_piece_bytes,
+                                  std::size_t granularity) {
+  const ChunkFit fit = FitChunks(foreign, open.gaps);
   for (std::size_t g = 0; g < open.gaps.size(); ++g) {
     if (fit.placed[g].empty()) continue;
     const std::size_t r = open.recipient[g];
@@ -99,12 +102,12 @@ std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, co
     pieces.erase(std::remove_if(pieces.begin(), pieces.end(), [](const HandoffPiece& p) { return p.donor == kNoDonor; }),
                  pieces.end());
     for (int f : fit.placed[g]) {
-      pieces.push_back({foreign[f], first_donor + f});
-      plan.handed_bytes += foreign[f];
+      pieces.push_back({foreign[f].size_bytes, first_donor + f});
+      plan.handed_bytes += foreign[f].size_bytes;
     }
     plan.overhang[r] = fit.overhang[g];
-    // Restores nothing: no first piece of its own size.
-    for (std::size_t size : PlanPieces(fit.open_bytes[g], 0, max_piece_bytes, granularity)) {
+    const std::size_t first = open.gaps[g].strict ? first_piece_bytes : 0;  // as PlanHandoff cuts it
+    for (std::size_t size : PlanPieces(fit.open_bytes[g], first, max_piece_bytes, granularity)) {
       pieces.push_back({size, kNoDonor});
       plan.fresh_bytes += size;
     }
@@ -113,7 +116,7 @@ std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, co
   for (int f : fit.unused) {
     unused.push_back(first_donor + f);
     plan.leftover.push_back(first_donor + f);
-    plan.leftover_bytes += foreign[f];
+    plan.leftover_bytes += foreign[f].size_bytes;
   }
   return unused;
 }

@@ -16,8 +16,9 @@
 //            it (another cover: two covers touching would be one run of chunks with two
 //            heads), so that memory is neither created nor released; fresh pieces fill
 //            the remainder (PlanPieces, as a resume makes them). In a switch across
-//            processes, the gaps left to fresh memory in covers that restore nothing are
-//            offered to the other processes' chunks (OpenGaps, AddForeignDonors);
+//            processes, the gaps left to fresh memory are offered to the other processes'
+//            chunks (OpenGaps, AddForeignDonors), those of covers that restore as
+//            strict gaps: only chunks their givers backed up go there;
 //   ordering how the device-to-host copies of the outgoing `backup` tags are cut (inside
 //            one donor chunk each) and grouped (an event after each group), and which
 //            group a host-to-device restore copy into a donor must wait for: only the
@@ -88,23 +89,33 @@ HandoffPlan PlanHandoff(const std::vector<HandoffDonor>& donors, const std::vect
 // most its size / kGrowthDivisor.
 std::size_t MaxOverhang(const HandoffRecipient& recipient, std::size_t granularity);
 
-// The gaps of `plan` that another process's chunks may fill: each recipient that receives
-// no restore copies and has fresh pieces, as one gap of its fresh bytes (MaxOverhang past
-// it), in recipient order; the `max_gaps` largest of them when there are more (ties: the
-// earlier), still in recipient order.
+// The gaps of `plan` that another process's chunks may fill: each recipient that has
+// fresh pieces, as one gap of its fresh bytes (MaxOverhang past it), in recipient order;
+// a recipient that restores only when `restoring`, as a strict gap (only chunks their
+// giver can restore go there); the `max_gaps` largest of them when there are more (ties:
+// the earlier), still in recipient order.
 struct HandoffGaps {
   std::vector<FitGap> gaps;
   std::vector<std::size_t> recipient;  // per gap: its recipient
 };
 HandoffGaps OpenGaps(const HandoffPlan& plan, const std::vector<HandoffRecipient>& recipients,
-                     std::size_t granularity, std::size_t max_gaps);
-// Fits chunks of other processes (`foreign` sizes; donors first_donor, first_donor + 1,
-// ... of the switch) into `open` (OpenGaps of `plan`) by FitChunks. A recipient that gets
-// some has them after its own donors, instead of its fresh pieces, and fresh memory for
-// what they leave open. The foreign donors placed nowhere join the leftover (released at
-// the commit: this process's imports of them) and are returned.
-std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<std::size_t>& foreign,
-                                  int first_donor, std::size_t max_piece_bytes, std::size_t granularity);
+                     std::size_t granularity, std::size_t max_gaps, bool restoring = true);
+// Whether a part's covers that restore should take other processes' chunks: when the
+// device's free memory (`free_bytes`; nothing: unknown) is short of the plan's fresh bytes
+// and an eighth more. Otherwise fresh memory serves them faster: it comes in few large
+// chunks, while another process's chunks come as they were made (often one per tensor),
+// each its own import and mapping while the copies stream.
+bool RestoresTakeForeignChunks(std::size_t fresh_bytes, std::optional<std::size_t> free_bytes);
+// Fits chunks of other processes (`foreign`: sizes, and whether they may go into strict
+// gaps; donors first_donor, first_donor + 1, ... of the switch) into `open` (OpenGaps of
+// `plan`) by FitChunks. A recipient that gets some has them after its own donors, instead
+// of its fresh pieces, and fresh memory for what they leave open (cut as PlanHandoff cuts
+// it: `first_piece_bytes` first where it restores). The foreign donors placed nowhere
+// join the leftover (released at the commit: this process's imports of them) and are
+// returned.
+std::vector<int> AddForeignDonors(HandoffPlan& plan, const HandoffGaps& open, const std::vector<FitChunk>& foreign,
+                                  int first_donor, std::size_t first_piece_bytes, std::size_t max_piece_bytes,
+                                  std::size_t granularity);
 
 // One device-to-host copy of a switch, inside chunk `chunk` of the outgoing chunks.
 struct SwitchCopy {

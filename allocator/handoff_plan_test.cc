@@ -163,27 +163,41 @@ TEST(PlanHandoffTest, RandomPlansAreValid) {
   }
 }
 
-TEST(OpenGapsTest, TheFreshBytesOfCoversThatRestoreNothing) {
+TEST(OpenGapsTest, TheFreshBytesOfEachCoverRestoringOnesStrict) {
   std::vector<HandoffDonor> donors = {{8 * kG, true}};
   std::vector<HandoffRecipient> recipients = {
-      {4 * kG, true, 0},         // restores: never offered to another process's chunks
+      {4 * kG, true, 0},         // restores: a strict gap (only chunks their giver backed up)
       {32 * kG, false, 4 * kG},  // 8 from the donor, 24 fresh; may be overrun by 2 (32 / 16)
       {6 * kG, false, kG},       // fresh, no room after it
   };
   HandoffPlan plan = PlanHandoff(donors, recipients, kG, 64 * kG, kG);
   const HandoffGaps open = OpenGaps(plan, recipients, kG, 8);
-  ASSERT_EQ(open.gaps.size(), 2u);
-  EXPECT_EQ(open.recipient, (std::vector<std::size_t>{1, 2}));
-  EXPECT_EQ(open.gaps[0].size_bytes, 24 * kG);
-  EXPECT_EQ(open.gaps[0].max_overhang_bytes, 2 * kG);
-  EXPECT_EQ(open.gaps[1].size_bytes, 6 * kG);
-  EXPECT_EQ(open.gaps[1].max_overhang_bytes, 0u);
-  for (const FitGap& g : open.gaps) EXPECT_FALSE(g.strict);
+  ASSERT_EQ(open.gaps.size(), 3u);
+  EXPECT_EQ(open.recipient, (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(open.gaps[0].size_bytes, 4 * kG);
+  EXPECT_TRUE(open.gaps[0].strict);
+  EXPECT_EQ(open.gaps[1].size_bytes, 24 * kG);
+  EXPECT_EQ(open.gaps[1].max_overhang_bytes, 2 * kG);
+  EXPECT_FALSE(open.gaps[1].strict);
+  EXPECT_EQ(open.gaps[2].size_bytes, 6 * kG);
+  EXPECT_EQ(open.gaps[2].max_overhang_bytes, 0u);
+  EXPECT_FALSE(open.gaps[2].strict);
+  // Without the restoring covers (the device has the memory for them).
+  const HandoffGaps discard_only = OpenGaps(plan, recipients, kG, 8, /*restoring=*/false);
+  EXPECT_EQ(discard_only.recipient, (std::vector<std::size_t>{1, 2}));
   // At most one: the largest.
   const HandoffGaps one = OpenGaps(plan, recipients, kG, 1);
   ASSERT_EQ(one.gaps.size(), 1u);
   EXPECT_EQ(one.recipient, (std::vector<std::size_t>{1}));
   EXPECT_EQ(OpenGaps(plan, recipients, kG, 0).gaps.size(), 0u);
+}
+
+TEST(OpenGapsTest, RestoringCoversTakeOtherProcessesChunksOnlyWhenMemoryIsShort) {
+  EXPECT_FALSE(RestoresTakeForeignChunks(8 * kG, 9 * kG));
+  EXPECT_TRUE(RestoresTakeForeignChunks(8 * kG, 8 * kG)) << "an eighth of headroom";
+  EXPECT_TRUE(RestoresTakeForeignChunks(8 * kG, 2 * kG));
+  EXPECT_TRUE(RestoresTakeForeignChunks(8 * kG, std::nullopt)) << "unknown: take";
+  EXPECT_FALSE(RestoresTakeForeignChunks(0, 0));
 }
 
 TEST(OpenGapsTest, TheLargestGapsKeptInRecipientOrder) {
@@ -198,9 +212,10 @@ TEST(AddForeignDonorsTest, OtherProcessesChunksFillTheOpenGapsByTheSameRule) {
   std::vector<HandoffRecipient> recipients = {{32 * kG, false, 4 * kG}, {8 * kG, true, 0}};
   HandoffPlan plan = PlanHandoff({}, recipients, kG, 64 * kG, kG);
   const HandoffGaps open = OpenGaps(plan, recipients, kG, 8);
-  // 40 fits nowhere; 16 and 10 fit whole; 8 closes the last 6 by overrunning 2.
-  const std::vector<std::size_t> foreign = {16 * kG, 8 * kG, 10 * kG, 40 * kG};
-  const std::vector<int> unused = AddForeignDonors(plan, open, foreign, 0, 64 * kG, kG);
+  // 40 fits nowhere; 16 and 10 fit whole; 8 closes the last 6 by overrunning 2. None may
+  // go where restore copies write: the restoring cover keeps its fresh memory.
+  const std::vector<FitChunk> foreign = {{16 * kG, false}, {8 * kG, false}, {10 * kG, false}, {40 * kG, false}};
+  const std::vector<int> unused = AddForeignDonors(plan, open, foreign, 0, kG, 64 * kG, kG);
   EXPECT_EQ(unused, (std::vector<int>{3}));
   EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{16 * kG, 0}, {10 * kG, 2}, {8 * kG, 1}}));
   EXPECT_EQ(plan.overhang[0], 2 * kG);
@@ -209,13 +224,38 @@ TEST(AddForeignDonorsTest, OtherProcessesChunksFillTheOpenGapsByTheSameRule) {
   EXPECT_EQ(plan.leftover, (std::vector<int>{3})) << "released at the commit";
   EXPECT_EQ(plan.leftover_bytes, 40 * kG);
   std::vector<HandoffDonor> all;
-  for (std::size_t size : foreign) all.push_back({size, false});
+  for (const FitChunk& f : foreign) all.push_back({f.size_bytes, false});
+  ExpectValid(all, recipients, plan);
+}
+
+TEST(AddForeignDonorsTest, BackedUpChunksGoWhereRestoreCopiesWrite) {
+  std::vector<HandoffRecipient> recipients = {{8 * kG, false, 0}, {12 * kG, true, 0}};
+  HandoffPlan plan = PlanHandoff({}, recipients, 2 * kG, 64 * kG, kG);
+  const HandoffGaps open = OpenGaps(plan, recipients, kG, 8);
+  // The discard tag's chunks are placed first (they have fewer places to go): the 8 fills
+  // the discard cover, the 4 fits nowhere else; the 12 backed up fills the restoring one.
+  const std::vector<FitChunk> foreign = {{8 * kG, false}, {12 * kG, true}, {4 * kG, false}};
+  const std::vector<int> unused = AddForeignDonors(plan, open, foreign, 0, 2 * kG, 64 * kG, kG);
+  EXPECT_EQ(plan.pieces[0], (std::vector<HandoffPiece>{{8 * kG, 0}}));
+  EXPECT_EQ(plan.pieces[1], (std::vector<HandoffPiece>{{12 * kG, 1}}));
+  EXPECT_EQ(unused, (std::vector<int>{2})) << "a discard tag's chunk never goes into a restoring cover";
+  // A restoring cover's gap left partly open is cut as a resume cuts it: its first piece.
+  const std::vector<HandoffRecipient> restoring = {{12 * kG, true, 0}};
+  HandoffPlan partly = PlanHandoff({}, restoring, 2 * kG, 64 * kG, kG);
+  const std::vector<int> left =
+      AddForeignDonors(partly, OpenGaps(partly, restoring, kG, 8), {{4 * kG, true}}, 0, 2 * kG, 64 * kG, kG);
+  EXPECT_TRUE(left.empty());
+  std::vector<HandoffPiece> expected = {{4 * kG, 0}};
+  for (std::size_t size : PlanPieces(8 * kG, 2 * kG, 64 * kG, kG)) expected.push_back({size, kNoDonor});
+  EXPECT_EQ(partly.pieces[0], expected);
+  EXPECT_EQ(expected[1].size_bytes, 2 * kG);
+  std::vector<HandoffDonor> all = {{8 * kG, false}, {12 * kG, true}, {4 * kG, false}};
   ExpectValid(all, recipients, plan);
 }
 
 // A plan with this process's donors, then other processes' chunks added: still a valid
-// plan over both (the foreign ones count as discard donors: they have no backup here),
-// and the own donors' placement is unchanged.
+// plan over both (a foreign chunk counts as backed up when its giver can restore it, else
+// as a discard donor), and the own donors' placement is unchanged.
 TEST(AddForeignDonorsTest, RandomAdditionsKeepThePlanValid) {
   std::uint64_t x = 99;
   auto next = [&]() { return x = x * 6364136223846793005ull + 1442695040888963407ull, x >> 33; };
@@ -226,13 +266,13 @@ TEST(AddForeignDonorsTest, RandomAdditionsKeepThePlanValid) {
     for (auto& r : recipients) r = {(1 + next() % 80) * kG, next() % 2 == 0, (next() % 8) * kG};
     HandoffPlan plan = PlanHandoff(donors, recipients, (next() % 4) * kG, (1 + next() % 64) * kG, kG);
     const HandoffPlan before = plan;
-    std::vector<std::size_t> foreign(next() % 10);
-    for (auto& f : foreign) f = (1 + next() % 40) * kG;
+    std::vector<FitChunk> foreign(next() % 10);
+    for (auto& f : foreign) f = {(1 + next() % 40) * kG, next() % 2 == 0};
     const int first = static_cast<int>(donors.size());
     const std::vector<int> unused = AddForeignDonors(plan, OpenGaps(plan, recipients, kG, 1 + next() % 8), foreign,
-                                                     first, (1 + next() % 64) * kG, kG);
+                                                     first, (next() % 4) * kG, (1 + next() % 64) * kG, kG);
     std::vector<HandoffDonor> all = donors;
-    for (std::size_t size : foreign) all.push_back({size, false});
+    for (const FitChunk& f : foreign) all.push_back({f.size_bytes, f.anywhere});
     for (int f : unused) EXPECT_GE(f, first);
     ExpectValid(all, recipients, plan);
     for (std::size_t r = 0; r < recipients.size(); ++r) {

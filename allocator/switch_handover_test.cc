@@ -3,9 +3,12 @@
 // two allocators, each on its own SimDriver (two "processes" on one device: the chunks
 // cross as memfd descriptors, as they would as CUDA's), each part run on its own thread,
 // the exchange and the vote played by an in-memory board in the daemon's place. A commit
-// maps the pausing side's chunks into the resuming side's discard covers (nothing created,
-// zeroed bytes), and back; a veto, a failed map of a foreign chunk, or a failed import
-// leaves both sides as they were or falls back to fresh memory, and no handle leaks.
+// maps the pausing side's chunks into the resuming side's covers (nothing created: discard
+// covers zeroed, backup covers restored after the giver's interprocess events), and back;
+// a veto (the giver restores the bytes a taker wrote from its backup), a failed map of a
+// foreign chunk, a failed import or event, or takers that cannot be shown done leave both
+// sides as they were, fall back to fresh memory, or break the giver's tag — never wrong
+// bytes — and no handle leaks.
 #include <condition_variable>
 #include <cstring>
 #include <memory>
@@ -40,6 +43,9 @@ struct Board {
   bool voted[2] = {false, false};
   absl::Status local[2];
   bool veto = false;  // a third party's "no"
+  bool unsettled = false;  // AwaitTakers cannot tell (the daemon lost)
+  bool took_strict[2] = {false, false};  // side took the other's chunks into restore gaps
+  int settle_asks[2] = {0, 0};
   std::string device[2];
   ~Board() {
     for (auto& v : offered) {
@@ -68,16 +74,28 @@ class BoardExchange final : public SwitchExchange {
     asked = gaps;
     if (b_->device[other] != device) return std::vector<SharedChunk>();
     std::vector<FitChunk> sizes;
-    for (const SharedChunk& c : b_->offered[other]) sizes.push_back({c.size_bytes, true});
+    for (const SharedChunk& c : b_->offered[other]) sizes.push_back({c.size_bytes, c.anywhere});
     const ChunkFit fit = FitChunks(sizes, gaps);
     std::vector<bool> placed(sizes.size(), false);
-    for (const std::vector<int>& in_gap : fit.placed) {
-      for (int c : in_gap) placed[c] = true;
+    for (std::size_t g = 0; g < fit.placed.size(); ++g) {
+      for (int c : fit.placed[g]) {
+        placed[c] = true;
+        b_->took_strict[me_] = b_->took_strict[me_] || gaps[g].strict;
+      }
     }
     std::vector<SharedChunk> out, kept;
     for (std::size_t i = 0; i < sizes.size(); ++i) (placed[i] ? out : kept).push_back(b_->offered[other][i]);
     b_->offered[other].swap(kept);
     return out;
+  }
+  // As the daemon does: once the taker voted (Vote below sets it after its copies).
+  absl::Status AwaitTakers() override {
+    std::unique_lock<std::mutex> lock(b_->mu);
+    ++b_->settle_asks[me_];
+    if (b_->unsettled) return absl::UnavailableError("the board is gone");
+    const int other = 1 - me_;
+    b_->cv.wait(lock, [&] { return !b_->took_strict[other] || b_->voted[other]; });
+    return absl::OkStatus();
   }
   std::size_t MaxGaps() const override { return 64; }
   std::vector<FitGap> asked;
@@ -115,9 +133,11 @@ class SwitchHandoverTest : public ::testing::Test {
  protected:
   // Side `name`: `w` (backup, 12 MiB + 3 MiB) and `kv` (discard, 24 MiB in 8 MiB blocks),
   // active, every byte patterned.
-  static Side MakeSide(const std::string& name, bool share, std::uint8_t seed) {
+  // `capacity`: the device's; B's leaves less free memory than its covers and an eighth,
+  // so its restoring covers take A's chunks (RestoresTakeForeignChunks).
+  static Side MakeSide(const std::string& name, bool share, std::uint8_t seed, std::size_t capacity = 256 * kMiB) {
     Side s;
-    s.sim = std::make_unique<SimDriver>(SimDriverOptions{1, 256 * kMiB, 2 * kMiB, {}});
+    s.sim = std::make_unique<SimDriver>(SimDriverOptions{1, capacity, 2 * kMiB, {}});
     AllocatorOptions options = testing::TestOptions();
     options.auto_prepare = false;
     options.switch_group_bytes = 4 * kMiB;
@@ -137,7 +157,7 @@ class SwitchHandoverTest : public ::testing::Test {
 
   void SetUp() override {
     a_ = MakeSide("ho_a", true, 1);
-    b_ = MakeSide("ho_b", true, 50);
+    b_ = MakeSide("ho_b", true, 50, 44 * kMiB);  // its 40 MiB fit, not 45
     ASSERT_TRUE(b_.alloc->Switch({b_.w, b_.kv}, {}).ok());  // B's phase is paused
   }
 
@@ -231,13 +251,23 @@ TEST_F(SwitchHandoverTest, ChunksThatFitNoGapOfTheTakerAreNotTakenAndItsCoverIsM
   EXPECT_TRUE(b_.alloc->Validate().ok());
 }
 
-TEST_F(SwitchHandoverTest, BackupTagsRestoreIntoFreshMemoryWhileDiscardCoversTakeTheRest) {
+TEST_F(SwitchHandoverTest, BackupTagsRestoreIntoTheOtherSidesChunksAfterItsBackupCopies) {
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  const std::size_t b_used = b_.sim->UsedBytes(0);
   Board board;
   auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
   ASSERT_TRUE(ra.ok()) << ra;
   ASSERT_TRUE(rb.ok()) << rb;
   EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u) << "B's backup restored whole";
   for (const PatternBlock& blk : b_.kv_blocks) EXPECT_TRUE(Zero(blk));
+  // B's backup covers (12 MiB and 4 MiB) take what fits them of A's 8 MiB chunks: one.
+  EXPECT_LE(b_.Calls(DriverOp::kCreateChunk) - b_creates, 1u) << "B restored into A's chunks";
+  EXPECT_LE(b_.sim->UsedBytes(0) - b_used, 4 * kMiB) << "of its 16 MiB of backup covers, 12 are A's memory";
+  EXPECT_TRUE(board.took_strict[1]) << "B's backup covers asked for and got A's backed-up chunks";
+  EXPECT_EQ(a_.Calls(DriverOp::kCreateIpcEvent), 2u) << "an event after each group that last reads a chunk";
+  EXPECT_EQ(b_.Calls(DriverOp::kOpenIpcEvent), 1u) << "the event of the one chunk B took";
+  EXPECT_GE(b_.Calls(DriverOp::kStreamWaitEvent), 1u) << "B's restores into A's chunks waited for A's event";
+  EXPECT_EQ(board.settle_asks[0], 0) << "a commit waits for no taker";
   Board back;
   auto [rb2, ra2] = Cross(b_, {b_.w, b_.kv}, a_, {a_.w, a_.kv}, &back);
   ASSERT_TRUE(rb2.ok() && ra2.ok()) << rb2 << " / " << ra2;
@@ -253,10 +283,13 @@ TEST_F(SwitchHandoverTest, AVetoLeavesBothSidesAsTheyWereAndReleasesTheImports) 
   EXPECT_EQ(ra.code(), absl::StatusCode::kAborted) << ra;
   EXPECT_EQ(rb.code(), absl::StatusCode::kAborted) << rb;
   EXPECT_GE(b_.Calls(DriverOp::kImportChunkFd), 1u);
+  EXPECT_TRUE(board.took_strict[1]);
+  EXPECT_EQ(board.settle_asks[0], 1) << "A waited for B before writing its chunks again";
   EXPECT_EQ(a_.State(a_.kv), "active");
+  EXPECT_EQ(a_.State(a_.w), "active");
   EXPECT_EQ(b_.State(b_.kv), "paused");
   EXPECT_EQ(WrongBlocks(a_.kv_blocks), 0u) << "A's discard bytes survive a rolled-back pause, though B mapped them";
-  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
+  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u) << "B's restore copies wrote A's chunks; A restored them from its backup";
   ASSERT_TRUE(b_.alloc->Switch({}, {b_.w}).ok());
   EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
   EXPECT_TRUE(a_.alloc->Validate().ok());
@@ -299,6 +332,47 @@ TEST_F(SwitchHandoverTest, ChunksThatCannotBeExportedAreNotOffered) {
   EXPECT_EQ(b_.Calls(DriverOp::kImportChunkFd), 0u);
   EXPECT_GT(b_.Calls(DriverOp::kCreateChunk), b_creates);
   EXPECT_EQ(a_used - a_.sim->UsedBytes(0), 24 * kMiB) << "A released what it could not hand over";
+}
+
+TEST_F(SwitchHandoverTest, TakersThatCannotBeShownDoneBreakTheGiversWrittenTagNeverItsBytes) {
+  Board board;
+  board.veto = true;
+  board.unsettled = true;  // the daemon lost: no one can say the taker stopped writing
+  auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
+  EXPECT_EQ(ra.code(), absl::StatusCode::kAborted) << ra;
+  EXPECT_NE(ra.message().find("another process took its memory"), std::string::npos) << ra;
+  EXPECT_EQ(a_.State(a_.w), "broken") << "its chunks may still be written: not restored into, not used";
+  EXPECT_EQ(a_.State(a_.kv), "active") << "a discard tag's chunks never go where restore copies write";
+  EXPECT_EQ(WrongBlocks(a_.kv_blocks), 0u);
+  EXPECT_EQ(b_.State(b_.w), "paused");
+  ASSERT_TRUE(b_.alloc->Switch({}, {b_.w}).ok());
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
+}
+
+TEST_F(SwitchHandoverTest, AnEventThatCannotBeOpenedKeepsTheChunkOutOfRestoringCovers) {
+  b_.sim->InjectFault(FaultRule{DriverOp::kOpenIpcEvent, 1, 100, absl::StatusCode::kInternal});
+  const std::uint64_t b_creates = b_.Calls(DriverOp::kCreateChunk);
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra << " / " << rb;
+  EXPECT_GT(b_.Calls(DriverOp::kCreateChunk), b_creates) << "B's backup covers were made fresh";
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
+  for (const PatternBlock& blk : b_.kv_blocks) EXPECT_TRUE(Zero(blk));
+  EXPECT_TRUE(b_.alloc->Validate().ok());
+}
+
+TEST_F(SwitchHandoverTest, AnEventThatCannotBeMadeOffersTheChunkForDiscardCoversOnly) {
+  a_.sim->InjectFault(FaultRule{DriverOp::kCreateIpcEvent, 1, 100, absl::StatusCode::kInternal});
+  Board board;
+  auto [ra, rb] = Cross(a_, {a_.w, a_.kv}, b_, {b_.w, b_.kv}, &board);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra << " / " << rb;
+  EXPECT_FALSE(board.took_strict[1]);
+  EXPECT_EQ(b_.Calls(DriverOp::kOpenIpcEvent), 0u);
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
+  Board back;
+  auto [rb2, ra2] = Cross(b_, {b_.w, b_.kv}, a_, {a_.w, a_.kv}, &back);
+  ASSERT_TRUE(rb2.ok() && ra2.ok()) << rb2 << " / " << ra2;
+  EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
 }
 
 TEST(SwitchHandoverUnshared, AProcessWithoutShareChunksOffersNothingAndTheSwitchStillCommits) {

@@ -31,15 +31,20 @@ absl::Status SwitchTransaction::Run(std::string* broken) {
   absl::Status failed = Begin();
   if (failed.ok()) failed = Execute();
   if (agree_ != nullptr) {  // Note [Agreed Switch]: prepared (or failed), not yet committed
+    // A part votes only once none of its copies runs (Note [Node Switch Handover]: a
+    // giver's rollback waits for its takers' votes before it writes its chunks again).
+    if (!failed.ok()) DrainStreams();
     absl::Status decided = (*agree_)(failed);
     if (failed.ok() && !decided.ok()) failed = decided;
   }
   if (failed.ok()) {
     Commit();
     Log();
+    DestroyIpcEvents();
     return absl::OkStatus();
   }
   *broken = RollBack(failed);
+  DestroyIpcEvents();
   return failed;
 }
 
@@ -72,10 +77,26 @@ absl::Status SwitchTransaction::Execute() {
   // (3) Both directions queued; the host waits only in (4).
   // Every piece is created and mapped before the first copy is queued: cuMemMap and
   // cuMemSetAccess of a chunk cost ~1 ms while copies stream on the H200 (~35 us idle).
+  // A part of a node switch offers its chunks once its backup copies are queued (a
+  // taker's restore copies wait for their events), and takes before it maps; a part that
+  // does both queues its backups first (two such parts would otherwise wait for each
+  // other's offers).
   VMSTASH_RETURN_IF_ERROR(PrepareBackups());
+  const bool offers = exchange_ != nullptr && !out_.empty();
+  const bool backups_first = offers && !in_.empty();
+  if (offers) PlanOffer();
+  if (backups_first) {
+    VMSTASH_RETURN_IF_ERROR(QueueBackups());
+    OfferChunks();
+  }
+  if (exchange_ != nullptr) TakeChunks();
+  FinishPlan();
   VMSTASH_RETURN_IF_ERROR(MapRecipients());
   Mark(Step::kRecipientsMapped);
-  VMSTASH_RETURN_IF_ERROR(QueueBackups());
+  if (!backups_first) {
+    VMSTASH_RETURN_IF_ERROR(QueueBackups());
+    if (offers) OfferChunks();
+  }
   VMSTASH_RETURN_IF_ERROR(QueueRestores());
   Mark(Step::kCopiesQueued);
   // (4) Everything copied; the outgoing tags' own mappings go (handles kept).
@@ -111,9 +132,10 @@ absl::Status SwitchTransaction::Plan() {
   std::sort(donors_.begin(), donors_.end(),
             [](const Donor& a, const Donor& b) { return a.address < b.address; });
   local_donors_ = donors_.size();
+  written_.assign(donors_.size(), false);
   std::vector<HandoffDonor> donors;
   for (const Donor& d : donors_) donors.push_back({d.chunk->size_bytes(), out_[d.out].pool->backup()});
-  std::vector<HandoffRecipient> recipients;
+  std::vector<HandoffRecipient>& recipients = recipients_;
   for (const In& i : in_) {
     for (Heap* heap : i.pool->heaps()) {
       VMSTASH_ASSIGN_OR_RETURN(std::vector<CoverSpan> covers, heap->PlanResume());
@@ -130,37 +152,92 @@ absl::Status SwitchTransaction::Plan() {
   }
   plan_ = PlanHandoff(donors, recipients, host_->options().resume_first_piece_bytes,
                       host_->options().max_chunk_bytes, host_->granularity_bytes());
-  if (exchange_ != nullptr) TradeChunks(recipients);
-  written_.assign(donors_.size(), false);
+  return absl::OkStatus();
+}
+
+void SwitchTransaction::FinishPlan() {
+  written_.resize(donors_.size(), false);  // the foreign donors
   Mark(Step::kPlanned);
   // A cover whose last donor overhangs it grows by that much (free space of the tag).
   std::size_t r = 0;
   for (std::vector<CoverSpan>& covers : covers_) {
     for (CoverSpan& c : covers) c.size_bytes += plan_.overhang[r++];
   }
-  return absl::OkStatus();
 }
 
-void SwitchTransaction::TradeChunks(const std::vector<HandoffRecipient>& recipients) {
+void SwitchTransaction::PlanOffer() {
+  // Chunks of a backup tag may go where restore copies write: an abort restores their
+  // bytes from this switch's backup. A restore copy into one must wait for the last
+  // backup copy reading it, an event of this process: made interprocess here, recorded in
+  // QueueBackups, its handle sent with the offer only then.
+  const CopyReadiness readiness(copies_, local_donors_);
+  for (int d : plan_.leftover) {
+    Offered o;
+    o.donor = d;
+    o.anywhere = out_[donors_[d].out].pool->backup();
+    if (o.anywhere) o.group = readiness.WaitGroup(d, donors_[d].address, donors_[d].chunk->size_bytes());
+    if (o.group.has_value()) {
+      auto known = std::find_if(ipc_events_.begin(), ipc_events_.end(),
+                                [&](const auto& e) { return e.first == *o.group; });
+      if (known == ipc_events_.end()) {
+        absl::StatusOr<Event> event = driver_->CreateIpcEvent(device_);
+        if (event.ok()) {
+          ipc_events_.emplace_back(*o.group, *event);
+        } else {  // then only where nothing writes it before the commit
+          VMSTASH_LOG(kInfo, "vmstash: node switch: no interprocess event ({}); a chunk is offered for discard "
+                      "covers only", event.status().ToString());
+          o.anywhere = false;
+          o.group.reset();
+        }
+      }
+    }
+    offered_.push_back(o);
+  }
+}
+
+void SwitchTransaction::OfferChunks() {
+  absl::StatusOr<std::string> device = driver_->DeviceUuid(device_);
+  std::vector<SharedChunk> chunks;  // every part that pauses offers, if only nothing: takers wait for it
+  for (const Offered& o : offered_) {
+    if (!device.ok()) break;
+    absl::StatusOr<int> fd = donors_[o.donor].chunk->ExportFd();
+    if (!fd.ok()) continue;  // not created exportable (share_chunks): released at the commit
+    SharedChunk c{*fd, donors_[o.donor].chunk->size_bytes(), o.anywhere, ""};
+    if (o.group.has_value()) {
+      const auto e = std::find_if(ipc_events_.begin(), ipc_events_.end(),
+                                  [&](const auto& x) { return x.first == *o.group; });
+      absl::StatusOr<std::string> handle = driver_->ExportIpcEvent(device_, e->second);
+      if (handle.ok()) {
+        c.wait_event = *std::move(handle);
+      } else {
+        c.anywhere = false;
+      }
+    }
+    offered_anywhere_ = offered_anywhere_ || c.anywhere;
+    chunks.push_back(std::move(c));
+  }
+  if (!device.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk offered ({})", device.status().ToString());
+  }
+  if (absl::Status s = exchange_->Offer(device.ok() ? *device : "?", std::move(chunks)); !s.ok()) {
+    VMSTASH_LOG(kWarning, "vmstash: node switch: this process's chunks were not offered ({})", s.ToString());
+  }
+}
+
+void SwitchTransaction::TakeChunks() {
   absl::StatusOr<std::string> device = driver_->DeviceUuid(device_);
   if (!device.ok()) {
-    VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk traded ({})", device.status().ToString());
+    VMSTASH_LOG(kWarning, "vmstash: node switch: no chunk taken ({})", device.status().ToString());
     return;
   }
-  if (!out_.empty()) {  // every part that pauses offers, if only nothing: takers wait for it
-    std::vector<SharedChunk> chunks;
-    for (int d : plan_.leftover) {
-      absl::StatusOr<int> fd = donors_[d].chunk->ExportFd();
-      if (!fd.ok()) continue;  // not created exportable (share_chunks): released at the commit
-      chunks.push_back({*fd, donors_[d].chunk->size_bytes()});
-    }
-    if (absl::Status s = exchange_->Offer(*device, std::move(chunks)); !s.ok()) {
-      VMSTASH_LOG(kWarning, "vmstash: node switch: this process's chunks were not offered ({})", s.ToString());
-    }
-  }
   // Fresh memory planned where a foreign chunk may go: the gaps another process's chunks
-  // may fill, sent so that the daemon gives this part only chunks that fit them.
-  const HandoffGaps open = OpenGaps(plan_, recipients, host_->granularity_bytes(), exchange_->MaxGaps());
+  // may fill, sent so that the daemon gives this part only chunks that fit them. Covers
+  // that restore ask only when the device is short of memory for the fresh ones.
+  absl::StatusOr<DeviceMemoryInfo> memory = driver_->MemoryInfo(device_);
+  const bool restoring = RestoresTakeForeignChunks(
+      plan_.fresh_bytes, memory.ok() ? std::optional<std::size_t>(memory->free_bytes) : std::nullopt);
+  const HandoffGaps open =
+      OpenGaps(plan_, recipients_, host_->granularity_bytes(), exchange_->MaxGaps(), restoring);
   if (open.gaps.empty()) return;
   absl::StatusOr<std::vector<SharedChunk>> taken = exchange_->Take(*device, open.gaps);
   if (!taken.ok()) {
@@ -171,6 +248,9 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffRecipient>& recipie
   absl::flat_hash_set<ChunkHandle> held;  // a handle twice would be one chunk in two covers
   for (const Donor& d : donors_) held.insert(d.handle);
   std::vector<Chunk> twice;  // released here, after the loop: an import of a chunk held already
+  std::vector<FitChunk> fits;
+  std::vector<Event> waits;
+  std::vector<std::pair<std::string, Event>> opened;  // by handle: each event opened once
   for (const SharedChunk& c : *taken) {
     absl::StatusOr<Chunk> chunk = Chunk::Import(driver_, device_, c.fd, c.size_bytes);
     ::close(c.fd);
@@ -184,23 +264,81 @@ void SwitchTransaction::TradeChunks(const std::vector<HandoffRecipient>& recipie
       twice.push_back(std::move(*chunk));
       continue;
     }
+    bool anywhere = c.anywhere;
+    Event wait = nullptr;
+    if (anywhere && !c.wait_event.empty()) {
+      auto known = std::find_if(opened.begin(), opened.end(), [&](const auto& e) { return e.first == c.wait_event; });
+      if (known != opened.end()) {
+        wait = known->second;
+      } else if (absl::StatusOr<Event> e = driver_->OpenIpcEvent(device_, c.wait_event); e.ok()) {
+        opened.emplace_back(c.wait_event, *e);
+        opened_events_.push_back(*e);
+        wait = *e;
+      } else {  // nothing to order a restore copy by: only where none writes
+        VMSTASH_LOG(kInfo, "vmstash: node switch: another process's event could not be opened ({}); its chunk "
+                    "goes where no restore copy writes", e.status().ToString());
+        anywhere = false;
+      }
+    }
     foreign_.push_back(std::move(*chunk));
+    fits.push_back({c.size_bytes, anywhere});
+    waits.push_back(wait);
   }
   if (foreign_.empty()) return;
-  // The foreign chunks have no backup here: they go only into the open gaps (covers that
-  // restore nothing), fitted there as the daemon fitted them; the rest of the plan stands.
+  // Placed into the open gaps as the daemon fitted them; the rest of the plan stands.
   const int first = static_cast<int>(donors_.size());
-  std::vector<std::size_t> sizes;
-  for (const Chunk& c : foreign_) {
-    donors_.push_back({0, &c, c.handle(), kForeign});
-    sizes.push_back(c.size_bytes());
+  for (std::size_t f = 0; f < foreign_.size(); ++f) {
+    donors_.push_back({0, &foreign_[f], foreign_[f].handle(), kForeign, waits[f]});
   }
   const std::vector<int> unused =
-      AddForeignDonors(plan_, open, sizes, first, host_->options().max_chunk_bytes, host_->granularity_bytes());
+      AddForeignDonors(plan_, open, fits, first, host_->options().resume_first_piece_bytes,
+                       host_->options().max_chunk_bytes, host_->granularity_bytes());
   if (!unused.empty()) {
     VMSTASH_LOG(kInfo, "vmstash: node switch: {} of {} chunks taken from other processes fit no gap here", unused.size(),
-                sizes.size());
+                fits.size());
   }
+}
+
+void SwitchTransaction::SettleOffered() {
+  if (!offered_anywhere_) return;
+  // A taker writes an offered chunk only until it votes (its copies done): once every
+  // taker voted or exited, this part may restore the chunks' bytes from its backup.
+  const absl::Status settled = exchange_->AwaitTakers();
+  for (const Offered& o : offered_) {
+    if (!o.anywhere) continue;
+    Out& out = out_[donors_[o.donor].out];
+    if (settled.ok()) {
+      written_[o.donor] = true;  // conservative: restored whether a taker wrote it or not
+    } else if (out.undo_error.ok()) {
+      out.undo_error = absl::UnavailableError(absl::StrCat(
+          "another process took its memory in the switch and could still write it (", settled.message(), ")"));
+    }
+  }
+}
+
+void SwitchTransaction::DrainStreams() {
+  for (Stream s : {d2h_, h2d_}) {
+    if (s == nullptr) continue;
+    if (!driver_->SynchronizeStream(device_, s).ok()) {
+      absl::Status d = driver_->SynchronizeDevice(device_);
+      if (!d.ok()) VMSTASH_LOG(kError, "vmstash: switch cannot wait for its copies: {}", d.ToString());
+    }
+  }
+}
+
+void SwitchTransaction::DestroyIpcEvents() {
+  for (const auto& [group, event] : ipc_events_) {
+    if (absl::Status s = driver_->DestroyEvent(device_, event); !s.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: switch: an interprocess event was not destroyed ({})", s.ToString());
+    }
+  }
+  for (Event event : opened_events_) {
+    if (absl::Status s = driver_->DestroyEvent(device_, event); !s.ok()) {
+      VMSTASH_LOG(kWarning, "vmstash: switch: another process's event was not closed ({})", s.ToString());
+    }
+  }
+  ipc_events_.clear();
+  opened_events_.clear();
 }
 
 absl::Status SwitchTransaction::PrepareBackups() {
@@ -245,6 +383,9 @@ absl::Status SwitchTransaction::QueueBackups() {
     o.backed_up += c.step.size_bytes;
     if (k + 1 == copies_.size() || copies_[k + 1].group != c.group) {
       VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, (*events_)[c.group], d2h_));
+      for (const auto& [group, event] : ipc_events_) {  // for another process (OfferChunks)
+        if (group == c.group) VMSTASH_RETURN_IF_ERROR(driver_->RecordEvent(device_, event, d2h_));
+      }
     }
   }
   return absl::OkStatus();
@@ -288,7 +429,11 @@ absl::Status SwitchTransaction::MapRecipients() {
             if (d != kNoDonor) NoteUnwritten(va, size, steps, &i.unwritten);
             for (const CopyStep& c : steps) {
               if (d == kNoDonor) {  // fresh memory: nothing to wait for
-                deferred_.push_back({std::nullopt, kNoDonor, k, c});
+                deferred_.push_back({std::nullopt, nullptr, kNoDonor, k, c});
+                continue;
+              }
+              if (donors_[d].out == kForeign) {  // another process's: after its giver's event
+                deferred_.push_back({std::nullopt, donors_[d].wait, d, k, c});
                 continue;
               }
               // Cut like the D2H copies, so each part waits only for the reads it overwrites.
@@ -296,7 +441,7 @@ absl::Status SwitchTransaction::MapRecipients() {
               for (std::size_t done = 0; done < c.size_bytes; done += step) {
                 const CopyStep part{c.device + done, c.arena_offset + done, std::min(step, c.size_bytes - done)};
                 const DevicePtr at = donors_[d].address + (part.device - va);  // the same bytes, outgoing VA
-                deferred_.push_back({readiness.WaitGroup(d, at, part.size_bytes), d, k, part});
+                deferred_.push_back({readiness.WaitGroup(d, at, part.size_bytes), nullptr, d, k, part});
               }
             }
             return absl::OkStatus();
@@ -307,16 +452,25 @@ absl::Status SwitchTransaction::MapRecipients() {
 }
 
 absl::Status SwitchTransaction::QueueRestores() {
-  // Into fresh memory first, then into donors in the order their D2H copies complete.
-  // Rank 0: no wait; rank g + 1: after D2H group g.
-  auto rank = [](const Deferred& q) { return q.wait.has_value() ? *q.wait + 1 : 0; };
+  // Into fresh memory first, then into donors in the order their D2H copies complete,
+  // then into other processes' chunks. Rank 0: no wait; rank g + 1: after D2H group g;
+  // last: after a giver's event (each waited for once).
+  constexpr std::size_t kAfterForeign = static_cast<std::size_t>(-1);
+  auto rank = [&](const Deferred& q) {
+    if (q.donor != kNoDonor && donors_[q.donor].out == kForeign) return kAfterForeign;
+    return q.wait.has_value() ? *q.wait + 1 : 0;
+  };
   std::stable_sort(deferred_.begin(), deferred_.end(),
                    [&](const Deferred& a, const Deferred& b) { return rank(a) < rank(b); });
   std::optional<std::size_t> waited;
+  absl::flat_hash_set<Event> waited_foreign;
   for (const Deferred& q : deferred_) {
     if (q.wait.has_value() && (!waited.has_value() || *q.wait > *waited)) {
       VMSTASH_RETURN_IF_ERROR(driver_->StreamWaitEvent(device_, h2d_, (*events_)[*q.wait]));
       waited = q.wait;
+    }
+    if (q.foreign_wait != nullptr && waited_foreign.insert(q.foreign_wait).second) {
+      VMSTASH_RETURN_IF_ERROR(driver_->StreamWaitEvent(device_, h2d_, q.foreign_wait));
     }
     In& i = in_[q.in];
     i.pool->AssertTransitionHeld();
@@ -328,14 +482,10 @@ absl::Status SwitchTransaction::QueueRestores() {
 }
 
 std::string SwitchTransaction::RollBack(const absl::Status& cause) {
-  // Nothing may still copy into memory about to be unmapped or restored.
-  for (Stream s : {d2h_, h2d_}) {
-    if (s == nullptr) continue;
-    if (!driver_->SynchronizeStream(device_, s).ok()) {
-      absl::Status d = driver_->SynchronizeDevice(device_);
-      if (!d.ok()) VMSTASH_LOG(kError, "vmstash: switch rollback cannot wait for its copies: {}", d.ToString());
-    }
-  }
+  // Nothing may still copy into memory about to be unmapped or restored: neither this
+  // process's copies nor another process's into the chunks it offered.
+  DrainStreams();
+  SettleOffered();
   for (In& i : in_) {
     i.txn[0].reset();  // unmaps the incoming mappings; releases the fresh chunks
     i.txn[1].reset();

@@ -57,7 +57,7 @@ class SwitchTransaction {
   // `agree` (optional, Note [Agreed Switch]) is called once by Run, between (4) and (5).
   // `exchange` (optional, Note [Node Switch Handover] in node/node_switch.h): this is one
   // process's part of a switch across processes; the chunks it would release are offered
-  // to the other parts, and theirs taken for its covers that receive no restore copies.
+  // to the other parts, and theirs taken for its covers.
   SwitchTransaction(TransitionHost* host, std::vector<std::pair<TagPool*, const ByteRanges*>> out,
                     std::vector<TagPool*> in, const SwitchAgree* agree = nullptr,
                     SwitchExchange* exchange = nullptr);
@@ -95,10 +95,18 @@ class SwitchTransaction {
     const Chunk* chunk = nullptr;  // valid until the commit hands it over
     ChunkHandle handle = 0;        // its handle, which stays valid through the commit
     std::size_t out = 0;           // index into `out_`, or kForeign (in `foreign_`)
+    Event wait = nullptr;          // foreign: its giver's event (opened) a restore copy into it waits for
+  };
+  // A chunk this part offers (the plan's leftover, exportable), and how it may be used.
+  struct Offered {
+    int donor = 0;
+    bool anywhere = false;              // a backup tag's: its bytes are restored at an abort
+    std::optional<std::size_t> group;   // the last D2H group reading it (its IPC event's)
   };
   // A restore copy, queued once every piece is mapped and every D2H copy queued.
   struct Deferred {
     std::optional<std::size_t> wait;
+    Event foreign_wait = nullptr;  // a foreign donor's: its giver's event
     int donor = kNoDonor;  // the donor it writes into (kNoDonor: fresh memory)
     std::size_t in = 0;
     CopyStep step;
@@ -110,12 +118,28 @@ class SwitchTransaction {
   absl::Status Execute();
   // (2) The donors (outgoing chunks), the covers of the incoming heaps and the handoff plan.
   absl::Status Plan();
-  // Through the exchange: offers the donors `plan_` leaves over; when covers that receive
-  // no restore copy still need fresh memory, sends their gaps (OpenGaps), takes the other
-  // processes' chunks that the daemon fitted to them and places them by the same rule
-  // (AddForeignDonors; `recipients`: the plan's). Never fails the switch: a chunk not
-  // offered is released at the commit, fresh memory replaces one not taken.
-  void TradeChunks(const std::vector<HandoffRecipient>& recipients);
+  // After the trade: covers grown by their overhang; the plan is final.
+  void FinishPlan();
+  // Through the exchange (Note [Node Switch Handover]). None of them fails the switch: a
+  // chunk not offered is released at the commit, fresh memory replaces one not taken.
+  // PlanOffer: which donors `plan_` leaves over are offered, and the interprocess events
+  // (one per D2H group that last reads an offered backup chunk) QueueBackups records.
+  void PlanOffer();
+  // Offers them, once their events are recorded (QueueBackups).
+  void OfferChunks();
+  // When covers still need fresh memory, sends their gaps (OpenGaps; restoring ones
+  // strict), takes the other processes' chunks that the daemon fitted to them, opens their
+  // givers' events, and places them by the same rule (AddForeignDonors).
+  void TakeChunks();
+  // After an abort, before any offered chunk is written again: waits until no taker can
+  // write them (SwitchExchange::AwaitTakers); then they are restored from the backup like
+  // any donor written here, or, when that cannot be known, their tags are broken.
+  void SettleOffered();
+  // Waits for this switch's copy streams (before a vote, and before a rollback touches
+  // memory).
+  void DrainStreams();
+  // Destroys the interprocess events made or opened (the switch is over).
+  void DestroyIpcEvents();
   absl::Status PrepareBackups();
   absl::Status MapRecipients();
   absl::Status QueueBackups();
@@ -150,6 +174,11 @@ class SwitchTransaction {
   HandoffPlan plan_;
   std::vector<Deferred> deferred_;
   std::vector<bool> written_;  // per donor: restore copies were queued into it
+  std::vector<HandoffRecipient> recipients_;  // the plan's
+  std::vector<Offered> offered_;              // PlanOffer's
+  bool offered_anywhere_ = false;             // OfferChunks offered chunks that takers may write
+  std::vector<std::pair<std::size_t, Event>> ipc_events_;  // by D2H group: made here, recorded after it
+  std::vector<Event> opened_events_;          // other processes' (TakeChunks)
   Stream d2h_ = nullptr;
   Stream h2d_ = nullptr;
   std::vector<Event>* events_ = nullptr;  // the D2H pool's copy events: one per group

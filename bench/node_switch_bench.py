@@ -20,6 +20,11 @@ the copies run at link speed from the first cycle. Cases, each --cycles times ea
                 process (A releases, B creates), as before Note [Node Switch Handover]
   *_discard_nozero  in_process_discard and node_discard with switch_zero:0: the memory handed
                 over is not zeroed (16 GiB of memset, which the discard policy does not need)
+  node_tight    node with the GPU filled (by this process) to leave 4 GiB free: the resuming
+                process cannot make its covers fresh, so its backed-up covers take the pausing
+                process's chunks too, and its restore copies wait for that process's backup
+                copies through interprocess events (`events`: the events it opened); without
+                the handover this switch runs out of memory
 
 Every process runs with share_chunks:1 (chunks exportable; in_process too, so both pay the
 same creation) unless the case says otherwise; each node case reports the chunks the
@@ -106,7 +111,9 @@ def child(args):
         elif cmd[0] == "check":
             out["bad"] = bad(cmd[1])
         elif cmd[0] == "calls":
-            out["imports"] = vmstash.stats(0)["driver_calls"].get("import_chunk_fd", 0)
+            calls = vmstash.stats(0)["driver_calls"]
+            out["imports"] = calls.get("import_chunk_fd", 0)
+            out["events"] = calls.get("open_ipc_event", 0)
         elif cmd[0] == "quit":
             print(json.dumps(out), flush=True)
             os._exit(0)
@@ -146,10 +153,15 @@ def in_process(args, kinds, zero=True):
     return dict(ms=times, bad=bad), both.ready["link"]
 
 
-def node(args, kinds, serial, share=True, zero=True):
+def node(args, kinds, serial, share=True, zero=True, tight=False):
     import vmstash
     procs = {"A": start(args, "A", share=share, zero=zero), "B": start(args, "B", share=share, zero=zero)}
     times, bad = [], 0
+    filler = None
+    if tight:  # 4 GiB left free: less than one phase's covers
+        import torch
+        free, _ = torch.cuda.mem_get_info(0)
+        filler = torch.empty(free - 4 * GiB, dtype=torch.uint8, device="cuda:0")
     try:
         for c in range(args.cycles):
             for src, dst in (("A", "B"), ("B", "A")):
@@ -164,11 +176,17 @@ def node(args, kinds, serial, share=True, zero=True):
                 times.append((time.perf_counter() - t) * 1e3)
                 if "w" in kinds:
                     bad += procs[dst].ask(f"check {dst}")["bad"]
-        imported = sum(p.ask("calls")["imports"] for p in procs.values())
+        calls = [p.ask("calls") for p in procs.values()]
+        imported = sum(c["imports"] for c in calls)
+        events = sum(c["events"] for c in calls)
     finally:
+        del filler
         for p in procs.values():
             quit_child(p)
-    return dict(ms=times, bad=bad, imported=imported)
+        if tight:
+            import torch
+            torch.cuda.empty_cache()
+    return dict(ms=times, bad=bad, imported=imported, events=events)
 
 
 def main():
@@ -196,6 +214,7 @@ def main():
         results["node_fresh_discard"] = node(args, "kv", serial=False, share=False)
         results["in_process_discard_nozero"], _ = in_process(args, "kv", zero=False)
         results["node_discard_nozero"] = node(args, "kv", serial=False, zero=False)
+        results["node_tight"] = node(args, "w,kv", serial=False, tight=True)
     finally:
         stop_daemon(runtime_dir, dict(os.environ))
     summary = {}
@@ -204,22 +223,25 @@ def main():
         summary[name] = dict(median_ms=med, min_ms=min(r["ms"]), max_ms=max(r["ms"]), bad=r["bad"])
         if "imported" in r:
             summary[name]["imported"] = r["imported"]
+            summary[name]["events"] = r["events"]
     for name in ("node", "node_serial", "node_discard", "node_serial_discard", "node_fresh_discard",
-                 "node_discard_nozero"):
+                 "node_discard_nozero", "node_tight"):
         twin = ("in_process_discard_nozero" if name.endswith("_nozero")
                 else "in_process_discard" if name.endswith("_discard") else "in_process")
         summary[name]["vs_in_process"] = summary[name]["median_ms"] / summary[twin]["median_ms"]
     moved = args.weights_gib * GiB
-    for name in ("in_process", "node", "node_serial"):
+    for name in ("in_process", "node", "node_serial", "node_tight"):
         summary[name]["gbps_each_way"] = moved / summary[name]["median_ms"] / 1e6
     import torch
     doc = dict(device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                args={k: v for k, v in vars(args).items() if k not in ("child", "json", "link")},
                link=link, summary=summary, runs=results)
-    print(f"{'case':22} {'median ms':>10} {'min':>8} {'max':>8} {'x in-proc':>9} {'GB/s each way':>13} bad imported")
+    print(f"{'case':22} {'median ms':>10} {'min':>8} {'max':>8} {'x in-proc':>9} {'GB/s each way':>13} bad imported "
+          "events")
     for name, s in summary.items():
         print(f"{name:22} {s['median_ms']:10.1f} {s['min_ms']:8.1f} {s['max_ms']:8.1f} "
-              f"{s.get('vs_in_process', 1.0):9.2f} {s.get('gbps_each_way', 0):13.1f} {s['bad']:3} {s.get('imported', '-')}")
+              f"{s.get('vs_in_process', 1.0):9.2f} {s.get('gbps_each_way', 0):13.1f} {s['bad']:3} "
+              f"{s.get('imported', '-')} {s.get('events', '-')}")
     if link:
         print(f"pinned link, 8 GiB each way at once: {link['bidirectional_ms']:.1f} ms "
               f"({link['gbps_each_way']:.1f} GB/s each way)")

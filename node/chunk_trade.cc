@@ -48,12 +48,15 @@ absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector
     r.pid = ::getpid();
     r.device = options.device;
     std::vector<std::string> sizes;
+    std::vector<ChunkUse> uses;
     std::vector<int> fds;
     for (std::size_t i = at; i < at + n; ++i) {
       sizes.push_back(absl::StrCat(chunks[i].size_bytes));
+      uses.push_back(chunks[i].use);
       fds.push_back(chunks[i].fd);
     }
     r.sizes = absl::StrJoin(sizes, ",");
+    r.uses = FormatUses(uses);
     r.last = at + n == chunks.size();
     absl::StatusOr<Received> got = Ask(*socket, r, fds, std::max(MsLeft(options.deadline), 1000));
     for (int fd : fds) ::close(fd);  // the daemon has its own copies now
@@ -111,12 +114,14 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
       continue;
     }
     absl::StatusOr<std::vector<std::size_t>> sizes = ParseSizes((*doc)["sizes"].String());
-    if (!sizes.ok() || sizes->size() != got->fds.size()) {
+    absl::StatusOr<std::vector<ChunkUse>> uses =
+        sizes.ok() ? ParseUses((*doc)["uses"].String(), sizes->size()) : sizes.status();
+    if (!sizes.ok() || !uses.ok() || sizes->size() != got->fds.size()) {
       CloseAll(*got);
-      failed = absl::InternalError("node switch: the daemon's chunks do not match their sizes");
+      failed = absl::InternalError("node switch: the daemon's chunks do not match their sizes and uses");
       break;
     }
-    for (std::size_t i = 0; i < sizes->size(); ++i) taken.push_back({got->fds[i], (*sizes)[i]});
+    for (std::size_t i = 0; i < sizes->size(); ++i) taken.push_back({got->fds[i], (*sizes)[i], (*uses)[i]});
     if (!(*doc)["more"].Bool(false)) break;
   }
   ::close(*socket);
@@ -125,6 +130,25 @@ absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options)
     return failed;
   }
   return taken;
+}
+
+absl::Status AwaitTakers(const TradeOptions& options) {
+  WireRequest r;
+  r.op = WireOp::kSettled;
+  r.txn = options.txn;
+  r.pid = ::getpid();
+  int pause_us = options.poll_us;
+  for (;;) {
+    absl::StatusOr<JsonValue> doc = AskOnce(options.dir, r, std::max(MsLeft(options.deadline), 1));
+    if (!doc.ok()) return doc.status();
+    if ((*doc)["settled"].Bool(false)) return absl::OkStatus();
+    if (Clock::now() >= options.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("process(es) ", (*doc)["waiting"].String(),
+                                                      " took this process's memory and neither finished nor exited"));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
+    pause_us = std::min(2 * pause_us, 1000);
+  }
 }
 
 }  // namespace vmstash::node

@@ -1,10 +1,11 @@
 // The participant's side of the handover of chunks in a node switch (Note [Node Switch
 // Handover], node_switch.h): offering the chunks this process releases at its commit to
-// the other participants, and taking theirs, through the node daemon (wire.h: offer,
-// take).
+// the other participants, taking theirs, and, at an abort, waiting until those that took
+// its chunks into restore gaps can write there no more — through the node daemon (wire.h:
+// offer, take, settled).
 //
 // Thread-safety: pure functions of the daemon; they block (TakeChunks until the offers
-// are in, or its deadline).
+// are in, AwaitTakers until the takers are done, or their deadline).
 #ifndef VMSTASH_NODE_CHUNK_TRADE_H_
 #define VMSTASH_NODE_CHUNK_TRADE_H_
 
@@ -16,20 +17,22 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "base/chunk_fit.h"
+#include "node/wire.h"
 
 namespace vmstash::node {
 
-// An exported chunk (Driver::ExportChunkFd) and its size.
+// An exported chunk (Driver::ExportChunkFd), its size and how a taker may use it.
 struct TradedChunk {
   int fd = -1;
   std::size_t size_bytes = 0;
+  ChunkUse use;
 };
 
 struct TradeOptions {
   std::string dir;  // the runtime directory (empty: control::DefaultRuntimeDir())
   std::string txn;  // the switch
   std::string device;  // Driver::DeviceUuid of the chunks' device
-  std::chrono::steady_clock::time_point deadline;  // TakeChunks waits no longer
+  std::chrono::steady_clock::time_point deadline;  // TakeChunks and AwaitTakers wait no longer
   std::vector<FitGap> gaps;  // TakeChunks: the gaps the chunks are for (at most kMaxTakeGaps)
   int poll_us = 100;  // the first pause between asks while a donor's offer may still come (doubling to 1 ms)
 };
@@ -45,6 +48,11 @@ absl::StatusOr<std::size_t> OfferChunks(const TradeOptions& options, std::vector
 // then none). The descriptors are the caller's. DeadlineExceeded at the deadline; the
 // daemon's errors.
 absl::StatusOr<std::vector<TradedChunk>> TakeChunks(const TradeOptions& options);
+// Waits until every process that took this one's chunks into restore gaps in the switch
+// has voted or exited (wire.h: settled). OK then; DeadlineExceeded naming those that have
+// not by the deadline; the daemon's errors (NotFound: it does not know the switch — a
+// daemon started again — so nothing can be said of the takers).
+absl::Status AwaitTakers(const TradeOptions& options);
 
 }  // namespace vmstash::node
 

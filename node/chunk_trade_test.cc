@@ -187,6 +187,8 @@ TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
   EXPECT_EQ(got(fours, *txn), absl::StrCat("b:", 4 * kMiB, ",d:", 4 * kMiB, "|again:0"));
   EXPECT_EQ(got(overrun, *txn), absl::StrCat("a:", 8 * kMiB, "|again:0"));
   EXPECT_EQ(got(big, *txn), absl::StrCat("c:", 8 * kMiB, "|again:0")) << "the 16 MiB chunk fits no gap";
+  // None went where restore copies write: the donor waits for no one at an abort.
+  EXPECT_TRUE(AwaitTakers(Options(dir, *txn, "dev-1", 300)).ok());
   // A take naming no gap gets nothing, and the chunk that fits no gap is still held.
   absl::StatusOr<std::vector<TradedChunk>> none = TakeChunks(Options(dir, *txn, "dev-1", 5000, {}));
   ASSERT_TRUE(none.ok()) << none.status();
@@ -199,6 +201,50 @@ TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
   for (Taker* t : {&fours, &overrun, &big}) t->Kill();  // the daemon stops watching them
   EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before)
       << "the chunk nobody took is closed at the decision";
+}
+
+// Chunks go where their use allows: one only for discard covers never into a restore gap
+// (strict); an "anywhere" one does, with its giver's event handle. The giver, at an
+// abort, waits for such a taker until it voted or exited.
+TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsForTheirTakers) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  const std::string dir = PrivateDir();
+  DaemonProcess daemon(dir);
+  ASSERT_TRUE(daemon.started());
+  const std::vector<FitGap> gaps = {{8 * kMiB, 0, true}, {4 * kMiB, 0, false}};
+  SwitchChild taker(
+      [&](const std::string& txn) {
+        absl::StatusOr<std::vector<TradedChunk>> got = TakeChunks(Options(dir, txn, "dev-1", 5000, gaps));
+        if (!got.ok()) return std::string(got.status().message());
+        std::vector<std::string> marks;
+        for (const TradedChunk& c : *got) {
+          const std::string use = !c.use.wait_event.empty() ? "e" + c.use.wait_event.substr(0, 2)
+                                  : c.use.anywhere          ? "+"
+                                                            : "-";
+          marks.push_back(absl::StrCat(Mark(c.fd), ":", c.size_bytes / kMiB, ":", use));
+          ::close(c.fd);
+        }
+        return absl::StrJoin(marks, ",");
+      },
+      /*linger=*/true);
+  absl::StatusOr<std::string> txn = Begin(dir, {::getpid(), taker.pid()}, {::getpid()});
+  ASSERT_TRUE(txn.ok()) << txn.status();
+  std::vector<TradedChunk> chunks = {Marked("a", 8 * kMiB), Marked("b", 8 * kMiB), Marked("c", 4 * kMiB)};
+  chunks[1].use = {true, std::string(64, 'E')};
+  chunks[2].use = {true, ""};
+  absl::StatusOr<std::size_t> kept = OfferChunks(Options(dir, *txn, "dev-1"), chunks);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  taker.Go(*txn);
+  // "a" may go only where nothing restores: the 4 MiB gap cannot hold it, the 8 MiB one is
+  // a restore gap. "b" (anywhere, with its event) fills the restore gap; "c" the other.
+  EXPECT_EQ(taker.Result(), "b:8:eEE,c:4:+");
+  const absl::Status waiting = AwaitTakers(Options(dir, *txn, "dev-1", 300));
+  EXPECT_EQ(waiting.code(), absl::StatusCode::kDeadlineExceeded) << waiting;
+  EXPECT_THAT(std::string(waiting.message()), HasSubstr(absl::StrCat(taker.pid()))) << waiting;
+  taker.Kill();  // it exits without voting: the switch aborts, and it can write no more
+  const absl::Status settled = AwaitTakers(Options(dir, *txn, "dev-1", 5000));
+  EXPECT_TRUE(settled.ok()) << settled;
+  EXPECT_EQ(AwaitTakers(Options(dir, std::string(32, 'b'), "dev-1", 300)).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {
@@ -288,11 +334,21 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   r.pid = other;
   r.device = "d";
   r.sizes = "4096";
+  r.uses = "-";
   r.last = true;
   absl::Status refused = ask(r, {Marked("x").fd});
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
   r.pid = ::getpid();
+  // Uses that are not one per chunk, or not "-", "+" or an event handle's hex digits.
+  for (const std::string& uses : {std::string(""), std::string("-,-"), std::string("x"), std::string("++"),
+                                  std::string(kEventHandleHex - 2, 'a'), std::string(kEventHandleHex, 'g')}) {
+    r.uses = uses;
+    refused = ask(r, {Marked("x").fd});
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << uses << ": " << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("uses")) << refused;
+  }
   r.sizes = "4096,4096";
+  r.uses = "-,+";
   refused = ask(r, {Marked("x").fd});
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr("2 sizes came with 1 descriptors"));
@@ -310,12 +366,13 @@ TEST(ChunkTrade, BadOffersAndTakesAreRefusedAndTheirDescriptorsClosed) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kPermissionDenied) << refused;
   // Gaps that are not BYTES:OVERRUN, a gap of 0 bytes, or more gaps than a take may name.
   const std::string take_head =
-      absl::StrCat(R"({"v":2,"op":"take","txn":")", *txn, R"(","pid":)", ::getpid(), R"(,"device":"d","gaps":")");
+      absl::StrCat(R"({"v":3,"op":"take","txn":")", *txn, R"(","pid":)", ::getpid(), R"(,"device":"d","gaps":")");
   std::string too_many;
   for (std::size_t i = 0; i <= kMaxTakeGaps; ++i) absl::StrAppend(&too_many, i == 0 ? "" : ",", "1:0");
   for (const std::string& gaps : {std::string("4096"), std::string("0:0"), std::string("a:1"),
                                   std::string("4096:-1"), std::string("4096:0,"), std::string(" +4096:0"),
-                                  std::string("4096:0:0"), too_many}) {
+                                  std::string("4096:0:0"), std::string("4096:0:rr"), std::string("4096:0:r:r"),
+                                  too_many}) {
     ASSERT_TRUE(SendFds(*s, take_head + gaps + R"("})", {}).ok());
     absl::StatusOr<Received> reply = Receive(*s, 5000);
     ASSERT_TRUE(reply.ok()) << reply.status();

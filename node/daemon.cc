@@ -345,6 +345,7 @@ std::optional<NodeDaemon::Reply> NodeDaemon::Handle(Client& client, const std::s
     case WireOp::kOutcome: return text(Outcome(client, *r));
     case WireOp::kOffer: return text(Offer(client, *r, received));
     case WireOp::kTake: return Take(client, *r);
+    case WireOp::kSettled: return text(Settled(client, *r));
     default: break;
   }
   if ((r->op == WireOp::kHello) == client.said_hello) {
@@ -393,6 +394,7 @@ std::optional<NodeDaemon::Reply> NodeDaemon::Handle(Client& client, const std::s
     case WireOp::kOutcome:
     case WireOp::kOffer:
     case WireOp::kTake:
+    case WireOp::kSettled:
       break;
   }
   return text(FormatError(absl::InternalError("unhandled op")));
@@ -520,10 +522,15 @@ std::string NodeDaemon::Offer(const Client& client, const WireRequest& r, std::v
     return FormatError(absl::InvalidArgumentError(
         absl::StrCat("node switch: an offer of ", sizes->size(), " sizes came with ", fds.size(), " descriptors")));
   }
-  if (absl::Status s = switches_.Offered(r.txn, static_cast<pid_t>(r.pid), r.last); !s.ok()) return FormatError(s);
+  absl::StatusOr<std::vector<ChunkUse>> uses = ParseUses(r.uses, sizes->size());
+  if (!uses.ok()) return FormatError(uses.status());
+  const bool writable = std::any_of(uses->begin(), uses->end(), [](const ChunkUse& u) { return u.anywhere; });
+  if (absl::Status s = switches_.Offered(r.txn, static_cast<pid_t>(r.pid), r.last, writable); !s.ok()) {
+    return FormatError(s);
+  }
   std::size_t kept = 0;
   for (std::size_t i = 0; i < fds.size() && held_count_ < HeldCap(); ++i, ++kept, ++held_count_) {
-    held_[r.txn].push_back(HeldChunk{static_cast<pid_t>(r.pid), r.device, (*sizes)[i], fds[i]});
+    held_[r.txn].push_back(HeldChunk{static_cast<pid_t>(r.pid), r.device, (*sizes)[i], fds[i], (*uses)[i]});
     fds[i] = -1;
   }
   fds.erase(std::remove(fds.begin(), fds.end(), -1), fds.end());  // the rest: closed by the caller
@@ -549,12 +556,14 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   Reply reply;
   reply.owned = true;
   std::vector<std::string> sizes;
+  std::vector<ChunkUse> uses;
   bool more = false;
   if (mine != nullptr) {
     const std::size_t n = std::min(mine->size(), kMaxFdsPerPacket);
     for (std::size_t i = 0; i < n; ++i) {
       reply.fds.push_back((*mine)[i].fd);
       sizes.push_back(absl::StrCat((*mine)[i].size_bytes));
+      uses.push_back((*mine)[i].use);
     }
     mine->erase(mine->begin(), mine->begin() + static_cast<std::ptrdiff_t>(n));
     held_count_ -= n;
@@ -563,9 +572,23 @@ NodeDaemon::Reply NodeDaemon::Take(const Client& client, const WireRequest& r) {
   reply.text = OkReply([&](JsonWriter& w) {
     w.Field("ready", true);
     w.Field("sizes", absl::StrJoin(sizes, ","));
+    w.Field("uses", FormatUses(uses));
     w.Field("more", more);
   });
   return reply;
+}
+
+std::string NodeDaemon::Settled(const Client& client, const WireRequest& r) {
+  if (r.pid != client.pid) {
+    return FormatError(absl::PermissionDeniedError(
+        absl::StrCat("node switch: process ", client.pid, " may ask for itself only, not for ", r.pid)));
+  }
+  absl::StatusOr<std::vector<pid_t>> waiting = switches_.Unsettled(r.txn, static_cast<pid_t>(r.pid));
+  if (!waiting.ok()) return FormatError(waiting.status());
+  return OkReply([&](JsonWriter& w) {
+    w.Field("settled", waiting->empty());
+    w.Field("waiting", absl::StrJoin(*waiting, ","));
+  });
 }
 
 std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) {
@@ -585,12 +608,16 @@ std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) 
   for (std::size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].pid == pid || chunks[i].device != r.device) continue;
     candidates.push_back(i);
-    sizes.push_back({chunks[i].size_bytes, true});
+    sizes.push_back({chunks[i].size_bytes, chunks[i].use.anywhere});
   }
   const ChunkFit fit = FitChunks(sizes, r.gaps);
   std::vector<bool> taken(chunks.size(), false);
-  for (const std::vector<int>& placed : fit.placed) {
-    for (int c : placed) taken[candidates[c]] = true;
+  for (std::size_t g = 0; g < fit.placed.size(); ++g) {
+    for (int c : fit.placed[g]) {
+      taken[candidates[c]] = true;
+      // Restore copies may write it: its giver's rollback waits for this taker.
+      if (r.gaps[g].strict) (void)switches_.Took(r.txn, pid, chunks[candidates[c]].pid);
+    }
   }
   std::vector<HeldChunk>& granted = granted_[r.txn][taker];
   std::vector<HeldChunk> kept;

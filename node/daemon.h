@@ -121,10 +121,13 @@ class NodeDaemon {
   std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the takers of the client's chunks for restore gaps have voted or exited.
+  std::string Settled(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct HeldChunk;
   // The chunks granted to take `r`'s process for its device in its switch: at its first
   // take with gaps while chunks are held for the switch, those from other processes on
-  // that device that FitChunks places in its gaps (moved out of held_); at later takes,
+  // that device that FitChunks places in its gaps (moved out of held_; those placed in
+  // restore gaps noted in the ledger, SwitchLedger::Took); at later takes,
   // what is left of them. Nullptr while nothing was granted and nothing is held or no gap
   // is named.
   std::vector<HeldChunk>* GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -165,6 +168,7 @@ class NodeDaemon {
     std::string device;
     std::size_t size_bytes = 0;
     int fd = -1;
+    ChunkUse use;
   };
   std::map<std::string, std::vector<HeldChunk>> held_ ABSL_GUARDED_BY(mu_);
   // Chunks granted to a taker (GrantOnce) and not yet sent, by switch and taker (a

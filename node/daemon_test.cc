@@ -180,7 +180,7 @@ absl::Status Ask(int fd, const std::string& message, int pass_fd = -1) {
 int RawClientWithALease(const std::string& dir) {
   const int raw = RawConnect(dir);
   if (raw < 0) return -1;
-  if (!Ask(raw, R"({"v":2,"op":"hello","pid":1})").ok() || !Ask(raw, R"({"v":2,"op":"lease","bytes":1,"tag":"x"})").ok()) {
+  if (!Ask(raw, R"({"v":3,"op":"hello","pid":1})").ok() || !Ask(raw, R"({"v":3,"op":"lease","bytes":1,"tag":"x"})").ok()) {
     ::close(raw);
     return -1;
   }
@@ -195,18 +195,18 @@ TEST(NodeDaemonTest, BadRequestsAreAnsweredWithErrorsAndTheDaemonServesOn) {
   const int fd = RawConnect(dir);
   ASSERT_GE(fd, 0);
   auto ask = [&](const std::string& message) { return Ask(fd, message); };
-  EXPECT_THAT(ask(R"({"v":2,"op":"stats"})").message(), HasSubstr("say hello first"));
+  EXPECT_THAT(ask(R"({"v":3,"op":"stats"})").message(), HasSubstr("say hello first"));
   EXPECT_EQ(ask("not json").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ask(R"({"v":3,"op":"stats"})").code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(ask(R"({"v":2,"op":"steal"})").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ask(R"({"v":2,"op":"hello","pid":-4})").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(ask(R"({"v":2,"op":"hello","pid":1})").ok());
-  EXPECT_THAT(ask(R"({"v":2,"op":"hello","pid":1})").message(), HasSubstr("hello was said already"));
-  EXPECT_EQ(ask(R"({"v":2,"op":"lease","bytes":0,"tag":"x"})").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ask(R"({"v":2,"op":"lease","bytes":1.5,"tag":"x"})").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ask(R"({"v":2,"op":"lease","bytes":1,"tag":"x","extra":1})").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(ask(R"({"v":2,"op":"give","offset":4096})").code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(ask(R"({"v":2,"op":"lease","bytes":1,"tag":"x"})").ok());
+  EXPECT_EQ(ask(R"({"v":3,"op":"steal"})").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask(R"({"v":3,"op":"hello","pid":-4})").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(ask(R"({"v":3,"op":"hello","pid":1})").ok());
+  EXPECT_THAT(ask(R"({"v":3,"op":"hello","pid":1})").message(), HasSubstr("hello was said already"));
+  EXPECT_EQ(ask(R"({"v":3,"op":"lease","bytes":0,"tag":"x"})").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask(R"({"v":3,"op":"lease","bytes":1.5,"tag":"x"})").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask(R"({"v":3,"op":"lease","bytes":1,"tag":"x","extra":1})").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ask(R"({"v":3,"op":"give","offset":4096})").code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(ask(R"({"v":3,"op":"lease","bytes":1,"tag":"x"})").ok());
   ::close(fd);
   absl::StatusOr<std::unique_ptr<NodeClient>> c = NodeClient::Connect(In(dir));
   ASSERT_TRUE(c.ok()) << c.status();
@@ -269,7 +269,7 @@ TEST(NodeDaemonTest, AClientThatDoesNotReadItsRepliesIsDroppedAndTheOthersAreSer
   bool dropped = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!dropped && std::chrono::steady_clock::now() < deadline) {
-    if (::send(raw, R"({"v":2,"op":"stats"})", 20, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) continue;
+    if (::send(raw, R"({"v":3,"op":"stats"})", 20, MSG_NOSIGNAL | MSG_DONTWAIT) >= 0) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     } else {
@@ -295,7 +295,7 @@ TEST(NodeDaemonTest, DescriptorsAndEmptyPacketsFromAClientAreRefusedAndNothingLe
   for (int i = 0; i < 50; ++i) {
     // Two descriptors on one packet.
     int fds[2] = {::open("/dev/null", O_RDONLY), ::open("/dev/null", O_RDONLY)};
-    const std::string m = R"({"v":2,"op":"stats"})";
+    const std::string m = R"({"v":3,"op":"stats"})";
     iovec iov{const_cast<char*>(m.data()), m.size()};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(fds))];
     msghdr msg{};
@@ -390,12 +390,12 @@ TEST(NodeDaemonTest, AReplyTooLateLeavesTheConnectionClosedToRequestsNotOutOfSte
   std::thread fake([&] {
     const int c = ::accept(listener, nullptr, nullptr);
     (void)Receive(c, 5000);  // hello
-    (void)Send(c, absl::StrCat(R"({"v":2,"ok":true,"client":1,"capacity":)", 4 * kUnit, "}"), (*pool)->fd());
+    (void)Send(c, absl::StrCat(R"({"v":3,"ok":true,"client":1,"capacity":)", 4 * kUnit, "}"), (*pool)->fd());
     (void)Receive(c, 5000);  // the first lease: answered late
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    (void)Send(c, absl::StrCat(R"({"v":2,"ok":true,"offset":0,"bytes":)", kUnit, "}"));
+    (void)Send(c, absl::StrCat(R"({"v":3,"ok":true,"offset":0,"bytes":)", kUnit, "}"));
     absl::StatusOr<Received> more = Receive(c, 1000);  // nothing more may come
-    (void)Send(c, absl::StrCat(R"({"v":2,"ok":true,"offset":)", 2 * kUnit, R"(,"bytes":)", kUnit, "}"));
+    (void)Send(c, absl::StrCat(R"({"v":3,"ok":true,"offset":)", 2 * kUnit, R"(,"bytes":)", kUnit, "}"));
     ::close(c);
     EXPECT_FALSE(more.ok()) << "a request after the late reply";
   });
@@ -442,13 +442,13 @@ TEST(NodeWireTest, AReplyOfAnotherVersionSaysHowToReplaceItsDaemon) {
     const absl::Status s = ParseReply(reply).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << reply;
     EXPECT_TRUE(IsOtherVersion(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("this library version 2")) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(absl::StrCat("this library version ", kWireVersion))) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("vmstash daemon stop")) << s;
   }
   EXPECT_THAT(std::string(ParseReply(R"({"ok":true})").status().message()), HasSubstr("without a version"));
-  EXPECT_TRUE(ParseReply(R"({"v":2,"ok":true})").ok());
+  EXPECT_TRUE(ParseReply(R"({"v":3,"ok":true})").ok());
   // The daemon's own refusal of a request's version is not another version's reply.
-  EXPECT_FALSE(IsOtherVersion(ParseReply(R"({"v":2,"ok":false,"code":"FAILED_PRECONDITION","message":"node )"
+  EXPECT_FALSE(IsOtherVersion(ParseReply(R"({"v":3,"ok":false,"code":"FAILED_PRECONDITION","message":"node )"
                                          R"(protocol: version 1, this daemon speaks version 2"})").status()));
 }
 

@@ -54,48 +54,63 @@
 //       covers). A part that pauses then offers the chunks that plan leaves over — those
 //       it would release at its commit — as descriptors (Driver::ExportChunkFd; only
 //       chunks made with share_chunks can be), with its device's UUID, to the daemon
-//       (wire.h: offer), if only to say it offers nothing. It never writes them again
-//       (its backup copies still read them): its mappings of them go in (4) as for any
-//       outgoing chunk.
-//   (c) A part left with fresh memory to make for covers that receive no restore copy
-//       (a discard tag's, or a backup tag's with nothing backed up) sends those gaps —
-//       each with how far a chunk may overrun it; the largest kMaxTakeGaps (wire.h) when
-//       there are more (allocator/handoff_plan.h OpenGaps) —
-//       and asks the daemon for chunks of its device offered by the others (take; a part
-//       that takes has made its offer, if any). The daemon answers "not yet" until every
-//       other donor has offered, voted (an offer comes before a vote) or exited, or the
-//       switch is decided (the part asks again, after 0.1 ms doubling to 1 ms, until its
-//       deadline). Then, once per taker and in the order they ask, it fits the chunks it
-//       holds to the taker's gaps by the one rule both layers share (base/chunk_fit.h)
-//       and gives that taker those it placed; the rest stay for the next taker. A chunk
-//       is mapped whole, so only the gaps can say which chunks fit: two gaps of 4 MiB
-//       take two chunks of 4 MiB, not one of 8. The part imports them
+//       (wire.h: offer), if only to say it offers nothing. It offers once its backup
+//       copies are queued, each chunk with its use (wire.h ChunkUse): a backup tag's may
+//       go anywhere, with the handle of an interprocess event (Driver::CreateIpcEvent,
+//       ExportIpcEvent) recorded after the last backup copy that reads it, sent only once
+//       recorded; a discard tag's only where no restore copy writes (its bytes have no
+//       backup). It never writes them again (its backup copies still read them): its
+//       mappings of them go in (4) as for any outgoing chunk.
+//   (c) A part left with fresh memory to make for its covers sends those gaps — each with
+//       how far a chunk may overrun it, strict where restore copies write it; the largest
+//       kMaxTakeGaps (wire.h) when there are more (allocator/handoff_plan.h OpenGaps) —
+//       and asks the daemon for chunks of its device offered by the others (take), before
+//       it maps anything; a part that also pauses queues its backups and offers first, so
+//       two such parts never wait for each other's offers. The daemon answers "not yet"
+//       until every other donor has offered, voted (an offer comes before a vote) or
+//       exited, or the switch is decided (the part asks again, after 0.1 ms doubling to
+//       1 ms, for at most half the timeout: then it goes on with fresh memory, so a donor
+//       that hangs is the one named for not voting). Then, once per taker and in the order
+//       they ask, it fits the chunks it holds to the taker's gaps by the one rule both
+//       layers share (base/chunk_fit.h: a strict gap takes only chunks that may go
+//       anywhere), gives that taker those it placed and notes, for each giver, who took
+//       its chunks into strict gaps (switch_ledger.h Took); the rest stay for the next
+//       taker. A chunk is mapped whole, so only the gaps can say which chunks fit: two gaps
+//       of 4 MiB take two chunks of 4 MiB, not one of 8. The part imports them
 //       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
 //       be handed on again; closed with the handle, and in a child forked without exec),
 //       drops an import whose handle it holds already (a giver offering one chunk twice),
-//       closes the descriptors, and places the imported ones into the same gaps by the
-//       same rule (AddForeignDonors), the rest of its plan unchanged. They go only into
-//       such covers: no restore copy ever writes another process's memory, so a rollback
-//       never has to give that process its bytes back.
+//       opens each giver's event once (Driver::OpenIpcEvent; one that cannot be opened
+//       keeps its chunk out of strict gaps), closes the descriptors, and places the
+//       imported ones into the same gaps by the same rule (AddForeignDonors), the rest of
+//       its plan unchanged. Its restore copies into another process's chunk are queued
+//       last, each after a wait for that chunk's event: they never overwrite bytes the
+//       giver's backup copies have not read yet.
 //   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while
-//       any process holds a handle), zeroes them (switch_zero) — after the giver's
-//       backup copies are done, since the giver voted only then — and releases those no
-//       cover took; the giver releases its handles of every chunk it offered. Abort: the
-//       taker unmaps and releases its imports; the giver, which never released them,
-//       maps its chunks again as in any rollback, bytes untouched.
+//       any process holds a handle), zeroes the bytes no restore copy wrote (switch_zero)
+//       — after the giver's backup copies are done, since the giver voted only then — and
+//       releases those no cover took; the giver releases its handles of every chunk it
+//       offered. Abort: the taker waits for its copies, unmaps and releases its imports;
+//       the giver maps its chunks again as in any rollback. A chunk that went anywhere may
+//       have been written by a taker's restore copies: before it writes such chunks
+//       again, the giver asks the daemon until every taker of its chunks in strict gaps
+//       has voted or exited (wire.h: settled; a part votes only once none of its copies
+//       runs, failed ones included, and writes no foreign chunk after), then restores their
+//       tags' live bytes from the backup this switch made, like a donor of its own switch
+//       (Note [Switch Protocol]). When that cannot be known — a taker hung past its own
+//       deadline (the timeout plus kVoteGraceMs), the daemon gone or started again — the
+//       giver does not write them, and those tags are broken, with that reason (their
+//       chunks may still be written). The daemon keeps an aborted switch whose giver must
+//       ask until it has (or exited).
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low
-//   descriptor limit), closes those left at
-//   the decision, and keeps none past it. Nothing of this can fail a switch: an offer
-//   the daemon refuses, a chunk that cannot be exported or imported, a device of another
+//   descriptor limit), closes those left at the decision, and keeps none past it. Nothing
+//   of the trade can fail a switch: an offer the daemon refuses, a chunk that cannot be
+//   exported or imported, an event that cannot be made or opened, a device of another
 //   UUID (CUDA_VISIBLE_DEVICES renumbering, another GPU) — each only means fresh memory
 //   where a chunk would have been handed over, and a release where it would have been
 //   given. A mapping of an imported chunk that fails fails the taker's part, so the
-//   switch aborts everywhere. What is not handed over: memory for covers that receive
-//   restore copies — into another process's chunk they would have to wait for that
-//   process's backup copies, which no stream of this process can wait for — so a
-//   switch of backed-up tags still holds both phases' backed-up bytes during its copies,
-//   and a GPU that cannot hold them refuses it (the resuming process's out-of-memory
-//   error), every process rolled back.
+//   switch aborts everywhere. So a switch of backed-up tags holds the larger phase's
+//   bytes on the GPU, not both, where the chunks fit the covers.
 //
 // Thread-safety: RunNodeSwitch may be called from any thread; it blocks for the switch.
 #ifndef VMSTASH_NODE_NODE_SWITCH_H_

@@ -50,7 +50,7 @@ absl::Status SwitchLedger::Begin(const std::string& id, const std::vector<pid_t>
   return absl::OkStatus();
 }
 
-absl::Status SwitchLedger::Offered(const std::string& id, pid_t pid, bool last) {
+absl::Status SwitchLedger::Offered(const std::string& id, pid_t pid, bool last, bool writable) {
   auto t = txns_.find(id);
   if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
   auto p = t->second.participants.find(pid);
@@ -61,7 +61,41 @@ absl::Status SwitchLedger::Offered(const std::string& id, pid_t pid, bool last) 
     return absl::FailedPreconditionError(absl::StrCat("node switch ", id, " is decided: nothing more is offered"));
   }
   p->second.offered = p->second.offered || last;
+  p->second.asks = p->second.asks || writable;
   return absl::OkStatus();
+}
+
+absl::Status SwitchLedger::Took(const std::string& id, pid_t taker, pid_t giver) {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  auto g = t->second.participants.find(giver);
+  for (pid_t pid : {taker, giver}) {
+    if (t->second.participants.count(pid) == 0) {
+      return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
+    }
+  }
+  std::vector<pid_t>& takers = g->second.takers;
+  if (std::find(takers.begin(), takers.end(), taker) == takers.end()) takers.push_back(taker);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<pid_t>> SwitchLedger::Unsettled(const std::string& id, pid_t pid) {
+  auto t = txns_.find(id);
+  if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
+  auto p = t->second.participants.find(pid);
+  if (p == t->second.participants.end()) {
+    return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
+  }
+  std::vector<pid_t> waiting;
+  for (pid_t taker : p->second.takers) {
+    const Participant& q = t->second.participants.at(taker);
+    if (!q.voted && !q.exited) waiting.push_back(taker);
+  }
+  if (waiting.empty() && t->second.decision.has_value()) {
+    p->second.asks = false;
+    MaybeForget(id);
+  }
+  return waiting;
 }
 
 absl::StatusOr<bool> SwitchLedger::OffersIn(const std::string& id, pid_t pid) const {
@@ -189,7 +223,7 @@ std::vector<pid_t> SwitchLedger::Watched() const {
   std::vector<pid_t> out;
   for (const auto& [_, txn] : txns_) {
     for (const auto& [pid, p] : txn.participants) {
-      if (!p.told && !p.exited) out.push_back(pid);
+      if ((!p.told || p.asks) && !p.exited) out.push_back(pid);
     }
     if (!txn.observer_state.told && !txn.observer_state.exited) out.push_back(txn.observer);
   }
@@ -203,6 +237,7 @@ bool SwitchLedger::MaybeForget(const std::string& id) {
   if (t == txns_.end() || !t->second.decision.has_value()) return false;
   for (const auto& [_, p] : t->second.participants) {
     if (!p.told && !p.exited) return false;
+    if (p.asks && !p.exited && !t->second.decision->commit) return false;
   }
   if (!t->second.observer_state.told && !t->second.observer_state.exited) return false;
   txns_.erase(t);

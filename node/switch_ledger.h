@@ -11,7 +11,10 @@
 // forgotten once every participant, and the initiator that began it (an observer: it
 // votes nothing), has been told its outcome or has exited. For the handover of chunks
 // (Note [Node Switch Handover], node_switch.h) it knows which participants pause (donors)
-// and which have offered theirs, so a taker knows when every offer is in.
+// and which have offered theirs, so a taker knows when every offer is in; and which
+// processes took a donor's chunks into covers that restore copies write, so that the
+// donor's rollback knows when none of them can write there any more (Unsettled). A donor
+// that offered such chunks keeps an aborted transaction in memory until it has asked.
 //
 // No I/O, no clock, no locks (the daemon's serving thread is its one writer): times are
 // milliseconds on the caller's clock; every case is unit-tested alone
@@ -54,10 +57,19 @@ class SwitchLedger {
   // `donors`: the participants that pause tags (others are ignored there).
   absl::Status Begin(const std::string& id, const std::vector<pid_t>& pids, std::int64_t deadline_ms,
                      pid_t observer = 0, const std::vector<pid_t>& donors = {});
-  // `pid` offers chunks in `id`: its whole offer is made when `last`. NotFound for an
-  // unknown id, PermissionDenied for a pid that is not a participant, FailedPrecondition
-  // once decided.
-  absl::Status Offered(const std::string& id, pid_t pid, bool last = true);
+  // `pid` offers chunks in `id`: its whole offer is made when `last`; `writable`: some of
+  // them may go where restore copies write (then `pid` will ask Unsettled at an abort).
+  // NotFound for an unknown id, PermissionDenied for a pid that is not a participant,
+  // FailedPrecondition once decided.
+  absl::Status Offered(const std::string& id, pid_t pid, bool last = true, bool writable = false);
+  // `taker` was given chunks of `giver` for gaps that restore copies write. NotFound /
+  // PermissionDenied (either pid) as Offered.
+  absl::Status Took(const std::string& id, pid_t taker, pid_t giver);
+  // The processes that took chunks of `pid` (Took) in `id` and have neither voted (a vote
+  // comes after a part's copies are done) nor exited. Once `id` is decided and none is
+  // left, `pid` is done asking (the transaction may be forgotten). NotFound /
+  // PermissionDenied as Offered.
+  absl::StatusOr<std::vector<pid_t>> Unsettled(const std::string& id, pid_t pid);
   // Whether `pid` may take the offered chunks of `id` now: every other donor has offered,
   // voted (its offer, if any, came first) or exited — or `id` is decided (nothing is left
   // to take then). NotFound / PermissionDenied as Offered.
@@ -85,7 +97,7 @@ class SwitchLedger {
   // The participants of `id` (empty for an unknown id).
   std::vector<pid_t> Participants(const std::string& id) const;
   // The participants whose exit matters: not exited, and not told the outcome (an
-  // undecided transaction's, or a decided one's not yet told).
+  // undecided transaction's, or a decided one's not yet told) or still to ask Unsettled.
   std::vector<pid_t> Watched() const;
   // The ids forgotten since the last call (their records can go).
   std::vector<std::string> TakeForgotten();
@@ -95,6 +107,8 @@ class SwitchLedger {
   struct Participant {
     bool donor = false;    // it pauses tags: it offers chunks
     bool offered = false;  // its offer is complete
+    bool asks = false;     // it offered writable chunks and has not been answered "settled" after an abort
+    std::vector<pid_t> takers;  // those given its chunks for restore gaps (Took)
     bool voted = false;
     bool told = false;
     bool exited = false;
@@ -106,7 +120,8 @@ class SwitchLedger {
     std::int64_t deadline_ms = 0;
     std::optional<SwitchDecision> decision;
   };
-  // Forgets `id` when every participant was told or exited; true when it did.
+  // Forgets `id` when every participant was told or exited and, unless it committed, no
+  // live one is still to ask Unsettled; true when it did.
   bool MaybeForget(const std::string& id);
 
   std::map<std::string, Txn> txns_;

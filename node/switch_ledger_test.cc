@@ -167,5 +167,51 @@ TEST(SwitchLedger, ATakerWaitsForEveryOtherDonorsOfferVoteOrExit) {
   EXPECT_EQ(l.Offered("w", 60).code(), absl::StatusCode::kNotFound);
 }
 
+// Note [Node Switch Handover]: a donor whose chunks went into restore gaps learns when
+// their takers can write them no more (each voted or exited), and the aborted switch
+// stays until it has asked.
+TEST(SwitchLedger, AGiverWaitsForItsWritingTakersAndIsKeptUntilItAsks) {
+  SwitchLedger l;
+  ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000, 0, {10}).ok());
+  ASSERT_TRUE(l.Offered("t", 10, true, /*writable=*/true).ok());
+  EXPECT_EQ(l.Unsettled("t", 10).value(), std::vector<pid_t>{}) << "no taker yet";
+  ASSERT_TRUE(l.Took("t", 20, 10).ok());
+  ASSERT_TRUE(l.Took("t", 30, 10).ok());
+  ASSERT_TRUE(l.Took("t", 30, 10).ok());  // twice: one taker
+  EXPECT_EQ(l.Unsettled("t", 10).value(), (std::vector<pid_t>{20, 30}));
+  ASSERT_TRUE(l.Vote("t", 20, false, "its map failed").ok());  // aborts; 20's copies are done
+  EXPECT_EQ(l.Unsettled("t", 10).value(), (std::vector<pid_t>{30}));
+  EXPECT_FALSE(l.Told("t", 10));
+  EXPECT_FALSE(l.Told("t", 20));
+  EXPECT_TRUE(l.Exited(30).empty());  // exited: it writes no more (and the switch was decided)
+  EXPECT_EQ(l.Watched(), (std::vector<pid_t>{10})) << "the giver's exit still matters";
+  EXPECT_EQ(l.size(), 1u) << "kept: the giver has not asked";
+  EXPECT_EQ(l.Unsettled("t", 10).value(), std::vector<pid_t>{});
+  EXPECT_EQ(l.size(), 0u) << "asked and answered: forgotten";
+  EXPECT_EQ(l.TakeForgotten(), (std::vector<std::string>{"t"}));
+
+  // A commit keeps no one waiting; bad requests.
+  ASSERT_TRUE(l.Begin("u", {10, 20}, 1000, 0, {10}).ok());
+  ASSERT_TRUE(l.Offered("u", 10, true, true).ok());
+  ASSERT_TRUE(l.Took("u", 20, 10).ok());
+  EXPECT_EQ(l.Took("u", 99, 10).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(l.Took("u", 20, 99).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(l.Took("x", 20, 10).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(l.Unsettled("u", 99).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(l.Unsettled("x", 10).status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(l.Vote("u", 10, true, "").ok());
+  ASSERT_TRUE(l.Vote("u", 20, true, "").ok());
+  EXPECT_FALSE(l.Told("u", 10));
+  EXPECT_TRUE(l.Told("u", 20)) << "committed: the giver is not waited for";
+  // A giver that exits before asking lets the aborted switch go.
+  ASSERT_TRUE(l.Begin("v", {10, 20}, 1000, 0, {10}).ok());
+  ASSERT_TRUE(l.Offered("v", 10, true, true).ok());
+  ASSERT_TRUE(l.Vote("v", 20, false, "no").ok());
+  EXPECT_FALSE(l.Told("v", 20));
+  EXPECT_FALSE(l.Told("v", 10));
+  EXPECT_TRUE(l.Exited(10).empty());
+  EXPECT_EQ(l.size(), 0u);
+}
+
 }  // namespace
 }  // namespace vmstash::node

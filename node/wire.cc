@@ -11,6 +11,8 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +36,7 @@ const char* OpName(WireOp op) {
     case WireOp::kOutcome: return "outcome";
     case WireOp::kOffer: return "offer";
     case WireOp::kTake: return "take";
+    case WireOp::kSettled: return "settled";
   }
   return "?";
 }
@@ -81,6 +84,7 @@ std::string FormatRequest(const WireRequest& r) {
       w.Field("reason", r.reason);
       break;
     case WireOp::kOutcome:
+    case WireOp::kSettled:
       w.Field("txn", r.txn);
       w.Field("pid", r.pid);
       break;
@@ -91,6 +95,7 @@ std::string FormatRequest(const WireRequest& r) {
       w.Field("device", r.device);
       if (r.op == WireOp::kOffer) {
         w.Field("sizes", r.sizes);
+        w.Field("uses", r.uses);
         w.Field("last", r.last);
       } else {
         w.Field("gaps", FormatGaps(r.gaps));
@@ -149,8 +154,12 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
       if (!donors.ok()) return donors.status();
       r.donors = *donors;
     }
-  } else if (op == "vote" || op == "outcome" || op == "offer" || op == "take") {
-    r.op = op == "vote" ? WireOp::kVote : op == "outcome" ? WireOp::kOutcome : op == "offer" ? WireOp::kOffer : WireOp::kTake;
+  } else if (op == "vote" || op == "outcome" || op == "offer" || op == "take" || op == "settled") {
+    r.op = op == "vote"      ? WireOp::kVote
+           : op == "outcome" ? WireOp::kOutcome
+           : op == "offer"   ? WireOp::kOffer
+           : op == "take"    ? WireOp::kTake
+                             : WireOp::kSettled;
     absl::StatusOr<std::string> txn = Text(*doc, "txn");
     absl::StatusOr<std::uint64_t> pid = Count(*doc, "pid");
     if (!txn.ok()) return txn.status();
@@ -178,13 +187,18 @@ absl::StatusOr<WireRequest> ParseRequest(absl::string_view text) {
     if (r.op == WireOp::kOffer) {
       absl::StatusOr<std::string> sizes = Text(*doc, "sizes");
       if (!sizes.ok()) return sizes.status();
-      if (absl::Status s = ParseSizes(*sizes).status(); !s.ok()) return s;
+      absl::StatusOr<std::vector<std::size_t>> counted = ParseSizes(*sizes);
+      if (!counted.ok()) return counted.status();
+      absl::StatusOr<std::string> uses = Text(*doc, "uses");
+      if (!uses.ok()) return uses.status();
+      if (absl::Status s = ParseUses(*uses, counted->size()).status(); !s.ok()) return s;
       if ((*doc)["last"].type() != JsonValue::Type::kBool) {
         return absl::InvalidArgumentError("node protocol: \"last\" must be true or false");
       }
       r.sizes = *sizes;
+      r.uses = *uses;
       r.last = (*doc)["last"].Bool();
-      keys.insert(keys.end(), {"sizes", "last"});
+      keys.insert(keys.end(), {"sizes", "uses", "last"});
     }
     if (r.op == WireOp::kTake) {
       absl::StatusOr<std::string> gaps = Text(*doc, "gaps");
@@ -240,21 +254,55 @@ absl::StatusOr<std::vector<FitGap>> ParseGaps(absl::string_view gaps) {
     const std::vector<absl::string_view> parts = absl::StrSplit(g, ':');
     std::uint64_t size = 0;
     std::uint64_t overhang = 0;
-    if (parts.size() != 2 || !Digits(parts[0], &size) || size == 0 || !Digits(parts[1], &overhang)) {
+    if (parts.size() < 2 || parts.size() > 3 || !Digits(parts[0], &size) || size == 0 ||
+        !Digits(parts[1], &overhang) || (parts.size() == 3 && parts[2] != "r")) {
       return absl::InvalidArgumentError(
-          absl::StrCat("node protocol: \"", g, "\" in \"gaps\" is not BYTES:OVERRUN (BYTES > 0)"));
+          absl::StrCat("node protocol: \"", g, "\" in \"gaps\" is not BYTES:OVERRUN[:r] (BYTES > 0)"));
     }
     if (out.size() == kMaxTakeGaps) {
       return absl::InvalidArgumentError(absl::StrCat("node protocol: a take names at most ", kMaxTakeGaps, " gaps"));
     }
-    out.push_back({static_cast<std::size_t>(size), static_cast<std::size_t>(overhang), false});
+    out.push_back({static_cast<std::size_t>(size), static_cast<std::size_t>(overhang), parts.size() == 3});
   }
   return out;
 }
 
 std::string FormatGaps(const std::vector<FitGap>& gaps) {
   std::vector<std::string> parts;
-  for (const FitGap& g : gaps) parts.push_back(absl::StrCat(g.size_bytes, ":", g.max_overhang_bytes));
+  for (const FitGap& g : gaps) {
+    parts.push_back(absl::StrCat(g.size_bytes, ":", g.max_overhang_bytes, g.strict ? ":r" : ""));
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<std::vector<ChunkUse>> ParseUses(absl::string_view uses, std::size_t count) {
+  std::vector<ChunkUse> out;
+  if (!uses.empty()) {
+    for (absl::string_view u : absl::StrSplit(uses, ',')) {
+      if (u == "-" || u == "+") {
+        out.push_back({u == "+", ""});
+        continue;
+      }
+      const bool hex = std::all_of(u.begin(), u.end(), [](char c) { return absl::ascii_isxdigit(c); });
+      if (u.size() != kEventHandleHex || !hex) {
+        return absl::InvalidArgumentError(absl::StrCat("node protocol: \"", u.substr(0, 32), "\" in \"uses\" is not "
+                                                       "\"-\", \"+\" or an event handle of ", kEventHandleHex,
+                                                       " hex digits"));
+      }
+      out.push_back({true, absl::HexStringToBytes(u)});
+    }
+  }
+  if (out.size() != count) {
+    return absl::InvalidArgumentError(absl::StrCat("node protocol: ", out.size(), " uses for ", count, " chunks"));
+  }
+  return out;
+}
+
+std::string FormatUses(const std::vector<ChunkUse>& uses) {
+  std::vector<std::string> parts;
+  for (const ChunkUse& u : uses) {
+    parts.push_back(!u.wait_event.empty() ? absl::BytesToHexString(u.wait_event) : u.anywhere ? "+" : "-");
+  }
   return absl::StrJoin(parts, ",");
 }
 

@@ -7,7 +7,8 @@
 // a packet may carry file descriptors (SCM_RIGHTS): one (hello's reply), or up to
 // kMaxFdsPerPacket chunks (offer, take's reply). One reply per request, in order.
 //
-// Requests (client -> daemon), each with "v":2 (kWireVersion; 2: take names its gaps):
+// Requests (client -> daemon), each with "v":3 (kWireVersion; 2: take names its gaps; 3:
+// chunks' uses, restore gaps, settled):
 //   {"op":"hello","pid":P}             first, once: the reply carries the pool's memfd
 //   {"op":"lease","bytes":N,"tag":T}   N > 0 bytes of the pool for this client
 //   {"op":"give","offset":O}           returns this client's lease at O
@@ -19,28 +20,33 @@
 //                                      comes when X is decided
 //   {"op":"outcome","txn":X,"pid":P}   X's decision, "pending", or (X unknown to this
 //                                      daemon: begun by one that died) "abort", recorded
-//   {"op":"offer","txn":X,"pid":P,"device":D,"sizes":"N,...","last":B}  chunks of P on
-//                                      device D (a UUID) with one descriptor per size, for
-//                                      the other participants of X to take (Note [Node
-//                                      Switch Handover]); the last packet of P's offer says so
-//   {"op":"take","txn":X,"pid":P,"device":D,"gaps":"N:M,..."}  offered chunks of device D
-//                                      for P's gaps (N bytes each, which a chunk may
-//                                      overrun by M; at most kMaxTakeGaps), fitted by
-//                                      base/chunk_fit.h: "ready" false while a donor's
-//                                      offer may still come, else "sizes" and their
-//                                      descriptors (at most kMaxFdsPerPacket) and "more"
-//                                      when there are more (asked for by the same take
-//                                      again: the fit is made once per process, device
-//                                      and switch)
-// Replies: {"v":2,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
+//   {"op":"offer","txn":X,"pid":P,"device":D,"sizes":"N,...","uses":"U,...","last":B}
+//                                      chunks of P on device D (a UUID) with one
+//                                      descriptor and one use (ChunkUse) per size, for the
+//                                      other participants of X to take (Note [Node Switch
+//                                      Handover]); the last packet of P's offer says so
+//   {"op":"take","txn":X,"pid":P,"device":D,"gaps":"N:M[:r],..."}  offered chunks of
+//                                      device D for P's gaps (N bytes each, which a chunk
+//                                      may overrun by M; ":r": restore copies write it, so
+//                                      only chunks whose use says "anywhere" fit it; at
+//                                      most kMaxTakeGaps), fitted by base/chunk_fit.h:
+//                                      "ready" false while a donor's offer may still come,
+//                                      else "sizes", "uses" and their descriptors (at most
+//                                      kMaxFdsPerPacket) and "more" when there are more
+//                                      (asked for by the same take again: the fit is made
+//                                      once per process, device and switch)
+//   {"op":"settled","txn":X,"pid":P}   whether every process that took a chunk of P into
+//                                      a restore gap in X has voted or exited: "settled",
+//                                      and "waiting" (the pids of those that have not)
+// Replies: {"v":3,"ok":true,...} with hello: "client", "capacity"; lease: "offset",
 // "bytes"; stats: the pool's PoolStats fields and "connected"; begin: "txn"; vote and outcome:
 // "decision" ("commit", "abort" or "pending") and "reason"; offer: "kept" (the chunks
 // held; the daemon holds at most kMaxHeldChunks, fewer under a low descriptor limit,
 // closing the others); take: above — or
-// {"v":2,"ok":false,"code":"<absl status code name>","message":"..."}. A reply of another
+// {"v":3,"ok":false,"code":"<absl status code name>","message":"..."}. A reply of another
 // version (a daemon of another vmstash release serves the directory) is FailedPrecondition,
 // saying how to replace that daemon.
-// begin, vote, outcome, offer and take need no hello (a connection of their own: a vote's reply waits
+// begin, vote, outcome, offer, take and settled need no hello (a connection of their own: a vote's reply waits
 // for the decision, and no other request may be sent on it meanwhile). A lease, give or
 // stats before hello, a second hello, an unknown op or key, a missing or mistyped
 // field, or another version is an error reply; the daemon keeps serving.
@@ -62,14 +68,27 @@
 
 namespace vmstash::node {
 
-inline constexpr int kWireVersion = 2;
+inline constexpr int kWireVersion = 3;
 inline constexpr std::size_t kMaxMessageBytes = std::size_t{16} << 10;
 inline constexpr const char* kSocketName = "vmstashd.sock";
 inline constexpr std::size_t kMaxFdsPerPacket = 32;
 inline constexpr std::size_t kMaxHeldChunks = 4096;
 inline constexpr std::size_t kMaxTakeGaps = 256;  // a take's gaps: at most ~42 bytes each, within kMaxMessageBytes
 
-enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOffer, kTake };
+enum class WireOp { kHello, kLease, kGive, kStats, kBegin, kVote, kOutcome, kOffer, kTake, kSettled };
+
+// How a taker may use an offered chunk (Note [Node Switch Handover]). On the wire, one per
+// chunk: "-" (only where no restore copy writes), "+" (anywhere: its giver can restore
+// its bytes) or kEventHandleHex hex digits (anywhere, but a restore copy into it first
+// waits for that event of its giver: Driver::ExportIpcEvent).
+struct ChunkUse {
+  bool anywhere = false;
+  std::string wait_event;  // the event handle's bytes (empty: nothing to wait for)
+  friend bool operator==(const ChunkUse& a, const ChunkUse& b) {
+    return a.anywhere == b.anywhere && a.wait_event == b.wait_event;
+  }
+};
+inline constexpr std::size_t kEventHandleHex = 128;
 
 struct WireRequest {
   WireOp op = WireOp::kStats;
@@ -80,20 +99,24 @@ struct WireRequest {
   std::string pids;          // begin: comma-separated
   std::uint64_t timeout_ms = 0;  // begin
   std::string donors;        // begin: comma-separated (optional)
-  std::string txn;           // vote, outcome, offer, take
+  std::string txn;           // vote, outcome, offer, take, settled
   bool ok = false;           // vote
   std::string reason;        // vote
   std::string device;        // offer, take
   std::string sizes;         // offer: comma-separated byte counts
+  std::string uses;          // offer: FormatUses, one per size
   bool last = false;         // offer
-  std::vector<FitGap> gaps;  // take (never strict)
+  std::vector<FitGap> gaps;  // take (strict: a restore gap)
 };
 // "N,N,..." (empty: none) as byte counts, each > 0; InvalidArgument otherwise.
 absl::StatusOr<std::vector<std::size_t>> ParseSizes(absl::string_view sizes);
-// "N:M,..." (empty: none) as gaps of N > 0 bytes, each overrun by at most M; at most
-// kMaxTakeGaps. InvalidArgument otherwise.
+// "N:M[:r],..." (empty: none) as gaps of N > 0 bytes, each overrun by at most M, strict
+// with ":r"; at most kMaxTakeGaps. InvalidArgument otherwise.
 absl::StatusOr<std::vector<FitGap>> ParseGaps(absl::string_view gaps);
 std::string FormatGaps(const std::vector<FitGap>& gaps);
+// The uses of `count` chunks (ChunkUse); InvalidArgument for another count or a bad one.
+absl::StatusOr<std::vector<ChunkUse>> ParseUses(absl::string_view uses, std::size_t count);
+std::string FormatUses(const std::vector<ChunkUse>& uses);
 
 std::string FormatRequest(const WireRequest& request);
 absl::StatusOr<WireRequest> ParseRequest(absl::string_view text);

@@ -42,7 +42,10 @@ std::string Hello(const Runtime& runtime) {
 // Handover], node/node_switch.h; allocator/switch_exchange.h).
 class NodeExchange final : public SwitchExchange {
  public:
-  NodeExchange(std::string dir, std::string txn, std::chrono::steady_clock::time_point deadline) {
+  // `deadline`: Take waits no longer; `settle_deadline`: AwaitTakers waits no longer.
+  NodeExchange(std::string dir, std::string txn, std::chrono::steady_clock::time_point deadline,
+               std::chrono::steady_clock::time_point settle_deadline)
+      : settle_deadline_(settle_deadline) {
     options_.dir = std::move(dir);
     options_.txn = std::move(txn);
     options_.deadline = deadline;
@@ -51,8 +54,13 @@ class NodeExchange final : public SwitchExchange {
     node::TradeOptions o = options_;
     o.device = device;
     std::vector<node::TradedChunk> traded;
-    for (const SharedChunk& c : chunks) traded.push_back({c.fd, c.size_bytes});
+    for (SharedChunk& c : chunks) traded.push_back({c.fd, c.size_bytes, {c.anywhere, std::move(c.wait_event)}});
     return node::OfferChunks(o, std::move(traded)).status();
+  }
+  absl::Status AwaitTakers() override {
+    node::TradeOptions o = options_;
+    o.deadline = settle_deadline_;
+    return node::AwaitTakers(o);
   }
   absl::StatusOr<std::vector<SharedChunk>> Take(const std::string& device, const std::vector<FitGap>& gaps) override {
     node::TradeOptions o = options_;
@@ -60,13 +68,14 @@ class NodeExchange final : public SwitchExchange {
     o.gaps = gaps;
     VMSTASH_ASSIGN_OR_RETURN(std::vector<node::TradedChunk> traded, node::TakeChunks(o));
     std::vector<SharedChunk> chunks;
-    for (const node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes});
+    for (node::TradedChunk& c : traded) chunks.push_back({c.fd, c.size_bytes, c.use.anywhere, std::move(c.use.wait_event)});
     return chunks;
   }
   std::size_t MaxGaps() const override { return node::kMaxTakeGaps; }
 
  private:
   node::TradeOptions options_;
+  const std::chrono::steady_clock::time_point settle_deadline_;
 };
 
 // This process's part of a node switch (node/node_switch.h, Note [Node Switch]): an
@@ -81,7 +90,12 @@ absl::StatusOr<std::string> NodeSwitchPart(Runtime& runtime, const control::Requ
   const CachingAllocator::SwitchAgree agree = [&vote](const absl::Status& local) {
     return node::VoteAndWait(vote, local);
   };
-  NodeExchange exchange(vote.dir, r.txn, deadline);
+  // A giver's rollback waits for its takers' votes until their own last deadline (a taker
+  // silent by then is hung, or lost the daemon): within the initiator's wait for answers.
+  // A taker waits for the offers half the timeout at most, then goes on with fresh memory:
+  // a donor that hangs is then the one process named for not voting in time.
+  const auto take_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(r.timeout_ms / 2);
+  NodeExchange exchange(vote.dir, r.txn, take_deadline, vote.hard_deadline);
   std::vector<TagId> pause, resume;  // a name unknown here is this process's vote too
   for (const auto* names : {&r.pause, &r.resume}) {
     for (const std::string& t : *names) {

@@ -46,6 +46,8 @@
   X(cuEventQuery)                  \
   X(cuEventSynchronize)            \
   X(cuEventElapsedTime)            \
+  X(cuIpcGetEventHandle)           \
+  X(cuIpcOpenEventHandle)          \
   X(cuMemcpyDtoHAsync)             \
   X(cuMemcpyHtoDAsync)             \
   X(cuMemcpyDtoDAsync)             \

@@ -68,6 +68,9 @@ CUmemAllocationProp ChunkProperties(int device, ChunkOptions options) {
   return prop;
 }
 
+static_assert(sizeof(CUipcEventHandle::reserved) == kIpcEventHandleBytes,
+              "kIpcEventHandleBytes is the size of CUipcEventHandle");
+
 CUstream AsCu(Stream s) { return reinterpret_cast<CUstream>(s); }
 CUevent AsCu(Event e) { return reinterpret_cast<CUevent>(e); }
 
@@ -520,10 +523,34 @@ absl::StatusOr<Event> CudaDriver::CreateEvent(int device, bool timing) {
 absl::Status CudaDriver::DestroyEvent(int device, Event event) {
   counters_.Count(DriverOp::kDestroyEvent);
   VMSTASH_RETURN_IF_ERROR(ledger_.TakeEvent(event, device));
-  VMSTASH_WITH_CONTEXT(device);
+  // Claimed before the backend call (Note [Ledger Claims]): once destroyed, CUDA may hand
+  // the same pointer to a new event made meanwhile by another thread.
+  bool was_ipc = false;
+  {
+    MutexLock lock(&ipc_mu_);
+    was_ipc = ipc_events_.erase(event) != 0;
+  }
+  auto undo = [&] {
+    if (was_ipc) {
+      MutexLock lock(&ipc_mu_);
+      ipc_events_.insert(event);
+    }
+    ledger_.AddEvent(event, device);
+  };
+  absl::StatusOr<CUcontext> context = Context(device);
+  if (!context.ok()) {
+    undo();
+    return context.status();
+  }
+  ScopedContext scoped(api_);
+  absl::Status pushed = scoped.Push(*context);
+  if (!pushed.ok()) {
+    undo();
+    return pushed;
+  }
   CUresult r = api_.cuEventDestroy(AsCu(event));
   if (r != CUDA_SUCCESS) {
-    ledger_.AddEvent(event, device);
+    undo();
     return Fail(r, "cuEventDestroy");
   }
   return absl::OkStatus();
@@ -580,6 +607,56 @@ absl::Status CudaDriver::SynchronizeDevice(int device) {
   VMSTASH_WITH_CONTEXT(device);
   CUresult r = api_.cuCtxSynchronize();
   return r == CUDA_SUCCESS ? absl::OkStatus() : Fail(r, "cuCtxSynchronize");
+}
+
+absl::StatusOr<Event> CudaDriver::CreateIpcEvent(int device) {
+  counters_.Count(DriverOp::kCreateIpcEvent);
+  VMSTASH_WITH_CONTEXT(device);
+  CUevent event = nullptr;
+  CUresult r = api_.cuEventCreate(&event, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+  if (r != CUDA_SUCCESS) return Fail(r, "cuEventCreate", "CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING");
+  {
+    MutexLock lock(&ipc_mu_);
+    ipc_events_.insert(reinterpret_cast<Event>(event));
+  }
+  ledger_.AddEvent(reinterpret_cast<Event>(event), device);
+  return reinterpret_cast<Event>(event);
+}
+
+absl::StatusOr<std::string> CudaDriver::ExportIpcEvent(int device, Event event) {
+  counters_.Count(DriverOp::kExportIpcEvent);
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  {
+    MutexLock lock(&ipc_mu_);
+    if (ipc_events_.count(event) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("ExportIpcEvent: event ",
+                                                     absl::Hex(reinterpret_cast<std::uintptr_t>(event)),
+                                                     " on device ", device, " was not made by CreateIpcEvent"));
+    }
+  }
+  VMSTASH_WITH_CONTEXT(device);
+  CUipcEventHandle handle{};
+  CUresult r = api_.cuIpcGetEventHandle(&handle, AsCu(event));
+  if (r != CUDA_SUCCESS) return Fail(r, "cuIpcGetEventHandle");
+  return std::string(handle.reserved, sizeof(handle.reserved));
+}
+
+absl::StatusOr<Event> CudaDriver::OpenIpcEvent(int device, const std::string& handle) {
+  counters_.Count(DriverOp::kOpenIpcEvent);
+  VMSTASH_RETURN_IF_ERROR(CheckDeviceIndex(device, device_count_));
+  if (handle.size() != kIpcEventHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("OpenIpcEvent: a handle of ", handle.size(),
+                                                   " bytes (an event's handle has ", kIpcEventHandleBytes, ")"));
+  }
+  VMSTASH_WITH_CONTEXT(device);
+  CUipcEventHandle cu_handle{};
+  std::memcpy(cu_handle.reserved, handle.data(), sizeof(cu_handle.reserved));
+  CUevent event = nullptr;
+  CUresult r = api_.cuIpcOpenEventHandle(&event, cu_handle);
+  if (r != CUDA_SUCCESS) return Fail(r, "cuIpcOpenEventHandle", absl::StrCat("device ", device));
+  ledger_.AddEvent(reinterpret_cast<Event>(event), device);
+  return reinterpret_cast<Event>(event);
 }
 
 absl::Status CudaDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes,

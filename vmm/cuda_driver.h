@@ -12,6 +12,12 @@
 // this driver created are counted by the leak check. Chunks are CU_MEM_ALLOCATION_TYPE_PINNED
 // device memory, optionally exportable as POSIX fds and GPUDirect-RDMA capable.
 //
+// Interprocess events (CreateIpcEvent) are CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+// events; their handle is the 64 bytes of CUipcEventHandle. An opened one (OpenIpcEvent)
+// is a CUevent of this process, counted and destroyed like any event this driver made.
+// CUDA refuses to open a handle in the process that exported it (CUDA_ERROR_INVALID_CONTEXT:
+// FailedPrecondition; seen on an H200).
+//
 // Thread-safety: all methods are thread-safe. The object must outlive everything made
 // through it.
 #ifndef VMSTASH_VMM_CUDA_DRIVER_H_
@@ -21,6 +27,8 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -72,6 +80,9 @@ class CudaDriver final : public Driver {
   absl::Status StreamWaitEvent(int device, Stream stream, Event event) override;
   absl::Status SynchronizeStream(int device, Stream stream) override;
   absl::Status SynchronizeDevice(int device) override;
+  absl::StatusOr<Event> CreateIpcEvent(int device) override;
+  absl::StatusOr<std::string> ExportIpcEvent(int device, Event event) override;
+  absl::StatusOr<Event> OpenIpcEvent(int device, const std::string& handle) override;
   absl::Status CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes, Stream stream) override;
   absl::Status CopyToDeviceAsync(int device, DevicePtr dst, const void* src, std::size_t size_bytes,
                                  Stream stream) override;
@@ -105,6 +116,10 @@ class CudaDriver final : public Driver {
   Mutex context_mu_;
   std::vector<CUcontext> contexts_ ABSL_GUARDED_BY(context_mu_);
   std::unique_ptr<std::atomic<std::size_t>[]> granularity_;  // minimum, 0 until queried
+  // The events CreateIpcEvent made and DestroyEvent has not destroyed: the only ones
+  // ExportIpcEvent accepts (CUDA would also export an opened one; the contract does not).
+  Mutex ipc_mu_;
+  std::unordered_set<Event> ipc_events_ ABSL_GUARDED_BY(ipc_mu_);
 };
 
 }  // namespace vmstash

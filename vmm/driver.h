@@ -51,6 +51,8 @@ struct StreamOpaque;
 using Stream = StreamOpaque*;
 struct EventOpaque;
 using Event = EventOpaque*;
+// The size of an event's handle for another process (Driver::ExportIpcEvent; CUipcEventHandle).
+inline constexpr std::size_t kIpcEventHandleBytes = 64;
 
 struct ChunkOptions {
   // Ask for a chunk that can be exported as a POSIX file descriptor (ExportChunkFd),
@@ -156,6 +158,23 @@ class Driver {
   virtual absl::Status SynchronizeStream(int device, Stream stream) = 0;
   // Waits for all work queued on the device by this process.
   virtual absl::Status SynchronizeDevice(int device) = 0;
+
+  // --- Events shared between processes --------------------------------------------------
+  // An event that another process using the same device can wait for (CUDA: an
+  // interprocess event, without timing). RecordEvent, QueryEvent, SynchronizeEvent,
+  // StreamWaitEvent and DestroyEvent as for any event.
+  virtual absl::StatusOr<Event> CreateIpcEvent(int device) = 0;
+  // The handle of `event` (made by CreateIpcEvent) for another process: kIpcEventHandleBytes
+  // opaque bytes. InvalidArgument for an event not made by CreateIpcEvent.
+  virtual absl::StatusOr<std::string> ExportIpcEvent(int device, Event event) = 0;
+  // Another process's event from its handle, as an event of this process (destroyed with
+  // DestroyEvent; the exporter's stays its own). Only StreamWaitEvent, QueryEvent,
+  // SynchronizeEvent and DestroyEvent apply to it. A wait orders against the exporter's
+  // last RecordEvent *before* the wait is queued: a handle must cross only after its
+  // record. InvalidArgument for a malformed handle, or (the simulator) one whose exporter
+  // destroyed the event; FailedPrecondition in the process that exported it (CUDA:
+  // CUDA_ERROR_INVALID_CONTEXT; the simulator: in the SimDriver that exported it).
+  virtual absl::StatusOr<Event> OpenIpcEvent(int device, const std::string& handle) = 0;
 
   // --- Copies ----------------------------------------------------------------------------
   virtual absl::Status CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes,

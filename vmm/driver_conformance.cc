@@ -1,10 +1,13 @@
 #include "vmm/driver_conformance.h"
 
+#include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -397,6 +400,158 @@ TEST_P(DriverConformanceTest, StreamsAndEventsOrderWork) {
   ASSERT_OK(driver().DestroyEvent(kDevice, end));
   ASSERT_OK(driver().DestroyStream(kDevice, a));
   ASSERT_OK(driver().DestroyStream(kDevice, b));
+}
+
+namespace {
+
+// Interprocess events cross to another process: this test binary again (fork + exec,
+// the only way to a fresh CUDA context: a forked child cannot use CUDA), filtered to
+// OpensAnEventOfAnotherProcess of the same driver, with the handle in its environment.
+constexpr char kIpcHandleEnv[] = "VMSTASH_CONFORMANCE_IPC_EVENT";  // the handle, in hex
+constexpr char kIpcReportEnv[] = "VMSTASH_CONFORMANCE_IPC_REPORT_FD";  // "ok" goes there when it passed
+
+std::string ToHex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+std::string FromHex(absl::string_view hex) {
+  auto value = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out += static_cast<char>(value(hex[i]) * 16 + value(hex[i + 1]));
+  return out;
+}
+
+// Runs OpensAnEventOfAnotherProcess of this instantiation in another process with `handle`;
+// OK when it passed there.
+absl::Status PassesInAnotherProcess(const std::string& handle) {
+  const ::testing::TestInfo* me = ::testing::UnitTest::GetInstance()->current_test_info();
+  const std::string name = me->name();  // "Case/param"
+  const std::size_t slash = name.find('/');
+  const std::string filter = std::string("--gtest_filter=") + me->test_suite_name() +
+                             ".OpensAnEventOfAnotherProcess" + (slash == std::string::npos ? "" : name.substr(slash));
+  char exe[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return absl::InternalError("readlink(/proc/self/exe) failed");
+  int report[2];
+  if (::pipe(report) != 0) return absl::InternalError("pipe failed");
+  ::fcntl(report[0], F_SETFD, FD_CLOEXEC);  // the write end stays open across exec
+  // Everything the child needs is made before fork: after it, only execve (the CUDA
+  // driver's threads may hold locks that malloc needs).
+  std::vector<std::string> env = {std::string(kIpcHandleEnv) + "=" + ToHex(handle),
+                                  std::string(kIpcReportEnv) + "=" + std::to_string(report[1])};
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view var(*e);
+    // Not the runner's sharding and report files: the child is no part of this run.
+    if (var.substr(0, 6) == "GTEST_" || var.substr(0, 16) == "XML_OUTPUT_FILE=" ||
+        var.substr(0, 24) == "TEST_PREMATURE_EXIT_FILE" || var.substr(0, 22) == "TEST_SHARD_STATUS_FILE") {
+      continue;
+    }
+    env.emplace_back(var);
+  }
+  std::vector<char*> envp;
+  for (std::string& v : env) envp.push_back(&v[0]);
+  envp.push_back(nullptr);
+  std::string arg0 = exe;
+  std::string arg1 = filter;
+  char* argv[] = {&arg0[0], &arg1[0], nullptr};
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::execve(exe, argv, envp.data());
+    ::_exit(127);
+  }
+  ::close(report[1]);
+  std::string said;
+  char buf[16];
+  for (ssize_t got; (got = ::read(report[0], buf, sizeof(buf))) > 0;) said.append(buf, static_cast<std::size_t>(got));
+  ::close(report[0]);
+  if (child < 0) return absl::InternalError("fork failed");
+  int status = -1;
+  ::waitpid(child, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || said != "ok") {
+    return absl::InternalError(absl::StrCat(filter, " in another process: exit status ", status, ", reported '",
+                                            said, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TEST_P(DriverConformanceTest, InterprocessEventsOrderWorkAcrossProcesses) {
+  const std::size_t g = granularity();
+  const DriverCounters before = driver().Counters();
+  Reservation r = Take(Reservation::Create(&driver(), kDevice, 2 * g));
+  Chunk chunk = Take(Chunk::Create(&driver(), kDevice, 2 * g));
+  Mapping m = Take(Mapping::Create(&driver(), kDevice, r.address(), absl::MakeConstSpan(&chunk, 1)));
+  PinnedHostBuffer host = Take(PinnedHostBuffer::Allocate(&driver(), kDevice, 2 * g));
+  Stream a = Take(driver().CreateStream(kDevice));
+  Stream b = Take(driver().CreateStream(kDevice));
+  Event exported = Take(driver().CreateIpcEvent(kDevice));
+  const std::string handle = Take(driver().ExportIpcEvent(kDevice, exported));
+  EXPECT_EQ(handle.size(), kIpcEventHandleBytes);
+  ASSERT_OK(driver().MemsetAsync(kDevice, r.address(), 0x3c, 2 * g, a));
+  ASSERT_OK(driver().RecordEvent(kDevice, exported, a));
+  // The handle crosses after the record; another process waits for it.
+  ASSERT_OK(PassesInAnotherProcess(handle));
+  // Here it is an event as any other: b waits for a's memset, then reads.
+  ASSERT_OK(driver().StreamWaitEvent(kDevice, b, exported));
+  ASSERT_OK(driver().CopyToHostAsync(kDevice, host.data(), r.address(), 2 * g, b));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, b));
+  EXPECT_TRUE(AllBytes(host.data(), 2 * g, 0x3c));
+  ASSERT_OK(driver().SynchronizeEvent(kDevice, exported));
+  EXPECT_TRUE(Take(driver().QueryEvent(kDevice, exported)));
+  // Interprocess events keep no time.
+  EXPECT_EQ(driver().ElapsedMs(kDevice, exported, exported).status().code(), absl::StatusCode::kInvalidArgument);
+  // Not in the process that exported it (CUDA: CUDA_ERROR_INVALID_CONTEXT).
+  absl::StatusOr<Event> here = driver().OpenIpcEvent(kDevice, handle);
+  EXPECT_EQ(here.status().code(), absl::StatusCode::kFailedPrecondition) << here.status();
+  if (here.ok()) ASSERT_OK(driver().DestroyEvent(kDevice, *here));
+  // Malformed handles.
+  EXPECT_EQ(driver().OpenIpcEvent(kDevice, handle.substr(0, kIpcEventHandleBytes - 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(driver().OpenIpcEvent(kDevice, handle + "x").status().code(), absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<Event> empty = driver().OpenIpcEvent(kDevice, "");
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(empty.status().message()), HasSubstr(std::to_string(kIpcEventHandleBytes)));
+  // Only an event made by CreateIpcEvent exports.
+  Event plain = Take(driver().CreateEvent(kDevice, false));
+  EXPECT_EQ(driver().ExportIpcEvent(kDevice, plain).status().code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_OK(driver().DestroyEvent(kDevice, plain));
+  ASSERT_OK(driver().DestroyEvent(kDevice, exported));
+  EXPECT_EQ(driver().ExportIpcEvent(kDevice, exported).status().code(), absl::StatusCode::kInvalidArgument)
+      << "destroyed";
+  ASSERT_OK(driver().DestroyStream(kDevice, a));
+  ASSERT_OK(driver().DestroyStream(kDevice, b));
+  const DriverCounters after = driver().Counters();
+  EXPECT_EQ(after.Calls(DriverOp::kCreateIpcEvent) - before.Calls(DriverOp::kCreateIpcEvent), 1u);
+  EXPECT_EQ(after.Calls(DriverOp::kExportIpcEvent) - before.Calls(DriverOp::kExportIpcEvent), 3u);
+  EXPECT_EQ(after.Calls(DriverOp::kOpenIpcEvent) - before.Calls(DriverOp::kOpenIpcEvent), 4u);
+}
+
+// The other process of InterprocessEventsOrderWorkAcrossProcesses; skipped anywhere else.
+TEST_P(DriverConformanceTest, OpensAnEventOfAnotherProcess) {
+  const char* hex = std::getenv(kIpcHandleEnv);
+  const char* report = std::getenv(kIpcReportEnv);
+  if (hex == nullptr || report == nullptr) {
+    GTEST_SKIP() << "runs in the other process of InterprocessEventsOrderWorkAcrossProcesses";
+  }
+  Event opened = Take(driver().OpenIpcEvent(kDevice, FromHex(hex)));
+  Stream stream = Take(driver().CreateStream(kDevice));
+  ASSERT_OK(driver().StreamWaitEvent(kDevice, stream, opened));
+  ASSERT_OK(driver().SynchronizeStream(kDevice, stream));
+  ASSERT_OK(driver().SynchronizeEvent(kDevice, opened));
+  EXPECT_TRUE(Take(driver().QueryEvent(kDevice, opened)));
+  EXPECT_EQ(driver().ExportIpcEvent(kDevice, opened).status().code(), absl::StatusCode::kInvalidArgument)
+      << "an opened event is not made by CreateIpcEvent";
+  ASSERT_OK(driver().DestroyStream(kDevice, stream));
+  ASSERT_OK(driver().DestroyEvent(kDevice, opened));
+  ASSERT_OK(driver().CheckNoLeaks());
+  if (!HasFailure()) EXPECT_EQ(::write(std::atoi(report), "ok", 2), 2);
 }
 
 TEST_P(DriverConformanceTest, RegisteredHostMemoryCopies) {

@@ -17,7 +17,8 @@ constexpr std::array<absl::string_view, kNumDriverOps> kOpNames = {
     "destroy_stream",   "create_event",      "destroy_event",     "record_event",
     "query_event",      "synchronize_event", "elapsed_time",      "stream_wait_event",
     "synchronize_stream", "synchronize_device", "copy_to_host",   "copy_to_device",
-    "copy_device",      "memset",
+    "copy_device",      "memset",            "create_ipc_event",  "export_ipc_event",
+    "open_ipc_event",
 };
 
 struct CodeName {

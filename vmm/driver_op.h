@@ -53,6 +53,9 @@ enum class DriverOp : int {
   kCopyToDevice,
   kCopyDevice,
   kMemset,
+  kCreateIpcEvent,
+  kExportIpcEvent,
+  kOpenIpcEvent,
   kNumOps,  // not an operation
 };
 

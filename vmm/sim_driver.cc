@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -24,6 +26,22 @@ struct SimStream {
   int device;
 };
 
+// What an interprocess event shares between processes: the layout of its POSIX
+// shared-memory object, mapped by the exporter and by every process that opened it.
+struct SimIpcShared {
+  std::uint64_t magic;
+  std::atomic<std::uint64_t> records;  // the exporter's RecordEvent calls so far
+  std::int64_t exporter_pid;           // the exporter: its process and SimDriver there
+  std::uint64_t exporter_instance;
+};
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the count is shared between processes");
+
+constexpr std::uint64_t kIpcSharedMagic = 0x31766573696d7376;  // "vsmisev1"
+// An event's handle (kIpcEventHandleBytes): this magic, then the object's name, zero padded.
+constexpr char kIpcHandleMagic[8] = {'v', 'm', 's', 'i', 'm', 'e', 'v', '1'};
+constexpr std::size_t kIpcNameBytes = kIpcEventHandleBytes - sizeof(kIpcHandleMagic);
+constexpr absl::string_view kIpcNamePrefix = "/vmstash-simev-";
+
 struct SimEvent {
   int device;
   bool timing;
@@ -34,9 +52,36 @@ struct SimEvent {
   Stream held_stream = nullptr;
   std::uint64_t hold_generation = 0;
   std::uint64_t seq = 0;  // in-flight work of held_stream up to seq is done when this is
+  // Interprocess events only: the shared state (mapped), the name of its shared-memory
+  // object, and whether this is another's event opened here (OpenIpcEvent) rather than
+  // the exporter's own (CreateIpcEvent), which unlinks the name when destroyed.
+  SimIpcShared* ipc = nullptr;
+  std::string ipc_name{};
+  bool opened = false;
 };
 
 SimEvent* AsSimEvent(Event event) { return reinterpret_cast<SimEvent*>(event); }
+
+void DeleteSimEvent(SimEvent* e) {
+  if (e->ipc != nullptr) {
+    ::munmap(e->ipc, sizeof(SimIpcShared));
+    if (!e->opened) ::shm_unlink(e->ipc_name.c_str());
+  }
+  delete e;
+}
+
+// A name no other object has (O_EXCL makes sure): pid, a process-wide count, and a few
+// random bits, so that a pid recycled after a crash that left a name behind still differs.
+std::string NewIpcName() {
+  static std::atomic<std::uint64_t> count{0};
+  std::uint64_t x = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                    (count.load() * 0x9e3779b97f4a7c15ull);
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 29;
+  return absl::StrFormat("%s%d-%x-%08x", kIpcNamePrefix, ::getpid(), count.fetch_add(1),
+                         static_cast<std::uint32_t>(x));
+}
 
 
 absl::Status ErrnoStatus(const char* call, int err) {
@@ -48,6 +93,11 @@ absl::Status ErrnoStatus(const char* call, int err) {
 }
 
 void* AsHostPtr(DevicePtr va) { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(va)); }
+
+std::uint64_t NextSimDriverInstance() {
+  static std::atomic<std::uint64_t> next{0};
+  return ++next;
+}
 
 }  // namespace
 
@@ -61,7 +111,9 @@ SimDriverOptions SimDriverOptions::FromOptions(const VmmOptions& options) {
 }
 
 SimDriver::SimDriver(SimDriverOptions options)
-    : options_(std::move(options)), used_bytes_(new std::atomic<std::size_t>[options_.devices]) {
+    : options_(std::move(options)),
+      instance_(NextSimDriverInstance()),
+      used_bytes_(new std::atomic<std::size_t>[options_.devices]) {
   for (int d = 0; d < options_.devices; ++d) used_bytes_[d].store(0);
   for (const FaultRule& rule : options_.faults) InjectFault(rule);
 }
@@ -71,7 +123,7 @@ SimDriver::~SimDriver() {
   if (!leaks.ok()) VMSTASH_LOG(kWarning, "SimDriver destroyed with live objects: {}", leaks.message());
   // Like a context teardown: streams and events left alive are freed with the driver.
   for (Stream s : ledger_.TakeAllStreams()) delete reinterpret_cast<SimStream*>(s);
-  for (Event e : ledger_.TakeAllEvents()) delete AsSimEvent(e);
+  for (Event e : ledger_.TakeAllEvents()) DeleteSimEvent(AsSimEvent(e));
 }
 
 void SimDriver::InjectFault(FaultRule rule) {
@@ -401,7 +453,7 @@ absl::StatusOr<Event> SimDriver::CreateEvent(int device, bool timing) {
 absl::Status SimDriver::DestroyEvent(int device, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kDestroyEvent));
   VMSTASH_RETURN_IF_ERROR(ledger_.TakeEvent(event, device));
-  delete AsSimEvent(event);
+  DeleteSimEvent(AsSimEvent(event));
   return absl::OkStatus();
 }
 
@@ -410,13 +462,22 @@ absl::Status SimDriver::RecordEvent(int device, Event event, Stream stream) {
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
   SimEvent* e = AsSimEvent(event);
+  if (e->opened) {
+    return absl::InvalidArgumentError(absl::StrCat("RecordEvent: event ", Hex(reinterpret_cast<std::uintptr_t>(event)),
+                                                   " was opened from another's handle (OpenIpcEvent): only its "
+                                                   "exporter records it"));
+  }
   e->recorded = true;
   e->at = std::chrono::steady_clock::now();
-  MutexLock lock(&hold_mu_);
-  auto it = held_.find({device, stream});
-  e->held_stream = stream;
-  e->hold_generation = it == held_.end() ? 0 : it->second;
-  e->seq = seq_;
+  {
+    MutexLock lock(&hold_mu_);
+    auto it = held_.find({device, stream});
+    e->held_stream = stream;
+    e->hold_generation = it == held_.end() ? 0 : it->second;
+    e->seq = seq_;
+  }
+  // Released: what this process did before the record is visible to an opener that sees it.
+  if (e->ipc != nullptr) e->ipc->records.fetch_add(1, std::memory_order_release);
   return absl::OkStatus();
 }
 
@@ -514,7 +575,17 @@ absl::StatusOr<float> SimDriver::ElapsedMs(int device, Event start, Event end) {
 absl::Status SimDriver::StreamWaitEvent(int device, Stream stream, Event event) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kStreamWaitEvent));
   VMSTASH_RETURN_IF_ERROR(ledger_.CheckStream(stream, device));
-  return ledger_.CheckEvent(event, device);
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  // On a GPU such a wait passes at once, ordering nothing: the handle crossed before the
+  // record it was meant to carry (Driver::OpenIpcEvent). The simulator refuses it.
+  const SimEvent* e = AsSimEvent(event);
+  if (e->opened && e->ipc->records.load(std::memory_order_acquire) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "StreamWaitEvent: stream ", Hex(reinterpret_cast<std::uintptr_t>(stream)), " on device ", device,
+        " waits for an interprocess event that was never recorded: the wait orders nothing (",
+        e->ipc_name, "; send an event's handle only after its RecordEvent)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SimDriver::SynchronizeStream(int device, Stream stream) {
@@ -548,6 +619,108 @@ absl::Status SimDriver::SynchronizeDevice(int device) {
   }
   if (after) after(device);
   return absl::OkStatus();
+}
+
+absl::StatusOr<Event> SimDriver::CreateIpcEvent(int device) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateIpcEvent));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {  // EEXIST: a name left behind; take another
+    name = NewIpcName();
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) return ErrnoStatus("shm_open(ipc event)", errno);
+  }
+  if (fd < 0) return ErrnoStatus("shm_open(ipc event)", EEXIST);
+  void* mapped = MAP_FAILED;
+  int err = 0;
+  if (::ftruncate(fd, sizeof(SimIpcShared)) != 0) {
+    err = errno;
+  } else {
+    mapped = ::mmap(nullptr, sizeof(SimIpcShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) err = errno;
+  }
+  ::close(fd);  // the mapping holds the object
+  if (mapped == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    return ErrnoStatus("ftruncate/mmap(ipc event)", err);
+  }
+  auto* shared = new (mapped) SimIpcShared{kIpcSharedMagic, {0}, ::getpid(), instance_};
+  auto* e = new SimEvent{device, /*timing=*/false};
+  e->ipc = shared;
+  e->ipc_name = std::move(name);
+  Event event = reinterpret_cast<Event>(e);
+  ledger_.AddEvent(event, device);
+  return event;
+}
+
+absl::StatusOr<std::string> SimDriver::ExportIpcEvent(int device, Event event) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kExportIpcEvent));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  VMSTASH_RETURN_IF_ERROR(ledger_.CheckEvent(event, device));
+  const SimEvent* e = AsSimEvent(event);
+  if (e->ipc == nullptr || e->opened) {
+    return absl::InvalidArgumentError(absl::StrCat("ExportIpcEvent: event ", Hex(reinterpret_cast<std::uintptr_t>(event)),
+                                                   " on device ", device, " was not made by CreateIpcEvent",
+                                                   e->opened ? " (it was opened from another's handle)" : ""));
+  }
+  std::string handle(kIpcEventHandleBytes, '\0');
+  std::memcpy(&handle[0], kIpcHandleMagic, sizeof(kIpcHandleMagic));
+  std::memcpy(&handle[sizeof(kIpcHandleMagic)], e->ipc_name.data(), e->ipc_name.size());
+  return handle;
+}
+
+absl::StatusOr<Event> SimDriver::OpenIpcEvent(int device, const std::string& handle) {
+  VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kOpenIpcEvent));
+  VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  if (handle.size() != kIpcEventHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("OpenIpcEvent: a handle of ", handle.size(),
+                                                   " bytes (an event's handle has ", kIpcEventHandleBytes, ")"));
+  }
+  // The magic, then a name of ours ("/vmstash-simev-...", no other '/'), zero padded.
+  const absl::string_view field(handle.data() + sizeof(kIpcHandleMagic), kIpcNameBytes);
+  const std::size_t end = field.find('\0');
+  const absl::string_view name = field.substr(0, end);
+  if (std::memcmp(handle.data(), kIpcHandleMagic, sizeof(kIpcHandleMagic)) != 0 || end == absl::string_view::npos ||
+      name.substr(0, kIpcNamePrefix.size()) != kIpcNamePrefix || name.find('/', 1) != absl::string_view::npos ||
+      field.find_first_not_of('\0', end) != absl::string_view::npos) {
+    return absl::InvalidArgumentError("OpenIpcEvent: not an interprocess event handle of the simulator");
+  }
+  const std::string path(name);
+  const int fd = ::shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == EMFILE || err == ENFILE || err == ENOMEM) return ErrnoStatus("shm_open(ipc event)", err);
+    return absl::InvalidArgumentError(absl::StrCat("OpenIpcEvent: no interprocess event ", path,
+                                                   " (its exporter destroyed it?): ", std::strerror(err)));
+  }
+  struct stat st;
+  void* mapped = MAP_FAILED;
+  int err = 0;
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(SimIpcShared)) {
+    mapped = ::mmap(nullptr, sizeof(SimIpcShared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) err = errno;
+  }
+  ::close(fd);
+  if (mapped == MAP_FAILED && err != 0) return ErrnoStatus("mmap(ipc event)", err);
+  auto* shared = static_cast<SimIpcShared*>(mapped);
+  if (mapped == MAP_FAILED || shared->magic != kIpcSharedMagic) {
+    if (mapped != MAP_FAILED) ::munmap(mapped, sizeof(SimIpcShared));
+    return absl::InvalidArgumentError(absl::StrCat("OpenIpcEvent: ", path, " is not an interprocess event"));
+  }
+  if (shared->exporter_pid == ::getpid() && shared->exporter_instance == instance_) {
+    ::munmap(mapped, sizeof(SimIpcShared));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OpenIpcEvent: ", path, " was exported by this driver: an interprocess event opens in another process "
+        "only (CUDA: CUDA_ERROR_INVALID_CONTEXT); wait for the event itself here"));
+  }
+  auto* e = new SimEvent{device, /*timing=*/false};
+  e->ipc = shared;
+  e->ipc_name = path;
+  e->opened = true;
+  Event event = reinterpret_cast<Event>(e);
+  ledger_.AddEvent(event, device);
+  return event;
 }
 
 absl::Status SimDriver::CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes,

@@ -9,6 +9,15 @@
 //   Unmap       = mmap(MAP_FIXED, PROT_NONE, anonymous) back over the range
 //   copies      = memcpy, executed eagerly when enqueued (streams and events complete at
 //                 once; that is a legal schedule of the CUDA semantics)
+//   IPC event   = an event backed by a small POSIX shared-memory object (shm_open, named
+//                 in its 64-byte handle) holding how often its exporter recorded it, so
+//                 another process opens it by name. A wait on an opened
+//                 event that was never recorded fails (FailedPrecondition): the handle
+//                 crossed before its record, and on a GPU that wait would order nothing.
+//                 The exporter's DestroyEvent unlinks the name; an open after it fails.
+//                 The driver that exported a handle cannot open it (FailedPrecondition),
+//                 as CUDA refuses it in the exporting process (CUDA_ERROR_INVALID_CONTEXT);
+//                 another SimDriver of the process, standing for another process, can.
 //   held stream = HoldStream() makes events recorded on a stream stay pending (QueryEvent
 //                 false) until ReleaseStream(), or until someone waits for them
 //                 (SynchronizeEvent/Stream/Device end the hold, as waiting on a GPU lets the
@@ -112,6 +121,9 @@ class SimDriver final : public Driver {
   absl::Status StreamWaitEvent(int device, Stream stream, Event event) override;
   absl::Status SynchronizeStream(int device, Stream stream) override;
   absl::Status SynchronizeDevice(int device) override;
+  absl::StatusOr<Event> CreateIpcEvent(int device) override;
+  absl::StatusOr<std::string> ExportIpcEvent(int device, Event event) override;
+  absl::StatusOr<Event> OpenIpcEvent(int device, const std::string& handle) override;
   absl::Status CopyToHostAsync(int device, void* dst, DevicePtr src, std::size_t size_bytes, Stream stream) override;
   absl::Status CopyToDeviceAsync(int device, DevicePtr dst, const void* src, std::size_t size_bytes,
                                  Stream stream) override;
@@ -142,6 +154,7 @@ class SimDriver final : public Driver {
   bool EventPending(int device, const void* event) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(hold_mu_);
 
   const SimDriverOptions options_;
+  const std::uint64_t instance_;  // this driver among the process's, for OpenIpcEvent
   OpCounters counters_;
   DriverLedger ledger_{"sim"};
   std::unique_ptr<std::atomic<std::size_t>[]> used_bytes_;

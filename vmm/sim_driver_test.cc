@@ -1,6 +1,8 @@
 // SimDriver specifics; the behaviour shared with CudaDriver is in the conformance suite.
 #include "vmm/sim_driver.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -9,6 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "base/status_macros.h"
@@ -241,6 +245,228 @@ TEST(SimDriverTest, UnmapOfMemoryWithUnsynchronizedCopiesIsReported) {
   EXPECT_NE(s.message().find("in flight"), absl::string_view::npos) << s;
   ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
   ASSERT_TRUE(sim.DestroyStream(0, stream).ok());
+}
+
+// The shared-memory objects of this process's interprocess events (the simulator names
+// them /vmstash-simev-<pid>-...).
+int IpcObjectsOfThisProcess() {
+  const std::string prefix = "vmstash-simev-" + std::to_string(::getpid()) + "-";
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::strncmp(entry->d_name, prefix.c_str(), prefix.size()) == 0) ++n;
+  }
+  ::closedir(dir);
+  return n;
+}
+
+bool WriteAll(int fd, const void* data, std::size_t n) {
+  return ::write(fd, data, n) == static_cast<ssize_t>(n);
+}
+
+bool ReadAll(int fd, void* data, std::size_t n) {
+  auto* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t got = ::read(fd, p, n);
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+// The opener of the cross-process cases, in the forked child: reads a handle from `in`,
+// opens it with its own driver, and runs `check` on it. Exits, never returns: 0 when all
+// went well, else the number of the step that failed.
+[[noreturn]] void OpenInChild(int in, const std::function<int(SimDriver&, Event)>& check) {
+  std::string handle(kIpcEventHandleBytes, '\0');
+  if (!ReadAll(in, &handle[0], handle.size())) ::_exit(10);
+  SimDriver sim(Small());
+  absl::StatusOr<Event> opened = sim.OpenIpcEvent(0, handle);
+  if (!opened.ok()) ::_exit(11);
+  const int failed = check(sim, *opened);
+  if (failed != 0) ::_exit(failed);
+  if (!sim.DestroyEvent(0, *opened).ok()) ::_exit(12);
+  ::_exit(sim.CheckNoLeaks().ok() ? 0 : 13);
+}
+
+TEST(SimDriverIpcEventTest, AnotherProcessWaitsForARecordedEvent) {
+  int to_child[2];
+  ASSERT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
+  const pid_t child = ::fork();  // no other thread runs here
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_child[1]);
+    OpenInChild(to_child[0], [](SimDriver& sim, Event opened) {
+      absl::StatusOr<Stream> stream = sim.CreateStream(0);
+      if (!stream.ok()) return 1;
+      if (!sim.StreamWaitEvent(0, *stream, opened).ok()) return 2;
+      absl::StatusOr<bool> done = sim.QueryEvent(0, opened);
+      if (!done.ok() || !*done) return 3;
+      if (!sim.SynchronizeEvent(0, opened).ok()) return 4;
+      if (sim.RecordEvent(0, opened, *stream).code() != absl::StatusCode::kInvalidArgument) return 5;
+      if (sim.ExportIpcEvent(0, opened).status().code() != absl::StatusCode::kInvalidArgument) return 6;
+      return sim.DestroyStream(0, *stream).ok() ? 0 : 7;
+    });
+  }
+  ::close(to_child[0]);
+  SimDriver sim(Small());
+  Event event = sim.CreateIpcEvent(0).value();
+  const std::string handle = sim.ExportIpcEvent(0, event).value();
+  ASSERT_TRUE(sim.RecordEvent(0, event, nullptr).ok());
+  EXPECT_TRUE(WriteAll(to_child[1], handle.data(), handle.size()));
+  ::close(to_child[1]);
+  int status = -1;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the opener's exit status " << status;
+  // The exporter's event is an event as any other here.
+  EXPECT_TRUE(sim.QueryEvent(0, event).value());
+  ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
+  EXPECT_EQ(IpcObjectsOfThisProcess(), 0);
+  EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+}
+
+TEST(SimDriverIpcEventTest, AWaitBeforeAnyRecordFails) {
+  int to_child[2];
+  int to_parent[2];
+  ASSERT_EQ(::pipe2(to_child, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(to_parent, O_CLOEXEC), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_child[1]);
+    ::close(to_parent[0]);
+    OpenInChild(to_child[0], [&](SimDriver& sim, Event opened) {
+      absl::StatusOr<Stream> stream = sim.CreateStream(0);
+      if (!stream.ok()) return 1;
+      absl::Status early = sim.StreamWaitEvent(0, *stream, opened);
+      if (early.code() != absl::StatusCode::kFailedPrecondition) return 2;
+      if (early.message().find("never recorded") == absl::string_view::npos) return 3;
+      // Told so, the exporter records; now the wait orders.
+      char byte = 'w';
+      if (!WriteAll(to_parent[1], &byte, 1) || !ReadAll(to_child[0], &byte, 1)) return 4;
+      if (!sim.StreamWaitEvent(0, *stream, opened).ok()) return 5;
+      return sim.DestroyStream(0, *stream).ok() ? 0 : 6;
+    });
+  }
+  ::close(to_child[0]);
+  ::close(to_parent[1]);
+  SimDriver sim(Small());
+  Event event = sim.CreateIpcEvent(0).value();
+  const std::string handle = sim.ExportIpcEvent(0, event).value();
+  EXPECT_TRUE(WriteAll(to_child[1], handle.data(), handle.size())) << "sent before its record";
+  char byte = 0;
+  EXPECT_TRUE(ReadAll(to_parent[0], &byte, 1));
+  EXPECT_TRUE(sim.RecordEvent(0, event, nullptr).ok());
+  EXPECT_TRUE(WriteAll(to_child[1], "r", 1));
+  ::close(to_child[1]);
+  ::close(to_parent[0]);
+  int status = -1;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the opener's exit status " << status;
+  ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
+  EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+}
+
+TEST(SimDriverIpcEventTest, HandlesOfDestroyedOrForeignEventsDoNotOpen) {
+  SimDriver sim(Small());
+  Event event = sim.CreateIpcEvent(0).value();
+  const std::string handle = sim.ExportIpcEvent(0, event).value();
+  EXPECT_EQ(IpcObjectsOfThisProcess(), 1);
+  std::string bad = handle;
+  bad[0] ^= 1;
+  EXPECT_EQ(sim.OpenIpcEvent(0, bad).status().code(), absl::StatusCode::kInvalidArgument) << "bad magic";
+  bad = handle;
+  bad[kIpcEventHandleBytes - 1] = 'x';
+  EXPECT_EQ(sim.OpenIpcEvent(0, bad).status().code(), absl::StatusCode::kInvalidArgument) << "no zero padding";
+  bad = handle;
+  bad[9] = 'x';  // the name's prefix
+  EXPECT_EQ(sim.OpenIpcEvent(0, bad).status().code(), absl::StatusCode::kInvalidArgument) << "not our name";
+  EXPECT_EQ(sim.OpenIpcEvent(1, handle).status().code(), absl::StatusCode::kInvalidArgument) << "no device 1";
+  ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
+  EXPECT_EQ(IpcObjectsOfThisProcess(), 0) << "the exporter's DestroyEvent unlinks it";
+  absl::StatusOr<Event> gone = sim.OpenIpcEvent(0, handle);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kInvalidArgument) << gone.status();
+  EXPECT_NE(gone.status().message().find("destroyed"), absl::string_view::npos) << gone.status();
+  // Not by the driver that exported it, as CUDA refuses it in the exporting process; another
+  // driver of this process stands for another process. Opened events are counted and
+  // destroyed like events; one outlives its exporter's.
+  event = sim.CreateIpcEvent(0).value();
+  const std::string again = sim.ExportIpcEvent(0, event).value();
+  absl::StatusOr<Event> own = sim.OpenIpcEvent(0, again);
+  EXPECT_EQ(own.status().code(), absl::StatusCode::kFailedPrecondition) << own.status();
+  EXPECT_NE(own.status().message().find("CUDA_ERROR_INVALID_CONTEXT"), absl::string_view::npos) << own.status();
+  SimDriver peer(Small());
+  Event opened = peer.OpenIpcEvent(0, again).value();
+  Event opened_twice = peer.OpenIpcEvent(0, again).value();
+  EXPECT_NE(opened, opened_twice);
+  absl::Status leaks = peer.CheckNoLeaks();
+  EXPECT_NE(leaks.message().find("2 event(s)"), absl::string_view::npos) << leaks;
+  Stream stream = peer.CreateStream(0).value();
+  EXPECT_EQ(peer.StreamWaitEvent(0, stream, opened).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(sim.RecordEvent(0, event, nullptr).ok());
+  EXPECT_TRUE(peer.StreamWaitEvent(0, stream, opened).ok()) << "recorded now";
+  EXPECT_EQ(peer.RecordEvent(0, opened, stream).code(), absl::StatusCode::kInvalidArgument) << "the exporter's to record";
+  EXPECT_EQ(peer.ElapsedMs(0, opened, opened).status().code(), absl::StatusCode::kInvalidArgument) << "no timing";
+  ASSERT_TRUE(sim.DestroyEvent(0, event).ok());
+  EXPECT_TRUE(peer.QueryEvent(0, opened).value());
+  ASSERT_TRUE(peer.DestroyEvent(0, opened).ok());
+  ASSERT_TRUE(peer.DestroyEvent(0, opened_twice).ok());
+  ASSERT_TRUE(peer.DestroyStream(0, stream).ok());
+  EXPECT_TRUE(peer.CheckNoLeaks().ok()) << peer.CheckNoLeaks();
+  EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+  // A driver torn down with an interprocess event alive unlinks it too.
+  {
+    SimDriver other(Small());
+    ASSERT_TRUE(other.CreateIpcEvent(0).ok());
+    EXPECT_EQ(IpcObjectsOfThisProcess(), 1);
+  }
+  EXPECT_EQ(IpcObjectsOfThisProcess(), 0);
+}
+
+TEST(SimDriverIpcEventTest, InjectedFailuresOfEachOperationLeaveNothingBehind) {
+  for (DriverOp op : {DriverOp::kCreateIpcEvent, DriverOp::kExportIpcEvent, DriverOp::kOpenIpcEvent}) {
+    SCOPED_TRACE(DriverOpName(op));
+    SimDriver sim(Small());  // the exporter
+    SimDriver peer(Small());  // the opener, as another process
+    SimDriver& faulty = op == DriverOp::kOpenIpcEvent ? peer : sim;
+    faulty.InjectFault(FaultRule{op, 1, 1, absl::StatusCode::kInternal});
+    // Each step is tried until it passes: the first call of `op` fails, the second works.
+    absl::StatusOr<Event> event = sim.CreateIpcEvent(0);
+    if (op == DriverOp::kCreateIpcEvent) {
+      EXPECT_EQ(event.status().code(), absl::StatusCode::kInternal);
+      EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+      EXPECT_EQ(IpcObjectsOfThisProcess(), 0);
+      event = sim.CreateIpcEvent(0);
+    }
+    ASSERT_TRUE(event.ok()) << event.status();
+    absl::StatusOr<std::string> handle = sim.ExportIpcEvent(0, *event);
+    if (op == DriverOp::kExportIpcEvent) {
+      EXPECT_EQ(handle.status().code(), absl::StatusCode::kInternal);
+      handle = sim.ExportIpcEvent(0, *event);
+    }
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    absl::StatusOr<Event> opened = peer.OpenIpcEvent(0, *handle);
+    if (op == DriverOp::kOpenIpcEvent) {
+      EXPECT_EQ(opened.status().code(), absl::StatusCode::kInternal);
+      EXPECT_TRUE(peer.CheckNoLeaks().ok()) << peer.CheckNoLeaks();
+      opened = peer.OpenIpcEvent(0, *handle);
+    }
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    ASSERT_TRUE(peer.DestroyEvent(0, *opened).ok());
+    ASSERT_TRUE(sim.DestroyEvent(0, *event).ok());
+    EXPECT_TRUE(sim.CheckNoLeaks().ok()) << sim.CheckNoLeaks();
+    EXPECT_TRUE(peer.CheckNoLeaks().ok()) << peer.CheckNoLeaks();
+    EXPECT_EQ(IpcObjectsOfThisProcess(), 0);
+    const DriverCounters counters = faulty.Counters();
+    EXPECT_EQ(counters.failed_calls, 1u);
+    EXPECT_EQ(counters.Calls(op), 2u);
+  }
+  // And through the configuration's names.
+  absl::StatusOr<std::vector<FaultRule>> rules = ParseFaultRules("open_ipc_event@1=invalid_argument");
+  ASSERT_TRUE(rules.ok()) << rules.status();
+  EXPECT_EQ((*rules)[0].op, DriverOp::kOpenIpcEvent);
 }
 
 TEST(SimDriverTest, InjectsTheNthCallFailureBeforeAnyChange) {

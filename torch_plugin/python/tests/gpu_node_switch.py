@@ -4,8 +4,11 @@ backup tag, scratch memory in a discard tag and a CUDA graph captured over them,
 through node switches made by this process (which takes no part): after every switch the
 process switched in replays its graph, with outputs equal to its first replay's. A switch that
 fails in one process (a tag it does not have) rolls both back, and both graphs still replay.
-With share_chunks:1 the scratch tags' chunks change process at each switch (Note [Node Switch
-Handover]): the graph switched in computes in the other process's physical memory.
+With share_chunks:1 the tags' chunks change process at each switch (Note [Node Switch
+Handover]; the weights' restore copies wait for the other process's backup copies through CUDA
+interprocess events): the graph switched in computes in the other process's physical memory.
+And on a GPU filled up to leave less free memory than one phase's weights, the switch goes
+through with the handover and is refused without it.
 
     python3 -m pytest -m gpu gpu_node_switch.py   (VMSTASH_DAEMON: vmstashd; else it is looked for)
 """
@@ -64,7 +67,8 @@ for line in sys.stdin:
     elif cmd == "state":
         say(step="state", **{t: vmstash.tag_stats(t, 0)["state"] for t in (f"{role}_weights", f"{role}_scratch")})
     elif cmd == "imports":
-        say(step="imports", n=vmstash.stats(0)["driver_calls"].get("import_chunk_fd", 0))
+        calls = vmstash.stats(0)["driver_calls"]
+        say(step="imports", n=calls.get("import_chunk_fd", 0), events=calls.get("open_ipc_event", 0))
     elif cmd == "quit":
         break
 say(step="end")
@@ -111,12 +115,62 @@ def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeyp
         assert other.ask("state")[f"{other.role}_weights"] == "paused"
         r = vmstash.node.switch(pause=active.tags(), resume=other.tags())
         assert other.ask("replay")["equal"]
-        imports = [s.ask("imports")["n"] for s in sides]
+        counts = [s.ask("imports") for s in sides]
+        imports = [c["n"] for c in counts]
         assert (min(imports) > 0) if share else (max(imports) == 0), imports
+        events = [c["events"] for c in counts]  # the weights' covers took the other's chunks
+        assert (min(events) > 0) if share else (max(events) == 0), events
         for s in sides:
             s.ask("quit")
             assert s.p.wait(60) == 0
     finally:
+        for s in sides:
+            if s.p.poll() is None:
+                s.p.kill()
+        stop_daemons(runtime_dir)
+
+
+def test_a_switch_that_fits_the_gpu_only_when_the_memory_changes_process(monkeypatch):
+    # Both phases' weights are 4 GiB, backed up. With under 2 GiB free, a switch that makes
+    # the rollout's memory fresh runs out; one that maps the trainer's chunks into it needs
+    # none, and the restored weights give the rollout's first outputs again.
+    import torch
+    import vmstash
+    runtime_dir = tempfile.mkdtemp(prefix="vmstash-gpu-node-switch-")
+    os.chmod(runtime_dir, 0o700)
+    monkeypatch.setenv("VMSTASH_RUNTIME_DIR", runtime_dir)
+    monkeypatch.setenv("VMSTASH_DAEMON", daemon_binary())
+    sides = []
+    filler = None
+    try:
+        for share in (0, 1):
+            env = dict(os.environ)
+            env["VMSTASH_CONF"] = f"share_chunks:{share}"
+            trainer = _Side(env, "trainer", 1, "active")
+            rollout = _Side(env, "rollout", 2, "paused")
+            sides = [trainer, rollout]
+            free, _ = torch.cuda.mem_get_info(0)
+            filler = torch.empty(free - (3 << 29), dtype=torch.uint8, device="cuda:0")  # 1.5 GiB left
+            if share == 0:
+                with pytest.raises(vmstash.Error) as e:
+                    vmstash.node.switch(pause=trainer.tags(), resume=rollout.tags())
+                assert e.value.code_name == "ABORTED", str(e.value)
+                assert trainer.ask("replay")["equal"], "rolled back: the trainer computes on"
+            else:
+                for active, other in ((trainer, rollout), (rollout, trainer)):
+                    r = vmstash.node.switch(pause=active.tags(), resume=other.tags())
+                    assert r["committed"], r
+                    assert other.ask("replay")["equal"], f"{other.role}: the graph over the handed-over memory differs"
+                    assert other.ask("imports")["events"] > 0
+            del filler
+            filler = None
+            torch.cuda.empty_cache()
+            for s in sides:
+                s.ask("quit")
+                assert s.p.wait(60) == 0
+            sides = []
+    finally:
+        del filler
         for s in sides:
             if s.p.poll() is None:
                 s.p.kill()
