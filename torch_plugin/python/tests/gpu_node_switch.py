@@ -4,11 +4,11 @@ backup tag, scratch memory in a discard tag and a CUDA graph captured over them,
 through node switches made by this process (which takes no part): after every switch the
 process switched in replays its graph, with outputs equal to its first replay's. A switch that
 fails in one process (a tag it does not have) rolls both back, and both graphs still replay.
-With share_chunks:1 the tags' chunks change process at each switch (Note [Node Switch
-Handover]; the weights' restore copies wait for the other process's backup copies through CUDA
-interprocess events): the graph switched in computes in the other process's physical memory.
-And on a GPU filled up to leave less free memory than one phase's weights, the switch goes
-through with the handover and is refused without it.
+With share_chunks:1 the scratch tags' chunks change process at each switch (Note [Node Switch
+Handover]): the graph switched in computes in the other process's physical memory. On a GPU
+filled up to leave less free memory than one phase's weights, the weights' chunks change process
+too (their restore copies wait for the other process's backup copies through CUDA interprocess
+events): the switch goes through with the handover, and is refused without it.
 
     python3 -m pytest -m gpu gpu_node_switch.py   (VMSTASH_DAEMON: vmstashd; else it is looked for)
 """
@@ -118,8 +118,9 @@ def test_two_processes_take_turns_through_node_switches_with_cuda_graphs(monkeyp
         counts = [s.ask("imports") for s in sides]
         imports = [c["n"] for c in counts]
         assert (min(imports) > 0) if share else (max(imports) == 0), imports
-        events = [c["events"] for c in counts]  # the weights' covers took the other's chunks
-        assert (min(events) > 0) if share else (max(events) == 0), events
+        # The weights' covers restore into fresh memory: the GPU has room for them
+        # (RestoresTakeForeignChunks), so no process waited on the other's events.
+        assert max(c["events"] for c in counts) == 0, counts
         for s in sides:
             s.ask("quit")
             assert s.p.wait(60) == 0
