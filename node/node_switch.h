@@ -62,8 +62,11 @@
 //       backup). It never writes them again (its backup copies still read them): its
 //       mappings of them go in (4) as for any outgoing chunk.
 //   (c) A part left with fresh memory to make for its covers sends those gaps — each with
-//       how far a chunk may overrun it, strict where restore copies write it; the largest
-//       kMaxTakeGaps (wire.h) when there are more (allocator/handoff_plan.h OpenGaps) —
+//       how far a chunk may overrun it, strict where restore copies write it, and those
+//       only when its device is short of free memory for the fresh bytes
+//       (RestoresTakeForeignChunks: with room, fresh memory in a few large chunks is faster
+//       than many imports mapped while copies stream); the largest kMaxTakeGaps (wire.h)
+//       when there are more (allocator/handoff_plan.h OpenGaps) —
 //       and asks the daemon for chunks of its device offered by the others (take), before
 //       it maps anything; a part that also pauses queues its backups and offers first, so
 //       two such parts never wait for each other's offers. The daemon answers "not yet"
