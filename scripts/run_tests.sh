@@ -23,7 +23,8 @@ if [[ $# -eq 0 ]]; then
     //allocator:give_back_test //allocator:host_cap_test //allocator:agreed_switch_test //base:mutex_test \
     //allocator:tag_backup_test //node:daemon_test //node:host_pool_test //allocator:pool_backup_test \
     //runtime:node_leases_test //runtime:node_fork_test //node:node_switch_test //node:switch_ledger_test \
-    //allocator:switch_handover_test //node:chunk_trade_test //runtime:tag_share_test //runtime:mapped_backup_test
+    //allocator:switch_handover_test //node:chunk_trade_test //runtime:tag_share_test //runtime:mapped_backup_test \
+    //vmm:sim_driver_test
   bazel test --config=tsan //allocator:caching_allocator_stress_test //allocator:pause_resume_stress_test \
     //allocator:pause_resume_hardening_test //allocator:switch_test //torch_plugin:c_abi_hardening_test //runtime:process_test \
     //allocator:fork_test //control:endpoint_test //allocator:host_budget_test //allocator:agreed_switch_test \
