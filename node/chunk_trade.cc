@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "node/decision_record.h"
 #include "node/wire.h"
 
 namespace vmstash::node {
@@ -140,7 +141,16 @@ absl::Status AwaitTakers(const TradeOptions& options) {
   int pause_us = options.poll_us;
   for (;;) {
     absl::StatusOr<JsonValue> doc = AskOnce(options.dir, r, std::max(MsLeft(options.deadline), 1));
-    if (!doc.ok()) return doc.status();
+    if (!doc.ok()) {
+      // The daemon is gone, or is another that does not know the switch: the takers noted
+      // on disk (decision_record.h) tell whether any process took these chunks at all.
+      absl::StatusOr<std::vector<pid_t>> noted = RecordedTakers(options.dir, options.txn, ::getpid());
+      if (noted.ok() && noted->empty()) return absl::OkStatus();
+      return absl::UnavailableError(absl::StrCat(
+          "the node daemon cannot say whether the processes that took this process's memory are done (",
+          doc.status().message(), ")",
+          noted.ok() ? absl::StrCat("; they are ", absl::StrJoin(*noted, ", ")) : std::string()));
+    }
     if ((*doc)["settled"].Bool(false)) return absl::OkStatus();
     if (Clock::now() >= options.deadline) {
       return absl::DeadlineExceededError(absl::StrCat("process(es) ", (*doc)["waiting"].String(),

@@ -20,6 +20,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "node/chunk_trade.h"
+#include "node/decision_record.h"
 #include "node/switch_vote.h"
 #include "node/testing.h"
 #include "node/wire.h"
@@ -241,10 +242,24 @@ TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsFo
   const absl::Status waiting = AwaitTakers(Options(dir, *txn, "dev-1", 300));
   EXPECT_EQ(waiting.code(), absl::StatusCode::kDeadlineExceeded) << waiting;
   EXPECT_THAT(std::string(waiting.message()), HasSubstr(absl::StrCat(taker.pid()))) << waiting;
+  // Noted on disk before the chunk went out: a giver whose daemon is gone reads it there.
+  EXPECT_EQ(RecordedTakers(dir, *txn, ::getpid()).value(), std::vector<pid_t>{taker.pid()});
+  EXPECT_EQ(RecordedTakers(dir, *txn, taker.pid()).value(), std::vector<pid_t>{});
   taker.Kill();  // it exits without voting: the switch aborts, and it can write no more
   const absl::Status settled = AwaitTakers(Options(dir, *txn, "dev-1", 5000));
   EXPECT_TRUE(settled.ok()) << settled;
-  EXPECT_EQ(AwaitTakers(Options(dir, std::string(32, 'b'), "dev-1", 300)).code(), absl::StatusCode::kNotFound);
+  // A switch the daemon does not know (it died, another took its place): nothing noted for
+  // it, so no process took this one's chunks; one noted cannot be shown done.
+  EXPECT_TRUE(AwaitTakers(Options(dir, std::string(32, 'b'), "dev-1", 300)).ok());
+  ASSERT_TRUE(RecordTaker(dir, std::string(32, 'c'), ::getpid(), 4242).ok());
+  const absl::Status unknown = AwaitTakers(Options(dir, std::string(32, 'c'), "dev-1", 300));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kUnavailable) << unknown;
+  EXPECT_THAT(std::string(unknown.message()), HasSubstr("4242")) << unknown;
+  daemon.Stop();  // and with no daemon at all
+  EXPECT_TRUE(AwaitTakers(Options(dir, std::string(32, 'd'), "dev-1", 300)).ok());
+  EXPECT_EQ(AwaitTakers(Options(dir, std::string(32, 'c'), "dev-1", 300)).code(), absl::StatusCode::kUnavailable);
+  RemoveDecision(dir, std::string(32, 'c'));
+  EXPECT_TRUE(RecordedTakers(dir, std::string(32, 'c'), ::getpid()).value().empty()) << "removed with its record";
 }
 
 TEST(ChunkTrade, ATakerStopsWaitingWhenTheDonorVotesOrExitsWithoutOffering) {

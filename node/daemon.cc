@@ -614,9 +614,19 @@ std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) 
   std::vector<bool> taken(chunks.size(), false);
   for (std::size_t g = 0; g < fit.placed.size(); ++g) {
     for (int c : fit.placed[g]) {
+      const HeldChunk& chunk = chunks[candidates[c]];
+      // Restore copies may write it: its giver's rollback waits for this taker, which is
+      // noted on disk first (a giver whose daemon dies reads it there); unnoted, it is not
+      // given.
+      if (r.gaps[g].strict) {
+        if (absl::Status s = RecordTaker(options_.dir, r.txn, chunk.pid, pid); !s.ok()) {
+          VMSTASH_LOG(kWarning, "vmstashd: node switch {}: a chunk is kept from a restore gap ({})", r.txn,
+                      s.message());
+          continue;
+        }
+        (void)switches_.Took(r.txn, pid, chunk.pid);
+      }
       taken[candidates[c]] = true;
-      // Restore copies may write it: its giver's rollback waits for this taker.
-      if (r.gaps[g].strict) (void)switches_.Took(r.txn, pid, chunks[candidates[c]].pid);
     }
   }
   std::vector<HeldChunk>& granted = granted_[r.txn][taker];

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 #include <cstring>
@@ -148,7 +149,59 @@ absl::StatusOr<std::optional<SwitchDecision>> ReadDecision(const std::string& di
 }
 
 void RemoveDecision(const std::string& dir, const std::string& id) {
-  if (IsSwitchId(id)) ::unlink(absl::StrCat(RecordDir(dir), "/", id).c_str());
+  if (!IsSwitchId(id)) return;
+  ::unlink(absl::StrCat(RecordDir(dir), "/", id).c_str());
+  ::unlink(absl::StrCat(RecordDir(dir), "/", id, ".took").c_str());
+}
+
+absl::Status RecordTaker(const std::string& dir, const std::string& id, pid_t giver, pid_t taker) {
+  if (!IsSwitchId(id)) return absl::InvalidArgumentError(absl::StrCat("node switch: \"", id, "\" is not a switch id"));
+  if (absl::Status s = EnsureRecordDir(dir); !s.ok()) return s;
+  const std::string path = absl::StrCat(RecordDir(dir), "/", id, ".took");
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return control::Errno(absl::StrCat("node switch: open ", path), errno);
+  const std::string line = absl::StrCat(giver, " ", taker, "\n");  // one write: appended whole
+  ssize_t n;
+  do {
+    n = ::write(fd, line.data(), line.size());
+  } while (n < 0 && errno == EINTR);
+  const int err = n < 0 ? errno : 0;
+  ::close(fd);
+  if (n != static_cast<ssize_t>(line.size())) {
+    return control::Errno(absl::StrCat("node switch: write ", path), err != 0 ? err : EIO);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const std::string& id, pid_t giver) {
+  if (!IsSwitchId(id)) return absl::InvalidArgumentError(absl::StrCat("node switch: \"", id, "\" is not a switch id"));
+  std::vector<pid_t> takers;
+  const std::string path = absl::StrCat(RecordDir(dir), "/", id, ".took");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return takers;
+    return control::Errno(absl::StrCat("node switch: open ", path), errno);
+  }
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof(buf))) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return control::Errno(absl::StrCat("node switch: read ", path), err);
+    }
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> pair = absl::StrSplit(line, ' ');
+    int g = 0, t = 0;
+    if (pair.size() != 2 || !absl::SimpleAtoi(pair[0], &g) || !absl::SimpleAtoi(pair[1], &t)) continue;
+    if (g == giver && std::find(takers.begin(), takers.end(), t) == takers.end()) takers.push_back(t);
+  }
+  return takers;
 }
 
 int SweepDecisions(const std::string& dir) {
@@ -164,6 +217,16 @@ int SweepDecisions(const std::string& dir) {
       const std::string path = absl::StrCat(RecordDir(dir), "/", name);
       struct stat st;
       if (::stat(path.c_str(), &st) == 0 && ::time(nullptr) - st.st_mtime > 60) ::unlink(path.c_str());
+      continue;
+    }
+    // Takers' notes of a switch whose record is gone (or never came): an hour after.
+    if (name.size() == 37 && name.compare(32, 5, ".took") == 0 && IsSwitchId(name.substr(0, 32))) {
+      const std::string path = absl::StrCat(RecordDir(dir), "/", name);
+      struct stat st;
+      if (::access(absl::StrCat(RecordDir(dir), "/", name.substr(0, 32)).c_str(), F_OK) != 0 &&
+          ::stat(path.c_str(), &st) == 0 && ::time(nullptr) - st.st_mtime > 3600) {
+        ::unlink(path.c_str());
+      }
       continue;
     }
     if (!IsSwitchId(name)) continue;

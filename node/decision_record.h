@@ -34,10 +34,19 @@ absl::StatusOr<SwitchDecision> RecordDecision(const std::string& dir, const std:
                                               const std::vector<pid_t>& pids, const SwitchDecision& decision);
 // The decision recorded for `id`, or nothing.
 absl::StatusOr<std::optional<SwitchDecision>> ReadDecision(const std::string& dir, const std::string& id);
-// Removes `id`'s record (once every participant knows the outcome).
+// Removes `id`'s record (once every participant knows the outcome), and its takers'.
 void RemoveDecision(const std::string& dir, const std::string& id);
-// Removes the records none of whose participants is alive (returns how many), and
-// temporary files of writers that died more than a minute ago.
+
+// Note [Node Switch Handover]: the daemon notes here, before it sends them, that `taker`
+// gets chunks of `giver` for gaps that restore copies write (`<dir>/vmstashd.switch/
+// <id>.took`, one line appended per pair), so that a giver whose daemon is gone can still
+// tell that no process took its chunks there.
+absl::Status RecordTaker(const std::string& dir, const std::string& id, pid_t giver, pid_t taker);
+// The takers noted for `giver` in `id` (none when nothing was noted).
+absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const std::string& id, pid_t giver);
+// Removes the records none of whose participants is alive (returns how many), temporary
+// files of writers that died more than a minute ago, and takers' notes of switches with no
+// record left an hour after they were written.
 int SweepDecisions(const std::string& dir);
 
 }  // namespace vmstash::node

@@ -100,11 +100,14 @@
 //       has voted or exited (wire.h: settled; a part votes only once none of its copies
 //       runs, failed ones included, and writes no foreign chunk after), then restores their
 //       tags' live bytes from the backup this switch made, like a donor of its own switch
-//       (Note [Switch Protocol]). When that cannot be known — a taker hung past its own
-//       deadline (the timeout plus kVoteGraceMs), the daemon gone or started again — the
-//       giver does not write them, and those tags are broken, with that reason (their
-//       chunks may still be written). The daemon keeps an aborted switch whose giver must
-//       ask until it has (or exited).
+//       (Note [Switch Protocol]). The daemon notes each such taker on disk before it sends
+//       the chunks (decision_record.h RecordTaker), so a giver whose daemon is gone or
+//       started again reads there whether any process took them at all: none, and it
+//       restores as above. When it cannot be known that the takers are done — one hung past
+//       its own deadline (the timeout plus kVoteGraceMs), or one noted while the daemon
+//       that knew its vote is gone — the giver does not write them, and those tags are
+//       broken, with that reason (their chunks may still be written). The daemon keeps an
+//       aborted switch whose giver must ask until it has (or exited).
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low
 //   descriptor limit), closes those left at the decision, and keeps none past it. Nothing
 //   of the trade can fail a switch: an offer the daemon refuses, a chunk that cannot be

@@ -501,10 +501,15 @@ def test_a_process_killed_after_voting_does_not_undo_the_commit(node):
     assert c.check()["ref"]["state"] == "active"
 
 
-def test_a_daemon_killed_while_the_votes_wait_means_abort_everywhere(node):
-    a = node("train:backup:8:active")
-    b = node("rollout:backup:8:paused")
-    c = node("ref:backup:4:active")
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_daemon_killed_while_the_votes_wait_means_abort_everywhere(node, shared):
+    # shared: a and c offer their backed-up chunks, b is short of memory (it would take them
+    # into its restoring covers). The daemon dies before any is taken: a and c find no taker
+    # noted on disk, and restore their own bytes.
+    conf = f"{SIM_CONF},share_chunks:1" if shared else None
+    a = node("train:backup:8:active", conf=conf)
+    b = node("rollout:backup:8:paused", conf=TIGHT if shared else None)
+    c = node("ref:backup:4:active", conf=conf)
     c.ask("stall ref 1.5")
     join = in_thread(lambda: vmstash.node.switch(pause=[(a.pid, "train"), (c.pid, "ref")],
                                                  resume=[(b.pid, "rollout")]))
