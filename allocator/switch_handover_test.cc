@@ -84,7 +84,21 @@ class BoardExchange final : public SwitchExchange {
       }
     }
     std::vector<SharedChunk> out, kept;
-    for (std::size_t i = 0; i < sizes.size(); ++i) (placed[i] ? out : kept).push_back(b_->offered[other][i]);
+    std::vector<bool> strict(sizes.size(), false);
+    for (std::size_t g = 0; g < fit.placed.size(); ++g) {
+      for (int c : fit.placed[g]) strict[c] = gaps[g].strict;
+    }
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      if (!placed[i]) {
+        kept.push_back(b_->offered[other][i]);
+        continue;
+      }
+      out.push_back(b_->offered[other][i]);
+      if (!strict[i]) {  // as the daemon: placed where nothing restores, it goes out as such
+        out.back().anywhere = false;
+        out.back().wait_event.clear();
+      }
+    }
     b_->offered[other].swap(kept);
     return out;
   }

@@ -629,9 +629,23 @@ std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) 
       taken[candidates[c]] = true;
     }
   }
+  // A chunk placed where no restore copy writes goes out as such: the taker fits what it
+  // gets again (an import or an event may fail there), and must never move into a restore
+  // gap a chunk whose giver is not noted as waiting for it.
+  std::vector<bool> strict(chunks.size(), false);
+  for (std::size_t g = 0; g < fit.placed.size(); ++g) {
+    for (int c : fit.placed[g]) strict[candidates[c]] = r.gaps[g].strict;
+  }
   std::vector<HeldChunk>& granted = granted_[r.txn][taker];
   std::vector<HeldChunk> kept;
-  for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted : kept).push_back(chunks[i]);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    if (!taken[i]) {
+      kept.push_back(chunks[i]);
+      continue;
+    }
+    granted.push_back(chunks[i]);
+    if (!strict[i]) granted.back().use = ChunkUse{};
+  }
   chunks.swap(kept);
   if (chunks.empty()) held_.erase(held);
   return &granted;

@@ -127,7 +127,8 @@ class NodeDaemon {
   // The chunks granted to take `r`'s process for its device in its switch: at its first
   // take with gaps while chunks are held for the switch, those from other processes on
   // that device that FitChunks places in its gaps (moved out of held_; those placed in
-  // restore gaps noted in the ledger, SwitchLedger::Took); at later takes,
+  // restore gaps noted on disk and in the ledger, SwitchLedger::Took, the others' uses
+  // made "only where no restore copy writes"); at later takes,
   // what is left of them. Nullptr while nothing was granted and nothing is held or no gap
   // is named.
   std::vector<HeldChunk>* GrantOnce(const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -76,9 +76,11 @@
 //       that hangs is the one named for not voting). Then, once per taker and in the order
 //       they ask, it fits the chunks it holds to the taker's gaps by the one rule both
 //       layers share (base/chunk_fit.h: a strict gap takes only chunks that may go
-//       anywhere), gives that taker those it placed and notes, for each giver, who took
-//       its chunks into strict gaps (switch_ledger.h Took); the rest stay for the next
-//       taker. A chunk is mapped whole, so only the gaps can say which chunks fit: two gaps
+//       anywhere), gives that taker those it placed — those placed in gaps that are not
+//       strict marked for such gaps only, so that the taker, fitting again what it could
+//       import, never moves into a strict gap a chunk whose giver does not wait for it —
+//       and notes, for each giver, who took its chunks into strict gaps (switch_ledger.h
+//       Took); the rest stay for the next taker. A chunk is mapped whole, so only the gaps can say which chunks fit: two gaps
 //       of 4 MiB take two chunks of 4 MiB, not one of 8. The part imports them
 //       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
 //       be handed on again; closed with the handle, and in a child forked without exec),

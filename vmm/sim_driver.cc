@@ -1,6 +1,8 @@
 #include "vmm/sim_driver.h"
 
 
+#include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -11,8 +13,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <new>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/bytes.h"
@@ -83,6 +88,22 @@ std::string NewIpcName() {
                          static_cast<std::uint32_t>(x));
 }
 
+// The names exporters killed before destroying their events left in /dev/shm (a dead pid
+// in the name), removed once per process at its first interprocess event.
+void SweepDeadIpcNames() {
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) return;
+  const std::string prefix(kIpcNamePrefix.substr(1));
+  while (dirent* entry = ::readdir(d)) {
+    const absl::string_view name = entry->d_name;
+    int pid = 0;
+    if (!absl::StartsWith(name, prefix)) continue;
+    const absl::string_view rest = name.substr(prefix.size());
+    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) continue;
+    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(absl::StrCat("/", name).c_str());
+  }
+  ::closedir(d);
+}
 
 absl::Status ErrnoStatus(const char* call, int err) {
   std::string message = absl::StrCat("sim: ", call, " failed: ", std::strerror(err));
@@ -624,6 +645,8 @@ absl::Status SimDriver::SynchronizeDevice(int device) {
 absl::StatusOr<Event> SimDriver::CreateIpcEvent(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateIpcEvent));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
+  static std::once_flag swept;
+  std::call_once(swept, SweepDeadIpcNames);
   std::string name;
   int fd = -1;
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {  // EEXIST: a name left behind; take another
