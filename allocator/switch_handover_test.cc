@@ -34,6 +34,49 @@ using ::vmstash::testing::PatternBlock;
 using ::vmstash::testing::TagStatsOf;
 using ::vmstash::testing::WrongBlocks;
 
+// An offered chunk and its giver (a side's index).
+struct Held {
+  int giver = 0;
+  SharedChunk chunk;
+};
+
+// What the daemon grants a taker (node/daemon.cc GrantOnce): the held chunks of the others
+// that FitChunks places in `gaps`, moved out of `held`; a chunk placed where no restore
+// copy writes goes out as such. `strict_givers` gets the givers whose chunks went into
+// strict gaps (SwitchLedger::Took).
+std::vector<SharedChunk> GrantAsTheDaemon(int taker, std::vector<Held>& held, const std::vector<FitGap>& gaps,
+                                          std::vector<int>* strict_givers) {
+  std::vector<std::size_t> candidates;
+  std::vector<FitChunk> sizes;
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (held[i].giver == taker) continue;
+    candidates.push_back(i);
+    sizes.push_back({held[i].chunk.size_bytes, held[i].chunk.anywhere});
+  }
+  const ChunkFit fit = FitChunks(sizes, gaps);
+  std::vector<int> placed_in(held.size(), -1);
+  for (std::size_t g = 0; g < fit.placed.size(); ++g) {
+    for (int c : fit.placed[g]) placed_in[candidates[c]] = static_cast<int>(g);
+  }
+  std::vector<SharedChunk> out;
+  std::vector<Held> kept;
+  for (std::size_t i = 0; i < held.size(); ++i) {
+    if (placed_in[i] < 0) {
+      kept.push_back(held[i]);
+      continue;
+    }
+    out.push_back(held[i].chunk);
+    if (gaps[placed_in[i]].strict) {
+      strict_givers->push_back(held[i].giver);
+    } else {
+      out.back().anywhere = false;
+      out.back().wait_event.clear();
+    }
+  }
+  held.swap(kept);
+  return out;
+}
+
 // The daemon's part, in memory: offers by side, votes, and the decision.
 struct Board {
   std::mutex mu;
@@ -73,33 +116,13 @@ class BoardExchange final : public SwitchExchange {
     ++takes;
     asked = gaps;
     if (b_->device[other] != device) return std::vector<SharedChunk>();
-    std::vector<FitChunk> sizes;
-    for (const SharedChunk& c : b_->offered[other]) sizes.push_back({c.size_bytes, c.anywhere});
-    const ChunkFit fit = FitChunks(sizes, gaps);
-    std::vector<bool> placed(sizes.size(), false);
-    for (std::size_t g = 0; g < fit.placed.size(); ++g) {
-      for (int c : fit.placed[g]) {
-        placed[c] = true;
-        b_->took_strict[me_] = b_->took_strict[me_] || gaps[g].strict;
-      }
-    }
-    std::vector<SharedChunk> out, kept;
-    std::vector<bool> strict(sizes.size(), false);
-    for (std::size_t g = 0; g < fit.placed.size(); ++g) {
-      for (int c : fit.placed[g]) strict[c] = gaps[g].strict;
-    }
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      if (!placed[i]) {
-        kept.push_back(b_->offered[other][i]);
-        continue;
-      }
-      out.push_back(b_->offered[other][i]);
-      if (!strict[i]) {  // as the daemon: placed where nothing restores, it goes out as such
-        out.back().anywhere = false;
-        out.back().wait_event.clear();
-      }
-    }
-    b_->offered[other].swap(kept);
+    std::vector<Held> held;
+    for (const SharedChunk& c : b_->offered[other]) held.push_back({other, c});
+    std::vector<int> strict_givers;
+    std::vector<SharedChunk> out = GrantAsTheDaemon(me_, held, gaps, &strict_givers);
+    b_->took_strict[me_] = b_->took_strict[me_] || !strict_givers.empty();
+    b_->offered[other].clear();
+    for (const Held& h : held) b_->offered[other].push_back(h.chunk);
     return out;
   }
   // As the daemon does: once the taker voted (Vote below sets it after its copies).
@@ -387,6 +410,122 @@ TEST_F(SwitchHandoverTest, AnEventThatCannotBeMadeOffersTheChunkForDiscardCovers
   auto [rb2, ra2] = Cross(b_, {b_.w, b_.kv}, a_, {a_.w, a_.kv}, &back);
   ASSERT_TRUE(rb2.ok() && ra2.ok()) << rb2 << " / " << ra2;
   EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
+}
+
+// Three parts as the daemon sees them: two givers and one taker, the first giver's vote
+// deciding "abort" once the taker has taken.
+struct Board3 {
+  static constexpr int kN = 3;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Held> held;
+  bool offered[kN] = {};
+  bool voted[kN] = {};
+  std::vector<int> takers[kN];  // per giver (SwitchLedger::Took)
+  int decided = -1;             // -1 undecided, 0 abort, 1 commit
+  bool took = false;
+  ~Board3() {
+    for (const Held& h : held) ::close(h.chunk.fd);
+  }
+};
+
+class Board3Exchange final : public SwitchExchange {
+ public:
+  Board3Exchange(Board3* board, int me) : b_(board), me_(me) {}
+  absl::Status Offer(const std::string&, std::vector<SharedChunk> chunks) override {
+    std::unique_lock<std::mutex> lock(b_->mu);
+    if (me_ == 1) b_->cv.wait(lock, [&] { return b_->offered[0]; });  // the first giver's chunks come first
+    for (const SharedChunk& c : chunks) b_->held.push_back({me_, c});
+    b_->offered[me_] = true;
+    b_->cv.notify_all();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<SharedChunk>> Take(const std::string&, const std::vector<FitGap>& gaps) override {
+    std::unique_lock<std::mutex> lock(b_->mu);
+    b_->cv.wait(lock, [&] { return (b_->offered[0] || b_->voted[0]) && (b_->offered[1] || b_->voted[1]); });
+    std::vector<int> strict_givers;
+    std::vector<SharedChunk> out = GrantAsTheDaemon(me_, b_->held, gaps, &strict_givers);
+    for (int g : strict_givers) b_->takers[g].push_back(me_);
+    b_->took = true;
+    b_->cv.notify_all();
+    return out;
+  }
+  absl::Status AwaitTakers() override {
+    std::unique_lock<std::mutex> lock(b_->mu);
+    b_->cv.wait(lock, [&] {
+      for (int t : b_->takers[me_]) {
+        if (!b_->voted[t]) return false;
+      }
+      return true;
+    });
+    return absl::OkStatus();
+  }
+  std::size_t MaxGaps() const override { return 64; }
+
+ private:
+  Board3* const b_;
+  const int me_;
+};
+
+CachingAllocator::SwitchAgree Vote3(Board3* b, int me) {
+  return [b, me](const absl::Status& local) -> absl::Status {
+    std::unique_lock<std::mutex> lock(b->mu);
+    if (me == 0) b->cv.wait(lock, [&] { return b->took; });
+    b->voted[me] = true;
+    if (b->decided < 0 && (!local.ok() || me == 0)) b->decided = 0;  // the first giver says no
+    b->cv.notify_all();
+    b->cv.wait(lock, [&] { return b->decided >= 0; });
+    return b->decided == 1 ? absl::OkStatus() : absl::AbortedError("the first giver said no");
+  };
+}
+
+// Two givers (A and C, backup tags) and B, short of memory, taking for its backup covers. A
+// failure at B (an event it cannot open, an import) makes B fit again what it could use: it
+// must never move C's chunk, which the daemon gave it for a discard cover (C waits for
+// nobody), into a restoring cover. Otherwise C's rollback restores its bytes at once and
+// B's restore copies, slower, overwrite them. B is held up at its first restore copy until
+// C's switch has returned, to make that order certain.
+TEST_F(SwitchHandoverTest, ATakerFittingAgainNeverMovesIntoARestoringCoverAChunkGivenForADiscardOne) {
+  for (const DriverOp fault : {DriverOp::kOpenIpcEvent, DriverOp::kImportChunkFd, DriverOp::kNumOps}) {
+    SCOPED_TRACE(fault == DriverOp::kNumOps ? "no fault" : std::string(DriverOpName(fault)));
+    Side c = MakeSide("ho_c", true, 30);
+    if (fault != DriverOp::kNumOps) b_.sim->InjectFault(FaultRule{fault, 1, 2, absl::StatusCode::kInternal});
+    Board3 board;
+    Board3Exchange ex_a(&board, 0), ex_c(&board, 1), ex_b(&board, 2);
+    const CachingAllocator::SwitchAgree v_a = Vote3(&board, 0), v_c = Vote3(&board, 1), v_b = Vote3(&board, 2);
+    std::mutex latch_mu;
+    std::condition_variable latch_cv;
+    bool c_done = false, held_once = false;
+    b_.sim->SetBeforeCall([&](DriverOp op) {
+      if (op != DriverOp::kCopyToDevice || held_once) return;
+      held_once = true;
+      std::unique_lock<std::mutex> l(latch_mu);
+      latch_cv.wait(l, [&] { return c_done; });
+    });
+    absl::Status ra, rc, rb;
+    std::thread ta([&] { ra = a_.alloc->Switch({a_.w}, {}, nullptr, nullptr, &v_a, &ex_a).status(); });
+    std::thread tc([&] {
+      rc = c.alloc->Switch({c.w}, {}, nullptr, nullptr, &v_c, &ex_c).status();
+      std::lock_guard<std::mutex> l(latch_mu);
+      c_done = true;
+      latch_cv.notify_all();
+    });
+    rb = b_.alloc->Switch({}, {b_.w, b_.kv}, nullptr, nullptr, &v_b, &ex_b).status();
+    ta.join();
+    tc.join();
+    b_.sim->SetBeforeCall(nullptr);
+    b_.sim->ClearFaults();
+    EXPECT_EQ(ra.code(), absl::StatusCode::kAborted) << ra;
+    EXPECT_EQ(rc.code(), absl::StatusCode::kAborted) << rc;
+    EXPECT_EQ(rb.code(), absl::StatusCode::kAborted) << rb;
+    EXPECT_EQ(WrongBlocks(a_.w_blocks), 0u);
+    EXPECT_EQ(WrongBlocks(c.w_blocks), 0u) << "C's bytes overwritten by B's restore after C's rollback";
+    EXPECT_EQ(b_.State(b_.w), "paused");
+    c.alloc.reset();
+    EXPECT_TRUE(c.sim->CheckNoLeaks().ok());
+  }
+  ASSERT_TRUE(b_.alloc->Switch({}, {b_.w}).ok());
+  EXPECT_EQ(WrongBlocks(b_.w_blocks), 0u);
 }
 
 TEST(SwitchHandoverUnshared, AProcessWithoutShareChunksOffersNothingAndTheSwitchStillCommits) {
