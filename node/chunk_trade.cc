@@ -139,23 +139,27 @@ absl::Status AwaitTakers(const TradeOptions& options) {
   r.txn = options.txn;
   r.pid = ::getpid();
   int pause_us = options.poll_us;
+  std::string last;  // why it is not settled yet
   for (;;) {
     absl::StatusOr<JsonValue> doc = AskOnce(options.dir, r, std::max(MsLeft(options.deadline), 1));
-    if (!doc.ok()) {
-      // The daemon is gone, or is another that does not know the switch: the takers noted
-      // on disk (decision_record.h) tell whether any process took these chunks at all.
+    if (doc.ok()) {
+      if ((*doc)["settled"].Bool(false)) return absl::OkStatus();
+      last = absl::StrCat("process(es) ", (*doc)["waiting"].String(), " took this process's memory and neither "
+                          "finished nor exited");
+    } else if (absl::IsNotFound(doc.status()) || DaemonGone(options.dir)) {
+      // The daemon that granted the chunks is gone (none serves, or another that does not
+      // know the switch): nothing more is granted, and the takers noted on disk
+      // (decision_record.h) tell whether any process took these chunks at all.
       absl::StatusOr<std::vector<pid_t>> noted = RecordedTakers(options.dir, options.txn, ::getpid());
       if (noted.ok() && noted->empty()) return absl::OkStatus();
       return absl::UnavailableError(absl::StrCat(
           "the node daemon cannot say whether the processes that took this process's memory are done (",
           doc.status().message(), ")",
           noted.ok() ? absl::StrCat("; they are ", absl::StrJoin(*noted, ", ")) : std::string()));
+    } else {  // alive, but this request failed (refused, slow): ask again
+      last = std::string(doc.status().message());
     }
-    if ((*doc)["settled"].Bool(false)) return absl::OkStatus();
-    if (Clock::now() >= options.deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("process(es) ", (*doc)["waiting"].String(),
-                                                      " took this process's memory and neither finished nor exited"));
-    }
+    if (Clock::now() >= options.deadline) return absl::DeadlineExceededError(last);
     std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
     pause_us = std::min(2 * pause_us, 1000);
   }

@@ -188,8 +188,6 @@ TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
   EXPECT_EQ(got(fours, *txn), absl::StrCat("b:", 4 * kMiB, ",d:", 4 * kMiB, "|again:0"));
   EXPECT_EQ(got(overrun, *txn), absl::StrCat("a:", 8 * kMiB, "|again:0"));
   EXPECT_EQ(got(big, *txn), absl::StrCat("c:", 8 * kMiB, "|again:0")) << "the 16 MiB chunk fits no gap";
-  // None went where restore copies write: the donor waits for no one at an abort.
-  EXPECT_TRUE(AwaitTakers(Options(dir, *txn, "dev-1", 300)).ok());
   // A take naming no gap gets nothing, and the chunk that fits no gap is still held.
   absl::StatusOr<std::vector<TradedChunk>> none = TakeChunks(Options(dir, *txn, "dev-1", 5000, {}));
   ASSERT_TRUE(none.ok()) << none.status();
@@ -199,6 +197,8 @@ TEST(ChunkTrade, TakersShareTheOffersByWhatFitsTheirGaps) {
   v.txn = *txn;
   v.hard_deadline = Clock::now() + std::chrono::seconds(10);
   EXPECT_FALSE(VoteAndWait(v, absl::InternalError("done")).ok());
+  // None went where restore copies write: the donor waits for no one at the abort.
+  EXPECT_TRUE(AwaitTakers(Options(dir, *txn, "dev-1", 300)).ok());
   for (Taker* t : {&fours, &overrun, &big}) t->Kill();  // the daemon stops watching them
   EXPECT_EQ(ForgetAndCountFds(dir, *txn, daemon.pid(), before), before)
       << "the chunk nobody took is closed at the decision";
@@ -235,6 +235,8 @@ TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsFo
   chunks[2].use = {true, ""};
   absl::StatusOr<std::size_t> kept = OfferChunks(Options(dir, *txn, "dev-1"), chunks);
   ASSERT_TRUE(kept.ok()) << kept.status();
+  // Undecided, a taker may still come: never settled yet, with no taker so far.
+  EXPECT_EQ(AwaitTakers(Options(dir, *txn, "dev-1", 200)).code(), absl::StatusCode::kDeadlineExceeded);
   taker.Go(*txn);
   // "a" may go only where nothing restores: the 4 MiB gap cannot hold it, the 8 MiB one is
   // a restore gap. "b" (anywhere, with its event) fills the restore gap; "c" the other, and

@@ -585,8 +585,10 @@ std::string NodeDaemon::Settled(const Client& client, const WireRequest& r) {
   }
   absl::StatusOr<std::vector<pid_t>> waiting = switches_.Unsettled(r.txn, static_cast<pid_t>(r.pid));
   if (!waiting.ok()) return FormatError(waiting.status());
+  absl::StatusOr<std::optional<SwitchDecision>> decided = switches_.Decision(r.txn);
+  const bool settled = waiting->empty() && decided.ok() && decided->has_value();
   return OkReply([&](JsonWriter& w) {
-    w.Field("settled", waiting->empty());
+    w.Field("settled", settled);
     w.Field("waiting", absl::StrJoin(*waiting, ","));
   });
 }

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <utility>
 #include <ctime>
 #include <cstring>
 
@@ -24,7 +25,9 @@ namespace {
 
 constexpr std::size_t kMaxRecordBytes = 16 << 10;
 
-std::string RecordDir(const std::string& dir) { return absl::StrCat(dir, "/vmstashd.switch"); }
+std::string RecordDir(const std::string& dir) {
+  return absl::StrCat(dir.empty() ? control::DefaultRuntimeDir() : dir, "/vmstashd.switch");
+}
 
 absl::Status EnsureRecordDir(const std::string& dir) {
   const std::string d = RecordDir(dir);
@@ -173,13 +176,15 @@ absl::Status RecordTaker(const std::string& dir, const std::string& id, pid_t gi
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const std::string& id, pid_t giver) {
-  if (!IsSwitchId(id)) return absl::InvalidArgumentError(absl::StrCat("node switch: \"", id, "\" is not a switch id"));
-  std::vector<pid_t> takers;
+namespace {
+
+// The (giver, taker) pairs noted for `id` (none when nothing was noted).
+absl::StatusOr<std::vector<std::pair<pid_t, pid_t>>> ReadTakers(const std::string& dir, const std::string& id) {
+  std::vector<std::pair<pid_t, pid_t>> pairs;
   const std::string path = absl::StrCat(RecordDir(dir), "/", id, ".took");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) return takers;
+    if (errno == ENOENT) return pairs;
     return control::Errno(absl::StrCat("node switch: open ", path), errno);
   }
   std::string text;
@@ -198,7 +203,21 @@ absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const 
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     const std::vector<absl::string_view> pair = absl::StrSplit(line, ' ');
     int g = 0, t = 0;
-    if (pair.size() != 2 || !absl::SimpleAtoi(pair[0], &g) || !absl::SimpleAtoi(pair[1], &t)) continue;
+    if (pair.size() == 2 && absl::SimpleAtoi(pair[0], &g) && absl::SimpleAtoi(pair[1], &t)) pairs.emplace_back(g, t);
+  }
+  return pairs;
+}
+
+bool Alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+}  // namespace
+
+absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const std::string& id, pid_t giver) {
+  if (!IsSwitchId(id)) return absl::InvalidArgumentError(absl::StrCat("node switch: \"", id, "\" is not a switch id"));
+  absl::StatusOr<std::vector<std::pair<pid_t, pid_t>>> pairs = ReadTakers(dir, id);
+  if (!pairs.ok()) return pairs.status();
+  std::vector<pid_t> takers;
+  for (const auto& [g, t] : *pairs) {
     if (g == giver && std::find(takers.begin(), takers.end(), t) == takers.end()) takers.push_back(t);
   }
   return takers;
@@ -232,8 +251,13 @@ int SweepDecisions(const std::string& dir) {
     if (!IsSwitchId(name)) continue;
     absl::StatusOr<std::optional<Parsed>> p = ReadRecord(absl::StrCat(RecordDir(dir), "/", name));
     if (!p.ok() || !p->has_value()) continue;
+    // The takers' notes count too: a giver may still read them (a record a participant
+    // wrote names only itself).
     bool alive = false;
-    for (pid_t pid : (*p)->pids) alive = alive || ::kill(pid, 0) == 0 || errno == EPERM;
+    for (pid_t pid : (*p)->pids) alive = alive || Alive(pid);
+    absl::StatusOr<std::vector<std::pair<pid_t, pid_t>>> noted = ReadTakers(dir, name);
+    if (!noted.ok()) continue;
+    for (const auto& [g, t] : *noted) alive = alive || Alive(g) || Alive(t);
     if (!alive) {
       RemoveDecision(dir, name);
       ++removed;

@@ -44,7 +44,8 @@ void RemoveDecision(const std::string& dir, const std::string& id);
 absl::Status RecordTaker(const std::string& dir, const std::string& id, pid_t giver, pid_t taker);
 // The takers noted for `giver` in `id` (none when nothing was noted).
 absl::StatusOr<std::vector<pid_t>> RecordedTakers(const std::string& dir, const std::string& id, pid_t giver);
-// Removes the records none of whose participants is alive (returns how many), temporary
+// Removes the records none of whose participants (nor givers and takers noted for them)
+// is alive (returns how many), temporary
 // files of writers that died more than a minute ago, and takers' notes of switches with no
 // record left an hour after they were written.
 int SweepDecisions(const std::string& dir);

@@ -98,14 +98,15 @@
 //       offered. Abort: the taker waits for its copies, unmaps and releases its imports;
 //       the giver maps its chunks again as in any rollback. A chunk that went anywhere may
 //       have been written by a taker's restore copies: before it writes such chunks
-//       again, the giver asks the daemon until every taker of its chunks in strict gaps
-//       has voted or exited (wire.h: settled; a part votes only once none of its copies
+//       again, the giver asks the daemon until the switch is decided and every taker of
+//       its chunks in strict gaps has voted or exited (wire.h: settled; a part votes only once none of its copies
 //       runs, failed ones included, and writes no foreign chunk after), then restores their
 //       tags' live bytes from the backup this switch made, like a donor of its own switch
 //       (Note [Switch Protocol]). The daemon notes each such taker on disk before it sends
 //       the chunks (decision_record.h RecordTaker), so a giver whose daemon is gone or
-//       started again reads there whether any process took them at all: none, and it
-//       restores as above. When it cannot be known that the takers are done — one hung past
+//       started again (not one that only refused a request: it asks again) reads there
+//       whether any process took them at all: none, and it restores as above. The notes
+//       go with the decision's record, not before every giver and taker noted is gone. When it cannot be known that the takers are done — one hung past
 //       its own deadline (the timeout plus kVoteGraceMs), or one noted while the daemon
 //       that knew its vote is gone — the giver does not write them, and those tags are
 //       broken, with that reason (their chunks may still be written). The daemon keeps an

@@ -308,6 +308,27 @@ TEST(NodeSwitchProtocol, TheFirstRecordWins) {
   ASSERT_TRUE(RecordDecision(dir, "00000000000000000000000000000002", {child}, SwitchDecision{}).ok());
   EXPECT_EQ(SweepDecisions(dir), 1);
   EXPECT_TRUE(ReadDecision(dir, id)->has_value());
+  // A record naming only a dead process stays while a giver or taker noted for it lives:
+  // the giver may still read the notes (Note [Node Switch Handover]); and goes after.
+  const std::string noted = "00000000000000000000000000000003";
+  ASSERT_TRUE(RecordDecision(dir, noted, {child}, SwitchDecision{}).ok());
+  ASSERT_TRUE(RecordTaker(dir, noted, ::getpid(), child).ok());
+  EXPECT_EQ(SweepDecisions(dir), 0);
+  EXPECT_EQ(RecordedTakers(dir, noted, ::getpid()).value(), std::vector<pid_t>{child});
+  const pid_t giver = ::fork();
+  if (giver == 0) ::_exit(0);
+  ::waitpid(giver, nullptr, 0);
+  const std::string gone = "00000000000000000000000000000004";
+  ASSERT_TRUE(RecordDecision(dir, gone, {}, SwitchDecision{}).ok());
+  ASSERT_TRUE(RecordTaker(dir, gone, giver, child).ok());
+  EXPECT_EQ(SweepDecisions(dir), 1);
+  EXPECT_TRUE(RecordedTakers(dir, gone, giver)->empty()) << "removed with its record";
+  // The default runtime directory (a process's own) is the one read and written.
+  ASSERT_EQ(::setenv("VMSTASH_RUNTIME_DIR", dir.c_str(), 1), 0);
+  ASSERT_TRUE(RecordTaker("", gone, ::getpid(), 77).ok());
+  EXPECT_EQ(RecordedTakers(dir, gone, ::getpid()).value(), std::vector<pid_t>{77});
+  EXPECT_EQ(RecordedTakers("", gone, ::getpid()).value(), std::vector<pid_t>{77});
+  ::unsetenv("VMSTASH_RUNTIME_DIR");
 }
 
 TEST(NodeSwitchProtocol, BadRequestsAreRefusedClearly) {

@@ -91,6 +91,8 @@ absl::StatusOr<std::vector<pid_t>> SwitchLedger::Unsettled(const std::string& id
     const Participant& q = t->second.participants.at(taker);
     if (!q.voted && !q.exited) waiting.push_back(taker);
   }
+  // Undecided, more chunks may still be given (the asker's own vote was not counted, say).
+  if (!t->second.decision.has_value()) return waiting;
   if (waiting.empty() && t->second.decision.has_value()) {
     p->second.asks = false;
     MaybeForget(id);

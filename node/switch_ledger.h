@@ -66,9 +66,9 @@ class SwitchLedger {
   // PermissionDenied (either pid) as Offered.
   absl::Status Took(const std::string& id, pid_t taker, pid_t giver);
   // The processes that took chunks of `pid` (Took) in `id` and have neither voted (a vote
-  // comes after a part's copies are done) nor exited. Once `id` is decided and none is
-  // left, `pid` is done asking (the transaction may be forgotten). NotFound /
-  // PermissionDenied as Offered.
+  // comes after a part's copies are done) nor exited; settled only when that is none and
+  // `id` is decided (undecided, more may take). Once settled, `pid` is done asking (the
+  // transaction may be forgotten). NotFound / PermissionDenied as Offered.
   absl::StatusOr<std::vector<pid_t>> Unsettled(const std::string& id, pid_t pid);
   // Whether `pid` may take the offered chunks of `id` now: every other donor has offered,
   // voted (its offer, if any, came first) or exited — or `id` is decided (nothing is left
