@@ -1,6 +1,7 @@
 #include "vmm/driver_conformance.h"
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -441,8 +442,7 @@ absl::Status PassesInAnotherProcess(const std::string& handle) {
   int report[2];
   if (::pipe(report) != 0) return absl::InternalError("pipe failed");
   ::fcntl(report[0], F_SETFD, FD_CLOEXEC);  // the write end stays open across exec
-  // Everything the child needs is made before fork: after it, only execve (the CUDA
-  // driver's threads may hold locks that malloc needs).
+  // A new process image (posix_spawn): a forked copy of this one could not use CUDA.
   std::vector<std::string> env = {std::string(kIpcHandleEnv) + "=" + ToHex(handle),
                                   std::string(kIpcReportEnv) + "=" + std::to_string(report[1])};
   for (char** e = environ; *e != nullptr; ++e) {
@@ -460,17 +460,14 @@ absl::Status PassesInAnotherProcess(const std::string& handle) {
   std::string arg0 = exe;
   std::string arg1 = filter;
   char* argv[] = {&arg0[0], &arg1[0], nullptr};
-  const pid_t child = ::fork();
-  if (child == 0) {
-    ::execve(exe, argv, envp.data());
-    ::_exit(127);
-  }
+  pid_t child = -1;
+  const int spawned = ::posix_spawn(&child, exe, nullptr, nullptr, argv, envp.data());
   ::close(report[1]);
   std::string said;
   char buf[16];
   for (ssize_t got; (got = ::read(report[0], buf, sizeof(buf))) > 0;) said.append(buf, static_cast<std::size_t>(got));
   ::close(report[0]);
-  if (child < 0) return absl::InternalError("fork failed");
+  if (spawned != 0) return absl::InternalError(absl::StrCat("posix_spawn failed: ", std::strerror(spawned)));
   int status = -1;
   ::waitpid(child, &status, 0);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || said != "ok") {

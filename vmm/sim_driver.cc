@@ -1,7 +1,6 @@
 #include "vmm/sim_driver.h"
 
 
-#include <dirent.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,13 +15,12 @@
 #include <mutex>
 #include <new>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/bytes.h"
 #include "base/log.h"
 #include "base/status_macros.h"
+#include "vmm/sim_ipc_names.h"
 
 namespace vmstash {
 namespace {
@@ -42,10 +40,6 @@ struct SimIpcShared {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free, "the count is shared between processes");
 
 constexpr std::uint64_t kIpcSharedMagic = 0x31766573696d7376;  // "vsmisev1"
-// An event's handle (kIpcEventHandleBytes): this magic, then the object's name, zero padded.
-constexpr char kIpcHandleMagic[8] = {'v', 'm', 's', 'i', 'm', 'e', 'v', '1'};
-constexpr std::size_t kIpcNameBytes = kIpcEventHandleBytes - sizeof(kIpcHandleMagic);
-constexpr absl::string_view kIpcNamePrefix = "/vmstash-simev-";
 
 struct SimEvent {
   int device;
@@ -73,36 +67,6 @@ void DeleteSimEvent(SimEvent* e) {
     if (!e->opened) ::shm_unlink(e->ipc_name.c_str());
   }
   delete e;
-}
-
-// A name no other object has (O_EXCL makes sure): pid, a process-wide count, and a few
-// random bits, so that a pid recycled after a crash that left a name behind still differs.
-std::string NewIpcName() {
-  static std::atomic<std::uint64_t> count{0};
-  std::uint64_t x = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-                    (count.load() * 0x9e3779b97f4a7c15ull);
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 29;
-  return absl::StrFormat("%s%d-%x-%08x", kIpcNamePrefix, ::getpid(), count.fetch_add(1),
-                         static_cast<std::uint32_t>(x));
-}
-
-// The names exporters killed before destroying their events left in /dev/shm (a dead pid
-// in the name), removed once per process at its first interprocess event.
-void SweepDeadIpcNames() {
-  DIR* d = ::opendir("/dev/shm");
-  if (d == nullptr) return;
-  const std::string prefix(kIpcNamePrefix.substr(1));
-  while (dirent* entry = ::readdir(d)) {
-    const absl::string_view name = entry->d_name;
-    int pid = 0;
-    if (!absl::StartsWith(name, prefix)) continue;
-    const absl::string_view rest = name.substr(prefix.size());
-    if (!absl::SimpleAtoi(rest.substr(0, rest.find('-')), &pid) || pid <= 0) continue;
-    if (::kill(pid, 0) != 0 && errno == ESRCH) ::shm_unlink(absl::StrCat("/", name).c_str());
-  }
-  ::closedir(d);
 }
 
 absl::Status ErrnoStatus(const char* call, int err) {
@@ -646,11 +610,11 @@ absl::StatusOr<Event> SimDriver::CreateIpcEvent(int device) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kCreateIpcEvent));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
   static std::once_flag swept;
-  std::call_once(swept, SweepDeadIpcNames);
+  std::call_once(swept, SweepDeadSimIpcNames);
   std::string name;
   int fd = -1;
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {  // EEXIST: a name left behind; take another
-    name = NewIpcName();
+    name = NewSimIpcName();
     fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) return ErrnoStatus("shm_open(ipc event)", errno);
   }
@@ -687,29 +651,13 @@ absl::StatusOr<std::string> SimDriver::ExportIpcEvent(int device, Event event) {
                                                    " on device ", device, " was not made by CreateIpcEvent",
                                                    e->opened ? " (it was opened from another's handle)" : ""));
   }
-  std::string handle(kIpcEventHandleBytes, '\0');
-  std::memcpy(&handle[0], kIpcHandleMagic, sizeof(kIpcHandleMagic));
-  std::memcpy(&handle[sizeof(kIpcHandleMagic)], e->ipc_name.data(), e->ipc_name.size());
-  return handle;
+  return SimIpcHandle(e->ipc_name);
 }
 
 absl::StatusOr<Event> SimDriver::OpenIpcEvent(int device, const std::string& handle) {
   VMSTASH_RETURN_IF_ERROR(Enter(DriverOp::kOpenIpcEvent));
   VMSTASH_RETURN_IF_ERROR(CheckDevice(device));
-  if (handle.size() != kIpcEventHandleBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("OpenIpcEvent: a handle of ", handle.size(),
-                                                   " bytes (an event's handle has ", kIpcEventHandleBytes, ")"));
-  }
-  // The magic, then a name of ours ("/vmstash-simev-...", no other '/'), zero padded.
-  const absl::string_view field(handle.data() + sizeof(kIpcHandleMagic), kIpcNameBytes);
-  const std::size_t end = field.find('\0');
-  const absl::string_view name = field.substr(0, end);
-  if (std::memcmp(handle.data(), kIpcHandleMagic, sizeof(kIpcHandleMagic)) != 0 || end == absl::string_view::npos ||
-      name.substr(0, kIpcNamePrefix.size()) != kIpcNamePrefix || name.find('/', 1) != absl::string_view::npos ||
-      field.find_first_not_of('\0', end) != absl::string_view::npos) {
-    return absl::InvalidArgumentError("OpenIpcEvent: not an interprocess event handle of the simulator");
-  }
-  const std::string path(name);
+  VMSTASH_ASSIGN_OR_RETURN(const std::string path, SimIpcNameOf(handle));
   const int fd = ::shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
     const int err = errno;
