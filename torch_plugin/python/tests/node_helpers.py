@@ -2,6 +2,7 @@
 gpu_node_pool.py, gpu_node_switch.py, test_weights.py, gpu_weights.py): where vmstashd is,
 stopping the daemons a test's runtime directory saw, and a scripted process answering in
 JSON lines."""
+import importlib.util
 import json
 import os
 import re
@@ -15,11 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def daemon_binary():
-    """$VMSTASH_DAEMON, else the vmstashd of a CMake or Bazel build of this tree; a test of the
-    daemon fails (never skips) without one."""
+    """$VMSTASH_DAEMON, else the one of an installed vmstash package (the wheel's
+    vmstash/bin/vmstashd, when the tests run against the wheel), else the vmstashd of a CMake or
+    Bazel build of this tree; a test of the daemon fails (never skips) without one."""
     path = os.environ.get("VMSTASH_DAEMON")
     if path:
         return os.path.abspath(path)
+    spec = importlib.util.find_spec("vmstash")
+    if spec is not None and spec.origin is not None:
+        package = os.path.dirname(os.path.abspath(spec.origin))
+        if package != os.path.join(ROOT, "torch_plugin", "python", "vmstash"):
+            candidate = os.path.join(package, "bin", "vmstashd")
+            if os.access(candidate, os.X_OK):
+                return candidate
     for candidate in (os.path.join(ROOT, "build", "cmake", "tools", "vmstashd", "vmstashd"),
                       os.path.join(ROOT, "bazel-bin", "tools", "vmstashd", "vmstashd")):
         if os.access(candidate, os.X_OK):
