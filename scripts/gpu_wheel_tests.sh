@@ -32,7 +32,7 @@ python3 -c 'import vmstash, sys; sys.exit(0 if vmstash.__file__.startswith(sys.a
 
 echo "== 1. vmstash daemon start / status / stop (the wheel's console script)"
 cli="$site/bin/vmstash"
-"$cli" daemon start
+"$cli" daemon start --capacity=4G
 "$cli" daemon status
 "$cli" daemon stop
 
