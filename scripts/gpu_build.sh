@@ -1,4 +1,4 @@
-# Sourced (not run) by the GPU-machine scripts: gpu_build_and_test.sh, run_demo.sh and
+# Sourced (not run) by the GPU-machine scripts: gpu_build_and_test.sh, gpu_wheel_tests.sh, run_demo.sh and
 # bench_report.sh. Unpacks the Debian .debs of third_party/debs (scripts/fetch_debs.sh)
 # into a prefix when they are there, else uses the system's abseil/fmt/googletest; points
 # the loader at the prefix (RUNPATH is not transitive); configures CMake with torch when
