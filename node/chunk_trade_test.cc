@@ -250,7 +250,21 @@ TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsFo
   EXPECT_EQ(RecordedTakers(dir, *txn, ::getpid()).value(), std::vector<pid_t>{taker.pid()});
   EXPECT_EQ(RecordedTakers(dir, *txn, taker.pid()).value(), std::vector<pid_t>{});
   taker.Kill();  // it exits without voting: the switch aborts, and it can write no more
-  const absl::Status settled = AwaitTakers(Options(dir, *txn, "dev-1", 5000));
+  // This process learns the abort, as the initiator and as a participant, before it asks:
+  // its ask is then the last thing the daemon keeps the switch for, and must say settled
+  // (the switch is forgotten by that ask; the record and its notes linger on disk).
+  WireRequest outcome;
+  outcome.op = WireOp::kOutcome;
+  outcome.txn = *txn;
+  outcome.pid = ::getpid();
+  for (int i = 0; i < 250; ++i) {
+    absl::StatusOr<JsonValue> d = AskOnce(dir, outcome, 5000);
+    ASSERT_TRUE(d.ok()) << d.status();
+    if ((*d)["decision"].String() != "pending") break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(AskOnce(dir, outcome, 5000).ok());
+  const absl::Status settled = AwaitTakers(Options(dir, *txn, "dev-1", 300));
   EXPECT_TRUE(settled.ok()) << settled;
   // A switch the daemon does not know (it died, another took its place): nothing noted for
   // it, so no process took this one's chunks; one noted cannot be shown done.

@@ -583,13 +583,11 @@ std::string NodeDaemon::Settled(const Client& client, const WireRequest& r) {
     return FormatError(absl::PermissionDeniedError(
         absl::StrCat("node switch: process ", client.pid, " may ask for itself only, not for ", r.pid)));
   }
-  absl::StatusOr<std::vector<pid_t>> waiting = switches_.Unsettled(r.txn, static_cast<pid_t>(r.pid));
-  if (!waiting.ok()) return FormatError(waiting.status());
-  absl::StatusOr<std::optional<SwitchDecision>> decided = switches_.Decision(r.txn);
-  const bool settled = waiting->empty() && decided.ok() && decided->has_value();
+  absl::StatusOr<SwitchLedger::Settlement> s = switches_.Unsettled(r.txn, static_cast<pid_t>(r.pid));
+  if (!s.ok()) return FormatError(s.status());
   return OkReply([&](JsonWriter& w) {
-    w.Field("settled", settled);
-    w.Field("waiting", absl::StrJoin(*waiting, ","));
+    w.Field("settled", s->settled);
+    w.Field("waiting", absl::StrJoin(s->waiting, ","));
   });
 }
 

@@ -79,25 +79,25 @@ absl::Status SwitchLedger::Took(const std::string& id, pid_t taker, pid_t giver)
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<pid_t>> SwitchLedger::Unsettled(const std::string& id, pid_t pid) {
+absl::StatusOr<SwitchLedger::Settlement> SwitchLedger::Unsettled(const std::string& id, pid_t pid) {
   auto t = txns_.find(id);
   if (t == txns_.end()) return absl::NotFoundError(absl::StrCat("node switch ", id, " is not known"));
   auto p = t->second.participants.find(pid);
   if (p == t->second.participants.end()) {
     return absl::PermissionDeniedError(absl::StrCat("process ", pid, " takes no part in node switch ", id));
   }
-  std::vector<pid_t> waiting;
+  Settlement s;
   for (pid_t taker : p->second.takers) {
     const Participant& q = t->second.participants.at(taker);
-    if (!q.voted && !q.exited) waiting.push_back(taker);
+    if (!q.voted && !q.exited) s.waiting.push_back(taker);
   }
   // Undecided, more chunks may still be given (the asker's own vote was not counted, say).
-  if (!t->second.decision.has_value()) return waiting;
-  if (waiting.empty() && t->second.decision.has_value()) {
+  s.settled = s.waiting.empty() && t->second.decision.has_value();
+  if (s.settled) {
     p->second.asks = false;
-    MaybeForget(id);
+    MaybeForget(id);  // `t` may be gone from here on
   }
-  return waiting;
+  return s;
 }
 
 absl::StatusOr<bool> SwitchLedger::OffersIn(const std::string& id, pid_t pid) const {

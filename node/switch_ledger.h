@@ -65,11 +65,16 @@ class SwitchLedger {
   // `taker` was given chunks of `giver` for gaps that restore copies write. NotFound /
   // PermissionDenied (either pid) as Offered.
   absl::Status Took(const std::string& id, pid_t taker, pid_t giver);
-  // The processes that took chunks of `pid` (Took) in `id` and have neither voted (a vote
-  // comes after a part's copies are done) nor exited; settled only when that is none and
-  // `id` is decided (undecided, more may take). Once settled, `pid` is done asking (the
-  // transaction may be forgotten). NotFound / PermissionDenied as Offered.
-  absl::StatusOr<std::vector<pid_t>> Unsettled(const std::string& id, pid_t pid);
+  // What a donor asking Unsettled learns: the processes that took chunks of it (Took) and
+  // have neither voted (a vote comes after a part's copies are done) nor exited; settled
+  // when that is none and the switch is decided (undecided, more may take).
+  struct Settlement {
+    std::vector<pid_t> waiting;
+    bool settled = false;
+  };
+  // `pid`'s Settlement in `id`. Once settled, `pid` is done asking, and this very call may
+  // forget the transaction (a later one is NotFound). NotFound / PermissionDenied as Offered.
+  absl::StatusOr<Settlement> Unsettled(const std::string& id, pid_t pid);
   // Whether `pid` may take the offered chunks of `id` now: every other donor has offered,
   // voted (its offer, if any, came first) or exited — or `id` is decided (nothing is left
   // to take then). NotFound / PermissionDenied as Offered.

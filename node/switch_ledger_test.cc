@@ -174,19 +174,23 @@ TEST(SwitchLedger, AGiverWaitsForItsWritingTakersAndIsKeptUntilItAsks) {
   SwitchLedger l;
   ASSERT_TRUE(l.Begin("t", {10, 20, 30}, 1000, 0, {10}).ok());
   ASSERT_TRUE(l.Offered("t", 10, true, /*writable=*/true).ok());
-  EXPECT_EQ(l.Unsettled("t", 10).value(), std::vector<pid_t>{}) << "no taker yet";
+  EXPECT_EQ(l.Unsettled("t", 10)->waiting, std::vector<pid_t>{}) << "no taker yet";
+  EXPECT_FALSE(l.Unsettled("t", 10)->settled) << "undecided: a taker may still come";
   ASSERT_TRUE(l.Took("t", 20, 10).ok());
   ASSERT_TRUE(l.Took("t", 30, 10).ok());
   ASSERT_TRUE(l.Took("t", 30, 10).ok());  // twice: one taker
-  EXPECT_EQ(l.Unsettled("t", 10).value(), (std::vector<pid_t>{20, 30}));
+  EXPECT_EQ(l.Unsettled("t", 10)->waiting, (std::vector<pid_t>{20, 30}));
   ASSERT_TRUE(l.Vote("t", 20, false, "its map failed").ok());  // aborts; 20's copies are done
-  EXPECT_EQ(l.Unsettled("t", 10).value(), (std::vector<pid_t>{30}));
+  EXPECT_EQ(l.Unsettled("t", 10)->waiting, (std::vector<pid_t>{30}));
+  EXPECT_FALSE(l.Unsettled("t", 10)->settled);
   EXPECT_FALSE(l.Told("t", 10));
   EXPECT_FALSE(l.Told("t", 20));
   EXPECT_TRUE(l.Exited(30).empty());  // exited: it writes no more (and the switch was decided)
   EXPECT_EQ(l.Watched(), (std::vector<pid_t>{10})) << "the giver's exit still matters";
   EXPECT_EQ(l.size(), 1u) << "kept: the giver has not asked";
-  EXPECT_EQ(l.Unsettled("t", 10).value(), std::vector<pid_t>{});
+  const SwitchLedger::Settlement last = l.Unsettled("t", 10).value();
+  EXPECT_EQ(last.waiting, std::vector<pid_t>{});
+  EXPECT_TRUE(last.settled) << "the ask that lets the switch be forgotten says settled";
   EXPECT_EQ(l.size(), 0u) << "asked and answered: forgotten";
   EXPECT_EQ(l.TakeForgotten(), (std::vector<std::string>{"t"}));
 
