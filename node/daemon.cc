@@ -614,38 +614,29 @@ std::vector<NodeDaemon::HeldChunk>* NodeDaemon::GrantOnce(const WireRequest& r) 
   std::vector<bool> taken(chunks.size(), false);
   for (std::size_t g = 0; g < fit.placed.size(); ++g) {
     for (int c : fit.placed[g]) {
-      const HeldChunk& chunk = chunks[candidates[c]];
-      // Restore copies may write it: its giver's rollback waits for this taker, which is
-      // noted on disk first (a giver whose daemon dies reads it there); unnoted, it is not
-      // given.
+      HeldChunk& chunk = chunks[candidates[c]];
       if (r.gaps[g].strict) {
+        // Restore copies may write it: its giver's rollback waits for this taker, which is
+        // noted on disk first (a giver whose daemon dies reads it there); unnoted, it is
+        // not given.
         if (absl::Status s = RecordTaker(options_.dir, r.txn, chunk.pid, pid); !s.ok()) {
           VMSTASH_LOG(kWarning, "vmstashd: node switch {}: a chunk is kept from a restore gap ({})", r.txn,
                       s.message());
           continue;
         }
         (void)switches_.Took(r.txn, pid, chunk.pid);
+      } else {
+        // Placed where no restore copy writes, it goes out as such: the taker fits what it
+        // gets again (an import or an event may fail there), and must never move into a
+        // restore gap a chunk whose giver is not noted as waiting for it.
+        chunk.use = ChunkUse{};
       }
       taken[candidates[c]] = true;
     }
   }
-  // A chunk placed where no restore copy writes goes out as such: the taker fits what it
-  // gets again (an import or an event may fail there), and must never move into a restore
-  // gap a chunk whose giver is not noted as waiting for it.
-  std::vector<bool> strict(chunks.size(), false);
-  for (std::size_t g = 0; g < fit.placed.size(); ++g) {
-    for (int c : fit.placed[g]) strict[candidates[c]] = r.gaps[g].strict;
-  }
   std::vector<HeldChunk>& granted = granted_[r.txn][taker];
   std::vector<HeldChunk> kept;
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    if (!taken[i]) {
-      kept.push_back(chunks[i]);
-      continue;
-    }
-    granted.push_back(chunks[i]);
-    if (!strict[i]) granted.back().use = ChunkUse{};
-  }
+  for (std::size_t i = 0; i < chunks.size(); ++i) (taken[i] ? granted : kept).push_back(chunks[i]);
   chunks.swap(kept);
   if (chunks.empty()) held_.erase(held);
   return &granted;
