@@ -78,39 +78,40 @@
 //       layers share (base/chunk_fit.h: a strict gap takes only chunks that may go
 //       anywhere), gives that taker those it placed — those placed in gaps that are not
 //       strict marked for such gaps only, so that the taker, fitting again what it could
-//       import, never moves into a strict gap a chunk whose giver does not wait for it —
-//       and notes, for each giver, who took its chunks into strict gaps (switch_ledger.h
-//       Took); the rest stay for the next taker. A chunk is mapped whole, so only the gaps can say which chunks fit: two gaps
-//       of 4 MiB take two chunks of 4 MiB, not one of 8. The part imports them
-//       (Driver::ImportChunkFd: the driver keeps a descriptor per imported chunk, so it can
-//       be handed on again; closed with the handle, and in a child forked without exec),
-//       drops an import whose handle it holds already (a giver offering one chunk twice),
-//       opens each giver's event once (Driver::OpenIpcEvent; one that cannot be opened
-//       keeps its chunk out of strict gaps), closes the descriptors, and places the
-//       imported ones into the same gaps by the same rule (AddForeignDonors), the rest of
-//       its plan unchanged. Its restore copies into another process's chunk are queued
-//       last, each after a wait for that chunk's event: they never overwrite bytes the
-//       giver's backup copies have not read yet.
-//   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while
-//       any process holds a handle), zeroes the bytes no restore copy wrote (switch_zero)
-//       — after the giver's backup copies are done, since the giver voted only then — and
-//       releases those no cover took; the giver releases its handles of every chunk it
-//       offered. Abort: the taker waits for its copies, unmaps and releases its imports;
-//       the giver maps its chunks again as in any rollback. A chunk that went anywhere may
-//       have been written by a taker's restore copies: before it writes such chunks
-//       again, the giver asks the daemon until the switch is decided and every taker of
-//       its chunks in strict gaps has voted or exited (wire.h: settled; a part votes only once none of its copies
-//       runs, failed ones included, and writes no foreign chunk after), then restores their
-//       tags' live bytes from the backup this switch made, like a donor of its own switch
-//       (Note [Switch Protocol]). The daemon notes each such taker on disk before it sends
-//       the chunks (decision_record.h RecordTaker), so a giver whose daemon is gone or
-//       started again (not one that only refused a request: it asks again) reads there
-//       whether any process took them at all: none, and it restores as above. The notes
-//       go with the decision's record, not before every giver and taker noted is gone. When it cannot be known that the takers are done — one hung past
-//       its own deadline (the timeout plus kVoteGraceMs), or one noted while the daemon
-//       that knew its vote is gone — the giver does not write them, and those tags are
-//       broken, with that reason (their chunks may still be written). The daemon keeps an
-//       aborted switch whose giver must ask until it has (or exited).
+//       import, never moves into a strict gap a chunk whose giver does not wait for it — and
+//       notes, for each giver, who took its chunks into strict gaps (switch_ledger.h Took);
+//       the rest stay for the next taker. A chunk is mapped whole, so only the gaps can say
+//       which chunks fit: two gaps of 4 MiB take two chunks of 4 MiB, not one of 8. The part
+//       imports them (Driver::ImportChunkFd: the driver keeps a descriptor per imported
+//       chunk, so it can be handed on again; closed with the handle, and in a child forked
+//       without exec), drops an import whose handle it holds already (a giver offering one
+//       chunk twice), opens each giver's event once (Driver::OpenIpcEvent; one that cannot be
+//       opened keeps its chunk out of strict gaps), closes the descriptors, and places the
+//       imported ones into the same gaps by the same rule (AddForeignDonors), the rest of its
+//       plan unchanged. Its restore copies into another process's chunk are queued last, each
+//       after a wait for that chunk's event: they never overwrite bytes the giver's backup
+//       copies have not read yet.
+//   (d) Commit: the taker keeps the imported chunks as its own (the memory lives while any
+//       process holds a handle), zeroes the bytes no restore copy wrote (switch_zero) — after
+//       the giver's backup copies are done, since the giver voted only then — and releases
+//       those no cover took; the giver releases its handles of every chunk it offered. Abort:
+//       the taker waits for its copies, unmaps and releases its imports; the giver maps its
+//       chunks again as in any rollback. A chunk that went anywhere may have been written by
+//       a taker's restore copies: before it writes such chunks again, the giver asks the
+//       daemon until the switch is decided and every taker of its chunks in strict gaps has
+//       voted or exited (wire.h: settled; a part votes only once none of its copies runs,
+//       failed ones included, and writes no foreign chunk after), then restores their tags'
+//       live bytes from the backup this switch made, like a donor of its own switch (Note
+//       [Switch Protocol]). The daemon notes each such taker on disk before it sends the
+//       chunks (decision_record.h RecordTaker), so a giver whose daemon is gone or started
+//       again (not one that only refused a request: it asks again) reads there whether any
+//       process took them at all: none, and it restores as above. The notes go with the
+//       decision's record, not before every giver and taker noted is gone. When it cannot be
+//       known that the takers are done — one hung past its own deadline (the timeout plus
+//       kVoteGraceMs), or one noted while the daemon that knew its vote is gone — the giver
+//       does not write them, and those tags are broken, with that reason (their chunks may
+//       still be written). The daemon keeps an aborted switch whose giver must ask until it
+//       has (or exited).
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low
 //   descriptor limit), closes those left at the decision, and keeps none past it. Nothing
 //   of the trade can fail a switch: an offer the daemon refuses, a chunk that cannot be

@@ -1,7 +1,6 @@
 #include "vmm/sim_driver.h"
 
 
-#include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
