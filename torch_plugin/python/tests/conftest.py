@@ -25,6 +25,8 @@ import tempfile
 
 import pytest
 
+from node_helpers import installed_package
+
 # Two simulated devices of 1 GiB: what every CPU test file of this folder asks for.
 SIM_CONF = "driver:sim,sim_devices:2,sim_capacity:1G,auto_prepare:0"
 CHILD = "VMSTASH_PYTEST_CHILD"  # in a GPU test's child process: the file the child's outcome goes to
@@ -35,14 +37,15 @@ if CHILD not in os.environ:
 
 # Run from a checkout without the runners' environment (PYTHONPATH, VMSTASH_LIBRARY): the
 # package from this tree (for the tests' own child processes too), the library of a Bazel
-# build of it where there is one.
+# build of it where there is one. Against an installed package (the wheel's), its own
+# library, as a user's process loads it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 if importlib.util.find_spec("vmstash") is None:
     _package = os.path.join(ROOT, "torch_plugin", "python")
     sys.path.insert(0, _package)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_package, os.environ.get("PYTHONPATH")) if p)
 _built = os.path.join(ROOT, "bazel-bin", "torch_plugin", "libvmstash.so")
-if "VMSTASH_LIBRARY" not in os.environ and os.path.exists(_built):
+if "VMSTASH_LIBRARY" not in os.environ and os.path.exists(_built) and installed_package() is None:
     os.environ["VMSTASH_LIBRARY"] = _built
 
 

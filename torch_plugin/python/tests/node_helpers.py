@@ -1,7 +1,7 @@
 """What the node's Python tests share (test_node_pool.py, test_node_switch.py,
-gpu_node_pool.py, gpu_node_switch.py, test_weights.py, gpu_weights.py): where vmstashd is,
-stopping the daemons a test's runtime directory saw, and a scripted process answering in
-JSON lines."""
+gpu_node_pool.py, gpu_node_switch.py, test_weights.py, gpu_weights.py; conftest.py): which
+vmstash package the tests run against, where vmstashd and the CLI are, stopping the daemons
+a test's runtime directory saw, and a scripted process answering in JSON lines."""
 import importlib.util
 import json
 import os
@@ -15,25 +15,40 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
-def daemon_binary():
-    """$VMSTASH_DAEMON, else the one of an installed vmstash package (the wheel's
-    vmstash/bin/vmstashd, when the tests run against the wheel), else the vmstashd of a CMake or
-    Bazel build of this tree; a test of the daemon fails (never skips) without one."""
-    path = os.environ.get("VMSTASH_DAEMON")
+def installed_package():
+    """The folder of the vmstash package these tests import when it is an installed one (the
+    wheel's, when the tests run against the wheel), else None (this tree's)."""
+    spec = importlib.util.find_spec("vmstash")
+    if spec is None or spec.origin is None:
+        return None
+    package = os.path.dirname(os.path.abspath(spec.origin))
+    return None if package == os.path.join(ROOT, "torch_plugin", "python", "vmstash") else package
+
+
+def _program(variable, in_package, in_tree):
+    """$`variable`, else the installed package's `in_package`, else the first of the tree's
+    builds `in_tree` (CMake, Bazel) that is there; a test fails (never skips) without one."""
+    path = os.environ.get(variable)
     if path:
         return os.path.abspath(path)
-    spec = importlib.util.find_spec("vmstash")
-    if spec is not None and spec.origin is not None:
-        package = os.path.dirname(os.path.abspath(spec.origin))
-        if package != os.path.join(ROOT, "torch_plugin", "python", "vmstash"):
-            candidate = os.path.join(package, "bin", "vmstashd")
-            if os.access(candidate, os.X_OK):
-                return candidate
-    for candidate in (os.path.join(ROOT, "build", "cmake", "tools", "vmstashd", "vmstashd"),
-                      os.path.join(ROOT, "bazel-bin", "tools", "vmstashd", "vmstashd")):
+    package = installed_package()
+    candidates = [os.path.join(package, in_package)] if package else [os.path.join(ROOT, p) for p in in_tree]
+    for candidate in candidates:
         if os.access(candidate, os.X_OK):
             return candidate
-    pytest.fail("vmstashd is not built: set VMSTASH_DAEMON")
+    pytest.fail(f"{os.path.basename(in_package)} is not there (looked at {', '.join(candidates)}): set {variable}")
+
+
+def daemon_binary():
+    """vmstashd: $VMSTASH_DAEMON, else the installed package's, else a build of this tree's."""
+    return _program("VMSTASH_DAEMON", "bin/vmstashd",
+                    ["build/cmake/tools/vmstashd/vmstashd", "bazel-bin/tools/vmstashd/vmstashd"])
+
+
+def cli_binary():
+    """The CLI: $VMSTASH_CLI, else the installed package's, else a build of this tree's."""
+    return _program("VMSTASH_CLI", "bin/vmstash_cli",
+                    ["build/cmake/tools/cli/vmstash_cli", "bazel-bin/tools/cli/vmstash_cli"])
 
 
 def daemon_pids(runtime_dir):

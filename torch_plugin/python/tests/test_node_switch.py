@@ -16,7 +16,7 @@ import pytest
 
 import vmstash
 from conftest import SIM_CONF
-from node_helpers import daemon_binary
+from node_helpers import cli_binary, daemon_binary
 from test_node_pool import daemon_pid, node_dir  # noqa: F401 (a fixture)
 
 MiB = 1 << 20
@@ -230,8 +230,7 @@ def test_a_switch_over_two_processes_moves_both_and_back(node):
     assert a.check() == {"train": {"state": "paused", "ok": None}, "scratch": {"state": "paused", "ok": None}}
     assert b.check() == {"rollout": {"state": "active", "ok": True}, "kv": {"state": "active", "ok": None}}
     # Back, through the CLI.
-    cli = os.environ.get("VMSTASH_CLI") or os.path.join(os.path.dirname(daemon_binary()), "..", "cli", "vmstash_cli")
-    out = subprocess.run([cli, "switch", "--node", "--pause", f"{b.pid}:rollout,{b.pid}:kv", "--resume",
+    out = subprocess.run([cli_binary(), "switch", "--node", "--pause", f"{b.pid}:rollout,{b.pid}:kv", "--resume",
                           f"{a.pid}:train,{a.pid}:scratch", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["committed"] is True
