@@ -144,8 +144,10 @@ absl::Status AwaitTakers(const TradeOptions& options) {
     absl::StatusOr<JsonValue> doc = AskOnce(options.dir, r, std::max(MsLeft(options.deadline), 1));
     if (doc.ok()) {
       if ((*doc)["settled"].Bool(false)) return absl::OkStatus();
-      last = absl::StrCat("process(es) ", (*doc)["waiting"].String(), " took this process's memory and neither "
-                          "finished nor exited");
+      const std::string waiting = (*doc)["waiting"].String();
+      last = waiting.empty() ? std::string("the switch was not decided (a process may still take this process's memory)")
+                             : absl::StrCat("process(es) ", waiting, " took this process's memory and neither "
+                                            "finished nor exited");
     } else if (absl::IsNotFound(doc.status()) || DaemonGone(options.dir)) {
       // The daemon that granted the chunks is gone (none serves, or another that does not
       // know the switch): nothing more is granted, and the takers noted on disk

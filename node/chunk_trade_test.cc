@@ -236,7 +236,9 @@ TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsFo
   absl::StatusOr<std::size_t> kept = OfferChunks(Options(dir, *txn, "dev-1"), chunks);
   ASSERT_TRUE(kept.ok()) << kept.status();
   // Undecided, a taker may still come: never settled yet, with no taker so far.
-  EXPECT_EQ(AwaitTakers(Options(dir, *txn, "dev-1", 200)).code(), absl::StatusCode::kDeadlineExceeded);
+  const absl::Status undecided = AwaitTakers(Options(dir, *txn, "dev-1", 200));
+  EXPECT_EQ(undecided.code(), absl::StatusCode::kDeadlineExceeded) << undecided;
+  EXPECT_THAT(std::string(undecided.message()), HasSubstr("not decided")) << undecided;
   taker.Go(*txn);
   // "a" may go only where nothing restores: the 4 MiB gap cannot hold it, the 8 MiB one is
   // a restore gap. "b" (anywhere, with its event) fills the restore gap; "c" the other, and
@@ -266,6 +268,9 @@ TEST(ChunkTrade, RestoreGapsTakeOnlyChunksTheirGiverCanRestoreAndTheGiverWaitsFo
   ASSERT_TRUE(AskOnce(dir, outcome, 5000).ok());
   const absl::Status settled = AwaitTakers(Options(dir, *txn, "dev-1", 300));
   EXPECT_TRUE(settled.ok()) << settled;
+  // Asked again (the answer's reply lost, say): the switch is forgotten but still settled.
+  const absl::Status again = AwaitTakers(Options(dir, *txn, "dev-1", 300));
+  EXPECT_TRUE(again.ok()) << again;
   // A switch the daemon does not know (it died, another took its place): nothing noted for
   // it, so no process took this one's chunks; one noted cannot be shown done.
   EXPECT_TRUE(AwaitTakers(Options(dir, std::string(32, 'b'), "dev-1", 300)).ok());

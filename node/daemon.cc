@@ -584,6 +584,12 @@ std::string NodeDaemon::Settled(const Client& client, const WireRequest& r) {
         absl::StrCat("node switch: process ", client.pid, " may ask for itself only, not for ", r.pid)));
   }
   absl::StatusOr<SwitchLedger::Settlement> s = switches_.Unsettled(r.txn, static_cast<pid_t>(r.pid));
+  if (absl::IsNotFound(s.status())) {
+    Linger();
+    if (std::any_of(lingering_.begin(), lingering_.end(), [&](const auto& l) { return l.second == r.txn; })) {
+      s = SwitchLedger::Settlement{{}, true};
+    }
+  }
   if (!s.ok()) return FormatError(s.status());
   return OkReply([&](JsonWriter& w) {
     w.Field("settled", s->settled);
@@ -717,12 +723,17 @@ void NodeDaemon::Tend(const std::vector<pid_t>& readable) {
     for (const std::string& id : switches_.Exited(pid)) Decide(id);
   }
   for (const std::string& id : switches_.Expire(NowMs())) Decide(id);
+  Linger();
   const std::int64_t now = NowMs();
-  for (std::string& id : switches_.TakeForgotten()) lingering_.emplace_back(now, std::move(id));
   while (!lingering_.empty() && now - lingering_.front().first >= kRecordLingerMs) {
     RemoveDecision(options_.dir, lingering_.front().second);
     lingering_.pop_front();
   }
+}
+
+void NodeDaemon::Linger() {
+  const std::int64_t now = NowMs();
+  for (std::string& id : switches_.TakeForgotten()) lingering_.emplace_back(now, std::move(id));
 }
 
 int NodeDaemon::PollTimeoutMs() {

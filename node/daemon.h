@@ -121,7 +121,10 @@ class NodeDaemon {
   std::string Offer(const Client& client, const WireRequest& r, std::vector<int>& fds)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Reply Take(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the takers of the client's chunks for restore gaps have voted or exited.
+  // Whether the takers of the client's chunks for restore gaps have voted or exited. A
+  // switch forgotten lately (still lingering) is settled: the ledger forgets an aborted one
+  // only once each live giver was told so (an ask repeated after that answer, say its reply
+  // was lost, must not find it unknown and read the takers' notes that linger with it).
   std::string Settled(const Client& client, const WireRequest& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct HeldChunk;
   // The chunks granted to take `r`'s process for its device in its switch: at its first
@@ -144,6 +147,8 @@ class NodeDaemon {
   // readable; a pid without a pidfd is checked here), passed deadlines, then what the
   // ledger forgot.
   void Tend(const std::vector<pid_t>& readable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves what the ledger forgot to lingering_ (its records removed kRecordLingerMs later).
+  void Linger() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The poll timeout: until the next deadline (-1: none; a bound where pidfds are missing).
   int PollTimeoutMs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Drop(int fd) ABSL_LOCKS_EXCLUDED(mu_);  // the client's connection closed: its leases go back

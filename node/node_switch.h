@@ -111,7 +111,8 @@
 //       kVoteGraceMs), or one noted while the daemon that knew its vote is gone — the giver
 //       does not write them, and those tags are broken, with that reason (their chunks may
 //       still be written). The daemon keeps an aborted switch whose giver must ask until it
-//       has (or exited).
+//       has (or exited), and answers "settled" again for it while its record lingers after
+//       (an ask repeated once its answer was lost).
 //   The daemon holds at most kMaxHeldChunks descriptors (wire.h; fewer under a low
 //   descriptor limit), closes those left at the decision, and keeps none past it. Nothing
 //   of the trade can fail a switch: an offer the daemon refuses, a chunk that cannot be
