@@ -21,8 +21,8 @@ def installed_package():
     spec = importlib.util.find_spec("vmstash")
     if spec is None or spec.origin is None:
         return None
-    package = os.path.dirname(os.path.abspath(spec.origin))
-    return None if package == os.path.join(ROOT, "torch_plugin", "python", "vmstash") else package
+    package = os.path.dirname(os.path.realpath(spec.origin))
+    return None if package == os.path.realpath(os.path.join(ROOT, "torch_plugin", "python", "vmstash")) else package
 
 
 def _program(variable, in_package, in_tree):
